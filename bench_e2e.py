@@ -1,0 +1,420 @@
+"""End-to-end timing of the Transformer LM: forward, backward and optimizer step, each timed on its own.
+
+Answers the study's benchmarking questions: how long does a step take for each model size, what does warm-up
+do, what do bf16 mixed precision and torch.compile buy.
+
+    python bench_e2e.py --size large --warmup 0                  # one size, no warm-up
+    python bench_e2e.py --size all                                # every preset, one row each
+    python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
+    python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
+    python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
+    python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
+
+Each configuration of a sweep runs in its own child process (an OOM cannot poison the next one). The table is
+printed on stdout and saved with one JSON record per configuration under results/e2e/.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import common
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
+                    SyncTimer, annotate, config_row, environment, environment_header, get_config,
+                    matmul_precision_key, peak_tflops, precision_context, progress, render_table,
+                    resolve_device, run_isolated, set_ranges, summarize)
+from model import ATTENTION, TransformerLM, cross_entropy
+from optim import AdamW
+
+MODES = ("forward", "forward-backward", "train")
+PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
+                  "train": ("forward", "backward", "optimizer")}
+NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
+
+
+# ---- one configuration ----
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    size: str  # preset name, or "custom"
+    model: ModelConfig  # its context_length is the benchmarked sequence length
+    batch_size: int = DEFAULT_BATCH_SIZE
+    warmup: int = 5
+    steps: int = 10
+    mode: str = "train"
+    no_grad: bool = False  # forward mode only: run under torch.inference_mode()
+    dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
+    compile: bool = False
+    attn: str = "naive"
+    optimizer: str = "ours"  # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)
+    tf32: bool | None = None  # None = leave PyTorch's default
+    device: str = "auto"
+    seed: int = 0
+    nvtx: bool = False
+    checkpoint_every: int = 0
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    def label(self) -> str:
+        parts = [self.size, f"ctx={self.context_length}", self.dtype, f"warmup={self.warmup}"]
+        return " ".join(parts + (["compiled"] if self.compile else []))
+
+
+class Workload:
+    """Model, optimizer, one random batch and the three phases of a training step, set up on a device.
+
+    forward() is the model call plus the loss; backward() is loss.backward() (through the gradient scaler for
+    fp16); optimizer_step() is step() plus zero_grad(set_to_none=True)."""
+
+    def __init__(self, run: RunConfig):
+        self.run = run
+        self.device = resolve_device(run.device)
+        if run.tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = run.tf32
+            torch.backends.cudnn.allow_tf32 = run.tf32
+        torch.manual_seed(run.seed)
+        with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
+            self.model = TransformerLM(run.model, attn=run.attn, checkpoint_every=run.checkpoint_every)
+        self.callable_model = torch.compile(self.model) if run.compile else self.model
+        self.tokens = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
+        self.targets = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
+        self.optimizer = None
+        if run.mode == "train":
+            if run.optimizer == "ours":
+                self.optimizer = AdamW(self.model.parameters())
+            elif self.device.type == "cuda":
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
+            else:
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), foreach=True)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+
+    def forward(self) -> torch.Tensor:
+        grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
+        with grad_mode, precision_context(self.device, self.run.dtype):
+            logits = self.callable_model(self.tokens)
+            return cross_entropy(logits, self.targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def zero_grad(self) -> None:
+        """Between forward-backward steps, drop the gradients (untimed) so each step starts alike."""
+        self.model.zero_grad(set_to_none=True)
+
+
+def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
+    """One step of work.run.mode with a device synchronisation at every phase boundary. Returns seconds per
+    phase and for the whole step. `on_phase(name)` is called (outside the timers) before each phase and with
+    "end" after the last; mem_profile uses it to mark phases in a memory timeline."""
+    device = work.device
+    times: dict[str, float] = {}
+    phases = PHASES_BY_MODE[work.run.mode]
+    with SyncTimer(device) as step_timer:
+        for phase in phases:
+            if on_phase:
+                on_phase(phase)
+            with annotate(phase), SyncTimer(device) as timer:
+                if phase == "forward":
+                    loss = work.forward()
+                elif phase == "backward":
+                    work.backward(loss)
+                else:
+                    work.optimizer_step()
+            times[phase] = timer.elapsed_s
+        if on_phase:
+            on_phase("end")
+    times["step"] = step_timer.elapsed_s
+    if work.run.mode == "forward-backward":
+        work.zero_grad()
+    return times
+
+
+def run_config(run: RunConfig) -> dict[str, Any]:
+    """Build the workload, compile (if asked), warm up, time `run.steps` steps. Returns a JSON-ready record.
+    Runs in a child process during sweeps; failures propagate as exceptions (the runner turns them into rows)."""
+    common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
+                               "warmup": run.warmup})
+    set_ranges(nvtx=run.nvtx)
+    work = Workload(run)
+    device = work.device
+    record: dict[str, Any] = {"environment": environment(device)}
+    if run.compile:  # the first call compiles (forward, and backward on first backward): timed apart
+        _, record["compile_s"] = SyncTimer(device).time(lambda: run_step(work))
+    with annotate("warmup"):
+        for _ in range(run.warmup):
+            run_step(work)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    samples: list[dict[str, float]] = []
+    with annotate("measure"):
+        for _ in range(run.steps):
+            samples.append(run_step(work))
+    if device.type == "cuda":
+        record["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        record["peak_mem_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    for key in samples[0]:
+        record[f"{key}_ms"] = [s[key] * 1e3 for s in samples]
+    return record
+
+
+# ---- derived figures ----
+
+
+def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
+    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU for one finished record."""
+    out: dict[str, Any] = {}
+    noisy = []
+    for phase in PHASES_BY_MODE[run.mode] + ("step",):
+        stats = summarize(record[f"{phase}_ms"])
+        for stat, value in stats.items():
+            out[f"{phase}_ms_{stat}"] = value
+        if stats["cv"] > NOISY_CV:
+            noisy.append(f"{phase} {stats['cv']:.0%}")
+    out["noisy"] = noisy
+    step_s = out["step_ms_mean"] / 1e3
+    tokens = run.batch_size * run.context_length
+    flops = common.step_flops(run.model, run.batch_size, run.context_length, run.mode)
+    out["tokens_per_s"] = tokens / step_s
+    out["step_flops"] = flops
+    out["achieved_tflops"] = flops / step_s / 1e12
+    env = record["environment"]
+    precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
+    if peak_override is not None:
+        peak, label = peak_override, "--peak-tflops"
+    elif env["device"].startswith("cuda"):
+        peak, label = peak_tflops(env["device_name"], precision)
+    else:
+        peak, label = None, None  # a CPU has no entry in the peak table: no MFU rather than a guess
+    out["peak_tflops"], out["peak_source"], out["mfu_precision"] = peak, label, precision
+    out["mfu"] = out["achieved_tflops"] / peak if peak else None
+    return out
+
+
+# ---- the table ----
+
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "fwd ms", "fwd std",
+           "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU",
+           "peak mem GiB", "status"]
+
+
+def table_row(run: RunConfig, record: dict[str, Any]) -> dict[str, Any]:
+    m = run.model
+    row: dict[str, Any] = {"size": run.size, "d_model": m.d_model, "d_ff": m.d_ff, "layers": m.num_layers,
+                           "heads": m.num_heads, "ctx": run.context_length,
+                           "dtype": run.dtype + (" compiled" if run.compile else ""), "warmup": run.warmup,
+                           "status": record["status"]}
+    if record["status"] not in ("ok", "noisy"):
+        return row
+    for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step")):
+        if f"{phase}_ms_mean" in record:
+            row[f"{short} ms"] = record[f"{phase}_ms_mean"]
+            row[f"{short} std"] = record[f"{phase}_ms_std"]
+    row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
+    row["TFLOP/s"] = record["achieved_tflops"]
+    row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
+    if record.get("peak_mem_allocated_bytes") is not None:
+        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / 2**30
+    if record["noisy"]:
+        row["status"] = "NOISY cv>10%: " + ", ".join(record["noisy"])
+    return row
+
+
+def config_table(runs: list[RunConfig], fmt: str) -> str:
+    seen: dict[tuple[str, ModelConfig], None] = {}
+    for run in runs:
+        seen[(run.size, dataclasses.replace(run.model, context_length=DEFAULT_CONTEXT_LENGTH))] = None
+    rows = [config_row(size, cfg) for size, cfg in seen]
+    for row in rows:
+        row["params"] = f"{row['params']:,}"
+    return render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt)
+
+
+# ---- command line ----
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
+                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
+                        "--d-model, --d-ff, --num-layers and --num-heads are all given)")
+    p.add_argument("--d-model", type=positive_int, help="override d_model")
+    p.add_argument("--d-ff", type=positive_int, help="override d_ff")
+    p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
+    p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
+    p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
+                   help="sequence length(s)")
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
+    p.add_argument("--warmup", type=non_negative_int, nargs="+", default=[5], help="warm-up step count(s)")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
+    p.add_argument("--mode", choices=MODES, default="train",
+                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
+    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
+                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad scaler)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the whole model; compile time is reported apart from the timed steps")
+    p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="attention implementation")
+    p.add_argument("--optimizer", choices=["ours", "torch"], default="ours",
+                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)")
+    p.add_argument("--tf32", choices=["on", "off"], default=None,
+                   help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--nvtx", action="store_true",
+                   help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
+    p.add_argument("--peak-tflops", type=positive_float, default=None,
+                   help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every configuration in this process instead of a fresh child process each")
+    p.add_argument("--no-skip", action="store_true",
+                   help="after an OOM, still run the larger context lengths of that size and dtype")
+    common.add_output_args(p, default_stem="e2e")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
+    if args.size is None:
+        args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
+    elif "all" in args.size:
+        args.size = list(PRESETS)
+    if args.no_grad and args.mode != "forward":
+        parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if device.type != "cuda":
+        for flag, given in (("--nvtx", args.nvtx), ("--tf32", args.tf32 is not None)):
+            if given:
+                parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+    runs = []
+    try:
+        for size, ctx, dtype, warmup in itertools.product(args.size, args.context_length, args.dtype, args.warmup):
+            if size == "custom":
+                model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
+            else:
+                model = get_config(size, **dims, vocab_size=args.vocab_size, context_length=ctx)
+            runs.append(RunConfig(size=size, model=model, batch_size=args.batch_size, warmup=warmup,
+                                  steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
+                                  compile=args.compile, attn=args.attn, optimizer=args.optimizer,
+                                  tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
+                                  seed=args.seed, nvtx=args.nvtx))
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    return args, runs
+
+
+# ---- the sweep ----
+
+
+def run_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles) -> tuple[list[dict], bool]:
+    """Run every configuration, appending a record as each finishes. Returns (records, interrupted)."""
+    records: list[dict[str, Any]] = []
+    oom_at: dict[tuple[str, str], int] = {}  # (size, dtype) -> smallest context length that ran out of memory
+    isolate = not args.in_process
+    for i, run in enumerate(runs, 1):
+        key = (run.size, run.dtype)
+        base = {"config": dataclasses.asdict(run), "label": run.label()}
+        if not args.no_skip and key in oom_at and run.context_length > oom_at[key]:
+            record = {**base, "status": f"skipped: OOM at ctx={oom_at[key]}"}
+        else:
+            try:
+                result = run_isolated(run_config, {"run": run}, in_process=not isolate)
+            except KeyboardInterrupt:
+                progress(f"[{i}/{len(runs)}] {run.label()}: interrupted; keeping {len(records)} finished rows")
+                return records, True
+            if result["ok"]:
+                record = {**base, **result["value"]}
+                record.update(derive_figures(run, record, args.peak_tflops))
+                record["status"] = "noisy" if record["noisy"] else "ok"
+            else:
+                record = {**base, "status": result["status"], "traceback": result.get("traceback")}
+                if result["status"] == "OOM":
+                    oom_at[key] = min(oom_at.get(key, run.context_length), run.context_length)
+        records.append(record)
+        files.append_record(record)
+        if "step_ms_mean" in record:
+            progress(f"[{i}/{len(runs)}] {run.label()}: {record['step_ms_mean'] / 1e3:.3f} s/step")
+        else:
+            progress(f"[{i}/{len(runs)}] {run.label()}: {record['status']}")
+    return records, False
+
+
+def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace) -> str:
+    """Header, model configs and the results table, as printed and saved."""
+    env = next((r["environment"] for r in records if "environment" in r), None)
+    run0 = runs[0]
+    settings = {"batch": run0.batch_size, "steps": run0.steps, "mode": run0.mode + (" no-grad" if run0.no_grad else ""),
+                "attn": run0.attn, "optimizer": run0.optimizer}
+    lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
+    lines += [config_table(runs, args.fmt), ""]
+    rows = [table_row(run, rec) for run, rec in zip(runs, records)]
+    columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
+    lines.append(render_table(rows, columns, args.fmt))
+    compile_times = [f"{run.label()}: {rec['compile_s']:.1f} s" for run, rec in zip(runs, records) if "compile_s" in rec]
+    if compile_times:
+        lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, runs = parse_args(argv)
+    files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
+    records, interrupted = run_sweep(runs, args, files)
+    if records:
+        text = report(runs[: len(records)], records, args)
+        print(text)
+        files.write_markdown(text)
+        print(f"\nwrote {files.markdown} and {files.jsonl}")
+    if interrupted:
+        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
