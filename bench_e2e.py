@@ -385,13 +385,12 @@ def run_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFile
 
 
 def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace) -> str:
-    """Header, model configs and the results table, as printed and saved."""
+    """Environment header and the results table (plus compile times), as printed after the sweep."""
     env = next((r["environment"] for r in records if "environment" in r), None)
     run0 = runs[0]
     settings = {"batch": run0.batch_size, "steps": run0.steps, "mode": run0.mode + (" no-grad" if run0.no_grad else ""),
                 "attn": run0.attn, "optimizer": run0.optimizer}
     lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
-    lines += [config_table(runs, args.fmt), ""]
     rows = [table_row(run, rec) for run, rec in zip(runs, records)]
     columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
     lines.append(render_table(rows, columns, args.fmt))
@@ -404,11 +403,13 @@ def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace)
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
+    configs = config_table(runs, args.fmt)
+    print(configs + "\n", flush=True)  # people quote the model config first
     records, interrupted = run_sweep(runs, args, files)
     if records:
-        text = report(runs[: len(records)], records, args)
-        print(text)
-        files.write_markdown(text)
+        results = report(runs[: len(records)], records, args)
+        print(results)
+        files.write_markdown(configs + "\n\n" + results)
         print(f"\nwrote {files.markdown} and {files.jsonl}")
     if interrupted:
         print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
