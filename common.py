@@ -6,6 +6,7 @@ Nothing here does work at import time or changes global state on import.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -22,7 +23,7 @@ import timeit
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 import torch
 from tabulate import tabulate, tabulate_formats
@@ -342,6 +343,37 @@ def environment_header(env: dict[str, Any], **extra: Any) -> str:
     return " | ".join(parts)
 
 
+# ---- command line ----
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
 # ---- tables and result files ----
 
 TABLE_FORMATS = sorted(tabulate_formats)
@@ -389,8 +421,10 @@ class ResultFiles:
             print(f"note: results for {stem!r} already exist; writing {self.stem!r} instead", file=sys.stderr)
 
     def _free_stem(self, stem: str) -> str:
+        taken = {p.name for p in self.folder.iterdir()}
         candidate, n = stem, 1
-        while any(p.name.split(".")[0] == candidate for p in self.folder.glob(f"{glob_escape(candidate)}.*")):
+        # a stem is taken if any file of an earlier run uses it: <stem>.jsonl, <stem>.md, <stem>_timeline.png, ...
+        while any(name.startswith((candidate + ".", candidate + "_")) for name in taken):
             n += 1
             candidate = f"{stem}-{n}"
         return candidate
@@ -414,10 +448,6 @@ class ResultFiles:
 
     def write_markdown(self, text: str) -> None:
         self.markdown.write_text(text if text.endswith("\n") else text + "\n")
-
-
-def glob_escape(s: str) -> str:
-    return re.sub(r"([\[\]*?])", r"[\1]", s)
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:

@@ -1,0 +1,242 @@
+"""bench_e2e.py through its command line on tiny configurations (CPU)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import bench_e2e
+import common
+from common import forward_flops, get_config, read_records
+from model import TransformerLM, cross_entropy
+
+HERE = Path(__file__).resolve().parent
+# a tiny model so each configuration takes milliseconds
+SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+         "--vocab-size", "256", "--context-length", "16", "--steps", "3", "--warmup", "1"]
+
+
+def run_main(tmp_path, *extra, capsys=None):
+    code = bench_e2e.main([*SMALL, "--results-dir", str(tmp_path), "--out", "t", *extra])
+    records = read_records(tmp_path / "e2e" / "t.jsonl")
+    return code, records
+
+
+def table_lines(text):
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+@pytest.mark.parametrize("mode,extra,phases", [
+    ("forward", [], ["forward"]),
+    ("forward", ["--no-grad"], ["forward"]),
+    ("forward-backward", [], ["forward", "backward"]),
+    ("train", [], ["forward", "backward", "optimizer"]),
+])
+def test_each_mode_end_to_end(tmp_path, capsys, mode, extra, phases):
+    code, records = run_main(tmp_path, "--mode", mode, "--in-process", *extra)
+    out = capsys.readouterr().out
+    assert code == 0
+    (record,) = records
+    assert record["status"] in ("ok", "noisy")
+    assert record["config"]["mode"] == mode
+    for phase in phases + ["step"]:
+        assert len(record[f"{phase}_ms"]) == 3  # every raw sample is kept
+        for stat in ("mean", "std", "median", "min"):
+            assert record[f"{phase}_ms_{stat}"] > 0 or stat == "std"
+    absent = {"forward", "backward", "optimizer"} - set(phases)
+    assert not any(f"{p}_ms" in record for p in absent)
+    # the config table comes first, then the results table with the promised columns
+    header = table_lines(out)[0]
+    assert "params" in header
+    results_header = [line for line in table_lines(out) if "step ms" in line][0]
+    for column in ("size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "fwd ms", "fwd std",
+                   "step ms", "step std", "tokens/s", "TFLOP/s", "status"):
+        assert f" {column} " in results_header
+    assert ("opt ms" in results_header) == (mode == "train")
+    assert record["environment"]["torch"] == torch.__version__
+    assert (tmp_path / "e2e" / "t.md").read_text().count("step ms") == 1
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_each_dtype_trains(tmp_path, dtype):
+    code, (record,) = run_main(tmp_path, "--dtype", dtype, "--in-process")
+    assert code == 0 and record["config"]["dtype"] == dtype and record["step_ms_mean"] > 0
+
+
+def test_phases_add_up_to_the_step(tmp_path):
+    code, (record,) = run_main(tmp_path, "--in-process", "--steps", "5")
+    for i in range(5):
+        parts = sum(record[f"{p}_ms"][i] for p in ("forward", "backward", "optimizer"))
+        step = record["step_ms"][i]
+        assert all(record[f"{p}_ms"][i] > 0 for p in ("forward", "backward", "optimizer"))
+        assert parts <= step * 1.0001 and parts >= 0.95 * step
+
+
+def test_run_step_calls_phases_in_order_with_synchronisation(monkeypatch):
+    run = bench_e2e.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    work = bench_e2e.Workload(run)
+    order = []
+    monkeypatch.setattr(bench_e2e, "SyncTimer", lambda device: _RecordingTimer(order))
+    times = bench_e2e.run_step(work, on_phase=order.append)
+    # step timer opens; each phase is announced, then timed between two synchronisations; step timer closes
+    assert order == ["sync", "forward", "sync", "sync", "backward", "sync", "sync", "optimizer", "sync", "sync",
+                     "end", "sync"]
+    assert set(times) == {"forward", "backward", "optimizer", "step"}
+
+
+class _RecordingTimer(common.SyncTimer):
+    def __init__(self, order):
+        super().__init__(sync=lambda: order.append("sync"))
+
+
+def test_flops_formula_matches_flop_counter():
+    cfg = get_config("tiny", num_layers=2, context_length=64)
+    model = TransformerLM(cfg)  # naive attention: its matmuls are what the formula counts
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64))
+    with FlopCounterMode(display=False) as fwd:
+        loss = cross_entropy(model(tokens), tokens)
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    formula = forward_flops(cfg, 2, 64)
+    assert abs(fwd.get_total_flops() - formula) / formula < 0.01
+    step = fwd.get_total_flops() + bwd.get_total_flops()
+    assert abs(step - common.step_flops(cfg, 2, 64, "train")) / step < 0.01
+
+
+def test_mfu_empty_on_cpu_and_computed_for_a_known_gpu(tmp_path):
+    code, (record,) = run_main(tmp_path, "--in-process")
+    assert record["mfu"] is None and record["peak_tflops"] is None
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny"))
+    fake = {"step_ms": [100.0, 100.0], "forward_ms": [30.0, 30.0], "backward_ms": [60.0, 60.0],
+            "optimizer_ms": [10.0, 10.0],
+            "environment": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}}
+    figures = bench_e2e.derive_figures(run, fake)
+    expected_tflops = common.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
+    assert figures["achieved_tflops"] == pytest.approx(expected_tflops)
+    assert figures["mfu"] == pytest.approx(expected_tflops / 67.0)  # fp32 without TF32: the fp32 peak
+    fake["environment"]["tf32_matmul"] = True
+    assert bench_e2e.derive_figures(run, fake)["mfu"] == pytest.approx(expected_tflops / 494.7)
+    fake["environment"]["device_name"] = "Some Future GPU"
+    assert bench_e2e.derive_figures(run, fake)["mfu"] is None
+    assert bench_e2e.derive_figures(run, fake, peak_override=100.0)["mfu"] == pytest.approx(expected_tflops / 100)
+
+
+def test_noisy_rows_are_flagged():
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny"), mode="forward")
+    steady = {"forward_ms": [10.0, 10.1, 9.9], "step_ms": [10.0, 10.1, 9.9],
+              "environment": {"device": "cpu", "device_name": "cpu"}}
+    assert bench_e2e.derive_figures(run, steady)["noisy"] == []
+    jumpy = {**steady, "forward_ms": [10.0, 30.0, 10.0], "step_ms": [10.0, 30.0, 10.0]}
+    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy"}
+    assert record["noisy"] == ["forward 69%", "step 69%"]
+    assert bench_e2e.table_row(run, record)["status"].startswith("NOISY")
+
+
+def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, capsys):
+    # child processes (the default) inherit the fault injection through the environment
+    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=32")
+    code, records = run_main(tmp_path, "--context-length", "16", "32", "64", "--steps", "2", "--warmup", "0")
+    assert code == 0
+    assert [r["status"] for r in records][1:] == ["OOM", "skipped: OOM at ctx=32"]
+    assert records[0]["status"] in ("ok", "noisy") and records[0]["step_ms_mean"] > 0
+    assert records[1].get("step_ms") is None
+    out = capsys.readouterr()
+    assert "OOM" in out.out and "[2/3]" in out.err
+    monkeypatch.setenv(common.FAULT_ENV, "error:context_length=16")
+    code, records = bench_e2e.main([*SMALL, "--context-length", "16", "32", "--no-skip", "--in-process",
+                                    "--results-dir", str(tmp_path), "--out", "u"]), read_records(tmp_path / "e2e" / "u.jsonl")
+    assert records[0]["status"].startswith("error: RuntimeError: injected failure")
+    assert records[1]["status"] in ("ok", "noisy")
+
+
+def test_no_skip_runs_larger_contexts_after_oom(tmp_path, monkeypatch):
+    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=16")
+    code, records = run_main(tmp_path, "--context-length", "16", "32", "--in-process", "--no-skip")
+    assert [r["status"] for r in records][0] == "OOM" and records[1]["status"] in ("ok", "noisy")
+
+
+def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
+    real = common.run_isolated
+    calls = []
+
+    def interrupt_on_third(fn, kwargs, in_process=False):
+        calls.append(kwargs)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(fn, kwargs, in_process=True)
+
+    monkeypatch.setattr(bench_e2e, "run_isolated", interrupt_on_third)
+    code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "3")
+    assert code == 130
+    assert [r["config"]["warmup"] for r in records] == [0, 1]
+    assert "step ms" in (tmp_path / "e2e" / "t.md").read_text()
+
+
+def test_ctrl_c_on_a_real_sweep(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C does, while a child is running."""
+    cmd = [sys.executable, str(HERE / "bench_e2e.py"), *SMALL, "--warmup", "0", "50", "50", "50",
+           "--results-dir", str(tmp_path), "--out", "c"]
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    jsonl = tmp_path / "e2e" / "c.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (jsonl.exists() and jsonl.read_text().strip()):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert len(read_records(jsonl)) >= 1 and "interrupted" in err
+
+
+def test_existing_results_are_not_overwritten(tmp_path):
+    run_main(tmp_path, "--in-process")
+    bench_e2e.main([*SMALL, "--in-process", "--results-dir", str(tmp_path), "--out", "t"])
+    assert len(read_records(tmp_path / "e2e" / "t.jsonl")) == 1
+    assert len(read_records(tmp_path / "e2e" / "t-2.jsonl")) == 1
+
+
+def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "--in-process", "--dtype", "fp32", "bf16")
+    assert [(r["config"]["dtype"], r["config"]["warmup"]) for r in records] == [
+        ("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("bf16", 1), ("bf16", 2)]
+    rows = [line for line in table_lines(capsys.readouterr().out) if "| tiny" in line]
+    assert len(rows) == 1 + 6  # one config row, six result rows
+
+
+def bad(*argv):
+    return subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *argv], cwd=HERE, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--size", "huge"], "unknown preset 'huge'; valid presets: tiny, small"),
+    (["--batch-size", "0"], "must be a positive integer"),
+    (["--steps", "-3"], "must be a positive integer"),
+    (["--size", "tiny", "--num-heads", "7"], "d_model (512) must be divisible by num_heads (7)"),
+    (["--mode", "train", "--no-grad"], "--no-grad only applies to --mode forward"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--nvtx"], "--nvtx needs a CUDA device"),
+    (["--tf32", "on"], "--tf32 needs a CUDA device"),
+    (["--dtype", "fp8"], "invalid choice"),
+])
+def test_bad_input_exits_2_with_one_line(argv, message):
+    if torch.cuda.is_available() and ("cuda" in " ".join(argv) or "--nvtx" in argv or "--tf32" in argv):
+        pytest.skip("CUDA present")
+    result = bad(*argv)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_compile_reports_compile_time_apart(tmp_path, capsys):
+    code, (record,) = run_main(tmp_path, "--compile", "--in-process", "--mode", "forward", "--steps", "2")
+    assert code == 0 and record["compile_s"] > 0
+    # compilation happens in the compile step, so timed steps are far shorter than the compile step
+    assert record["forward_ms_max"] < record["compile_s"] * 1e3
+    assert "compile time (first step, not in the timings)" in capsys.readouterr().out
