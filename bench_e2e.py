@@ -9,6 +9,7 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
     python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
+    python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
 
 Each configuration of a sweep runs in its own child process (an OOM cannot poison the next one). The table is
 printed on stdout and saved with one JSON record per configuration under results/e2e/.
@@ -16,6 +17,7 @@ printed on stdout and saved with one JSON record per configuration under results
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import sys
@@ -25,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 import common
+import kernel_tables
 from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
                     SyncTimer, annotate, config_row, environment, environment_header, get_config,
                     matmul_precision_key, peak_tflops, precision_context, progress, render_table,
@@ -59,6 +62,7 @@ class RunConfig:
     seed: int = 0
     nvtx: bool = False
     checkpoint_every: int = 0
+    profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/; None = off
 
     @property
     def context_length(self) -> int:
@@ -152,7 +156,7 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     Runs in a child process during sweeps; failures propagate as exceptions (the runner turns them into rows)."""
     common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
                                "warmup": run.warmup})
-    set_ranges(nvtx=run.nvtx)
+    set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     device = work.device
     record: dict[str, Any] = {"environment": environment(device)}
@@ -164,7 +168,7 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples: list[dict[str, float]] = []
-    with annotate("measure"):
+    with profiler_for(run, device) as profiler, annotate("measure"):
         for _ in range(run.steps):
             samples.append(run_step(work))
     if device.type == "cuda":
@@ -172,7 +176,47 @@ def run_config(run: RunConfig) -> dict[str, Any]:
         record["peak_mem_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
     for key in samples[0]:
         record[f"{key}_ms"] = [s[key] * 1e3 for s in samples]
+    if profiler is not None:
+        record["profile"] = profile_tables(run, profiler, record)
     return record
+
+
+# ---- --profile: torch.profiler over the measured steps ----
+
+
+def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch.profiler around the measured steps (CPU activity always, CUDA when on a GPU) when --profile is on;
+    a context yielding None otherwise."""
+    if run.profile_results_dir is None:
+        return contextlib.nullcontext()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
+    """Write the Chrome/Perfetto trace under results/profile/ and build kernel_tables' four tables from it, in
+    the process that profiled: the parent (and the JSONL record) gets the trace path and the rows, not the
+    profiler object."""
+    stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
+    files = ResultFiles(run.profile_results_dir, "profile", None, stem)
+    trace = files.path(".json")
+    profiler.export_chrome_trace(str(trace))
+    tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
+                                        kernel_tables.attention_shape(dataclasses.asdict(run)))
+    return {"trace": str(trace), "tables": tables}
+
+
+def profile_report(runs: list[RunConfig], records: list[dict], fmt: str) -> str:
+    """The --profile tables of every configuration that has them."""
+    parts = []
+    for run, rec in zip(runs, records):
+        if "profile" in rec:
+            parts.append(f"## torch.profiler: {run.label()} (timings above were taken with the profiler on)\n\n"
+                         + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
+                         + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
+    return "\n\n".join(parts)
 
 
 # ---- derived figures ----
@@ -272,7 +316,7 @@ def positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = common.ArgParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
                    help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
@@ -303,6 +347,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the warm-up, profile the measured steps with torch.profiler (CPU, and CUDA when "
+                        "present), write a Chrome/Perfetto trace under results/profile/ and print kernel tables "
+                        "(phases, top kernels, categories, attention); the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     p.add_argument("--in-process", action="store_true",
@@ -342,7 +390,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
                                   compile=args.compile, attn=args.attn, optimizer=args.optimizer,
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
-                                  seed=args.seed, nvtx=args.nvtx))
+                                  seed=args.seed, nvtx=args.nvtx,
+                                  profile_results_dir=args.results_dir if args.profile else None))
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
     return args, runs
@@ -408,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     records, interrupted = run_sweep(runs, args, files)
     if records:
         results = report(runs[: len(records)], records, args)
+        profiles = profile_report(runs[: len(records)], records, args.fmt)
+        if profiles:
+            results += "\n\n" + profiles
         print(results)
         files.write_markdown(configs + "\n\n" + results)
         print(f"\nwrote {files.markdown} and {files.jsonl}")

@@ -16,9 +16,11 @@ import multiprocessing
 import os
 import platform
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import timeit
 import traceback
 from dataclasses import dataclass
@@ -500,8 +502,6 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
 def _child_main(conn: Any, fn: Callable[..., dict], kwargs: dict[str, Any]) -> None:
     try:
         result = {"ok": True, "value": fn(**kwargs)}
-    except KeyboardInterrupt:
-        result = {"ok": False, "status": "interrupted"}
     except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
         result = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
     conn.send(result)
@@ -527,7 +527,15 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     ctx = multiprocessing.get_context("spawn")  # fork would inherit an initialised CUDA context
     parent_conn, child_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
-    proc.start()
+    # The child inherits an ignored SIGINT, so a terminal's Ctrl-C (sent to the whole process group) reaches only
+    # this process, which then stops the child: no half-printed traceback from a child interrupted mid-import.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+    try:
+        proc.start()
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     child_conn.close()
     try:
         try:
@@ -540,8 +548,6 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
         proc.terminate()
         proc.join()
         raise
-    if result.get("status") == "interrupted":
-        raise KeyboardInterrupt
     return result
 
 

@@ -1,0 +1,476 @@
+"""Attention alone at scale: the model's hand-written attention vs torch.compile of it vs PyTorch's fused
+scaled_dot_product_attention, forward and backward timed apart, with the memory kept for backward.
+
+Answers the study's attention questions: how do the time and memory of naive attention grow with the sequence
+length, at what size does it run out of memory and why; and what do torch.compile and the fused kernels buy.
+
+    python bench_attention.py --impl naive                  # the eager table: times, memory, OOM rows
+    python bench_attention.py --impl naive compiled         # eager vs torch.compile, side by side
+    python bench_attention.py                               # naive, compiled and sdpa (the study's full grid)
+    python bench_attention.py --dtype bf16 --d 64 --seq-len 4096 16384
+    python bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
+
+Inputs are (batch, seq, d): no head dimension, causal masking as in the model. Every configuration runs in
+its own child process (an OOM cannot poison the next one). Tables are printed on stdout and saved, with one
+JSON record per configuration (raw samples and the environment), under results/attention/.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+import common
+from common import (DTYPES, ResultFiles, SyncTimer, environment, environment_header, progress, render_table,
+                    resolve_device, run_isolated, summarize, synchronize)
+from model import naive_attention, sdpa_attention
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
+
+
+# ---- the three implementations ----
+
+
+def sdpa_one_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """model.sdpa_attention on (batch, seq, d) inputs seen as one head. The fused kernels (flash,
+    memory-efficient, cuDNN) only take (batch, heads, seq, d): 3-D inputs silently fall back to the math kernel,
+    which materialises seq x seq like the naive code (seen with torch.profiler on torch 2.13). The extra
+    dimension is a view, no copy."""
+    return sdpa_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+
+
+def compiled_naive_attention() -> AttentionFn:
+    """torch.compile of the model's naive attention, after a reset: every shape compiles fresh, so no cache from
+    an earlier shape helps it and the recompilation limit never kicks in."""
+    torch.compiler.reset()
+    return torch.compile(naive_attention)
+
+
+# name -> builder of the attention function (called once per configuration)
+IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
+    "naive": lambda: naive_attention,
+    "compiled": compiled_naive_attention,
+    "sdpa": lambda: sdpa_one_head,
+}
+
+
+# ---- memory: predicted, measured, available ----
+
+
+def naive_saved_bytes(batch: int, seq: int, d: int, element_bytes: int) -> int:
+    """Bytes the naive attention keeps alive for backward, as the study counts them: the scores and the softmax
+    output (batch x seq x seq each) plus Q, K, V and the output (batch x seq x d each). The seq x seq terms
+    dominate, so memory grows with the square of the sequence length. (The hand-written softmax in fact also
+    keeps its exp, a third seq x seq tensor, and the bool causal mask: the measured figure shows it.)"""
+    return 2 * batch * seq * seq * element_bytes + 4 * batch * seq * d * element_bytes
+
+
+def fused_saved_bytes(batch: int, seq: int, d: int, element_bytes: int) -> int:
+    """Bytes a fused (flash / memory-efficient) kernel keeps for backward: Q, K, V and the output, plus one fp32
+    log-sum-exp per query row; the seq x seq probabilities are recomputed in backward, never stored
+    (Dao et al. 2022, "FlashAttention", section 3.1)."""
+    return 4 * batch * seq * d * element_bytes + batch * seq * 4
+
+
+# Peak memory of one forward + backward, in units of one batch x seq x seq tensor of the input dtype: measured as
+# peak RSS on torch 2.13 (CPU, batch 8, seq 2048 and 4096, d 64): naive 7.1-7.4, compiled 4.3. The hand-written
+# softmax keeps three seq x seq tensors alive and backward adds gradients of the same size. The fit guard uses
+# these, not the study's formula, which counts two saved tensors and would let a run that needs 3-4x more start
+# and thrash the machine.
+PEAK_SEQ2_TENSORS = {"naive": 7.5, "compiled": 4.5}
+
+
+def predicted_need_bytes(impl: str, batch: int, seq: int, d: int, element_bytes: int) -> int:
+    """What the fit guard compares with free memory: the predicted peak of one forward + backward. Quadratic
+    (PEAK_SEQ2_TENSORS) for naive and compiled; for sdpa the fused kernel's saved set. Plus the linear tensors:
+    Q, K, V, output, output gradient and three input gradients."""
+    linear = 8 * batch * seq * d * element_bytes
+    if impl == "sdpa":
+        return fused_saved_bytes(batch, seq, d, element_bytes) + linear
+    return int(PEAK_SEQ2_TENSORS[impl] * batch * seq * seq * element_bytes) + linear
+
+
+def mem_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """Linux's estimate of RAM available to a new process without swapping (MemAvailable); None elsewhere."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the file says kB and means KiB
+    except OSError:
+        pass
+    return None
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free device memory (CUDA, after this process's context) or available RAM (CPU); None if unknown.
+    Called in the child process that runs the configuration, so the parent never creates a CUDA context."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free
+    return mem_available_bytes()
+
+
+def fit_status(need_bytes: int, free_bytes: int | None, force: bool) -> str | None:
+    """'skipped: needs X GiB ...' when a configuration cannot fit (and --force is off); None to run it."""
+    if force or free_bytes is None or need_bytes <= free_bytes:
+        return None
+    return f"skipped: needs {need_bytes / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB free"
+
+
+def saved_tensor_bytes(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> int:
+    """Bytes autograd keeps for backward after one forward, measured with saved-tensor hooks: every tensor any op
+    saves, counted once per storage (a view shares its base's storage). Works on every device, unlike an
+    allocator counter; it does not count the output unless an op saved it."""
+    storages: dict[tuple[str, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[(str(t.device), storage.data_ptr())] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = attention(*inputs)
+    del out
+    return sum(storages.values())
+
+
+# ---- which sdpa kernel ran ----
+
+# aten op that each SDPA backend dispatches to; prefixes, so the CPU flash kernel (..._for_cpu) counts as flash
+SDPA_BACKEND_OPS = (
+    ("aten::_scaled_dot_product_flash_attention", "flash"),
+    ("aten::_scaled_dot_product_efficient_attention", "efficient"),
+    ("aten::_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("aten::_scaled_dot_product_attention_math", "math"),
+)
+
+
+def classify_sdpa_backend(op_names: list[str]) -> str:
+    """The SDPA backend named by the aten ops of one call: flash, efficient, cudnn, math, or unknown."""
+    for prefix, backend in SDPA_BACKEND_OPS:
+        if any(name.startswith(prefix) for name in op_names):
+            return backend
+    return "unknown"
+
+
+def sdpa_backend(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> str:
+    """Run one call under torch.profiler (CPU activity: the aten op names, no CUPTI needed) and classify it.
+    What ran, not what a rule predicts: PyTorch picks the kernel per shape, dtype and GPU."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = attention(*inputs)
+    del out
+    return classify_sdpa_backend([event.name for event in prof.events()])
+
+
+# ---- timing ----
+
+
+def forward_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> None:
+    """One forward and backward (warm-up, and the compile step)."""
+    torch.autograd.grad(attention(*inputs), inputs, grad_out)
+
+
+def time_forward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], iters: int, timer: SyncTimer) -> list[float]:
+    """Milliseconds of `iters` forward passes (graph built, as in training), each timed alone."""
+    samples = []
+    for _ in range(iters):
+        with timer:
+            out = attention(*inputs)
+        samples.append(timer.elapsed_s * 1e3)
+        del out  # frees the graph before the next forward, outside the timer
+    return samples
+
+
+def time_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor, iters: int,
+                  timer: SyncTimer) -> list[float]:
+    """Milliseconds of `iters` backward passes, each timed alone: the forward that builds each graph runs
+    outside the timer, so only the backward is measured."""
+    samples = []
+    for _ in range(iters):
+        out = attention(*inputs)
+        with timer:
+            grads = torch.autograd.grad(out, inputs, grad_out)
+        samples.append(timer.elapsed_s * 1e3)
+        del out, grads
+    return samples
+
+
+def allocated_before_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
+                              device: torch.device) -> int:
+    """CUDA bytes allocated right after a forward, with its graph alive: inputs, output and everything saved."""
+    out = attention(*inputs)
+    synchronize(device)
+    allocated = torch.cuda.memory_allocated(device)
+    del out
+    return allocated
+
+
+# ---- one configuration ----
+
+
+@dataclass(frozen=True)
+class AttentionRun:
+    impl: str  # key into IMPLEMENTATIONS
+    d: int
+    seq_len: int
+    batch_size: int = 8
+    dtype: str = "fp32"
+    warmup: int = 10
+    iters: int = 100
+    device: str = "auto"
+    seed: int = 0
+    force: bool = False  # run even when the fit guard says it cannot fit
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPES[self.dtype].itemsize
+
+    def label(self) -> str:
+        return f"{self.impl} d={self.d} seq={self.seq_len} {self.dtype}"
+
+
+def run_config(run: AttentionRun) -> dict[str, Any]:
+    """Fit guard, inputs, (compile), warm-up, timed forwards, memory before backward, timed backwards, bytes saved
+    for backward, and (sdpa) the kernel that ran. Runs in a child process during sweeps; failures propagate as
+    exceptions (the runner turns them into rows)."""
+    common.maybe_inject_fault({"impl": run.impl, "d": run.d, "seq_len": run.seq_len, "dtype": run.dtype,
+                               "batch_size": run.batch_size})
+    device = resolve_device(run.device)
+    need = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
+    free = free_memory_bytes(device)
+    skipped = fit_status(need, free, run.force)
+    if skipped:
+        return {"status": skipped, "free_mem_bytes": free}
+    torch.manual_seed(run.seed)
+    shape = (run.batch_size, run.seq_len, run.d)
+    inputs = tuple(torch.randn(shape, device=device, dtype=DTYPES[run.dtype], requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
+    attention = IMPLEMENTATIONS[run.impl]()
+    timer = SyncTimer(device)
+    record: dict[str, Any] = {"environment": environment(device), "free_mem_bytes": free}
+    if run.impl == "compiled":  # the first forward and backward compile both graphs: timed apart
+        _, record["compile_s"] = timer.time(lambda: forward_backward(attention, inputs, grad_out))
+    for _ in range(run.warmup):
+        forward_backward(attention, inputs, grad_out)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    record["forward_ms"] = time_forward(attention, inputs, run.iters, timer)
+    if device.type == "cuda":  # a CPU has no allocator counter; saved_tensor_bytes below is measured everywhere
+        record["mem_before_backward_bytes"] = allocated_before_backward(attention, inputs, device)
+    record["backward_ms"] = time_backward(attention, inputs, grad_out, run.iters, timer)
+    if device.type == "cuda":
+        record["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    record["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
+    if run.impl == "sdpa":
+        record["sdpa_backend"] = sdpa_backend(attention, inputs)
+    return record
+
+
+def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
+    """Statistics of the raw samples and the forward's achieved TFLOP/s (QK^T and PV, full seq x seq)."""
+    out: dict[str, Any] = {}
+    for phase in ("forward", "backward"):
+        for stat, value in summarize(record[f"{phase}_ms"]).items():
+            out[f"{phase}_ms_{stat}"] = value
+    flops = common.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
+    out["forward_flops"] = flops
+    out["forward_tflops"] = flops / (out["forward_ms_mean"] / 1e3) / 1e12
+    return out
+
+
+# ---- the sweep ----
+
+
+def run_sweep(runs: list[AttentionRun], args: argparse.Namespace, files: ResultFiles,
+              on_record: Callable[[list[dict]], None]) -> tuple[list[dict], bool]:
+    """Run every configuration, appending its record (and calling on_record) as each finishes.
+    Returns (records, interrupted)."""
+    records: list[dict[str, Any]] = []
+    for i, run in enumerate(runs, 1):
+        record: dict[str, Any] = {
+            "config": dataclasses.asdict(run), "label": run.label(),
+            "predicted_naive_saved_bytes": naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes),
+            "predicted_need_bytes": predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d,
+                                                         run.element_bytes)}
+        try:
+            result = run_isolated(run_config, {"run": run}, in_process=args.in_process)
+        except KeyboardInterrupt:
+            progress(f"[{i}/{len(runs)}] {run.label()}: interrupted; keeping {len(records)} finished rows")
+            return records, True
+        if not result["ok"]:
+            record.update(status=result["status"], traceback=result.get("traceback"))
+        else:
+            record.update(result["value"])
+            if "status" not in record:  # else the fit guard skipped it
+                record.update(derive_figures(run, record))
+                record["status"] = "ok"
+        records.append(record)
+        files.append_record(record)
+        on_record(records)
+        if record["status"] == "ok":
+            progress(f"[{i}/{len(runs)}] {run.label()}: fwd {record['forward_ms_mean']:.3f} ms, "
+                     f"bwd {record['backward_ms_mean']:.3f} ms")
+        else:
+            progress(f"[{i}/{len(runs)}] {run.label()}: {record['status']}")
+    return records, False
+
+
+# ---- tables ----
+
+
+def format_bytes(n: int | None) -> str | None:
+    """Bytes in the largest power-of-two unit that keeps the number >= 1 (KiB, MiB, GiB)."""
+    if n is None:
+        return None
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+IMPL_COLUMNS = ["d", "seq", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd TFLOP/s", "mem before bwd",
+                "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s", "status"]
+ALWAYS_SHOWN = {"d", "seq", "fwd ms", "bwd ms", "naive predicted", "status"}
+
+
+def impl_row(record: dict[str, Any]) -> dict[str, Any]:
+    config = record["config"]
+    row = {"d": config["d"], "seq": config["seq_len"], "status": record["status"],
+           "naive predicted": format_bytes(record["predicted_naive_saved_bytes"])}
+    if record["status"] != "ok":
+        return row
+    row.update({"fwd ms": record["forward_ms_mean"], "fwd std": record["forward_ms_std"],
+                "bwd ms": record["backward_ms_mean"], "bwd std": record["backward_ms_std"],
+                "fwd TFLOP/s": record["forward_tflops"],
+                "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
+                "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
+                "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
+                "backend": record.get("sdpa_backend"), "compile s": record.get("compile_s")})
+    return row
+
+
+def impl_table(records: list[dict[str, Any]], fmt: str) -> str:
+    rows = [impl_row(r) for r in records]
+    columns = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
+    return render_table(rows, columns, fmt, floatfmt=".3f")
+
+
+def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """(record key, column label) of the memory to compare: the allocator's figure where there is one (CUDA),
+    else the bytes autograd saved."""
+    if any("mem_before_backward_bytes" in r for r in records):
+        return "mem_before_backward_bytes", "mem before bwd"
+    return "saved_tensor_bytes", "saved"
+
+
+def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
+    """One row per (d, seq): each implementation's forward and backward mean and memory, and the speed-up over
+    naive (naive time / its time). A failed configuration shows its status in place of its times."""
+    mem_key, mem_label = memory_measure(records)
+    by_shape: dict[tuple[int, int], dict[str, dict]] = {}
+    for r in records:
+        by_shape.setdefault((r["config"]["d"], r["config"]["seq_len"]), {})[r["config"]["impl"]] = r
+    columns = ["d", "seq"]
+    for impl in impls:
+        columns += [f"{impl} fwd ms", f"{impl} bwd ms", f"{impl} {mem_label}"]
+        if impl != "naive" and "naive" in impls:
+            columns += [f"{impl} fwd speed-up", f"{impl} bwd speed-up"]
+    rows = []
+    for (d, seq), found in by_shape.items():
+        row: dict[str, Any] = {"d": d, "seq": seq}
+        naive = found.get("naive")
+        for impl, r in found.items():
+            if r["status"] != "ok":
+                row[f"{impl} fwd ms"] = r["status"]
+                continue
+            row[f"{impl} fwd ms"], row[f"{impl} bwd ms"] = r["forward_ms_mean"], r["backward_ms_mean"]
+            row[f"{impl} {mem_label}"] = format_bytes(r.get(mem_key))
+            if impl != "naive" and naive and naive["status"] == "ok":
+                for phase, short in (("forward", "fwd"), ("backward", "bwd")):
+                    row[f"{impl} {short} speed-up"] = f"{naive[f'{phase}_ms_mean'] / r[f'{phase}_ms_mean']:.2f}x"
+        rows.append(row)
+    return render_table(rows, columns, fmt, floatfmt=".3f")
+
+
+def report(records: list[dict[str, Any]], impls: list[str], args: argparse.Namespace) -> str:
+    """Environment header, one table per implementation, the comparison table and a note on the memory columns."""
+    env = next((r["environment"] for r in records if "environment" in r), None)
+    settings = {"batch": args.batch_size, "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
+                "causal": "yes"}
+    lines = [environment_header(env, **settings) if env else f"settings: {settings}"]
+    done = [impl for impl in impls if any(r["config"]["impl"] == impl for r in records)]
+    for impl in done:
+        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], args.fmt)]
+    lines += ["", "### comparison", "", comparison_table(records, done, args.fmt), "",
+              "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
+              "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
+              "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)."]
+    return "\n".join(lines)
+
+
+# ---- command line ----
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.ArgParser(description=__doc__.split("\n\n")[0],
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
+                   help="implementations: the model's naive attention, torch.compile of it, fused SDPA")
+    p.add_argument("--d", nargs="+", type=common.positive_int, default=[16, 32, 64, 128],
+                   help="head dimension(s) d (inputs are batch x seq x d, no head axis)")
+    p.add_argument("--seq-len", nargs="+", type=common.positive_int, default=[256, 1024, 4096, 8192, 16384],
+                   help="sequence length(s)")
+    p.add_argument("--batch-size", type=common.positive_int, default=8, help="batch size")
+    p.add_argument("--iters", type=common.positive_int, default=100,
+                   help="timed forward passes, then as many timed backward passes")
+    p.add_argument("--warmup", type=common.non_negative_int, default=10,
+                   help="untimed forward+backward passes before timing")
+    p.add_argument("--dtype", choices=BENCH_DTYPES, default="fp32", help="dtype of Q, K and V")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="random seed for Q, K, V")
+    p.add_argument("--force", action="store_true",
+                   help="run configurations whose predicted memory exceeds free memory (default: skip them)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every configuration in this process instead of a fresh child process each")
+    common.add_output_args(p, default_stem="attention")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    # repeated values would only repeat rows; keep the order given
+    args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
+    runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
+                         warmup=args.warmup, iters=args.iters, device=args.device, seed=args.seed, force=args.force)
+            for d, seq, impl in itertools.product(args.d, args.seq_len, args.impl)]
+    return args, runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, runs = parse_args(argv)
+    files = ResultFiles(args.results_dir, "attention", args.out, "attention")
+    records, interrupted = run_sweep(runs, args, files,
+                                     on_record=lambda done: files.write_markdown(report(done, args.impl, args)))
+    if records:
+        print(report(records, args.impl, args))
+        print(f"\nwrote {files.markdown} and {files.jsonl}")
+    if interrupted:
+        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,602 @@
+"""Memory of the Transformer LM: peak memory of a forward pass and of a training step, the allocation timeline,
+where the largest allocations come from, and what autograd keeps for backward.
+
+Answers the study's memory questions: how much memory do forward-only and a full training step (forward,
+backward, AdamW) need at each context length, with and without bf16 mixed precision; how big is one
+residual-stream activation tensor; which allocations are the largest and which line of code makes them; what
+does activation checkpointing buy, and at what cost in step time.
+
+    python mem_profile.py --size xl --context-length 128 256 512 --mode forward train --dtype fp32 bf16
+    python mem_profile.py --size 2.7B --context-length 128 --mode train --dtype bf16 --snapshot   # + pickle, PNG
+    python mem_profile.py --size xl --context-length 512 --mode train --checkpoint 0 1 4 12       # checkpointing
+    python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
+    python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
+
+Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
+reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
+records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
+a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
+code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
+max_memory_allocated. The accounting (weights, gradients, AdamW state, residual-stream and attention-score
+tensor sizes) and the saved-for-backward tables need no GPU: the latter are measured with
+torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
+takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import pickle
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import common
+import memory_snapshot
+from bench_e2e import MODES, RunConfig, Workload, run_step
+from common import (DEFAULT_BATCH_SIZE, DTYPES, PRESETS, ResultFiles, environment, environment_header, get_config,
+                    non_negative_int, positive_int, precision_context, progress, render_table, resolve_device,
+                    run_isolated)
+from model import ATTENTION, TransformerLM, cross_entropy
+
+MIB, GIB = 2**20, 2**30
+FP32_BYTES = 4
+CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
+            "accounting and the saved-for-backward tables are printed (those are exact on any device).")
+
+
+# ---- accounting from the config ----
+
+
+def static_memory_bytes(cfg: common.ModelConfig, mode: str) -> dict[str, int]:
+    """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
+    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
+    weights = cfg.num_params * FP32_BYTES
+    return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
+            "adamw_state_bytes": 2 * weights if mode == "train" else 0}
+
+
+def residual_stream_bytes(batch: int, ctx: int, d_model: int) -> int:
+    """One (batch, ctx, d_model) residual-stream tensor in fp32. Under bf16/fp16 autocast it stays fp32: the
+    embedding output is fp32 and each residual add (fp32 + low-precision) promotes to fp32."""
+    return batch * ctx * d_model * FP32_BYTES
+
+
+def attention_scores_bytes(batch: int, heads: int, ctx: int, dtype: str) -> int:
+    """One layer's (batch, heads, ctx, ctx) attention-score matrix, in the dtype the QK^T matmul produces
+    (fp32: 4 B; autocast bf16/fp16: 2 B). Naive attention keeps several such matrices per layer for backward."""
+    return batch * heads * ctx * ctx * DTYPES[dtype].itemsize
+
+
+def accounting(run: RunConfig) -> dict[str, Any]:
+    cfg, batch, ctx = run.model, run.batch_size, run.context_length
+    record: dict[str, Any] = static_memory_bytes(cfg, run.mode)
+    record["residual_stream_bytes"] = residual_stream_bytes(batch, ctx, cfg.d_model)
+    record["residual_stream_formula"] = f"{batch} x {ctx} x {cfg.d_model} x {FP32_BYTES} B"
+    record["attention_scores_layer_bytes"] = attention_scores_bytes(batch, cfg.num_heads, ctx, run.dtype)
+    record["attention_scores_formula"] = (f"{batch} x {cfg.num_heads} x {ctx} x {ctx} x "
+                                          f"{DTYPES[run.dtype].itemsize} B")
+    return record
+
+
+# ---- saved for backward ----
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One key per storage, shared by all its views: the address of the StorageImpl. (The data pointer would
+    do for real tensors, but fake tensors have no data and all report 0.)"""
+    return t.untyped_storage()._cdata
+
+
+def op_name(t: torch.Tensor) -> str:
+    """The autograd op that produced `t` ('Where' for WhereBackward0); '(no grad_fn)' for an input or a
+    non-differentiable output (the token ids, sdpa's log-sum-exp)."""
+    return re.sub(r"Backward\d*$", "", t.grad_fn.name()) if t.grad_fn is not None else "(no grad_fn)"
+
+
+class ModuleTracker:
+    """Forward pre-/post-hooks on every module: the path of the module running now ('layers.3.ffn.w1') and the
+    module that produced each module output. A module shared between blocks (the RoPE cache) takes the path
+    under its caller, so what it makes is attributed to the right block."""
+
+    def __init__(self, model: nn.Module):
+        self._paths: dict[int, list[str]] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self._paths.setdefault(id(module), []).append(path)
+        self._stack: list[str] = []
+        # storage key -> (producing module path, the output itself: kept so that its key cannot be reused)
+        self.produced_by: dict[int, tuple[str, torch.Tensor]] = {}
+        self._handles = [h for m in model.modules()
+                         for h in (m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit))]
+
+    @property
+    def current(self) -> str:
+        return self._stack[-1] if self._stack else ""
+
+    def producer(self, key: int) -> str:
+        """The module whose output this storage is; else the module running now (a tensor made inside it)."""
+        return self.produced_by[key][0] if key in self.produced_by else self.current
+
+    def _enter(self, module: nn.Module, args: Any) -> None:
+        for t in args:  # an input not yet known as a module output was made by the caller, running now
+            if isinstance(t, torch.Tensor):
+                self.produced_by.setdefault(storage_key(t), (self.current, t))
+        paths = self._paths[id(module)]
+        prefix = self.current + "." if self._stack and self.current else ""
+        self._stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
+
+    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        path = self._stack.pop()
+        for t in output if isinstance(output, (tuple, list)) else (output,):
+            if isinstance(t, torch.Tensor):
+                self.produced_by.setdefault(storage_key(t), (path, t))  # inner modules exit first: they win
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self.produced_by.clear()
+
+
+def saved_for_backward(cfg: common.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
+                       checkpoint_every: int = 0, device: str | torch.device = "cpu",
+                       fake: bool = True) -> list[dict[str, Any]]:
+    """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
+    with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
+    and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
+    copies are not, and are listed).
+
+    fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
+    with no memory and no arithmetic. fake=False runs the real model (tests compare the two)."""
+    device = torch.device(device)
+    if fake:
+        with torch.device("meta"):
+            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+        # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
+        mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
+    else:
+        with device:
+            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+        mode = contextlib.nullcontext()
+    saved: dict[int, dict[str, Any]] = {}
+    with mode:
+        if fake:
+            model = model.to_empty(device=device)
+        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
+        resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
+        tracker = ModuleTracker(model)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            key = storage_key(t)
+            if key not in resident and key not in saved:
+                base = t._base if t._base is not None else t  # a view: describe the tensor that owns the storage
+                saved[key] = {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(key),
+                              "op": op_name(base), "shape": list(base.shape),
+                              "dtype": str(base.dtype).removeprefix("torch.")}
+            return t
+
+        try:
+            with (torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+                  precision_context(device, dtype)):
+                loss = cross_entropy(model(tokens), tokens)
+            del loss  # the graph (and every saved storage) stayed alive until now, so no key was reused
+        finally:
+            tracker.remove()
+    return list(saved.values())
+
+
+BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
+
+
+def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
+    return [{"module": module, "op": op, "shape": "x".join(map(str, shape)), "dtype": dtype,
+             "bytes": total / per, "share": total / denominator if denominator else 0.0}
+            for (module, op, shape, dtype), total in groups.most_common(n)]
+
+
+def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int = 5,
+                    top_outside: int = 3) -> dict[str, Any]:
+    """Saved bytes per TransformerBlock (by the block that produced them), outside the blocks (embedding,
+    final norm, lm_head, loss), in total; the largest contributors per block (averaged over blocks; share of
+    the blocks' total) and outside (share of the grand total)."""
+    per_block = [0] * num_layers
+    in_blocks: Counter = Counter()
+    outside: Counter = Counter()
+    for s in saved:
+        match = BLOCK_PATH.match(s["module"])
+        if match:
+            per_block[int(match.group(1))] += s["bytes"]
+            module = s["module"][match.end():] or "(block)"
+            in_blocks[(module, s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
+        else:
+            outside[(s["module"] or "(model)", s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
+    blocks_total, outside_total = sum(per_block), sum(outside.values())
+    total = blocks_total + outside_total
+    return {"saved_block_bytes_mean": blocks_total / num_layers, "saved_block_bytes_min": min(per_block),
+            "saved_block_bytes_max": max(per_block), "saved_blocks_bytes": blocks_total,
+            "saved_outside_bytes": outside_total, "saved_total_bytes": total, "saved_storages": len(saved),
+            "saved_block_top": _top_groups(in_blocks, top_block, num_layers, blocks_total),
+            "saved_outside_top": _top_groups(outside, top_outside, 1, total)}
+
+
+def fault_fields(run: RunConfig, stage: str) -> dict[str, Any]:
+    """What BENCH_INJECT_FAULT can match on: the configuration and the stage (saved / measure)."""
+    return {"size": run.size, "context_length": run.context_length, "mode": run.mode, "dtype": run.dtype,
+            "checkpoint": run.checkpoint_every, "stage": stage}
+
+
+def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
+    """Child-process entry: the saved-for-backward summary of one configuration, on fake tensors of its
+    device (CUDA picks other attention kernels than the CPU, so sdpa's residuals differ)."""
+    common.maybe_inject_fault(fault_fields(run, "saved"))
+    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
+                               resolve_device(run.device))
+    return summarize_saved(saved, run.model.num_layers)
+
+
+# ---- measured peaks and snapshots (CUDA only) ----
+
+
+def snapshot_meta_path(pickle_path: str | Path) -> Path:
+    """The JSON beside a snapshot pickle: phase marks and max_memory_allocated of the recorded step."""
+    pickle_path = Path(pickle_path)
+    return pickle_path.with_name(pickle_path.stem + "_meta.json")
+
+
+def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, Any]:
+    """One more step with the allocator's history recorded (Python stacks, up to `max_entries` events, peak
+    counter reset first); the snapshot pickled to `path`, recording stopped afterwards whatever happens.
+    Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
+    device = work.device
+    marks: list[tuple[str, float]] = []
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
+                                             clear_history=True)
+    try:
+        run_step(work, on_phase=lambda phase: marks.append((phase, time.time_ns() / 1e3)))
+        torch.cuda.synchronize(device)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    measured = torch.cuda.max_memory_allocated(device)
+    with open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured}))
+    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured}
+
+
+def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries: int = 1_000_000) -> dict[str, Any]:
+    """Child-process entry, CUDA only: warm up, reset the peak counter, run `run.steps` steps; peak allocated
+    and reserved bytes and the step times. With snapshot_path, one more step is recorded (record_snapshot)."""
+    common.maybe_inject_fault(fault_fields(run, "measure"))
+    if resolve_device(run.device).type != "cuda":
+        raise ValueError(f"measured peaks need a CUDA device, not {run.device}")
+    work = Workload(run)
+    device = work.device
+    for _ in range(run.warmup):
+        run_step(work)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    step_ms = [run_step(work)["step"] * 1e3 for _ in range(run.steps)]
+    record: dict[str, Any] = {"environment": environment(device),
+                              "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                              "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
+                              "step_ms": step_ms, "step_ms_mean": sum(step_ms) / len(step_ms)}
+    if snapshot_path:
+        record.update(record_snapshot(work, snapshot_path, max_entries))
+    return record
+
+
+def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, measured_peak: int | None,
+                     png_path: Path, title: str, top: int) -> dict[str, Any]:
+    """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle."""
+    snapshot = memory_snapshot.load_snapshot(path)
+    timeline = memory_snapshot.rebuild_timeline(snapshot)
+    spans = memory_snapshot.phase_spans([tuple(m) for m in marks or []])
+    out: dict[str, Any] = {
+        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, measured_peak),
+        "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans),
+        "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top),
+        "snapshot_baseline_bytes": timeline.baseline_bytes, "snapshot_events": len(timeline.allocated_bytes)}
+    try:
+        out["snapshot_png"] = str(memory_snapshot.render_timeline_png(timeline, png_path, title, spans))
+    except ImportError as exc:
+        out["snapshot_png_note"] = str(exc)
+    return out
+
+
+# ---- the sweep ----
+
+
+def label(run: RunConfig) -> str:
+    return " ".join([run.size, f"ctx={run.context_length}", run.mode, run.dtype, run.attn]
+                    + ([f"ckpt={run.checkpoint_every}"] if run.checkpoint_every else []))
+
+
+def slug(run: RunConfig) -> str:
+    """The part of a file name that says which configuration a snapshot or PNG belongs to."""
+    return "_".join([run.size, f"ctx{run.context_length}", run.mode, run.dtype, run.attn]
+                    + ([f"ckpt{run.checkpoint_every}"] if run.checkpoint_every else []))
+
+
+def profile(run: RunConfig, args: argparse.Namespace, files: ResultFiles, measure: bool,
+            saved_cache: dict[tuple, dict]) -> dict[str, Any]:
+    """The record of one configuration: accounting, saved for backward (computed once per size, context,
+    dtype, attention and K, each in a child process) and, on CUDA, the measured peak and the snapshot."""
+    record: dict[str, Any] = {"config": dataclasses.asdict(run), "label": label(run), **accounting(run)}
+    key = (run.size, run.context_length, run.dtype, run.attn, run.checkpoint_every)
+    if key not in saved_cache:
+        saved_cache[key] = run_isolated(saved_for_backward_record, {"run": run}, in_process=args.in_process)
+    saved = saved_cache[key]
+    record.update(saved["value"] if saved["ok"] else {"saved_traceback": saved.get("traceback")})
+    record["saved_status"] = "ok" if saved["ok"] else saved["status"]
+    if not measure:
+        record["status"] = "skipped: measured peaks need a CUDA device"
+        return record
+    snapshot_path = str(files.path(f"_{slug(run)}.pickle")) if args.snapshot else None
+    result = run_isolated(measure_config, {"run": run, "snapshot_path": snapshot_path,
+                                           "max_entries": args.max_entries}, in_process=args.in_process)
+    if not result["ok"]:
+        record.update(status=result["status"], traceback=result.get("traceback"))
+        return record
+    record.update(result["value"], status="ok")
+    if snapshot_path:
+        try:
+            record.update(analyze_snapshot(snapshot_path, record["snapshot_phase_marks"],
+                                           record["snapshot_max_allocated_bytes"],
+                                           files.path(f"_{slug(run)}_timeline.png"), label(run), args.top))
+        except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
+            record["snapshot_status"] = common.failure_status(exc)
+    return record
+
+
+def run_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles,
+              measure: bool) -> tuple[list[dict], bool]:
+    """Profile every configuration, appending a record as each finishes. Returns (records, interrupted)."""
+    records: list[dict[str, Any]] = []
+    saved_cache: dict[tuple, dict] = {}
+    for i, run in enumerate(runs, 1):
+        try:
+            record = profile(run, args, files, measure, saved_cache)
+        except KeyboardInterrupt:
+            progress(f"[{i}/{len(runs)}] {label(run)}: interrupted; keeping {len(records)} finished rows")
+            return records, True
+        records.append(record)
+        files.append_record(record)
+        peak = record.get("peak_mem_allocated_bytes")
+        progress(f"[{i}/{len(runs)}] {label(run)}: "
+                 + (f"peak {peak / GIB:.2f} GiB" if peak is not None else record["status"]))
+    return records, False
+
+
+# ---- tables ----
+
+
+def accounting_table(records: list[dict], fmt: str) -> str:
+    rows, seen = [], set()
+    for rec in records:
+        c = rec["config"]
+        key = (c["size"], c["model"]["context_length"], c["mode"], c["dtype"])
+        if key in seen:
+            continue
+        seen.add(key)
+        static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
+        rows.append({"size": c["size"], "ctx": key[1], "mode": c["mode"], "dtype": c["dtype"],
+                     "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
+                     "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
+                     "residual stream MiB": rec["residual_stream_bytes"] / MIB,
+                     "= B x S x d_model x 4 B":
+                         f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
+                     "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
+                     "= B x H x S x S x bytes": rec["attention_scores_formula"]})
+    return render_table(rows, list(rows[0]), fmt)
+
+
+def saved_tables(records: list[dict], fmt: str) -> str:
+    summary, ops, seen = [], [], set()
+    for rec in records:
+        c = rec["config"]
+        key = (c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"])
+        if key in seen:
+            continue
+        seen.add(key)
+        ident = dict(zip(["size", "ctx", "dtype", "attn", "ckpt"], key))
+        if rec["saved_status"] != "ok":
+            summary.append({**ident, "status": rec["saved_status"]})
+            continue
+        summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
+                        "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
+                        "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
+                        "total MiB": rec["saved_total_bytes"] / MIB, "status": "ok"})
+        for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
+            for row in rows:
+                ops.append({**ident, "scope": scope, "module": row["module"], "op": row["op"],
+                            "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
+                            "share": f"{row['share']:.1%}"})
+    columns = ["size", "ctx", "dtype", "attn", "ckpt", "per block MiB", "x layers", "blocks MiB",
+               "outside blocks MiB", "total MiB", "status"]
+    text = render_table(summary, columns, fmt)
+    if ops:
+        text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "
+                 "the top 3 outside the blocks (share of the total):\n\n" + render_table(ops, list(ops[0]), fmt))
+    return text
+
+
+def peak_table(records: list[dict], fmt: str) -> str:
+    rows = []
+    for rec in records:
+        c = rec["config"]
+        row = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
+               "attn": c["attn"], "ckpt": c["checkpoint_every"], "status": rec["status"]}
+        if rec["status"] == "ok":
+            row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
+                        "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
+                        "peak reserved MiB": rec["peak_mem_reserved_bytes"] / MIB,
+                        "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB,
+                        "step ms": rec["step_ms_mean"]})
+        rows.append(row)
+    columns = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
+               "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+    return render_table(rows, columns, fmt)
+
+
+def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
+    """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
+    check = fields["snapshot_peak_check"]
+    measured = check["max_memory_allocated_bytes"]
+    check_row = {"check": "peak rebuilt from the trace vs torch.cuda.max_memory_allocated",
+                 "rebuilt MiB": check["rebuilt_peak_bytes"] / MIB,
+                 "measured MiB": measured / MIB if measured is not None else None,
+                 "diff MiB": check["diff_bytes"] / MIB if "diff_bytes" in check else None,
+                 "status": check["status"]}
+    largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
+                "first frame in this project's code": r["sites"], "phase": r["phases"]}
+               for r in fields["snapshot_largest"]]
+    live = [{"live at the peak, by site": r["site"], "count": r["count"], "MiB": r["bytes"] / MIB,
+             "share of peak": f"{r['share']:.1%}"} for r in fields["snapshot_live_at_peak"]]
+    parts = [f"#### Snapshot: {title}", "", render_table([check_row], list(check_row), fmt), "",
+             "Largest allocations in the recorded step:", "",
+             render_table(largest, list(largest[0]) if largest else ["size MiB"], fmt), "",
+             render_table(live, list(live[0]), fmt)]
+    if "snapshot_png" in fields:
+        parts += ["", f"timeline: {fields['snapshot_png']}"]
+    else:
+        parts += ["", f"no timeline image: {fields['snapshot_png_note']}"]
+    return "\n".join(parts)
+
+
+def report(records: list[dict], args: argparse.Namespace, device: torch.device) -> str:
+    env = next((r["environment"] for r in records if "environment" in r), None) or environment(device)
+    settings = {"batch": args.batch_size, "warmup": args.warmup, "steps": args.steps}
+    parts = [environment_header(env, **settings), "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
+             accounting_table(records, args.fmt), "",
+             "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
+             "", saved_tables(records, args.fmt), ""]
+    if device.type != "cuda":
+        parts.append(CPU_NOTE.format(device=device))
+        return "\n".join(parts)
+    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
+              "", peak_table(records, args.fmt)]
+    for rec in records:
+        if "snapshot_peak_check" in rec:
+            parts += ["", snapshot_report(rec["label"], rec, args.fmt)]
+        elif "snapshot_status" in rec:
+            parts += ["", f"snapshot of {rec['label']}: {rec['snapshot_status']}"]
+    return "\n".join(parts)
+
+
+# ---- command line ----
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = common.ArgParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--size", nargs="+", default=["xl"], metavar="SIZE",
+                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all'")
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=[128, 256, 512],
+                   help="sequence length(s)")
+    p.add_argument("--mode", nargs="+", choices=MODES, default=["forward", "train"],
+                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
+                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights)")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"], help="attention implementation(s)")
+    p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
+                   help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
+                        "several values put their peaks and step times in one table")
+    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="warm-up steps before the peak counter is reset")
+    p.add_argument("--steps", type=positive_int, default=5, help="measured steps (peak over all, mean step time)")
+    p.add_argument("--snapshot", action="store_true",
+                   help="CUDA only: record the allocator's history around one more step; save the pickle "
+                        "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
+    p.add_argument("--max-entries", type=positive_int, default=1_000_000,
+                   help="allocator events kept by --snapshot (a ring buffer: older events are dropped)")
+    p.add_argument("--top", type=positive_int, default=10, help="rows in the largest-allocations tables")
+    p.add_argument("--analyze", metavar="PICKLE", default=None,
+                   help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
+                        "check when its _meta.json is beside it); needs no GPU")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--in-process", action="store_true",
+                   help="run every configuration in this process instead of a fresh child process each")
+    common.add_output_args(p, default_stem="memory")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.analyze is not None:
+        if not Path(args.analyze).is_file():
+            parser.error(f"--analyze: no such file: {args.analyze}")
+        return args, []
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        parser.error(str(exc))
+    sizes = list(PRESETS) if "all" in args.size else args.size
+    runs = []
+    try:
+        for size, ctx, mode, dtype, attn, k in itertools.product(sizes, args.context_length, args.mode, args.dtype,
+                                                                 args.attn, args.checkpoint):
+            runs.append(RunConfig(size=size, model=get_config(size, context_length=ctx),
+                                  batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
+                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args, runs
+
+
+def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
+    """--analyze: the snapshot tables and PNG from a pickle, with the phases and measured peak of its
+    _meta.json when there is one."""
+    meta_path = snapshot_meta_path(args.analyze)
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    try:
+        fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
+                                  files.path("_timeline.png"), Path(args.analyze).name, args.top)
+    except (OSError, ValueError, pickle.UnpicklingError, KeyError) as exc:
+        print(f"error: cannot analyse {args.analyze}: {exc}", file=sys.stderr)
+        return 1
+    text = snapshot_report(args.analyze, fields, args.fmt)
+    print(text)
+    files.append_record({"snapshot_path": args.analyze, **fields})
+    files.write_markdown(text)
+    print(f"\nwrote {files.markdown} and {files.jsonl}" + (f" and {fields['snapshot_png']}"
+                                                          if "snapshot_png" in fields else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, runs = parse_args(argv)
+    files = ResultFiles(args.results_dir, "memory", args.out, "memory")
+    if args.analyze is not None:
+        return analyze_main(args, files)
+    device = resolve_device(args.device)
+    measure = device.type == "cuda"
+    records, interrupted = run_sweep(runs, args, files, measure)
+    if records:
+        text = report(records, args, device)
+        print(text)
+        files.write_markdown(text)
+        extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r]
+        print(f"\nwrote {files.markdown} and {files.jsonl}" + "".join(f" and {p}" for p in extra))
+    if interrupted:
+        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Nsight Systems profile of bench_e2e.py's measured steps, turned into markdown kernel tables.
+#
+# Answers the study's profiling questions on a GPU: which kernels dominate the forward pass and how often they
+# run per step, how the matmul share changes from inference to a training step, softmax vs the attention matmuls.
+#
+#   bash nsys_run.sh medium 256                      # a training step (forward, backward, AdamW)
+#   bash nsys_run.sh medium 256 forward              # forward only; also forward-backward
+#   bash nsys_run.sh small 512 train -- --dtype bf16 --steps 5    # anything after -- goes to bench_e2e.py
+#   bash nsys_run.sh --backtrace small 128           # Python backtraces for CUDA calls (slower run)
+#
+# Writes results/nsys/<size>_ctx<ctx>_<mode>[_<dtype>].nsys-rep, replacing only that report, with beside it the
+# SQLite export, the `nsys stats` CSVs (<report>_<name>.csv), bench_e2e's record (<report>_e2e.jsonl) and the
+# tables (<report>.md). Only the measured steps are captured: the capture range is bench_e2e's "measure" NVTX
+# range, so warm-up never pollutes the statistics. Open the report in the Nsight Systems GUI: nsys-ui <report>.
+#
+# Options (before --): --backtrace  collect Python + CUDA backtraces for CUDA API calls (--python-backtrace=cuda
+#                                   --cudabacktrace=all); off by default since it slows the run noticeably
+#                      --results-dir DIR   results root (default: results)
+# Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python).
+# Exit status: 0; 2 for a usage error or a missing nsys; the profiled run's own status when it fails.
+set -uo pipefail
+
+usage() {
+    sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+}
+
+die_usage() {
+    echo "nsys_run.sh: error: $1 (see --help)" >&2
+    exit 2
+}
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+PYTHON="${PYTHON:-python}"
+RESULTS_DIR="results"
+BACKTRACE=()
+POSITIONAL=()
+while (($#)); do
+    case "$1" in
+        -h|--help) usage; exit 0 ;;
+        --backtrace|--python-backtrace) BACKTRACE=(--cudabacktrace=all --python-backtrace=cuda); shift ;;
+        --results-dir) (($# >= 2)) || die_usage "--results-dir needs a folder"; RESULTS_DIR="$2"; shift 2 ;;
+        --results-dir=*) RESULTS_DIR="${1#*=}"; shift ;;
+        --) shift; break ;;
+        -*) die_usage "unknown option $1" ;;
+        *) POSITIONAL+=("$1"); shift ;;
+    esac
+done
+EXTRA=("$@")
+
+((${#POSITIONAL[@]} >= 2 && ${#POSITIONAL[@]} <= 3)) || die_usage "usage: bash nsys_run.sh [--backtrace] SIZE CTX [MODE] [-- bench_e2e.py arguments]"
+SIZE="${POSITIONAL[0]}"
+CTX="${POSITIONAL[1]}"
+MODE="${POSITIONAL[2]:-train}"
+[[ "$CTX" =~ ^[1-9][0-9]*$ ]] || die_usage "CTX must be a positive integer, got '$CTX'"
+case "$MODE" in
+    forward|forward-backward|train) ;;
+    *) die_usage "MODE must be forward, forward-backward or train, got '$MODE'" ;;
+esac
+
+# One configuration per report: the sweep flags of bench_e2e would profile only the first configuration.
+DTYPE=""
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    case "${EXTRA[i]}" in
+        --size|--size=*|--context-length|--context-length=*|--mode|--mode=*)
+            die_usage "give SIZE, CTX and MODE as positional arguments, not ${EXTRA[i]%%=*}" ;;
+        --dtype=*) DTYPE="${EXTRA[i]#*=}" ;;
+        --dtype)
+            DTYPE="${EXTRA[i + 1]:-}"
+            next="${EXTRA[i + 2]:-}"
+            [[ -n "$next" && "$next" != -* ]] && die_usage "profile one --dtype at a time" ;;
+    esac
+done
+SUFFIX=""
+[[ -n "$DTYPE" && "$DTYPE" != "fp32" ]] && SUFFIX="_$DTYPE"
+
+# ---- find nsys ----
+NSYS_BIN="${NSYS:-}"
+if [[ -n "$NSYS_BIN" ]]; then
+    [[ -x "$NSYS_BIN" || -n "$(command -v "$NSYS_BIN" 2>/dev/null)" ]] || NSYS_BIN=""
+    MISSING="NSYS=${NSYS} is not an executable nsys binary"
+else
+    NSYS_BIN="$(command -v nsys 2>/dev/null || true)"
+    MISSING="nsys (Nsight Systems) is not on PATH"
+fi
+if [[ -z "$NSYS_BIN" ]]; then
+    cat >&2 <<EOF
+nsys_run.sh: error: $MISSING.
+Install Nsight Systems (https://developer.nvidia.com/nsight-systems; it also ships with the CUDA toolkit, e.g.
+/usr/local/cuda/bin/nsys, and with NVIDIA's apt repository: apt-get install nsight-systems-<version>), then put it
+on PATH or run NSYS=/path/to/nsys bash nsys_run.sh ...
+Without nsys, torch.profiler gives the same tables:
+    python bench_e2e.py --size $SIZE --context-length $CTX --mode $MODE --profile ${EXTRA[*]}
+EOF
+    exit 2
+fi
+
+# ---- profile ----
+OUT_DIR="$RESULTS_DIR/nsys"
+mkdir -p "$OUT_DIR" || exit 1
+REPORT="$OUT_DIR/${SIZE}_ctx${CTX}_${MODE}${SUFFIX}"
+E2E_DIR="$(mktemp -d)" || exit 1
+trap 'rm -rf "$E2E_DIR"' EXIT
+
+# torch's NVTX ranges are unregistered strings, which an NVTX capture range only matches with this variable set
+# in the profiled process; --env-var hands it to the process nsys launches.
+export NSYS_NVTX_PROFILER_REGISTER_ONLY=0
+# --in-process: the measured steps, their NVTX ranges and their kernels all live in the process nsys launched.
+# --results-dir last, so bench_e2e's record lands where this script reads it.
+APP=("$PYTHON" "$HERE/bench_e2e.py" --size "$SIZE" --context-length "$CTX" --mode "$MODE" --nvtx --in-process
+     "${EXTRA[@]}" --results-dir "$E2E_DIR" --out e2e)
+echo "nsys_run.sh: profiling ${APP[*]}" >&2
+"$NSYS_BIN" profile --trace=cuda,nvtx,osrt \
+    --capture-range=nvtx --nvtx-capture=measure --capture-range-end=stop \
+    --env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0 \
+    --force-overwrite=true --output="$REPORT" "${BACKTRACE[@]}" \
+    "${APP[@]}"
+status=$?
+if ((status != 0)); then
+    echo "nsys_run.sh: the profiled run failed with exit status $status" >&2
+    exit "$status"
+fi
+if [[ ! -f "$REPORT.nsys-rep" ]]; then
+    echo "nsys_run.sh: nsys wrote no $REPORT.nsys-rep (did the 'measure' range ever start?)" >&2
+    exit 1
+fi
+cp "$E2E_DIR/e2e/e2e.jsonl" "${REPORT}_e2e.jsonl" || exit 1
+
+# ---- statistics and tables ----
+# --force-export: a stale SQLite file beside the report is never reused (nsys would otherwise only warn).
+"$NSYS_BIN" stats --force-export=true --force-overwrite=true --format csv --output "$REPORT" \
+    --report cuda_gpu_trace --report cuda_api_trace --report nvtx_pushpop_trace \
+    --report cuda_gpu_kern_sum --report nvtx_sum --report nvtx_kern_sum \
+    "$REPORT.nsys-rep" >"$REPORT.stats.log" 2>&1
+status=$?
+if ((status != 0)); then
+    cat "$REPORT.stats.log" >&2
+    echo "nsys_run.sh: nsys stats failed with exit status $status" >&2
+    exit "$status"
+fi
+"$PYTHON" "$HERE/kernel_tables.py" "$REPORT.nsys-rep" --e2e-jsonl "${REPORT}_e2e.jsonl" --md "$REPORT.md"
+status=$?
+((status == 0)) && echo "report: $REPORT.nsys-rep (open it with nsys-ui, the Nsight Systems GUI)"
+exit "$status"

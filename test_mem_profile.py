@@ -1,0 +1,324 @@
+"""Tests for mem_profile.py and memory_snapshot.py: saved-for-backward accounting on small models (fake and
+real tensors), the snapshot reader on a hand-built snapshot in the real format, the CUDA-only recording logic
+with fakes, the CPU path, failures as rows and bad input."""
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mem_profile
+import memory_snapshot
+from bench_e2e import RunConfig
+from common import ModelConfig, read_records
+from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
+
+MIB = 2**20
+SMALL = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=50, context_length=16)
+BATCH = 2
+
+
+def saved(cfg: ModelConfig = SMALL, **kwargs) -> list[dict]:
+    return mem_profile.saved_for_backward(cfg, BATCH, **kwargs)
+
+
+def total(cfg: ModelConfig = SMALL, **kwargs) -> int:
+    return sum(s["bytes"] for s in saved(cfg, **kwargs))
+
+
+# ---- saved for backward ----
+
+
+def test_naive_attention_keeps_score_matrices_and_sdpa_does_not():
+    score_shape = [BATCH, SMALL.num_heads, SMALL.context_length, SMALL.context_length]
+    naive = [s for s in saved(attn="naive") if s["shape"] == score_shape]
+    assert {s["op"] for s in naive} >= {"Where", "Exp", "Div"}  # masked scores, exp, probabilities
+    assert all(s["module"].endswith(".attn") for s in naive)
+    assert len(naive) == 3 * SMALL.num_layers  # counted once each, though the probabilities are saved as a view
+    assert not [s for s in saved(attn="sdpa") if s["shape"] == score_shape]
+
+
+def test_saved_bytes_grow_linearly_in_layers_and_every_block_saves_the_same():
+    totals = [total(ModelConfig(**{**SMALL.__dict__, "num_layers": n})) for n in (1, 2, 3, 5)]
+    per_layer = totals[1] - totals[0]
+    assert per_layer > 0
+    assert totals == [totals[0] + k * per_layer for k in (0, 1, 2, 4)]
+    summary = mem_profile.summarize_saved(saved(ModelConfig(**{**SMALL.__dict__, "num_layers": 3})), 3)
+    assert summary["saved_block_bytes_min"] == summary["saved_block_bytes_max"] == per_layer
+    assert summary["saved_total_bytes"] == summary["saved_blocks_bytes"] + summary["saved_outside_bytes"]
+    assert sum(r["share"] for r in summary["saved_block_top"]) <= 1.0
+
+
+def test_checkpointing_reduces_saved_bytes():
+    cfg = ModelConfig(**{**SMALL.__dict__, "num_layers": 4})
+    none, every_2, every_1 = (total(cfg, checkpoint_every=k) for k in (0, 2, 1))
+    assert every_2 < every_1 < none  # K=1 keeps one residual per block, K=2 one per two blocks
+
+
+def test_fake_tensors_save_exactly_what_real_ones_do():
+    for kwargs in ({"attn": "naive"}, {"attn": "sdpa", "dtype": "bf16"}, {"checkpoint_every": 1}):
+        fake, real = saved(fake=True, **kwargs), saved(fake=False, **kwargs)
+        key = lambda rows: sorted((s["module"], s["op"], tuple(s["shape"]), s["dtype"], s["bytes"]) for s in rows)
+        assert key(fake) == key(real), kwargs
+
+
+def test_weights_are_not_counted_but_autocast_weight_copies_are():
+    weight_shapes = {tuple(p.shape) for p in torch.nn.Linear(SMALL.d_model, SMALL.d_ff).parameters()}
+    assert not [s for s in saved(dtype="fp32") if tuple(s["shape"]) in weight_shapes]
+    copies = [s for s in saved(dtype="bf16") if s["op"] == "ToCopy" and s["module"].endswith("ffn.w1")
+              and s["shape"] == [SMALL.d_ff, SMALL.d_model]]
+    assert len(copies) == SMALL.num_layers and copies[0]["dtype"] == "bfloat16"
+
+
+def test_tensor_made_in_a_module_is_attributed_to_it_not_to_the_submodule_that_saves_it():
+    ffn_in_w2 = [s for s in saved() if s["module"] == "layers.0.ffn" and s["op"] == "Mul"]
+    assert ffn_in_w2 and not [s for s in saved() if s["module"] == "layers.0.ffn.w2"]
+
+
+def test_accounting_residual_stream_and_scores():
+    run = RunConfig(size="xl", model=mem_profile.get_config("xl", context_length=512), mode="train", dtype="bf16")
+    acc = mem_profile.accounting(run)
+    assert acc["residual_stream_bytes"] == 4 * 512 * 1600 * 4 == 12.5 * MIB
+    assert acc["residual_stream_formula"] == "4 x 512 x 1600 x 4 B"
+    assert acc["attention_scores_layer_bytes"] == 4 * 25 * 512 * 512 * 2
+    assert acc["grads_bytes"] == acc["weights_bytes"] and acc["adamw_state_bytes"] == 2 * acc["weights_bytes"]
+    forward = mem_profile.static_memory_bytes(run.model, "forward")
+    assert forward["grads_bytes"] == forward["adamw_state_bytes"] == 0
+
+
+# ---- the snapshot reader, on a hand-built snapshot in torch's format ----
+
+MODEL_FRAME = {"filename": str(PROJECT_ROOT / "model.py"), "line": 57, "name": "naive_attention"}
+OPTIM_FRAME = {"filename": str(PROJECT_ROOT / "optim.py"), "line": 70, "name": "_adamw_foreach"}
+TORCH_FRAME = {"filename": "/usr/lib/python3.11/site-packages/torch/nn/functional.py", "line": 9, "name": "linear"}
+CPP_FRAME = {"filename": "??", "line": 0, "name": "at::native::empty_cuda"}
+MARKS = [("forward", 1005.0), ("backward", 1035.0), ("optimizer", 1055.0), ("end", 1070.0)]
+
+
+def event(action: str, addr: int, mib: float, time_us: int, *frames: dict) -> dict:
+    return {"action": action, "addr": addr, "size": int(mib * MIB), "stream": 0, "time_us": time_us,
+            "frames": list(frames)}
+
+
+def synthetic_snapshot(with_segments: bool = True) -> dict:
+    """Before recording: 8 MiB of weights (live throughout) and a 2 MiB block that the trace frees.
+    Recorded: +4 (fwd), -2 (the earlier block), +6 (fwd), +6 (bwd) = peak, -6, -6 (free_completed only), +1."""
+    trace = [
+        event("segment_alloc", 0x100000, 32, 1000),
+        event("alloc", 0x100000, 4, 1010, TORCH_FRAME, MODEL_FRAME),
+        event("free_requested", 0x9000, 2, 1020),
+        event("free_completed", 0x9000, 2, 1021),
+        event("alloc", 0x500000, 6, 1030, MODEL_FRAME),
+        event("alloc", 0xB00000, 6, 1040, CPP_FRAME),
+        event("free_requested", 0x500000, 6, 1050),
+        event("free_completed", 0x500000, 6, 1051),
+        event("free_completed", 0xB00000, 6, 1052),
+        event("alloc", 0x500000, 1, 1060, OPTIM_FRAME),
+    ]
+    segments = [
+        {"device": 0, "address": 0x1000, "total_size": 16 * MIB, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": 0x1000, "size": 8 * MIB, "requested_size": 8 * MIB, "state": "active_allocated"},
+                    {"address": 0x1000 + 8 * MIB, "size": 8 * MIB, "state": "inactive"}]},
+        {"device": 0, "address": 0x100000, "total_size": 32 * MIB, "stream": 0, "segment_type": "large",
+         "blocks": [{"address": 0x100000, "size": 4 * MIB, "requested_size": 4 * MIB, "state": "active_allocated"},
+                    {"address": 0x500000, "size": 1 * MIB, "requested_size": 1 * MIB, "state": "active_allocated"},
+                    {"address": 0x600000, "size": 27 * MIB, "state": "inactive"}]},
+    ]
+    return {"segments": segments if with_segments else [], "device_traces": [trace]}
+
+
+def test_timeline_baseline_peak_and_reserved_from_segments():
+    tl = memory_snapshot.rebuild_timeline(synthetic_snapshot())
+    assert tl.baseline_bytes == 10 * MIB  # 13 MiB held at the end minus the trace's net +3 MiB
+    assert tl.peak_bytes == 24 * MIB and tl.peak_index == 5
+    assert tl.allocated_bytes[-1] == 13 * MIB
+    assert tl.freed_before_recording_bytes == 2 * MIB  # requested + completed counted once
+    assert tl.baseline_reserved_bytes == 16 * MIB and tl.reserved_bytes[0] == tl.reserved_bytes[-1] == 48 * MIB
+    assert tl.x_axis()[0][:2] == [0.0, 0.01]  # ms since the first event
+
+
+def test_free_of_a_block_from_before_recording_first_without_segments_never_goes_negative():
+    snapshot = synthetic_snapshot(with_segments=False)
+    trace = snapshot["device_traces"][0]
+    trace.insert(0, trace.pop(2))  # the earlier block's free_requested is the very first event
+    tl = memory_snapshot.rebuild_timeline(snapshot)
+    assert tl.baseline_bytes == 2 * MIB
+    assert min(tl.allocated_bytes) >= 0
+    assert tl.peak_bytes == 16 * MIB
+
+
+def test_largest_allocations_sizes_counts_sites_and_phases():
+    spans = memory_snapshot.phase_spans(MARKS)
+    rows = memory_snapshot.largest_allocations(synthetic_snapshot(), top=2, spans=spans)
+    assert [(r["size_bytes"], r["count"]) for r in rows] == [(6 * MIB, 2), (4 * MIB, 1)]
+    assert "model.py:57 naive_attention (x1)" in rows[0]["sites"]
+    assert "(no Python frame" in rows[0]["sites"]
+    assert rows[0]["phases"] in ("forward x1, backward x1", "backward x1, forward x1")
+    assert rows[1]["sites"] == "model.py:57 naive_attention (x1)"  # the innermost frame in project code
+
+
+def test_live_at_peak_adds_up_to_the_peak():
+    snapshot = synthetic_snapshot()
+    tl = memory_snapshot.rebuild_timeline(snapshot)
+    rows = memory_snapshot.live_at_peak(snapshot, tl)
+    assert rows[0] == {"site": BEFORE_RECORDING, "count": None, "bytes": 8 * MIB, "share": 8 / 24}
+    assert sum(r["bytes"] for r in rows) == tl.peak_bytes
+    assert rows[1]["site"] == "model.py:57 naive_attention" and rows[1]["bytes"] == 10 * MIB
+
+
+def test_peak_check_agrees_within_rounding_and_flags_a_mismatch():
+    assert memory_snapshot.peak_check(24 * MIB, 24 * MIB + 300 * 1024)["status"].startswith("ok")
+    assert memory_snapshot.peak_check(24 * MIB, 30 * MIB)["status"].startswith("MISMATCH")
+    assert memory_snapshot.peak_check(24 * MIB, None)["status"].startswith("no max_memory_allocated")
+
+
+def write_snapshot(folder: Path, measured: int | None) -> Path:
+    path = folder / "run_tiny_ctx16_train_fp32_naive.pickle"
+    path.write_bytes(pickle.dumps(synthetic_snapshot()))
+    if measured is not None:
+        mem_profile.snapshot_meta_path(path).write_text(
+            json.dumps({"phase_marks": MARKS, "max_memory_allocated_bytes": measured}))
+    return path
+
+
+def test_analyze_writes_png_and_tables(tmp_path, capsys):
+    path = write_snapshot(tmp_path, measured=24 * MIB + 4096)
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path), "--out", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "ok (within 2%)" in out and "model.py:57 naive_attention" in out and BEFORE_RECORDING in out
+    png = tmp_path / "memory" / "a_timeline.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    record = read_records(tmp_path / "memory" / "a.jsonl")[0]
+    assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
+
+
+def test_analyze_rejects_a_pickle_that_is_not_a_snapshot(tmp_path):
+    path = tmp_path / "x.pickle"
+    path.write_bytes(pickle.dumps({"something": 1}))
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 1
+
+
+# ---- the CUDA-only recording, with fakes ----
+
+
+class FakeCuda:
+    """Stands in for the torch.cuda calls record_snapshot makes, and remembers them."""
+
+    def __init__(self, monkeypatch, fail_in_step: bool = False):
+        self.calls: list[tuple] = []
+        for name in ("synchronize", "reset_peak_memory_stats"):
+            monkeypatch.setattr(torch.cuda, name, lambda *a, _n=name, **k: self.calls.append((_n,)))
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 24 * MIB)
+        monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                            lambda enabled="all", **k: self.calls.append(("record", enabled, k.get("max_entries"))))
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda *a: synthetic_snapshot())
+        self.fail_in_step = fail_in_step
+
+
+class StubWork:
+    def __init__(self, cuda: FakeCuda):
+        self.device, self.cuda = torch.device("cuda"), cuda
+        self.run = RunConfig(size="tiny", model=SMALL, mode="train")
+
+    def forward(self):
+        if self.cuda.fail_in_step:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return None
+
+    def backward(self, loss):
+        pass
+
+    def optimizer_step(self):
+        pass
+
+
+def test_record_snapshot_records_one_step_and_always_stops_recording(tmp_path, monkeypatch):
+    cuda = FakeCuda(monkeypatch)
+    path = str(tmp_path / "s.pickle")
+    out = mem_profile.record_snapshot(StubWork(cuda), path, max_entries=1_000_000)
+    records = [c for c in cuda.calls if c[0] == "record"]
+    assert records == [("record", "all", 1_000_000), ("record", None, None)]
+    assert cuda.calls.index(("reset_peak_memory_stats",)) < cuda.calls.index(records[0])
+    assert [m[0] for m in out["snapshot_phase_marks"]] == ["forward", "backward", "optimizer", "end"]
+    meta = json.loads(mem_profile.snapshot_meta_path(path).read_text())
+    assert meta["max_memory_allocated_bytes"] == 24 * MIB
+    assert memory_snapshot.load_snapshot(path)["device_traces"]
+
+    failing = FakeCuda(monkeypatch, fail_in_step=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        mem_profile.record_snapshot(StubWork(failing), str(tmp_path / "t.pickle"), 10)
+    assert [c for c in failing.calls if c[0] == "record"][-1] == ("record", None, None)
+
+
+def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
+    snap = write_snapshot(tmp_path, measured=None)
+
+    def fake_measure(run, snapshot_path=None, max_entries=0):
+        Path(snapshot_path).write_bytes(snap.read_bytes())
+        return {"environment": {"device": "cuda:0", "device_name": "Fake GPU", "torch": torch.__version__,
+                                "cuda": "12.8", "tf32_matmul": False, "threads": 1},
+                "peak_mem_allocated_bytes": 3 * 2**30, "peak_mem_reserved_bytes": 4 * 2**30,
+                "step_ms": [10.0], "step_ms_mean": 10.0, "snapshot_path": snapshot_path,
+                "snapshot_phase_marks": MARKS, "snapshot_max_allocated_bytes": 24 * MIB}
+
+    monkeypatch.setattr(mem_profile, "measure_config", fake_measure)
+    args, runs = mem_profile.parse_args(["--size", "tiny", "--context-length", "16", "--mode", "train",
+                                         "--snapshot", "--in-process", "--results-dir", str(tmp_path)])
+    files = mem_profile.ResultFiles(tmp_path, "memory", "c", "memory")
+    records, _ = mem_profile.run_sweep(runs, args, files, measure=True)
+    text = mem_profile.report(records, args, torch.device("cuda"))
+    assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
+    assert "#### Snapshot: tiny ctx=16 train fp32 naive" in text and "ok (within 2%)" in text
+    assert Path(records[0]["snapshot_png"]).is_file()
+
+
+# ---- the CPU path, failures, bad input ----
+
+
+def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_path, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a CUDA-only call was reached on a CPU run")
+
+    for name in ("_record_memory_history", "_snapshot"):
+        monkeypatch.setattr(torch.cuda.memory, name, forbidden)
+    for name in ("max_memory_allocated", "reset_peak_memory_stats", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, forbidden)
+    argv = ["--size", "tiny", "--context-length", "16", "32", "--mode", "forward", "train", "--attn", "naive",
+            "sdpa", "--snapshot", "--device", "cpu", "--in-process", "--results-dir", str(tmp_path), "--out", "cpu"]
+    assert mem_profile.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
+    assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
+    records = read_records(tmp_path / "memory" / "cpu.jsonl")
+    assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)
+    assert all(r["saved_status"] == "ok" for r in records)
+
+
+def test_a_failed_configuration_is_a_row_and_the_others_still_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("BENCH_INJECT_FAULT", "oom:context_length=32,stage=saved")
+    argv = ["--size", "tiny", "--context-length", "16", "32", "--mode", "train", "--device", "cpu",
+            "--results-dir", str(tmp_path), "--out", "f"]  # each configuration in its own child process: the default
+    assert mem_profile.main(argv) == 0
+    records = read_records(tmp_path / "memory" / "f.jsonl")
+    assert [r["saved_status"] for r in records] == ["ok", "OOM"]
+    assert "| OOM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "huge"], "unknown preset 'huge'"),
+    (["--context-length", "0"], "must be a positive integer"),
+    (["--analyze", "/nonexistent.pickle"], "no such file"),
+    pytest.param(["--device", "cuda"], "CUDA is not available",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_bad_input_exits_2_with_one_line(argv, message):
+    proc = subprocess.run([sys.executable, "mem_profile.py", *argv], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent, timeout=60)
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert message in last and "Traceback" not in proc.stderr

@@ -1,0 +1,167 @@
+"""nsys_run.sh against a fake `nsys` placed first on PATH: the command lines it runs (trace set, capture range,
+environment variable, output path, overwrite rules, forced re-export), the tables it writes beside the report,
+the missing-nsys message and exit code, and the exit status of a failing profiled run."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_kernel_tables import e2e_record, write_nsys_fixture
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "nsys_run.sh"
+
+# The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line.
+# `profile` does not run the app (bench_e2e --nvtx needs CUDA): it writes the report and the bench_e2e record
+# where the app's --results-dir points, or exits with FAKE_NSYS_APP_STATUS as nsys does when the app fails.
+# `stats` copies the fixture CSVs to <--output>_<report>.csv for every --report.
+FAKE_NSYS = r'''#!{python}
+import json, os, shutil, sys
+from pathlib import Path
+
+argv = sys.argv[1:]
+with open(os.environ["FAKE_NSYS_LOG"], "a") as log:
+    log.write(json.dumps({{"argv": argv, "register_only": os.environ.get("NSYS_NVTX_PROFILER_REGISTER_ONLY")}}) + "\n")
+
+def option(name):
+    return next(a.split("=", 1)[1] for a in argv if a.startswith(name + "="))
+
+if argv[0] == "profile":
+    status = int(os.environ.get("FAKE_NSYS_APP_STATUS", "0"))
+    if status:
+        sys.exit(status)
+    Path(option("--output") + ".nsys-rep").write_text("fake report")
+    e2e = Path(argv[argv.index("--results-dir") + 1]) / "e2e"
+    e2e.mkdir(parents=True)
+    (e2e / "e2e.jsonl").write_text(os.environ["FAKE_NSYS_RECORD"] + "\n")
+elif argv[0] == "stats":
+    prefix = argv[argv.index("--output") + 1]
+    fixtures = Path(os.environ["FAKE_NSYS_FIXTURES"])
+    for i, arg in enumerate(argv):
+        if arg == "--report":
+            shutil.copy(fixtures / f"report_{{argv[i + 1]}}.csv", f"{{prefix}}_{{argv[i + 1]}}.csv")
+'''
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> dict:
+    """A bin folder holding the fake nsys, and the environment to run nsys_run.sh with it first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nsys = bin_dir / "nsys"
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable))
+    nsys.chmod(0o755)
+    fixtures = tmp_path / "fixtures"
+    fixtures.mkdir()
+    write_nsys_fixture(fixtures)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
+           "FAKE_NSYS_LOG": str(tmp_path / "calls.jsonl"), "FAKE_NSYS_FIXTURES": str(fixtures),
+           "FAKE_NSYS_RECORD": json.dumps(e2e_record())}
+    env.pop("NSYS", None)
+    env.pop("NSYS_NVTX_PROFILER_REGISTER_ONLY", None)
+    return {"env": env, "log": tmp_path / "calls.jsonl", "results": tmp_path / "results", "cwd": tmp_path}
+
+
+def run_script(fake: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), "--results-dir", str(fake["results"]), *args],
+                          capture_output=True, text=True, env={**fake["env"], **env}, cwd=fake["cwd"], timeout=60)
+
+
+def calls(fake: dict) -> list[dict]:
+    return [json.loads(line) for line in fake["log"].read_text().splitlines()] if fake["log"].exists() else []
+
+
+def test_profile_and_stats_command_lines(fake: dict):
+    result = run_script(fake, "tiny", "64")
+    assert result.returncode == 0, result.stderr
+    profile, stats = calls(fake)
+    report = fake["results"] / "nsys" / "tiny_ctx64_train"
+    argv = profile["argv"]
+    assert argv[0] == "profile"
+    app = argv.index(sys.executable)
+    nsys_options = argv[1:app]
+    assert {"--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure", "--capture-range-end=stop",
+            "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0", "--force-overwrite=true",
+            f"--output={report}"} == set(nsys_options)  # no backtraces unless asked
+    assert profile["register_only"] == "0"
+    assert argv[app + 1:app + 10] == [str(HERE / "bench_e2e.py"), "--size", "tiny", "--context-length", "64",
+                                      "--mode", "train", "--nvtx", "--in-process"]
+    assert argv[-4] == "--results-dir" and argv[-2:] == ["--out", "e2e"]  # where the script reads the record
+    assert stats["argv"][:2] == ["stats", "--force-export=true"] and stats["argv"][-1] == f"{report}.nsys-rep"
+    assert {"--format", "csv", "--output", str(report)} <= set(stats["argv"])
+    reports = [stats["argv"][i + 1] for i, a in enumerate(stats["argv"]) if a == "--report"]
+    assert set(reports) == {"cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace", "cuda_gpu_kern_sum",
+                            "nvtx_sum", "nvtx_kern_sum"}
+    # the tables, printed and saved beside the report, with bench_e2e's record
+    md = Path(f"{report}.md").read_text()
+    assert "### 1. Phase times" in md and "### 2. Top kernels by GPU time: backward" in md
+    assert "### 1. Phase times" in result.stdout and f"{report}.nsys-rep" in result.stdout
+    assert json.loads(Path(f"{report}_e2e.jsonl").read_text())["status"] == "ok"
+
+
+def test_mode_dtype_and_backtrace_options(fake: dict):
+    result = run_script(fake, "--backtrace", "small", "128", "forward", "--", "--dtype", "bf16", "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    argv = calls(fake)[0]["argv"]
+    assert f"--output={fake['results'] / 'nsys' / 'small_ctx128_forward_bf16'}" in argv
+    assert {"--python-backtrace=cuda", "--cudabacktrace=all"} <= set(argv)
+    app = argv[argv.index(sys.executable):]
+    assert app[app.index("--mode") + 1] == "forward"
+    assert app[app.index("--in-process") + 1:][:4] == ["--dtype", "bf16", "--steps", "3"]
+
+
+def test_only_this_report_is_replaced(fake: dict):
+    nsys_dir = fake["results"] / "nsys"
+    nsys_dir.mkdir(parents=True)
+    other = nsys_dir / "tiny_ctx128_train.md"
+    other.write_text("another report's tables")
+    stale = nsys_dir / "tiny_ctx64_train.md"
+    stale.write_text("stale tables")
+    assert run_script(fake, "tiny", "64").returncode == 0
+    assert other.read_text() == "another report's tables"
+    assert "### 1. Phase times" in stale.read_text()
+    assert sorted(p.name for p in nsys_dir.iterdir() if p.name.startswith("tiny_ctx128")) == ["tiny_ctx128_train.md"]
+
+
+def test_failing_profiled_run_passes_its_status_through(fake: dict):
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_APP_STATUS="7")
+    assert result.returncode == 7
+    assert "failed with exit status 7" in result.stderr
+    assert [c["argv"][0] for c in calls(fake)] == ["profile"]  # no stats on a failed run
+
+
+def test_a_run_that_recorded_oom_fails_after_stats(fake: dict):
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_RECORD=json.dumps(e2e_record(status="OOM")))
+    assert result.returncode == 1 and "status 'OOM'" in result.stderr
+
+
+def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
+    bare_path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
+    if shutil.which("nsys", path=bare_path):
+        pytest.skip("a real nsys is installed on the system PATH")
+    result = run_script(fake, "tiny", "64", PATH=bare_path)
+    assert result.returncode == 2
+    assert "Nsight Systems" in result.stderr and "install" in result.stderr.lower()
+    assert "python bench_e2e.py --size tiny --context-length 64 --mode train --profile" in result.stderr
+    not_binary = run_script(fake, "tiny", "64", NSYS=str(tmp_path / "no-such-nsys"))
+    assert not_binary.returncode == 2 and "NSYS=" in not_binary.stderr
+    assert not calls(fake)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tiny"], "usage"),
+    (["tiny", "0"], "CTX"),
+    (["tiny", "64", "inference"], "MODE"),
+    (["tiny", "64", "--", "--context-length", "128"], "positional"),
+    (["tiny", "64", "--", "--dtype", "fp32", "bf16"], "one --dtype"),
+])
+def test_usage_errors_exit_2(fake: dict, args: list[str], message: str):
+    result = run_script(fake, *args)
+    assert result.returncode == 2 and message in result.stderr
+    assert not calls(fake)
