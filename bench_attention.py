@@ -433,12 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=common.non_negative_int, default=10,
                    help="untimed forward+backward passes before timing")
     p.add_argument("--dtype", choices=BENCH_DTYPES, default="fp32", help="dtype of Q, K and V")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run every configuration in this process instead of a fresh child process each")
+    common.add_device_args(p)
     common.add_output_args(p, default_stem="attention")
     return p
 
@@ -446,10 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        resolve_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
+    common.device_or_exit(parser, args.device)
     # repeated values would only repeat rows; keep the order given
     args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
@@ -464,8 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     records, interrupted = run_sweep(runs, args, files,
                                      on_record=lambda done: files.write_markdown(report(done, args.impl, args)))
     if records:
-        print(report(records, args.impl, args))
-        print(f"\nwrote {files.markdown} and {files.jsonl}")
+        files.publish(report(records, args.impl, args))
     if interrupted:
         print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
         return 130

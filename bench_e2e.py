@@ -30,8 +30,8 @@ import common
 import kernel_tables
 from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
                     SyncTimer, annotate, config_row, environment, environment_header, get_config,
-                    matmul_precision_key, peak_tflops, precision_context, progress, render_table,
-                    resolve_device, run_isolated, set_ranges, summarize)
+                    matmul_precision_key, non_negative_int, peak_tflops, positive_float, positive_int,
+                    precision_context, progress, render_table, resolve_device, run_isolated, set_ranges, summarize)
 from model import ATTENTION, TransformerLM, cross_entropy
 from optim import AdamW
 
@@ -70,6 +70,8 @@ class RunConfig:
 
     def label(self) -> str:
         parts = [self.size, f"ctx={self.context_length}", self.dtype, f"warmup={self.warmup}"]
+        if self.optimizer != "ours":
+            parts.append(f"optimizer={self.optimizer}")
         return " ".join(parts + (["compiled"] if self.compile else []))
 
 
@@ -254,7 +256,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
 
 # ---- the table ----
 
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "fwd ms", "fwd std",
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "optimizer", "fwd ms", "fwd std",
            "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU",
            "peak mem GiB", "status"]
 
@@ -294,30 +296,9 @@ def config_table(runs: list[RunConfig], fmt: str) -> str:
 # ---- command line ----
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
                    help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
                         "--d-model, --d-ff, --num-layers and --num-heads are all given)")
@@ -339,11 +320,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the whole model; compile time is reported apart from the timed steps")
     p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="attention implementation")
-    p.add_argument("--optimizer", choices=["ours", "torch"], default="ours",
-                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)")
+    p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
+                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give both "
+                        "to compare them in one table (train mode)")
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
@@ -353,8 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(phases, top kernels, categories, attention); the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run every configuration in this process instead of a fresh child process each")
+    common.add_device_args(p)
     p.add_argument("--no-skip", action="store_true",
                    help="after an OOM, still run the larger context lengths of that size and dtype")
     common.add_output_args(p, default_stem="e2e")
@@ -371,24 +351,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.size = list(PRESETS)
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
-    try:
-        device = resolve_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args.optimizer = list(dict.fromkeys(args.optimizer))
+    if len(args.optimizer) > 1 and args.mode != "train":
+        parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
+    device = common.device_or_exit(parser, args.device)
     if device.type != "cuda":
         for flag, given in (("--nvtx", args.nvtx), ("--tf32", args.tf32 is not None)):
             if given:
                 parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
     runs = []
     try:
-        for size, ctx, dtype, warmup in itertools.product(args.size, args.context_length, args.dtype, args.warmup):
+        for size, ctx, dtype, optimizer, warmup in itertools.product(args.size, args.context_length, args.dtype,
+                                                                      args.optimizer, args.warmup):
             if size == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
             else:
                 model = get_config(size, **dims, vocab_size=args.vocab_size, context_length=ctx)
             runs.append(RunConfig(size=size, model=model, batch_size=args.batch_size, warmup=warmup,
                                   steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
-                                  compile=args.compile, attn=args.attn, optimizer=args.optimizer,
+                                  compile=args.compile, attn=args.attn, optimizer=optimizer,
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None))
@@ -437,10 +418,16 @@ def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace)
     """Environment header and the results table (plus compile times), as printed after the sweep."""
     env = next((r["environment"] for r in records if "environment" in r), None)
     run0 = runs[0]
+    optimizers = list(dict.fromkeys(run.optimizer for run in runs))
     settings = {"batch": run0.batch_size, "steps": run0.steps, "mode": run0.mode + (" no-grad" if run0.no_grad else ""),
-                "attn": run0.attn, "optimizer": run0.optimizer}
+                "attn": run0.attn}
+    if run0.mode == "train" and len(optimizers) == 1:
+        settings["optimizer"] = optimizers[0]
     lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
     rows = [table_row(run, rec) for run, rec in zip(runs, records)]
+    if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
+        for run, row in zip(runs, rows):
+            row["optimizer"] = run.optimizer
     columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
     lines.append(render_table(rows, columns, args.fmt))
     compile_times = [f"{run.label()}: {rec['compile_s']:.1f} s" for run, rec in zip(runs, records) if "compile_s" in rec]
@@ -461,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         if profiles:
             results += "\n\n" + profiles
         print(results)
-        files.write_markdown(configs + "\n\n" + results)
+        files.write_markdown(configs + "\n\n" + results)  # the saved file also holds the config table
         print(f"\nwrote {files.markdown} and {files.jsonl}")
     if interrupted:
         print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)

@@ -376,6 +376,21 @@ def positive_float(text: str) -> float:
     return value
 
 
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    """--device and --in-process, the same in every script that sweeps configurations in child processes."""
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every configuration in this process instead of a fresh child process each")
+
+
+def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    """resolve_device, with a user mistake (no CUDA, unknown device) as a one-line exit 2."""
+    try:
+        return resolve_device(name)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
 # ---- tables and result files ----
 
 TABLE_FORMATS = sorted(tabulate_formats)
@@ -450,6 +465,12 @@ class ResultFiles:
 
     def write_markdown(self, text: str) -> None:
         self.markdown.write_text(text if text.endswith("\n") else text + "\n")
+
+    def publish(self, text: str, extra_paths: list[str] = ()) -> None:
+        """Print the report, save it as the markdown file, and say where it and the other files are."""
+        print(text)
+        self.write_markdown(text)
+        print(f"\nwrote {self.markdown} and {self.jsonl}" + "".join(f" and {p}" for p in extra_paths))
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:

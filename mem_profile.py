@@ -526,10 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
                         "check when its _meta.json is beside it); needs no GPU")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
-    p.add_argument("--in-process", action="store_true",
-                   help="run every configuration in this process instead of a fresh child process each")
+    common.add_device_args(p)
     common.add_output_args(p, default_stem="memory")
     return p
 
@@ -541,10 +539,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         if not Path(args.analyze).is_file():
             parser.error(f"--analyze: no such file: {args.analyze}")
         return args, []
-    try:
-        resolve_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
+    common.device_or_exit(parser, args.device)
     sizes = list(PRESETS) if "all" in args.size else args.size
     runs = []
     try:
@@ -569,12 +564,9 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     except (OSError, ValueError, pickle.UnpicklingError, KeyError) as exc:
         print(f"error: cannot analyse {args.analyze}: {exc}", file=sys.stderr)
         return 1
-    text = snapshot_report(args.analyze, fields, args.fmt)
-    print(text)
     files.append_record({"snapshot_path": args.analyze, **fields})
-    files.write_markdown(text)
-    print(f"\nwrote {files.markdown} and {files.jsonl}" + (f" and {fields['snapshot_png']}"
-                                                          if "snapshot_png" in fields else ""))
+    files.publish(snapshot_report(args.analyze, fields, args.fmt),
+                  [fields["snapshot_png"]] if "snapshot_png" in fields else [])
     return 0
 
 
@@ -587,11 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     measure = device.type == "cuda"
     records, interrupted = run_sweep(runs, args, files, measure)
     if records:
-        text = report(records, args, device)
-        print(text)
-        files.write_markdown(text)
-        extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r]
-        print(f"\nwrote {files.markdown} and {files.jsonl}" + "".join(f" and {p}" for p in extra))
+        files.publish(report(records, args, device),
+                      [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r])
     if interrupted:
         print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
         return 130

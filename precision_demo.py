@@ -182,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([environment_header(env), "", title, "",
                       render_table([table_row(r) for r in records], COLUMNS, args.fmt, floatfmt=""), "",
                       "\n\n".join(notes(records))])
-    print(text)
-    files.write_markdown(text)
-    print(f"\nwrote {files.markdown} and {files.jsonl}")
+    files.publish(text)
     return 0
 
 

@@ -127,7 +127,7 @@ def test_toy_on_cuda_has_no_cpu_note_and_keeps_failures_as_data(tmp_path, capsys
             raise RuntimeError("bfloat16 not supported on this GPU")
         return {"fc1 output": "float16", "LayerNorm output": "float32"}
 
-    monkeypatch.setattr(toy_autocast, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(toy_autocast.common, "device_or_exit", lambda parser, name: torch.device("cuda"))
     monkeypatch.setattr(toy_autocast, "environment",
                         lambda device: {"device": "cuda", "device_name": "Fake GPU", "torch": torch.__version__,
                                         "cuda": "12.8", "tf32_matmul": False})

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from common import DTYPES, ResultFiles, environment, environment_header, render_table, resolve_device, run_isolated
+from common import DTYPES, ResultFiles, environment, environment_header, render_table, run_isolated
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
 
@@ -147,10 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        args.device = resolve_device(args.device)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args.device = common.device_or_exit(parser, args.device)
     args.dtype = list(dict.fromkeys(args.dtype))  # a dtype given twice is one column
     return args
 
@@ -177,10 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.type != "cuda":
         lines += [CPU_NOTE, ""]
     lines.append(render_table(build_rows(results), ["tensor"] + [column_name(d) for d in args.dtype], args.fmt))
-    text = "\n".join(lines)
-    print(text)
-    files.write_markdown(text)
-    print(f"\nwrote {files.markdown} and {files.jsonl}")
+    files.publish("\n".join(lines))
     return 0
 
 
