@@ -460,10 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                                      on_record=lambda done: files.write_markdown(report(done, args.impl, args)))
     if records:
         files.publish(report(records, args.impl, args))
-    if interrupted:
-        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
-        return 130
-    return 0
+    return common.sweep_exit_status(interrupted, len(records), len(runs))
 
 
 if __name__ == "__main__":

@@ -450,10 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         print(results)
         files.write_markdown(configs + "\n\n" + results)  # the saved file also holds the config table
         print(f"\nwrote {files.markdown} and {files.jsonl}")
-    if interrupted:
-        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
-        return 130
-    return 0
+    return common.sweep_exit_status(interrupted, len(records), len(runs))
 
 
 if __name__ == "__main__":

@@ -572,6 +572,14 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     return result
 
 
+def sweep_exit_status(interrupted: bool, done: int, total: int) -> int:
+    """0 for a finished sweep; 130 (the shell's code for Ctrl-C) for an interrupted one, saying how far it got."""
+    if not interrupted:
+        return 0
+    print(f"interrupted after {done} of {total} configurations", file=sys.stderr)
+    return 130
+
+
 def progress(message: str) -> None:
     """Progress lines go to stderr so stdout stays a clean table."""
     print(message, file=sys.stderr, flush=True)

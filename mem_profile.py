@@ -581,10 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     if records:
         files.publish(report(records, args, device),
                       [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r])
-    if interrupted:
-        print(f"interrupted after {len(records)} of {len(runs)} configurations", file=sys.stderr)
-        return 130
-    return 0
+    return common.sweep_exit_status(interrupted, len(records), len(runs))
 
 
 if __name__ == "__main__":
