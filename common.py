@@ -241,6 +241,50 @@ def annotate(name: str) -> contextlib.AbstractContextManager:
     return _active_range(name)
 
 
+# ---- torch.profiler without kineto's trace-marker lines ----
+
+# libkineto (torch.profiler's backend) writes "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
+# profiler_start" and "...profiler_stop" to std::cerr at every profiler start and stop: probe markers for tracing
+# tools, logged at its highest level (USDT = 5, above ERROR = 4, in libkineto's ILoggerObserver.h). The only
+# setting that hides them, KINETO_LOG_LEVEL=6, read once when kineto first starts, would hide kineto's errors too;
+# so instead these two lines, and only they, are filtered out of file descriptor 2 while a profiler runs.
+KINETO_MARKER_PREFIX = b"USDT:"
+
+
+@contextlib.contextmanager
+def without_kineto_markers() -> Iterator[None]:
+    """Route file descriptor 2 (where C++ std::cerr writes) through a pipe whose reader thread forwards every
+    line except kineto's USDT markers; restored on exit. Python's own stderr writes pass through unchanged."""
+    sys.stderr.flush()
+    original = os.dup(2)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def forward() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for line in pipe:
+                if not line.startswith(KINETO_MARKER_PREFIX):
+                    os.write(original, line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # drops the pipe's last write end: the reader sees EOF and ends
+        reader.join()
+        os.close(original)
+
+
+@contextlib.contextmanager
+def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> Iterator[torch.profiler.profile]:
+    """torch.profiler.profile(activities=...) with kineto's USDT marker lines kept off the terminal and files."""
+    with without_kineto_markers(), torch.profiler.profile(activities=activities) as prof:
+        yield prof
+
+
 # ---- hardware peaks ----
 
 # Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets. "tf32" is the fp32-matmul

@@ -1,6 +1,9 @@
 """common.py: timer synchronisation, precision contexts, ranges, peaks, result files, the child-process runner."""
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,3 +166,29 @@ def test_injected_fault_matches_only_its_configuration(monkeypatch):
 def test_get_config_overrides():
     cfg = get_config("tiny", num_layers=2, d_ff=None)
     assert cfg.num_layers == 2 and cfg.d_ff == 1344
+
+
+# ---- kineto's USDT marker lines ----
+
+PROFILE_SNIPPET = """
+import os, sys, torch, common
+profile = common.quiet_profiler if sys.argv[1] == "quiet" else (
+    lambda acts: torch.profiler.profile(activities=acts))
+with profile([torch.profiler.ProfilerActivity.CPU]):
+    torch.ones(3).add_(1)
+    os.write(2, b"a line of our own\\n")
+print("done")
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "quiet"])
+def test_quiet_profiler_drops_kineto_markers_and_nothing_else(mode):
+    out = subprocess.run([sys.executable, "-c", PROFILE_SNIPPET, mode], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done"
+    assert "a line of our own" in out.stderr
+    if mode == "plain":  # the lines this guards against: torch 2.13's kineto prints them at start and stop
+        assert "profiler_start" in out.stderr and "USDT:" in out.stderr
+    else:
+        assert "USDT:" not in out.stderr and "profiler_start" not in out.stderr
