@@ -438,6 +438,15 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
 # ---- tables and result files ----
 
 TABLE_FORMATS = sorted(tabulate_formats)
+LATEX_FORMATS = ("latex", "latex_raw", "latex_booktabs", "latex_longtable")
+# file suffix for a report in each table format: only markdown goes into a .md file
+REPORT_SUFFIXES = {"github": ".md", "pipe": ".md", "html": ".html", "unsafehtml": ".html", "rst": ".rst",
+                   "tsv": ".tsv", **{fmt: ".tex" for fmt in LATEX_FORMATS}}
+
+
+def report_suffix(fmt: str) -> str:
+    """'.md' for markdown formats, '.tex' for LaTeX ones, '.html', '.rst', '.tsv'; '.txt' for the rest."""
+    return REPORT_SUFFIXES.get(fmt, ".txt")
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "github",

@@ -340,8 +340,9 @@ def profile(run: RunConfig, args: argparse.Namespace, files: ResultFiles, measur
     saved = saved_cache[key]
     record.update(saved["value"] if saved["ok"] else {"saved_traceback": saved.get("traceback")})
     record["saved_status"] = "ok" if saved["ok"] else saved["status"]
-    if not measure:
-        record["status"] = "skipped: measured peaks need a CUDA device"
+    if not measure:  # the record still says what it was computed on (the measured path records it in the child)
+        record.update(environment=environment(resolve_device(run.device)),
+                      status="skipped: measured peaks need a CUDA device")
         return record
     snapshot_path = str(files.path(f"_{slug(run)}.pickle")) if args.snapshot else None
     result = run_isolated(measure_config, {"run": run, "snapshot_path": snapshot_path,
@@ -432,7 +433,12 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     return text
 
 
-def peak_table(records: list[dict], fmt: str) -> str:
+PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
+                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+
+
+def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """One row of the peak-memory table per configuration (report.py re-renders them)."""
     rows = []
     for rec in records:
         c = rec["config"]
@@ -445,9 +451,11 @@ def peak_table(records: list[dict], fmt: str) -> str:
                         "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB,
                         "step ms": rec["step_ms_mean"]})
         rows.append(row)
-    columns = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
-               "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
-    return render_table(rows, columns, fmt)
+    return rows
+
+
+def peak_table(records: list[dict], fmt: str) -> str:
+    return render_table(peak_rows(records), PEAK_COLUMNS, fmt)
 
 
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
