@@ -1,6 +1,7 @@
 """Shared machinery for every experiment script: presets, device and precision contexts, the synchronised
-timer, NVTX / profiler ranges, hardware peaks, the environment record, tables, result files and the
-child-process runner.
+timer, peak memory, the saved-for-backward counter, NVTX / profiler ranges, hardware peaks, the environment
+record, tables, result files and failures as data. The run path (workload, measured steps, child processes,
+sweep) is in runner.py.
 
 Nothing here does work at import time or changes global state on import.
 """
@@ -12,17 +13,14 @@ import dataclasses
 import datetime
 import json
 import math
-import multiprocessing
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import threading
+import time
 import timeit
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
@@ -31,6 +29,11 @@ import torch
 from tabulate import tabulate, tabulate_formats
 
 # ---- model configuration and presets ----
+
+
+class ConfigError(ValueError):
+    """A configuration the user asked for cannot exist (unknown preset, bad shape, no such device): scripts turn
+    it into a one-line usage error; any other exception is a bug and keeps its traceback."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,11 @@ class ModelConfig:
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.d_head % 2:
-            raise ValueError(f"d_model / num_heads = {self.d_head} must be even for RoPE (it rotates pairs)")
+            raise ConfigError(f"d_model / num_heads = {self.d_head} must be even for RoPE (it rotates pairs)")
 
     @property
     def d_head(self) -> int:
@@ -90,7 +93,7 @@ DEFAULT_CONTEXT_LENGTH = 128
 def get_config(name: str, **overrides: Any) -> ModelConfig:
     """The preset called exactly `name`, with any non-None overrides applied (and validated)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     changes = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(PRESETS[name], **changes)
 
@@ -131,18 +134,23 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float16 -> 'float16', as tables print a tensor's dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' = CUDA when present, else CPU. Asking for CUDA on a machine without it is a ValueError."""
+    """'auto' = CUDA when present, else CPU. Asking for CUDA on a machine without it is a ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"invalid device {name!r}: {exc}") from None
+        raise ConfigError(f"invalid device {name!r}: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
+        raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]")
+        raise ConfigError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]")
     return device
 
 
@@ -196,13 +204,71 @@ class SyncTimer:
 
 
 def summarize(samples: list[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (n-1), median, min, max and coefficient of variation of `samples`."""
+    """Mean, sample standard deviation (n-1), median, min, max and coefficient of variation of `samples`.
+    One sample has no standard deviation: std and cv are None, never a made-up 0."""
     if not samples:
         return {}
     mean = statistics.fmean(samples)
-    std = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    std = statistics.stdev(samples) if len(samples) > 1 else None
     return {"mean": mean, "std": std, "median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "cv": std / mean if mean else float("nan"), "n": len(samples)}
+            "max": max(samples), "cv": std / mean if std is not None and mean else None, "n": len(samples)}
+
+
+# ---- memory ----
+
+MIB, GIB = 2**20, 2**30  # MiB and GiB are powers of two
+
+
+def format_bytes(n: int | float | None) -> str | None:
+    """Bytes in the largest power-of-two unit that keeps the number >= 1 (KiB, MiB, GiB)."""
+    if n is None:
+        return None
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Wait for queued work, then restart CUDA's peak counters (a CPU has none)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> dict[str, int]:
+    """Peak bytes since the last reset: allocated (live tensors) and reserved (the caching allocator's segments);
+    {} on a CPU, which has no allocator counter."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.synchronize(device)
+    return {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One key per storage, shared by all its views: the address of the StorageImpl. (The data pointer would
+    do for real tensors, but fake tensors have no data and all report 0.)"""
+    return t.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
+                  exclude: set[int] = frozenset()) -> Iterator[dict[int, Any]]:
+    """Every storage autograd saves for backward inside the block, once per storage (a view shares its base's),
+    measured with saved-tensor hooks: {storage_key: describe(tensor), or the storage's bytes}. Storages in
+    `exclude` (weights: resident anyway) are left out. Works on every device and on fake tensors. Keys are only
+    unique while the graph lives: read the dict before freeing it."""
+    saved: dict[int, Any] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in exclude and key not in saved:
+            saved[key] = describe(t) if describe else t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
 
 
 # ---- NVTX and profiler ranges ----
@@ -216,10 +282,6 @@ def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
     in torch.cuda.nvtx) and/or torch.profiler.record_function labels. Both off by default."""
     _RANGES["nvtx"] = bool(nvtx) and torch.cuda.is_available()
     _RANGES["profiler"] = bool(profiler)
-
-
-def ranges_enabled() -> bool:
-    return _RANGES["nvtx"] or _RANGES["profiler"]
 
 
 @contextlib.contextmanager
@@ -362,6 +424,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -377,17 +446,15 @@ def positive_float(text: str) -> float:
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """--device and --in-process, the same in every script that sweeps configurations in child processes."""
+    """--device, the same in every script that sweeps configurations (runner.add_sweep_args adds the rest)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run every configuration in this process instead of a fresh child process each")
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
     """resolve_device, with a user mistake (no CUDA, unknown device) as a one-line exit 2."""
     try:
         return resolve_device(name)
-    except ValueError as exc:
+    except ConfigError as exc:
         parser.error(str(exc))
 
 
@@ -467,10 +534,11 @@ class ResultFiles:
         self.markdown.write_text(text if text.endswith("\n") else text + "\n")
 
     def publish(self, text: str, extra_paths: list[str] = ()) -> None:
-        """Print the report, save it as the markdown file, and say where it and the other files are."""
-        print(text)
+        """Save the report as the markdown file, print it, and say where it and the other files are. The file
+        is written first, so a closed stdout (`... | head -1`) loses nothing."""
         self.write_markdown(text)
-        print(f"\nwrote {self.markdown} and {self.jsonl}" + "".join(f" and {p}" for p in extra_paths))
+        if emit(text):
+            emit(f"\nwrote {self.markdown} and {self.jsonl}" + "".join(f" and {p}" for p in extra_paths))
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -502,9 +570,11 @@ FAULT_ENV = "BENCH_INJECT_FAULT"
 
 
 def maybe_inject_fault(fields: dict[str, Any]) -> None:
-    """Test hook: `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields
-    match raise an out-of-memory error (`error:...` raises RuntimeError), so sweeps can be tested without a real
-    OOM. Read at call time, inherited by child processes."""
+    """Test hook, so that failure handling is tested end to end without a real fault:
+    `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
+    an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
+    --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
+    word). Clauses are separated by ';'. Read at call time; child processes get the parent's value."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
@@ -514,72 +584,28 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
         if all(str(fields.get(k)) == v for k, v in pairs):
             if kind == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory (injected by BENCH_INJECT_FAULT)")
+            if kind == "hang":
+                print(f"injected hang in pid {os.getpid()}", file=sys.stderr, flush=True)
+                time.sleep(3600)
+            if kind == "kill":
+                os.kill(os.getpid(), 9)  # SIGKILL
             raise RuntimeError(f"injected failure ({clause})")
-
-
-# ---- child-process runner ----
-
-
-def _child_main(conn: Any, fn: Callable[..., dict], kwargs: dict[str, Any]) -> None:
-    try:
-        result = {"ok": True, "value": fn(**kwargs)}
-    except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
-        result = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
-    conn.send(result)
-    conn.close()
-
-
-def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
-    """Run `fn(**kwargs)` (a module-level function returning a picklable dict) in a fresh child process, so an
-    OOM or a broken CUDA context cannot poison later work and every run starts with a fresh allocator.
-
-    Returns {"ok": True, "value": ...} or {"ok": False, "status": "OOM" | "error: ...", "traceback": ...}.
-    KeyboardInterrupt in the parent terminates the child and propagates. `in_process=True` calls `fn` here
-    (faster, no isolation) with the same failure handling."""
-    if in_process:
-        try:
-            return {"ok": True, "value": fn(**kwargs)}
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
-    ctx = multiprocessing.get_context("spawn")  # fork would inherit an initialised CUDA context
-    parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
-    # The child inherits an ignored SIGINT, so a terminal's Ctrl-C (sent to the whole process group) reaches only
-    # this process, which then stops the child: no half-printed traceback from a child interrupted mid-import.
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
-    try:
-        proc.start()
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
-    child_conn.close()
-    try:
-        try:
-            result = parent_conn.recv()
-        except EOFError:  # the child died without answering (segfault, killed by the OOM killer, ...)
-            proc.join()
-            result = {"ok": False, "status": f"error: child process died with exit code {proc.exitcode}"}
-        proc.join()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.join()
-        raise
-    return result
-
-
-def sweep_exit_status(interrupted: bool, done: int, total: int) -> int:
-    """0 for a finished sweep; 130 (the shell's code for Ctrl-C) for an interrupted one, saying how far it got."""
-    if not interrupted:
-        return 0
-    print(f"interrupted after {done} of {total} configurations", file=sys.stderr)
-    return 130
 
 
 def progress(message: str) -> None:
     """Progress lines go to stderr so stdout stays a clean table."""
     print(message, file=sys.stderr, flush=True)
+
+
+def emit(text: str) -> bool:
+    """Print to stdout; False once stdout is closed (`... | head -1`): later output then goes to /dev/null, so
+    neither a BrokenPipeError nor Python's exit-time flush interrupts the work or its result files."""
+    try:
+        print(text, flush=True)
+        return True
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        progress("stdout was closed: the rest of the report is only in the result files")
+        return False

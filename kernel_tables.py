@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import common
+from runner import attention_shape, stopwatch_ms  # bench_e2e's record, read where it is written
 
 PHASES = ("forward", "backward", "optimizer")
 MEASURE = "measure"
@@ -387,23 +388,6 @@ def attention_step_flops(shape: dict[str, int]) -> dict[str, int]:
     matmul = common.attention_matmul_flops(shape["batch"], shape["seq"], shape["d_model"]) // 2  # one of QK^T, PV
     return {"computing attention scores": matmul, "final matmul": matmul,
             "computing softmax": softmax_flops(shape["batch"], shape["heads"], shape["seq"])}
-
-
-def attention_shape(config: dict[str, Any]) -> dict[str, int] | None:
-    """batch, seq, d_model, heads from bench_e2e's run config (dataclasses.asdict(RunConfig), as its JSONL records
-    carry it); None without one."""
-    try:
-        model = config["model"]
-        return {"batch": config["batch_size"], "seq": model["context_length"], "d_model": model["d_model"],
-                "heads": model["num_heads"]}
-    except (KeyError, TypeError):
-        return None
-
-
-def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
-    """bench_e2e's own mean time per phase and per step (ms) from a record's raw samples."""
-    keys = PHASES + ("step",)
-    return {k: statistics.fmean(record[f"{k}_ms"]) for k in keys if record.get(f"{k}_ms")}
 
 
 # ---- the four tables ----

@@ -1,4 +1,5 @@
 """bench_e2e.py through its command line on tiny configurations (CPU)."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
+import runner
 from common import forward_flops, get_config, read_records
 from model import TransformerLM, cross_entropy
 
@@ -78,11 +80,11 @@ def test_phases_add_up_to_the_step(tmp_path):
 
 
 def test_run_step_calls_phases_in_order_with_synchronisation(monkeypatch):
-    run = bench_e2e.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
-    work = bench_e2e.Workload(run)
+    run = runner.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    work = runner.Workload(run)
     order = []
-    monkeypatch.setattr(bench_e2e, "SyncTimer", lambda device: _RecordingTimer(order))
-    times = bench_e2e.run_step(work, on_phase=order.append)
+    monkeypatch.setattr(runner, "SyncTimer", lambda device: _RecordingTimer(order))
+    times = runner.run_step(work, on_phase=order.append)
     # step timer opens; each phase is announced, then timed between two synchronisations; step timer closes
     assert order == ["sync", "forward", "sync", "sync", "backward", "sync", "sync", "optimizer", "sync", "sync",
                      "end", "sync"]
@@ -132,9 +134,10 @@ def test_noisy_rows_are_flagged():
               "environment": {"device": "cpu", "device_name": "cpu"}}
     assert bench_e2e.derive_figures(run, steady)["noisy"] == []
     jumpy = {**steady, "forward_ms": [10.0, 30.0, 10.0], "step_ms": [10.0, 30.0, 10.0]}
-    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy"}
+    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy",
+              "config": dataclasses.asdict(run)}
     assert record["noisy"] == ["forward 69%", "step 69%"]
-    assert bench_e2e.table_row(run, record)["status"].startswith("NOISY")
+    assert bench_e2e.table_row(record)["status"].startswith("NOISY")
 
 
 def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, capsys):
@@ -161,16 +164,16 @@ def test_no_skip_runs_larger_contexts_after_oom(tmp_path, monkeypatch):
 
 
 def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
-    real = common.run_isolated
+    real = runner.run_isolated
     calls = []
 
-    def interrupt_on_third(fn, kwargs, in_process=False):
+    def interrupt_on_third(fn, kwargs, in_process=False, timeout_s=None):
         calls.append(kwargs)
-        if len(calls) == 3:
+        if len(calls) == 4:  # the sweep's environment, then the configurations
             raise KeyboardInterrupt
         return real(fn, kwargs, in_process=True)
 
-    monkeypatch.setattr(bench_e2e, "run_isolated", interrupt_on_third)
+    monkeypatch.setattr(runner, "run_isolated", interrupt_on_third)
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "3")
     assert code == 130
     assert [r["config"]["warmup"] for r in records] == [0, 1]

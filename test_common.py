@@ -1,5 +1,4 @@
-"""common.py: timer synchronisation, precision contexts, ranges, peaks, result files, the child-process runner."""
-import os
+"""common.py: timer synchronisation, precision contexts, ranges, peaks, memory helpers, result files, fault hook."""
 import time
 
 import pytest
@@ -7,7 +6,7 @@ import torch
 
 import common
 from common import (ResultFiles, SyncTimer, annotate, get_config, matmul_precision_key, peak_tflops,
-                    precision_context, render_table, resolve_device, run_isolated, set_ranges, summarize)
+                    precision_context, render_table, resolve_device, set_ranges, summarize)
 
 
 def test_timer_synchronises_before_reading_the_clock_at_both_ends(monkeypatch):
@@ -105,7 +104,8 @@ def test_summarize():
     s = summarize([1.0, 2.0, 3.0, 10.0])
     assert s["mean"] == 4.0 and s["median"] == 2.5 and s["min"] == 1.0 and s["n"] == 4
     assert s["std"] == pytest.approx(4.0825, abs=1e-4)  # sample (n-1) standard deviation
-    assert summarize([5.0])["std"] == 0.0
+    one = summarize([5.0])  # one sample has no standard deviation: None, not a made-up 0
+    assert one["std"] is None and one["cv"] is None and one["mean"] == 5.0 and one["n"] == 1
 
 
 def test_result_files_never_overwrite(tmp_path):
@@ -127,32 +127,6 @@ def test_render_table_formats():
     assert "\\toprule" in render_table(rows, ["size", "ms"], fmt="latex_booktabs")
 
 
-def returns_config(n):
-    return {"n": n, "pid": os.getpid()}
-
-
-def raises_oom(n):
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-
-
-def raises_value_error(n):
-    raise ValueError("bad thing\nsecond line")
-
-
-def dies(n):
-    os._exit(7)
-
-
-def test_run_isolated_returns_values_and_failures():
-    ok = run_isolated(returns_config, {"n": 3})
-    assert ok == {"ok": True, "value": {"n": 3, "pid": ok["value"]["pid"]}}
-    assert ok["value"]["pid"] != os.getpid()  # really another process
-    assert run_isolated(raises_oom, {"n": 1})["status"] == "OOM"
-    assert run_isolated(raises_value_error, {"n": 1})["status"] == "error: ValueError: bad thing"
-    assert run_isolated(dies, {"n": 1})["status"] == "error: child process died with exit code 7"
-    assert run_isolated(raises_oom, {"n": 1}, in_process=True)["status"] == "OOM"
-
-
 def test_injected_fault_matches_only_its_configuration(monkeypatch):
     monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=256,dtype=fp32")
     common.maybe_inject_fault({"context_length": 128, "dtype": "fp32"})
@@ -163,3 +137,36 @@ def test_injected_fault_matches_only_its_configuration(monkeypatch):
 def test_get_config_overrides():
     cfg = get_config("tiny", num_layers=2, d_ff=None)
     assert cfg.num_layers == 2 and cfg.d_ff == 1344
+
+
+def test_format_bytes_uses_powers_of_two():
+    assert common.format_bytes(3 * 2**30) == "3.00 GiB"
+    assert common.format_bytes(1536 * 2**10) == "1.50 MiB"
+    assert common.format_bytes(512) == "512 B"
+    assert common.format_bytes(None) is None
+
+
+def test_saved_tensors_counts_each_storage_once_and_skips_excluded():
+    x = torch.randn(4, 8, requires_grad=True)
+    with common.saved_tensors() as saved:
+        a = x * x  # saves x twice (as self and as other): one storage, counted once
+        b = a.exp()  # saves its output
+        c = b.view(32) * b.view(32)  # saves two views of b: b's storage, already counted
+    assert sum(saved.values()) == x.nbytes + b.nbytes
+    with common.saved_tensors(exclude={common.storage_key(x)}) as without_x:
+        b = (x * x).exp()
+    assert sum(without_x.values()) == b.nbytes
+    del c
+
+
+def test_peak_memory_is_empty_on_a_cpu_and_read_from_cuda_on_a_gpu(monkeypatch):
+    assert common.peak_memory_bytes(torch.device("cpu")) == {}
+    calls = []
+    monkeypatch.setattr(common.torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(common.torch.cuda, "max_memory_allocated", lambda device=None: 3)
+    monkeypatch.setattr(common.torch.cuda, "max_memory_reserved", lambda device=None: 4)
+    monkeypatch.setattr(common.torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    common.reset_peak_memory(torch.device("cuda:0"))
+    assert calls == ["sync", "reset"]
+    assert common.peak_memory_bytes(torch.device("cuda:0")) == {"peak_mem_allocated_bytes": 3,
+                                                               "peak_mem_reserved_bytes": 4}

@@ -14,7 +14,7 @@ import torch
 
 import mem_profile
 import memory_snapshot
-from bench_e2e import RunConfig
+from runner import RunConfig
 from common import ModelConfig, read_records
 from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
 
@@ -270,10 +270,10 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
     args, runs = mem_profile.parse_args(["--size", "tiny", "--context-length", "16", "--mode", "train",
                                          "--snapshot", "--in-process", "--results-dir", str(tmp_path)])
     files = mem_profile.ResultFiles(tmp_path, "memory", "c", "memory")
-    records, _ = mem_profile.run_sweep(runs, args, files, measure=True)
-    text = mem_profile.report(records, args, torch.device("cuda"))
+    records, _ = mem_profile.profile_sweep(runs, args, files, measure=True)
+    text = mem_profile.render_report(records, "github")
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
-    assert "#### Snapshot: tiny ctx=16 train fp32 naive" in text and "ok (within 2%)" in text
+    assert "#### Snapshot: tiny ctx=16 train fp32 naive warmup=3" in text and "ok (within 2%)" in text
     assert Path(records[0]["snapshot_png"]).is_file()
 
 
@@ -302,7 +302,7 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
 def test_a_failed_configuration_is_a_row_and_the_others_still_run(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BENCH_INJECT_FAULT", "oom:context_length=32,stage=saved")
     argv = ["--size", "tiny", "--context-length", "16", "32", "--mode", "train", "--device", "cpu",
-            "--results-dir", str(tmp_path), "--out", "f"]  # each configuration in its own child process: the default
+            "--results-dir", str(tmp_path), "--out", "f"]  # on a CPU only fake tensors run: in this process
     assert mem_profile.main(argv) == 0
     records = read_records(tmp_path / "memory" / "f.jsonl")
     assert [r["saved_status"] for r in records] == ["ok", "OOM"]
