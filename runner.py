@@ -216,8 +216,10 @@ ONE_SAMPLE_NOTE = "1 timed step: no std"
 # ---- child processes ----
 
 # Modules the fork server imports once, so that a child starts with torch and the project loaded (~0.1 s instead
-# of a fresh interpreter's import of torch, 6-9 s). None of them touches CUDA at import: the server never does.
-PRELOAD = ["__main__", "torch", "common", "model", "optim", "runner"]
+# of a fresh interpreter's import of torch, 6-9 s). torch._dynamo is imported lazily by the first optimizer built
+# (torch.optim.Optimizer.__init__), 3-5 s on this CPU: preloaded too. None of them touches CUDA at import (the
+# server must not: a CUDA driver initialised before fork() is unusable in the children); test_runner checks.
+PRELOAD = ["__main__", "torch", "torch._dynamo", "torch.optim", "common", "model", "optim", "runner"]
 _preloaded: list[bool] = []
 EXIT_PARENT_GONE = 75  # what a child exits with when it finds its parent gone (nobody reads it)
 STOP_GRACE_S = 5.0  # after SIGTERM, how long a child has to exit before SIGKILL

@@ -62,10 +62,42 @@ def test_run_isolated_returns_values_and_failures(tmp_path, monkeypatch):
 
 
 def test_a_hung_child_is_killed_at_its_time_limit():
+    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
     start = time.monotonic()
     answer = runner.run_isolated(hangs, {"n": 1}, timeout_s=1)
     assert answer == {"ok": False, "status": "timeout after 1 s"}
     assert time.monotonic() - start < 1 + runner.STOP_GRACE_S + 5
+
+
+def ignores_sigterm_and_hangs(n):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(monkeypatch):
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
+    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    start = time.monotonic()
+    assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
+    assert time.monotonic() - start < 10
+
+
+def test_the_fork_server_preload_never_asks_cuda_anything():
+    """A CUDA driver initialised in the server before fork() would be unusable in every child."""
+    probe = f"""
+import traceback, torch
+calls = []
+for name in ("is_available", "device_count", "_lazy_init", "init", "current_device", "get_device_properties",
+             "get_device_name", "mem_get_info", "synchronize"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _name=name, _real=real, **k: calls.append(_name) or _real(*a, **k))
+for module in {[m for m in runner.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
+    __import__(module)
+print(calls)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_sigkill_while_an_oom_kill_counter_rose_is_an_oom():
