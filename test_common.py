@@ -84,18 +84,77 @@ def test_resolve_device():
         resolve_device("tpu")
 
 
-def test_peak_table_matches_device_names_and_never_guesses():
-    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16") == (989.4, "H100 SXM")
-    assert peak_tflops("NVIDIA H100 PCIe", "bf16")[1] == "H100 PCIe"
-    assert peak_tflops("NVIDIA H200", "bf16")[1] == "H200 SXM"
-    assert peak_tflops("NVIDIA H20", "bf16") == (148.0, "H20")
-    assert peak_tflops("NVIDIA A100-SXM4-80GB", "tf32") == (156.0, "A100")
-    assert peak_tflops("NVIDIA GeForce RTX 4090", "fp32")[1] == "RTX 4090"
-    assert peak_tflops("NVIDIA L4", "bf16") == (121.0, "L4")
-    assert peak_tflops("NVIDIA L40S", "bf16")[1] == "L40S"
-    assert peak_tflops("Tesla T4", "bf16") == (None, "T4")  # no bf16 unit: no figure
-    assert peak_tflops("Tesla P100-PCIE-16GB", "fp32") == (9.3, "P100 PCIe")
+# torch.cuda.get_device_name() strings as real machines report them -> (label, dense bf16 TFLOP/s)
+REAL_DEVICE_NAMES = {
+    "NVIDIA B200": ("B200", 2250.0),
+    "NVIDIA GB200": ("GB200", 2500.0),
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": ("RTX PRO 6000 Blackwell Workstation", 500.0),
+    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition": (
+        "RTX PRO 6000 Blackwell (Max-Q / Server: no figures here)", None),
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": ("RTX PRO 6000 Blackwell (Max-Q / Server: no figures here)",
+                                                     None),
+    "NVIDIA GH200 480GB": ("GH200", 989.4),
+    "NVIDIA GH200 144G HBM3e": ("GH200", 989.4),
+    "NVIDIA H200": ("H200 SXM", 989.4),
+    "NVIDIA H200 NVL": ("H200 NVL", 835.5),
+    "NVIDIA H20": ("H20", 148.0),
+    "NVIDIA H100 80GB HBM3": ("H100 SXM", 989.4),
+    "NVIDIA H100 PCIe": ("H100 PCIe", 756.0),
+    "NVIDIA H100 NVL": ("H100 NVL", 835.5),
+    "NVIDIA H800": ("H800 SXM", 989.4),
+    "NVIDIA H800 PCIe": ("H800 PCIe", 756.0),
+    "NVIDIA A100-SXM4-80GB": ("A100", 312.0),
+    "NVIDIA A100-SXM4-40GB": ("A100", 312.0),
+    "NVIDIA A100-PCIE-40GB": ("A100", 312.0),
+    "NVIDIA A100 80GB PCIe": ("A100", 312.0),
+    "NVIDIA A800-SXM4-80GB": ("A800", 312.0),
+    "NVIDIA A800 80GB PCIe": ("A800", 312.0),
+    "NVIDIA L40S": ("L40S", 362.05),
+    "NVIDIA L40": ("L40", 181.0),
+    "NVIDIA L4": ("L4", 121.0),
+    "NVIDIA A40": ("A40", 149.7),
+    "NVIDIA A10": ("A10", 125.0),
+    "NVIDIA A10G": ("A10G (AWS: no NVIDIA datasheet)", None),
+    "NVIDIA RTX 6000 Ada Generation": ("RTX 6000 Ada", 364.2),
+    "NVIDIA RTX A6000": ("RTX A6000", 154.8),
+    "NVIDIA GeForce RTX 5090": ("RTX 5090", 209.5),
+    "NVIDIA GeForce RTX 5090 D": ("RTX 5090 D / 4090 D (no figures here)", None),
+    "NVIDIA GeForce RTX 4090": ("RTX 4090", 165.2),
+    "NVIDIA GeForce RTX 4090 D": ("RTX 5090 D / 4090 D (no figures here)", None),
+    "NVIDIA GeForce RTX 4090 Laptop GPU": ("laptop GPU (power-limited: no datasheet peak)", None),
+    "NVIDIA GeForce RTX 3090": ("RTX 3090", 71.0),
+    "NVIDIA GeForce RTX 3090 Ti": ("RTX 3090 Ti", 80.0),
+    "Tesla V100-SXM2-16GB": ("V100 SXM2", None),  # no bf16 unit
+    "Tesla V100-SXM2-32GB": ("V100 SXM2", None),
+    "Tesla V100-PCIE-16GB": ("V100 PCIe", None),
+    "Tesla V100S-PCIE-32GB": ("V100S PCIe", None),
+    "Tesla V100-SXM3-32GB": ("V100 (other variant: no figures here)", None),
+    "Tesla T4": ("T4", None),
+    "Tesla P100-PCIE-16GB": ("P100 PCIe", None),
+    "Tesla P100-SXM2-16GB": ("P100 SXM2", None),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_DEVICE_NAMES))
+def test_peak_table_matches_real_device_names(name):
+    label, bf16 = REAL_DEVICE_NAMES[name]
+    assert peak_tflops(name, "bf16") == (bf16, label)
+
+
+def test_peak_table_variants_and_never_guesses():
+    assert peak_tflops("Tesla V100-PCIE-16GB", "fp16") == (112.0, "V100 PCIe")  # not the SXM2 figure
+    assert peak_tflops("Tesla V100S-PCIE-32GB", "fp16") == (130.0, "V100S PCIe")
+    assert peak_tflops("Tesla V100-SXM2-32GB", "fp16") == (125.0, "V100 SXM2")
+    assert peak_tflops("Tesla P100-SXM2-16GB", "fp16") == (21.2, "P100 SXM2")
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == (494.7, "H100 SXM")  # dense: half the sparse 989
+    assert peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") == (19.5, "A100")
+    assert peak_tflops("NVIDIA GeForce RTX 3090", "tf32") == (35.6, "RTX 3090")
     assert peak_tflops("x86_64", "fp32") == (None, None)
+    assert peak_tflops("AMD EPYC 7B13", "bf16") == (None, None)
+    # every entry is reachable: no pattern is shadowed by an earlier one for the names above
+    assert {label for label, _ in REAL_DEVICE_NAMES.values()} == {label for _, label, _ in common.PEAK_TFLOPS}
+    for _, _, peaks in common.PEAK_TFLOPS:  # dense tensor figures are never below the plain fp32 figure
+        assert all(peaks[k] is None or peaks["fp32"] is None or peaks[k] >= peaks["fp32"] for k in peaks)
     assert matmul_precision_key("fp32", tf32=True) == "tf32"
     assert matmul_precision_key("fp32", tf32=False) == "fp32"
     assert matmul_precision_key("bf16", tf32=False) == "bf16"
