@@ -384,6 +384,26 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def tf32_enabled(backend: Any, legacy: Any = None) -> bool:
+    """Whether TF32 is allowed for `backend` (torch.backends.cuda.matmul or torch.backends.cudnn.conv). Read
+    through torch's fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used), and from
+    the legacy allow_tf32 flag only when that API is unset: in torch 2.9+, reading allow_tf32 raises once the new
+    API has set the precision."""
+    precision = getattr(backend, "fp32_precision", "none")
+    if precision != "none":
+        return precision == "tf32"
+    return bool((legacy or backend).allow_tf32)
+
+
+def float32_matmul_precision() -> str | None:
+    """torch.get_float32_matmul_precision(); None when the new fp32_precision API has set the precision, where
+    that legacy getter raises (tf32_matmul then says what matters)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Everything needed to interpret (or reproduce) a number: device, versions, TF32, threads, commit, time."""
     env: dict[str, Any] = {
@@ -392,9 +412,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_matmul": tf32_enabled(torch.backends.cuda.matmul),
+        "tf32_cudnn": tf32_enabled(torch.backends.cudnn.conv, torch.backends.cudnn),
+        "float32_matmul_precision": float32_matmul_precision(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

@@ -1,5 +1,8 @@
 """common.py: timer synchronisation, precision contexts, ranges, peaks, result files, the child-process runner."""
+import ctypes
 import os
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -8,6 +11,7 @@ import torch
 import common
 from common import (ResultFiles, SyncTimer, annotate, get_config, matmul_precision_key, peak_tflops,
                     precision_context, render_table, resolve_device, run_isolated, set_ranges, summarize)
+from model import naive_attention
 
 
 def test_timer_synchronises_before_reading_the_clock_at_both_ends(monkeypatch):
@@ -48,7 +52,8 @@ def test_precision_context_dtypes_on_cpu():
         precision_context(cpu, "fp8")
 
 
-def test_ranges_are_free_no_ops_when_off_and_on_a_cpu_build():
+def test_ranges_are_free_no_ops_when_off_and_on_a_cpu_build(monkeypatch):
+    monkeypatch.delenv(common.NVTX_LIBRARY_ENV, raising=False)
     set_ranges(nvtx=False, profiler=False)
     assert annotate("a") is annotate("b")  # one shared null context: no allocation per call
     if not torch.cuda.is_available():
@@ -63,6 +68,62 @@ def test_ranges_are_free_no_ops_when_off_and_on_a_cpu_build():
             set_ranges()
 
 
+RECORDING_NVTX_C = r"""
+#include <string.h>
+static char recorded_calls[4096];
+int nvtxRangePushA(const char* message) {
+    strncat(recorded_calls, "push ", sizeof recorded_calls - strlen(recorded_calls) - 1);
+    strncat(recorded_calls, message, sizeof recorded_calls - strlen(recorded_calls) - 1);
+    strncat(recorded_calls, ";", sizeof recorded_calls - strlen(recorded_calls) - 1);
+    return 0;
+}
+int nvtxRangePop(void) {
+    strncat(recorded_calls, "pop;", sizeof recorded_calls - strlen(recorded_calls) - 1);
+    return 0;
+}
+const char* recorded(void) { return recorded_calls; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a stand-in NVTX library")
+def test_nvtx_ranges_go_to_the_library_named_in_the_environment(tmp_path, monkeypatch):
+    source, library = tmp_path / "recording_nvtx.c", tmp_path / "librecording_nvtx.so"
+    source.write_text(RECORDING_NVTX_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    monkeypatch.setenv(common.NVTX_LIBRARY_ENV, str(library))
+    try:
+        set_ranges(nvtx=True)
+        with annotate("forward"), annotate("computing softmax"):
+            pass
+    finally:
+        set_ranges()
+    recorded = ctypes.CDLL(str(library)).recorded
+    recorded.restype = ctypes.c_char_p
+    assert recorded().decode() == "push forward;push computing softmax;pop;pop;"
+    monkeypatch.setenv(common.NVTX_LIBRARY_ENV, str(tmp_path / "missing.so"))
+    with pytest.raises(ValueError, match="nvtxRangePushA"):  # a named library that is not there is an error
+        set_ranges(nvtx=True)
+    set_ranges()
+
+
+def test_no_ranges_inside_torch_compile():
+    # Dynamo cannot trace the range calls: before annotate checked for compilation, fullgraph=True failed here
+    q = torch.randn(1, 2, 8, 16)
+    try:
+        set_ranges(profiler=True)
+        compiled = torch.compile(naive_attention, fullgraph=True, backend="eager")  # Dynamo only: seconds
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out = compiled(q, q, q)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as eager:
+            naive_attention(q, q, q)
+    finally:
+        set_ranges()
+        torch._dynamo.reset()
+    assert torch.allclose(out, naive_attention(q, q, q))
+    names = {e.name for e in prof.events()}
+    assert "computing softmax" in {e.name for e in eager.events()} and "computing softmax" not in names
+
+
 def test_profiler_ranges_show_up_in_torch_profiler():
     try:
         set_ranges(profiler=True)
@@ -72,6 +133,22 @@ def test_profiler_ranges_show_up_in_torch_profiler():
     finally:
         set_ranges()
     assert any(e.name == "my_region" for e in prof.events())
+
+
+def test_environment_reads_tf32_through_the_new_precision_api():
+    matmul = torch.backends.cuda.matmul
+    assert matmul.fp32_precision == "none"  # nothing in the suite sets it: the legacy flag is the truth
+    legacy = matmul.allow_tf32
+    try:
+        matmul.fp32_precision = "tf32"  # from now on, reading matmul.allow_tf32 raises in torch 2.13
+        env = common.environment(torch.device("cpu"))
+        assert env["tf32_matmul"] is True and env["float32_matmul_precision"] is None
+        matmul.fp32_precision = "ieee"
+        assert common.environment(torch.device("cpu"))["tf32_matmul"] is False
+    finally:
+        matmul.fp32_precision = "none"
+    assert matmul.allow_tf32 == legacy
+    assert common.environment(torch.device("cpu"))["float32_matmul_precision"] == torch.get_float32_matmul_precision()
 
 
 def test_resolve_device():
