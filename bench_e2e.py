@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -356,9 +357,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     device = common.device_or_exit(parser, args.device)
     if device.type != "cuda":
-        for flag, given in (("--nvtx", args.nvtx), ("--tf32", args.tf32 is not None)):
+        # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
+        for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
+                            ("--tf32", args.tf32 is not None)):
             if given:
                 parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+    if args.nvtx:
+        try:
+            common.nvtx_functions()
+        except ValueError as exc:
+            parser.error(str(exc))
     runs = []
     try:
         for size, ctx, dtype, optimizer, warmup in itertools.product(args.size, args.context_length, args.dtype,

@@ -268,7 +268,8 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
 
     monkeypatch.setattr(mem_profile, "measure_config", fake_measure)
     args, runs = mem_profile.parse_args(["--size", "tiny", "--context-length", "16", "--mode", "train",
-                                         "--snapshot", "--in-process", "--results-dir", str(tmp_path)])
+                                         "--snapshot", "--in-process", "--device", "cpu",
+                                         "--results-dir", str(tmp_path)])
     files = mem_profile.ResultFiles(tmp_path, "memory", "c", "memory")
     records, _ = mem_profile.run_sweep(runs, args, files, measure=True)
     text = mem_profile.report(records, args, torch.device("cuda"))
