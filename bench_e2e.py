@@ -207,7 +207,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     trace = files.path(".json")
     profiler.export_chrome_trace(str(trace))
     tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
-                                        kernel_tables.attention_shape(dataclasses.asdict(run)))
+                                        kernel_tables.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
     return {"trace": str(trace), "tables": tables}
 
 
