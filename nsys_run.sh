@@ -22,7 +22,8 @@
 #                                   --cudabacktrace=all); off by default since it slows the run noticeably
 #                      --results-dir DIR   results root (default: results)
 # Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python).
-# Exit status: 0; 2 for a usage error or a missing nsys; the profiled run's own status when it fails.
+# Exit status: 0; 2 for a usage error or a missing or too old nsys; the profiled run's own status when it
+# fails; 1 when nsys wrote no report or `nsys stats` no trace CSV.
 set -uo pipefail
 
 usage() {
@@ -146,7 +147,9 @@ if ((status != 0)); then
     exit "$status"
 fi
 if [[ ! -f "$REPORT.nsys-rep" ]]; then
-    echo "nsys_run.sh: nsys wrote no $REPORT.nsys-rep (did the 'measure' range ever start?)" >&2
+    # bench_e2e exits 0 when its configuration fails (a failure is a row): its record says why nothing was measured
+    said="$(grep -o '"status": "[^"]*"' "$E2E_DIR/e2e/e2e.jsonl" 2>/dev/null | tail -n 1)"
+    echo "nsys_run.sh: nsys wrote no $REPORT.nsys-rep: ${said:-the 'measure' range never started}" >&2
     exit 1
 fi
 cp "$E2E_DIR/e2e/e2e.jsonl" "${REPORT}_e2e.jsonl" || exit 1

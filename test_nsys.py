@@ -20,9 +20,9 @@ SCRIPT = HERE / "nsys_run.sh"
 
 # The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line.
 # `--version` and `stats --help-reports` answer as nsys 2023.4.4 does, or as FAKE_NSYS_VERSION and
-# FAKE_NSYS_REPORTS say (an older nsys). `profile` does not run the app: it writes the report and the bench_e2e
-# record where the app's --results-dir points, or exits with FAKE_NSYS_APP_STATUS as nsys does when the app
-# fails. `stats` prints what nsys prints and, for every --report, copies the fixture CSV to
+# FAKE_NSYS_REPORTS say (an older nsys). `profile` does not run the app: it writes the report (none with
+# FAKE_NSYS_NO_CAPTURE) and the bench_e2e record where the app's --results-dir points, or exits with
+# FAKE_NSYS_APP_STATUS as nsys does when the app fails. `stats` prints what nsys prints and, for every --report, copies the fixture CSV to
 # <--output>_<report>.csv (an empty file where the fixture has none, as nsys writes a report without data),
 # or writes nothing for a report named in FAKE_NSYS_UNKNOWN, as nsys does for a report it does not know.
 FAKE_NSYS = r'''#!{python}
@@ -46,7 +46,8 @@ elif argv[0] == "profile":
     status = int(os.environ.get("FAKE_NSYS_APP_STATUS", "0"))
     if status:
         sys.exit(status)
-    Path(option("--output") + ".nsys-rep").write_text("fake report")
+    if not os.environ.get("FAKE_NSYS_NO_CAPTURE"):  # the app never opened "measure": nsys writes no report
+        Path(option("--output") + ".nsys-rep").write_text("fake report")
     e2e = Path(argv[argv.index("--results-dir") + 1]) / "e2e"
     e2e.mkdir(parents=True)
     (e2e / "e2e.jsonl").write_text(os.environ["FAKE_NSYS_RECORD"] + "\n")
@@ -167,6 +168,14 @@ def test_failing_profiled_run_passes_its_status_through(fake: dict):
 def test_a_run_that_recorded_oom_fails_after_stats(fake: dict):
     result = run_script(fake, "tiny", "64", FAKE_NSYS_RECORD=json.dumps(e2e_record(status="OOM")))
     assert result.returncode == 1 and "status 'OOM'" in result.stderr
+
+
+def test_a_configuration_that_failed_before_measuring_says_why_there_is_no_report(fake: dict):
+    record = e2e_record(status="OOM")
+    del record["forward_ms"]
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_NO_CAPTURE="1", FAKE_NSYS_RECORD=json.dumps(record))
+    assert result.returncode == 1 and 'wrote no' in result.stderr and '"status": "OOM"' in result.stderr
+    assert [c["argv"][0] for c in calls(fake)] == ["profile"]
 
 
 def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
