@@ -366,6 +366,13 @@ def test_tables_from_nsys_fixture(nsys_prefix: Path):
     assert "### 4. Inside attention" in text and "ampere_sgemm_128x64_tn" in text
 
 
+def test_a_report_without_nvtx_ranges_says_so(nsys_prefix: Path):
+    kt.nsys_report_path(nsys_prefix, "nvtx_pushpop_trace").write_text("")  # nsys's file when no range was recorded
+    tables = kt.build_tables(kt.load_nsys(nsys_prefix))
+    assert tables["phases"] == [] and any("no forward/backward/optimizer ranges" in n for n in tables["notes"])
+    assert tables["top"]["all"]  # the kernels are still tabulated, as one scope
+
+
 def test_compiled_runs_say_why_the_attention_table_is_absent(nsys_prefix: Path):
     profile = kt.load_nsys(nsys_prefix)
     profile.ranges = [r for r in profile.ranges if r.name not in kt.ATTENTION_STEPS]  # what --compile records
