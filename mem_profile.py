@@ -17,8 +17,9 @@ reset; reserved memory too), each configuration in its own child process, an OOM
 records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
 a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
 code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting (weights, gradients, AdamW state, residual-stream and attention-score
-tensor sizes) and the saved-for-backward tables need no GPU: the latter are measured with
+torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting
+(weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
+tables need no GPU: the latter are measured with
 torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
 takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
 """

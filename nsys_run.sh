@@ -58,7 +58,8 @@ SIZE="${POSITIONAL[0]}"
 CTX="${POSITIONAL[1]}"
 MODE="${POSITIONAL[2]:-train}"
 # SIZE and the dtype become part of the report's file name: nothing that could leave the results folder
-[[ "$SIZE" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die_usage "SIZE must be a preset name such as tiny or 2.7B, got '$SIZE'"
+[[ "$SIZE" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] ||
+    die_usage "SIZE must be a preset name such as tiny or 2.7B, got '$SIZE'"
 [[ "$CTX" =~ ^[1-9][0-9]*$ ]] || die_usage "CTX must be a positive integer, got '$CTX'"
 case "$MODE" in
     forward|forward-backward|train) ;;

@@ -18,7 +18,8 @@ from model import TransformerLM, cross_entropy
 HERE = Path(__file__).resolve().parent
 # a tiny model so each configuration takes milliseconds; on the CPU on any machine (the tests expect CPU figures:
 # no MFU, no peak memory)
-SMALL = ["--device", "cpu", "--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+SMALL = ["--device", "cpu",
+         "--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
          "--vocab-size", "256", "--context-length", "16", "--steps", "3", "--warmup", "1"]
 
 

@@ -538,7 +538,8 @@ def test_short_name_drops_parameters_and_truncates():
 
 # ---- bench_e2e.py --profile on the CPU ----
 
-SMALL_MODEL = ["--device", "cpu", "--size", "tiny", "--num-layers", "2", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
+SMALL_MODEL = ["--device", "cpu",
+               "--size", "tiny", "--num-layers", "2", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
                "--vocab-size", "256", "--context-length", "16", "--batch-size", "2", "--warmup", "1", "--steps", "2"]
 
 

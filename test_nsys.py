@@ -18,13 +18,13 @@ from test_kernel_tables import e2e_record, write_nsys_fixture
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "nsys_run.sh"
 
-# The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line.
-# `--version` and `stats --help-reports` answer as nsys 2023.4.4 does, or as FAKE_NSYS_VERSION and
-# FAKE_NSYS_REPORTS say (an older nsys). `profile` does not run the app: it writes the report (none with
-# FAKE_NSYS_NO_CAPTURE) and the bench_e2e record where the app's --results-dir points, or exits with
-# FAKE_NSYS_APP_STATUS as nsys does when the app fails. `stats` prints what nsys prints and, for every --report, copies the fixture CSV to
-# <--output>_<report>.csv (an empty file where the fixture has none, as nsys writes a report without data),
-# or writes nothing for a report named in FAKE_NSYS_UNKNOWN, as nsys does for a report it does not know.
+# The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line. `--version`
+# and `stats --help-reports` answer as nsys 2023.4.4 does, or as FAKE_NSYS_VERSION and FAKE_NSYS_REPORTS say (an older
+# nsys). `profile` does not run the app: it writes the report (none with FAKE_NSYS_NO_CAPTURE) and the bench_e2e
+# record where the app's --results-dir points, or exits with FAKE_NSYS_APP_STATUS as nsys does when the app fails.
+# `stats` prints what nsys prints and, for every --report, copies the fixture CSV to <--output>_<report>.csv (an empty
+# file where the fixture has none, as nsys writes a report without data), or writes nothing for a report named in
+# FAKE_NSYS_UNKNOWN, as nsys does for a report it does not know.
 FAKE_NSYS = r'''#!{python}
 import json, os, shutil, sys
 from pathlib import Path
