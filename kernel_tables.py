@@ -46,8 +46,8 @@ CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory cop
 OUTSIDE = "outside phases"
 AGREEMENT = 0.10  # profiler range vs stopwatch: within 10% counts as agreeing
 
-# The nsys stats reports the tables are built from (the names nsys 2023.1 and later use; nsys_run.sh checks that
-# the nsys at hand knows them). cuda_gpu_kern_sum is only a cross-check of the trace's kernel total.
+# The nsys stats reports the tables are built from (their names since the 2023 releases; older ones say gputrace,
+# cudaapitrace, nvtxpptrace; nsys_run.sh checks the nsys at hand). cuda_gpu_kern_sum only cross-checks the total.
 NSYS_TRACE_REPORTS = ("cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace")
 
 
