@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import os
 import sys
 from typing import Any
 
@@ -78,7 +79,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     trace = files.path(".json")
     profiler.export_chrome_trace(str(trace))
     tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), runner.stopwatch_ms(record),
-                                        runner.attention_shape(dataclasses.asdict(run)))
+                                        runner.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
     return {"trace": str(trace), "tables": tables}
 
 
@@ -257,9 +258,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     device = common.device_or_exit(parser, args.device)
     if device.type != "cuda":
-        for flag, given in (("--nvtx", args.nvtx), ("--tf32", args.tf32 is not None)):
+        # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
+        for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
+                            ("--tf32", args.tf32 is not None)):
             if given:
                 parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+    if args.nvtx:
+        try:
+            common.nvtx_functions()
+        except ValueError as exc:
+            parser.error(str(exc))
     runs = []
     try:
         for size, ctx, dtype, optimizer, warmup in itertools.product(args.size, args.context_length, args.dtype,

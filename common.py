@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import datetime
 import json
@@ -273,14 +274,43 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 
 # ---- NVTX and profiler ranges ----
 
-_RANGES = {"nvtx": False, "profiler": False}
+# Names a shared library that exports the NVTX C API (nvtxRangePushA, nvtxRangePop), to use instead of torch's
+# NVTX binding: the CPU build of torch has none, so the real-nsys tests build a tiny library from the NVTX3
+# headers that ship with Nsight Systems and name it here (docs/nsys_real.md). On a GPU machine leave it unset.
+NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
+
+_RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}  # nvtx: (push, pop) while switched on
 _NULL_RANGE = contextlib.nullcontext()
 
 
+def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
+    """(push, pop) of NVTX ranges: from the library named by $BENCH_NVTX_LIBRARY when set, else torch.cuda.nvtx
+    where CUDA is available. ValueError when there is no NVTX to call (a CPU build of torch raises in
+    torch.cuda.nvtx) or the named library cannot be loaded."""
+    library = os.environ.get(NVTX_LIBRARY_ENV)
+    if library:
+        try:
+            lib = ctypes.CDLL(library)
+            push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"{NVTX_LIBRARY_ENV}={library} is not a library exporting nvtxRangePushA and "
+                             f"nvtxRangePop: {exc}") from None
+        push.argtypes, push.restype, pop.restype = [ctypes.c_char_p], ctypes.c_int, ctypes.c_int
+        return (lambda name: push(name.encode())), pop
+    if not torch.cuda.is_available():
+        raise ValueError("NVTX ranges need CUDA: this machine's torch has no NVTX without it")
+    return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+
+
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch named ranges on: NVTX (for Nsight; only where CUDA is available, since CPU builds of torch raise
-    in torch.cuda.nvtx) and/or torch.profiler.record_function labels. Both off by default."""
-    _RANGES["nvtx"] = bool(nvtx) and torch.cuda.is_available()
+    """Switch named ranges on: NVTX (for Nsight; a no-op where there is no NVTX to call, see nvtx_functions)
+    and/or torch.profiler.record_function labels. Both off by default."""
+    try:
+        _RANGES["nvtx"] = nvtx_functions() if nvtx else None
+    except ValueError:
+        if os.environ.get(NVTX_LIBRARY_ENV):
+            raise  # a library was named and is broken: say so rather than profile without ranges
+        _RANGES["nvtx"] = None
     _RANGES["profiler"] = bool(profiler)
 
 
@@ -289,49 +319,95 @@ def _active_range(name: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if _RANGES["profiler"]:
             stack.enter_context(torch.profiler.record_function(name))
-        if _RANGES["nvtx"]:
-            torch.cuda.nvtx.range_push(name)
-            stack.callback(torch.cuda.nvtx.range_pop)
+        if _RANGES["nvtx"] is not None:
+            push, pop = _RANGES["nvtx"]
+            push(name)
+            stack.callback(pop)
         yield
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
     """A named range around a region of work: an NVTX range and/or a profiler label when switched on with
-    set_ranges(), a shared no-op context otherwise (free: no allocation, no CUDA call)."""
-    if not (_RANGES["nvtx"] or _RANGES["profiler"]):
+    set_ranges(), a shared no-op context otherwise (free: no allocation, no CUDA call).
+
+    Inside code that torch.compile traces, never a range: Dynamo cannot trace the push/pop calls (it breaks the
+    graph there or drops them), and the kernels inductor generates fuse work across those boundaries, so a
+    range inside a compiled region would not hold the kernels it names. Ranges around the compiled call (the
+    forward / backward / optimizer phases) are unaffected."""
+    if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
 
 
 # ---- hardware peaks ----
 
-# Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets. "tf32" is the fp32-matmul
-# figure when TF32 tensor cores are allowed; bf16/fp16 are tensor-core figures with fp32 accumulation (what
-# PyTorch uses). None = the chip has no such unit. Patterns are tried in order, so specific names come first
-# (H200 before H20, H100 NVL/PCIe before H100 SXM).
+# Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets; where a datasheet quotes only
+# sparse tensor figures (marked *), the dense figure is half of it. "tf32" is the fp32-matmul figure when TF32
+# tensor cores are allowed; bf16/fp16 are tensor-core figures with fp32 accumulation (what PyTorch uses; GeForce
+# cards run it at half their fp16-accumulate rate). None = the chip has no such unit, or no datasheet gives the
+# figure (laptop and power-limited variants, AWS's A10G): then no MFU, never a guess; --peak-tflops supplies one.
+# Patterns are tried in order on torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3", "Tesla V100-PCIE-16GB"),
+# so specific names come first: GH200 before H200, H100 NVL/PCIe before H100, V100S before V100, L40S before L40.
+_NO_FIGURES: dict[str, float | None] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
+
+
+def _peaks(fp32: float | None, tf32: float | None, bf16: float | None, fp16: float | None) -> dict[str, float | None]:
+    return {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
+
+
 PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
     # (regex on torch.cuda.get_device_name, label, peaks)
-    (r"H200 NVL", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    (r"H200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
-    (r"H20\b", "H20", {"fp32": 44.0, "tf32": 74.0, "bf16": 148.0, "fp16": 148.0}),
-    (r"H100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    (r"H100.*PCIe", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    (r"H100", "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
-    (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    (r"L40S", "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05}),
-    (r"RTX 5090", "RTX 5090", {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5}),
-    (r"RTX 4090", "RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
-    (r"\bL4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
-    (r"V100", "V100 SXM2", {"fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0}),
-    (r"\bT4\b", "T4", {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0}),
-    (r"P100", "P100 PCIe", {"fp32": 9.3, "tf32": None, "bf16": None, "fp16": 18.7}),
+    (r"Laptop", "laptop GPU (power-limited: no datasheet peak)", _NO_FIGURES),
+    # Blackwell: GB200 NVL72 per GPU (360 PFLOPS* bf16 / 72), HGX B200 per GPU (36 PFLOPS* bf16 / 8)
+    (r"GB200", "GB200", _peaks(80.0, 1250.0, 2500.0, 2500.0)),
+    (r"\bB200\b", "B200", _peaks(75.0, 1125.0, 2250.0, 2250.0)),
+    # RTX PRO 6000 Blackwell Workstation Edition: 125 TFLOPS fp32, 4000 AI TOPS (fp4*): bf16 = 4000 / 2 / 4
+    (r"RTX PRO 6000 Blackwell (Max-Q|Server)", "RTX PRO 6000 Blackwell (Max-Q / Server: no figures here)",
+     _NO_FIGURES),
+    (r"RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Workstation", _peaks(125.0, 250.0, 500.0, 500.0)),
+    # Hopper: the GH200 superchip's GPU, H200 and H800 have H100's compute
+    (r"GH200", "GH200", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H200 NVL", "H200 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
+    (r"H200", "H200 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H20\b", "H20", _peaks(44.0, 74.0, 148.0, 148.0)),
+    (r"H100 NVL", "H100 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
+    (r"H100.*PCIe", "H100 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
+    (r"H100", "H100 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H800.*PCIe", "H800 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
+    (r"H800", "H800 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    # Ampere / Ada data centre: every A100 and A800 form factor has the same compute
+    (r"A100", "A100", _peaks(19.5, 156.0, 312.0, 312.0)),
+    (r"A800", "A800", _peaks(19.5, 156.0, 312.0, 312.0)),
+    (r"L40S", "L40S", _peaks(91.6, 183.0, 362.05, 362.05)),
+    (r"\bL40\b", "L40", _peaks(90.5, 90.5, 181.0, 181.0)),
+    (r"\bL4\b", "L4", _peaks(30.3, 60.0, 121.0, 121.0)),
+    (r"\bA40\b", "A40", _peaks(37.4, 74.8, 149.7, 149.7)),
+    (r"\bA10\b", "A10", _peaks(31.2, 62.5, 125.0, 125.0)),
+    (r"\bA10G\b", "A10G (AWS: no NVIDIA datasheet)", _NO_FIGURES),
+    # workstation: full-rate fp32 accumulation
+    (r"RTX 6000 Ada", "RTX 6000 Ada", _peaks(91.1, 182.1, 364.2, 364.2)),
+    (r"RTX A6000", "RTX A6000", _peaks(38.7, 77.4, 154.8, 154.8)),
+    # GeForce (whitepapers: Ampere GA102, Ada AD102, Blackwell GB202); the China-only D variants differ
+    (r"RTX (5090|4090) D", "RTX 5090 D / 4090 D (no figures here)", _NO_FIGURES),
+    (r"RTX 5090", "RTX 5090", _peaks(104.8, 104.8, 209.5, 209.5)),
+    (r"RTX 4090", "RTX 4090", _peaks(82.6, 82.6, 165.2, 165.2)),
+    (r"RTX 3090 Ti", "RTX 3090 Ti", _peaks(40.0, 40.0, 80.0, 80.0)),
+    (r"RTX 3090", "RTX 3090", _peaks(35.6, 35.6, 71.0, 71.0)),
+    # Volta / Turing / Pascal: no TF32 or bf16 units
+    (r"V100S", "V100S PCIe", _peaks(16.4, None, None, 130.0)),
+    (r"V100-SXM2", "V100 SXM2", _peaks(15.7, None, None, 125.0)),
+    (r"V100-PCIE", "V100 PCIe", _peaks(14.0, None, None, 112.0)),
+    (r"V100", "V100 (other variant: no figures here)", _NO_FIGURES),
+    (r"\bT4\b", "T4", _peaks(8.1, None, None, 65.0)),
+    (r"P100-SXM2", "P100 SXM2", _peaks(10.6, None, None, 21.2)),
+    (r"P100", "P100 PCIe", _peaks(9.3, None, None, 18.7)),
 ]
 
 
 def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str | None]:
     """(peak dense TFLOP/s, matched GPU label) for a CUDA device name and a precision key
     ('fp32', 'tf32', 'bf16', 'fp16'); (None, None) for an unknown device, (None, label) where the chip has
-    no such unit. Never a guess."""
+    no such unit or no datasheet gives the figure. Never a guess."""
     for pattern, label, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name):
             return peaks.get(precision), label
@@ -370,6 +446,26 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def tf32_enabled(backend: Any, legacy: Any = None) -> bool:
+    """Whether TF32 is allowed for `backend` (torch.backends.cuda.matmul or torch.backends.cudnn.conv). Read
+    through torch's fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used), and from
+    the legacy allow_tf32 flag only when that API is unset: in torch 2.9+, reading allow_tf32 raises once the new
+    API has set the precision."""
+    precision = getattr(backend, "fp32_precision", "none")
+    if precision != "none":
+        return precision == "tf32"
+    return bool((legacy or backend).allow_tf32)
+
+
+def float32_matmul_precision() -> str | None:
+    """torch.get_float32_matmul_precision(); None when the new fp32_precision API has set the precision, where
+    that legacy getter raises (tf32_matmul then says what matters)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Everything needed to interpret (or reproduce) a number: device, versions, TF32, threads, commit, time."""
     env: dict[str, Any] = {
@@ -378,9 +474,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_matmul": tf32_enabled(torch.backends.cuda.matmul),
+        "tf32_cudnn": tf32_enabled(torch.backends.cudnn.conv, torch.backends.cudnn),
+        "float32_matmul_precision": float32_matmul_precision(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),

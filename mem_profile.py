@@ -17,8 +17,9 @@ reset; reserved memory too), each configuration in its own child process, an OOM
 records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
 a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
 code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-max_memory_allocated. The accounting (weights, gradients, AdamW state, residual-stream and attention-score
-tensor sizes) and the saved-for-backward tables need no GPU: the latter are measured with
+torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting
+(weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
+tables need no GPU: the latter are measured with
 torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
 takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
 """
@@ -259,10 +260,14 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     measured = common.peak_memory_bytes(device)["peak_mem_allocated_bytes"]
+    # the trace records requested sizes: their peak is the counterpart of the rebuilt peak (memory_snapshot)
+    requested = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
     with open(path, "wb") as f:
         pickle.dump(snapshot, f)
-    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured}))
-    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured}
+    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured,
+                                                    "requested_bytes_peak": requested}))
+    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured,
+            "snapshot_requested_peak_bytes": requested}
 
 
 def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries: int = 1_000_000) -> dict[str, Any]:
@@ -280,13 +285,13 @@ def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries
 
 
 def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, measured_peak: int | None,
-                     png_path: Path, title: str, top: int) -> dict[str, Any]:
+                     png_path: Path, title: str, top: int, requested_peak: int | None = None) -> dict[str, Any]:
     """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle."""
     snapshot = memory_snapshot.load_snapshot(path)
     timeline = memory_snapshot.rebuild_timeline(snapshot)
     spans = memory_snapshot.phase_spans([tuple(m) for m in marks or []])
     out: dict[str, Any] = {
-        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, measured_peak),
+        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, requested_peak, measured_peak),
         "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans),
         "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top),
         "snapshot_baseline_bytes": timeline.baseline_bytes, "snapshot_events": len(timeline.allocated_bytes)}
@@ -336,7 +341,8 @@ def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, to
         try:
             record.update(analyze_snapshot(record["snapshot_path"], record["snapshot_phase_marks"],
                                            record["snapshot_max_allocated_bytes"],
-                                           files.path(f"_{slug(run)}_timeline.png"), run.label(), top))
+                                           files.path(f"_{slug(run)}_timeline.png"), run.label(), top,
+                                           record.get("snapshot_requested_peak_bytes")))
         except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
             record["snapshot_status"] = common.failure_status(exc)
 
@@ -430,12 +436,14 @@ def peak_table(records: list[dict], fmt: str) -> str:
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
-    measured = check["max_memory_allocated_bytes"]
-    check_row = {"check": "peak rebuilt from the trace vs torch.cuda.max_memory_allocated",
-                 "rebuilt MiB": check["rebuilt_peak_bytes"] / MIB,
-                 "measured MiB": measured / MIB if measured is not None else None,
-                 "diff MiB": check["diff_bytes"] / MIB if "diff_bytes" in check else None,
-                 "status": check["status"]}
+
+    def mib(key: str) -> float | None:
+        return check[key] / MIB if check.get(key) is not None else None
+
+    check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
+                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
+                 "diff MiB": mib("diff_bytes"), "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
     largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
                 "first frame in this project's code": r["sites"], "phase": r["phases"]}
                for r in fields["snapshot_largest"]]
@@ -541,7 +549,8 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     try:
         fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
-                                  files.path("_timeline.png"), Path(args.analyze).name, args.top)
+                                  files.path("_timeline.png"), Path(args.analyze).name, args.top,
+                                  meta.get("requested_bytes_peak"))
     except (OSError, ValueError, pickle.UnpicklingError, KeyError) as exc:
         print(f"error: cannot analyse {args.analyze}: {exc}", file=sys.stderr)
         return 1

@@ -11,7 +11,8 @@ import bench_attention as ba
 from common import FAULT_ENV, SyncTimer, read_records
 
 HERE = Path(__file__).resolve().parent
-TINY = ["--batch-size", "2", "--d", "8", "--iters", "3", "--warmup", "1"]
+# on the CPU on any machine: the tests expect the CPU's sdpa backend and memory figures
+TINY = ["--device", "cpu", "--batch-size", "2", "--d", "8", "--iters", "3", "--warmup", "1"]
 
 
 def run_main(tmp_path, *argv):

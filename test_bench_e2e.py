@@ -18,8 +18,10 @@ from common import forward_flops, get_config, read_records
 from model import TransformerLM, cross_entropy
 
 HERE = Path(__file__).resolve().parent
-# a tiny model so each configuration takes milliseconds
-SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+# a tiny model so each configuration takes milliseconds; on the CPU on any machine (the tests expect CPU figures:
+# no MFU, no peak memory)
+SMALL = ["--device", "cpu",
+         "--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
          "--vocab-size", "256", "--context-length", "16", "--steps", "3", "--warmup", "1"]
 
 
@@ -213,8 +215,9 @@ def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
 
 
 def bad(*argv):
+    env = {k: v for k, v in os.environ.items() if k != common.NVTX_LIBRARY_ENV}
     return subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *argv], cwd=HERE, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -224,17 +227,25 @@ def bad(*argv):
     (["--size", "tiny", "--num-heads", "7"], "d_model (512) must be divisible by num_heads (7)"),
     (["--mode", "train", "--no-grad"], "--no-grad only applies to --mode forward"),
     (["--device", "cuda"], "CUDA is not available"),
-    (["--nvtx"], "--nvtx needs a CUDA device"),
-    (["--tf32", "on"], "--tf32 needs a CUDA device"),
+    (["--nvtx", "--device", "cpu"], "--nvtx needs a CUDA device"),
+    (["--tf32", "on", "--device", "cpu"], "--tf32 needs a CUDA device"),
     (["--dtype", "fp8"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message):
-    if torch.cuda.is_available() and ("cuda" in " ".join(argv) or "--nvtx" in argv or "--tf32" in argv):
+    if torch.cuda.is_available() and argv[:2] == ["--device", "cuda"]:
         pytest.skip("CUDA present")
     result = bad(*argv)
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_nvtx_library_that_cannot_load_is_a_usage_error(tmp_path):
+    env = {**os.environ, common.NVTX_LIBRARY_ENV: str(tmp_path / "libmissing.so")}
+    result = subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), "--nvtx", "--device", "cpu"], cwd=HERE,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2 and "BENCH_NVTX_LIBRARY=" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_compile_reports_compile_time_apart(tmp_path, capsys):
