@@ -276,7 +276,7 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 
 # Names a shared library that exports the NVTX C API (nvtxRangePushA, nvtxRangePop), to use instead of torch's
 # NVTX binding: the CPU build of torch has none, so the real-nsys tests build a tiny library from the NVTX3
-# headers that ship with Nsight Systems and name it here (docs/nsys_real.md). On a GPU machine leave it unset.
+# headers that ship with Nsight Systems and name it here (docs/nsys_run.md). On a GPU machine leave it unset.
 NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
 
 _RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}  # nvtx: (push, pop) while switched on

@@ -1,4 +1,4 @@
-"""nsys_run.sh and kernel_tables.py under a real Nsight Systems CLI, on the CPU (docs/nsys_real.md).
+"""nsys_run.sh and kernel_tables.py under a real Nsight Systems CLI, on the CPU (docs/nsys_run.md).
 
 On a CPU nsys records NVTX ranges and OS calls, and `nsys stats` writes its real CSVs (the CUDA ones empty). The
 CPU build of torch has no NVTX, so the profiled run gets one from a tiny library built here with gcc from the
