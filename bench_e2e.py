@@ -30,7 +30,7 @@ import common
 import kernel_tables
 from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
                     SyncTimer, annotate, config_row, environment, environment_header, get_config,
-                    matmul_precision_key, non_negative_int, peak_tflops, positive_float, positive_int,
+                    matmul_precision_key, peak_tflops, positive_float, positive_int,
                     precision_context, progress, render_table, resolve_device, run_isolated, set_ranges, summarize)
 from model import ATTENTION, TransformerLM, cross_entropy
 from optim import AdamW
@@ -202,7 +202,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     the process that profiled: the parent (and the JSONL record) gets the trace path and the rows, not the
     profiler object."""
     stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
-    files = ResultFiles(run.profile_results_dir, "profile", None, stem)
+    files = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json")
     trace = files.path(".json")
     profiler.export_chrome_trace(str(trace))
     tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
@@ -310,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
                    help="sequence length(s)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=non_negative_int, nargs="+", default=[5], help="warm-up step count(s)")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
+    p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
     p.add_argument("--mode", choices=MODES, default="train",
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to compare them in one table (train mode)")
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
     p.add_argument("--profile", action="store_true",
@@ -375,6 +375,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   profile_results_dir=args.results_dir if args.profile else None))
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
+    for run in runs:
+        common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 

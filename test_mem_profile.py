@@ -200,7 +200,7 @@ def test_analyze_writes_png_and_tables(tmp_path, capsys):
 def test_analyze_rejects_a_pickle_that_is_not_a_snapshot(tmp_path):
     path = tmp_path / "x.pickle"
     path.write_bytes(pickle.dumps({"something": 1}))
-    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 1
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 2
 
 
 # ---- the CUDA-only recording, with fakes ----
