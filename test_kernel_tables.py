@@ -366,11 +366,6 @@ def test_short_name_drops_parameters_and_truncates():
 # ---- malformed input: one line, exit 2 ----
 
 
-def run_cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(HERE / "kernel_tables.py"), *argv], capture_output=True, text=True,
-                          timeout=120)
-
-
 @pytest.mark.parametrize("content", [
     b'{"traceEvents": [{"ph": "X", "name": "a", ',  # truncated (the profiler was killed while writing)
     b"[1, 2, 3]",  # JSON, but not an object
@@ -411,12 +406,12 @@ def test_e2e_jsonl_that_is_a_folder_is_one_line_exit_2(tmp_path: Path, capsys):
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
-def test_md_must_name_a_file_in_an_existing_folder(tmp_path: Path):
+def test_md_must_name_a_file_in_an_existing_folder(tmp_path: Path, capsys):
     trace = str(torch_gpu_trace(tmp_path / "t.json"))
     for md in (str(tmp_path), str(tmp_path / "missing" / "t.md"), ""):
-        result = run_cli(trace, "--md", md)
-        assert result.returncode == 2, result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+        with pytest.raises(SystemExit) as exit_:
+            kt.main([trace, "--md", md])
+        assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "missing").exists()
 
 
