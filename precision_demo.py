@@ -28,7 +28,7 @@ import torch
 
 import common
 import report
-from common import ResultFiles, environment, environment_header, render_table
+from common import ResultFiles, dtype_name, environment, environment_header, render_table
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,10 @@ CASES = [
     Case("3-bf16", torch.float32, torch.bfloat16),
 ]
 
+FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
+
 COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x stored (float64)", "result",
            "abs error", "rel error", "accumulator spacing at result"]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def accumulate(case: Case, value: float, count: int,
@@ -161,6 +159,15 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
     return [promotion_note(records)] + [accumulator_note(r) for r in low_precision]
 
 
+def render_report(records: list[dict[str, Any]], fmt: str) -> str:
+    """The environment, the table and the notes, from the JSONL records alone."""
+    value, count = records[0]["value"], records[0]["count"]
+    title = f"Sum of {value} added {count} times (exact answer {value * count!r})"
+    return "\n".join([environment_header(records[0]["environment"]), "", title, "",
+                      render_table([table_row(r) for r in records], COLUMNS, fmt, floatfmt=""), "",
+                      "\n\n".join(notes(records))])
+
+
 # ---- command line ----
 
 
@@ -180,6 +187,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not math.isfinite(args.value) or args.value == 0:
         parser.error(f"--value must be a finite non-zero number, got {args.value}")
+    # Every case stores the addend in float16 or bfloat16 and case 2 accumulates in float16: beyond float16's
+    # largest finite number the sum is infinite and the errors mean nothing. (The study is about rounding.)
+    if abs(args.value) * args.count > FLOAT16_MAX:
+        parser.error(f"--value x --count must be at most {FLOAT16_MAX:g} in magnitude (float16's largest finite "
+                     f"number), got {args.value} x {args.count}")
     if args.count > 1_000_000:
         parser.error(f"--count must be at most 1000000 (one Python-level add each), got {args.count}")
     if args.plot and (message := report.matplotlib_missing()):
@@ -193,14 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device("cpu"))
     records = []
     for case in CASES:
-        record = {**run_case(case, args.value, args.count), "environment": env}
+        record = {"experiment": "precision_demo", **run_case(case, args.value, args.count), "status": "ok",
+                  "environment": env}
         records.append(record)
         files.append_record(record)
-    title = f"Sum of {args.value} added {args.count} times (exact answer {args.value * args.count!r})"
-    text = "\n".join([environment_header(env), "", title, "",
-                      render_table([table_row(r) for r in records], COLUMNS, args.fmt, floatfmt=""), "",
-                      "\n\n".join(notes(records))])
-    files.publish(text, report.write_figures("precision_demo", records, files) if args.plot else [])
+    files.publish(render_report(records, args.fmt),
+                  report.write_figures("precision_demo", records, files) if args.plot else [])
     return 0
 
 

@@ -19,7 +19,6 @@ An interrupted run's truncated last line is skipped with a note; any other bad i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import json
 import math
@@ -189,55 +188,47 @@ def settings_header(records: list[dict[str, Any]], settings: dict[str, Any]) -> 
     return environment_header(env, **settings) if env else f"settings: {settings}"
 
 
-def from_dict(cls: type, values: dict[str, Any]) -> Any:
-    """A dataclass from its asdict() form, ignoring fields this version does not know."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
 # -- bench_e2e --
 
 
-def e2e_runs(records: list[dict[str, Any]]) -> list[Any]:
-    bench_e2e = script("bench_e2e")
-    return [from_dict(bench_e2e.RunConfig, {**r["config"], "model": from_dict(common.ModelConfig,
-                                                                              r["config"]["model"])})
-            for r in records]
-
-
 def e2e_sections(records: list[dict[str, Any]], fmt: str) -> Sections:
+    """bench_e2e's results report split around its main table (the same row code), then the speed-ups."""
     bench_e2e = script("bench_e2e")
-    runs = e2e_runs(records)
-    run0 = runs[0]
-    optimizers = list(dict.fromkeys(run.optimizer for run in runs))
-    settings = {"batch": run0.batch_size, "steps": run0.steps,
-                "mode": run0.mode + (" no-grad" if run0.no_grad else ""), "attn": run0.attn}
-    if run0.mode == "train" and len(optimizers) == 1:
+    config0 = records[0]["config"]
+    optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
+    settings = {"batch": config0["batch_size"], "steps": config0["steps"],
+                "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else ""), "attn": config0["attn"]}
+    if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
     rows = []
-    for run, rec in zip(runs, records):
-        row = bench_e2e.table_row(run, rec)
+    for rec in records:
+        row = bench_e2e.table_row(rec)
         if len(optimizers) > 1:
-            row["optimizer"] = run.optimizer
+            row["optimizer"] = rec["config"]["optimizer"]
         rows.append(row)
     # as bench_e2e prints it: the configuration columns always, the measured ones where a row has a value
     columns = [c for c in bench_e2e.COLUMNS if any(row.get(c) is not None for row in rows)
                or c in bench_e2e.COLUMNS[:8]]
     after = []
-    compile_times = [f"{run.label()}: {rec['compile_s']:.1f} s" for run, rec in zip(runs, records)
-                     if "compile_s" in rec]
+    compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
     if compile_times:
         after.append("compile time (first step, not in the timings): " + "; ".join(compile_times))
+    profiles = bench_e2e.profile_report(records, fmt)
+    if profiles:
+        after.append(profiles)
+    return Sections([bench_e2e.config_table([r["config"] for r in records], fmt), settings_header(records, settings)],
+                    Table(rows, columns, available=bench_e2e.COLUMNS), after + e2e_speedup_sections(records, fmt))
+
+
+def e2e_speedup_sections(records: list[dict[str, Any]], fmt: str) -> list[str]:
+    """The fp32-vs-bf16 and eager-vs-compiled speed-up tables the records allow (none for a single variant)."""
+    sections = []
     for axis, title in (("dtype", "fp32 vs bf16"), ("compile", "eager vs torch.compile")):
         speedups = speedup_rows(records, axis)
         if speedups:
-            after.append(f"### Speed-up, {title} (baseline time / variant time)\n\n"
-                         + render_table(speedups, list(speedups[0]), fmt))
-    profiles = bench_e2e.profile_report(runs, records, fmt)
-    if profiles:
-        after.append(profiles)
-    return Sections([bench_e2e.config_table(runs, fmt), settings_header(records, settings)],
-                    Table(rows, columns, available=bench_e2e.COLUMNS), after)
+            sections.append(f"### Speed-up, {title} (baseline time / variant time)\n\n"
+                            + render_table(speedups, list(speedups[0]), fmt))
+    return sections
 
 
 E2E_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step"))
@@ -343,14 +334,20 @@ SECTIONS: dict[str, Callable[[list[dict[str, Any]], str], Sections]] = {
 }
 
 
+# comparison tables report.py adds to a script's own report (the scripts' render_report does not print them)
+COMPARISONS: dict[str, Callable[[list[dict[str, Any]], str], list[str]]] = {"bench_e2e": e2e_speedup_sections}
+
+
 def render_runs(runs: list[Run], fmt: str, columns: list[str] | None = None) -> str:
     """The report of one run as its script printed it, or of several runs merged into one main table with a
     `run` column, in `fmt`, with the chosen columns."""
     experiment = runs[0].experiment
     module = script(experiment)
     merged = len(runs) > 1
-    if not merged and columns is None and fmt not in LATEX_FORMATS and hasattr(module, "render_report"):
-        return module.render_report(runs[0].records, fmt)  # exactly what the script printed
+    if not merged and columns is None and fmt not in LATEX_FORMATS:
+        # exactly what the script printed, then the comparisons report.py adds
+        extra = COMPARISONS.get(experiment, lambda records, fmt: [])(runs[0].records, fmt)
+        return "\n\n".join([module.render_report(runs[0].records, fmt)] + extra)
     records = []
     for run in runs:
         records += [{**r, "_source": run.stem} for r in run.records]
@@ -748,9 +745,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{FIGURE_NEEDS[runs[0].experiment]}", file=sys.stderr)
         return 2
     stem = runs[0].stem if len(runs) == 1 else f"{runs[0].stem}-merged-{len(runs)}"
-    files = ResultFiles(args.results_dir, "report", args.out or stem, "report")
+    suffix = common.report_suffix(args.fmt)
+    files = ResultFiles(args.results_dir, "report", args.out or stem, "report", reserve=suffix)
     print(text)
-    out = files.path(common.report_suffix(args.fmt))
+    out = files.path(suffix)
     out.write_text(as_latex_file(text) if args.fmt in LATEX_FORMATS else text + "\n")
     written = [out] + save_figures(plots, files)
     print("\nwrote " + " and ".join(map(str, written)))
