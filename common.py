@@ -385,11 +385,29 @@ def without_kineto_markers() -> Iterator[None]:
         os.close(original)
 
 
-@contextlib.contextmanager
-def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> Iterator[torch.profiler.profile]:
-    """torch.profiler.profile(activities=...) with kineto's USDT marker lines kept off the terminal and files."""
-    with without_kineto_markers(), torch.profiler.profile(activities=activities) as prof:
-        yield prof
+class QuietProfiler(torch.profiler.profile):
+    """torch.profiler.profile with kineto's USDT marker lines kept off the terminal and files while it runs.
+    The object itself is the profiler (export_chrome_trace, events, ...), as with torch.profiler.profile."""
+
+    def __enter__(self) -> "QuietProfiler":
+        self._markers = without_kineto_markers()
+        self._markers.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._markers.__exit__(*sys.exc_info())
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._markers.__exit__(None, None, None)
+
+
+def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> QuietProfiler:
+    """torch.profiler.profile(activities=...) without kineto's USDT marker lines."""
+    return QuietProfiler(activities=activities)
 
 
 # ---- hardware peaks ----

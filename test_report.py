@@ -169,7 +169,8 @@ def test_merge_of_two_files_has_a_run_column_and_compares_across_them(e2e_run, t
     by_run = {(r["run"], r["dtype"], r["warmup"]): float(r["step ms"]) for r in main_table}
     for row in speedups:  # baseline time / variant time, from the two files' rows
         expected = by_run[("monday", "fp32", row["warmup"])] / by_run[("tuesday", "bf16", row["warmup"])]
-        assert float(row["step speed-up"].rstrip("x")) == pytest.approx(expected, rel=0.01, abs=0.006)  # printed to 2 decimals
+        # both printed to 2 decimals
+        assert float(row["step speed-up"].rstrip("x")) == pytest.approx(expected, rel=0.01, abs=0.006)
     assert (tmp_path / "report" / "monday-merged-2.md").is_file()
 
 
