@@ -4,15 +4,19 @@ Answers the study's benchmarking questions: how long does a step take for each m
 do, what do bf16 mixed precision and torch.compile buy.
 
     python bench_e2e.py --size large --warmup 0                  # one size, no warm-up
-    python bench_e2e.py --size all                                # every preset, one row each
+    python bench_e2e.py --size all                                # the handout's Table 1, one row each
+    python bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
+    python bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
     python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
     python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
 
-Each configuration of a sweep runs in its own child process (an OOM cannot poison the next one). The table is
-printed on stdout and saved with one JSON record per configuration under results/e2e/.
+Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
+current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
+its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
+record per configuration under results/e2e/.
 """
 from __future__ import annotations
 
@@ -28,8 +32,8 @@ import torch
 
 import common
 import kernel_tables
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
-                    SyncTimer, annotate, config_row, environment, environment_header, get_config,
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, DTYPES, HANDOUTS, ModelConfig, ResultFiles,
+                    SyncTimer, annotate, environment, environment_header, get_config,
                     matmul_precision_key, non_negative_int, peak_tflops, positive_float, positive_int,
                     precision_context, progress, render_table, resolve_device, run_isolated, set_ranges, summarize)
 from model import ATTENTION, TransformerLM, cross_entropy
@@ -48,6 +52,7 @@ NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote 
 class RunConfig:
     size: str  # preset name, or "custom"
     model: ModelConfig  # its context_length is the benchmarked sequence length
+    handout: str = DEFAULT_HANDOUT  # whose Table 1 the size name comes from
     batch_size: int = DEFAULT_BATCH_SIZE
     warmup: int = 5
     steps: int = 10
@@ -284,13 +289,7 @@ def table_row(run: RunConfig, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_table(runs: list[RunConfig], fmt: str) -> str:
-    seen: dict[tuple[str, ModelConfig], None] = {}
-    for run in runs:
-        seen[(run.size, dataclasses.replace(run.model, context_length=DEFAULT_CONTEXT_LENGTH))] = None
-    rows = [config_row(size, cfg) for size, cfg in seen]
-    for row in rows:
-        row["params"] = f"{row['params']:,}"
-    return render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt)
+    return common.config_table([(run.size, run.model) for run in runs], HANDOUTS[runs[0].handout], fmt)
 
 
 # ---- command line ----
@@ -300,15 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
-                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
-                        "--d-model, --d-ff, --num-layers and --num-heads are all given)")
+                   help="model preset(s) of the handout's Table 1 (2026: "
+                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
+                        "or 'all' for its Table 1 (default: tiny, or 'custom' when --d-model, --d-ff, --num-layers "
+                        "and --num-heads are all given)")
+    common.add_handout_arg(p)
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
     p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
-                   help="sequence length(s)")
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     p.add_argument("--warmup", type=non_negative_int, nargs="+", default=[5], help="warm-up step count(s)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
@@ -338,17 +340,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-skip", action="store_true",
                    help="after an OOM, still run the larger context lengths of that size and dtype")
     common.add_output_args(p, default_stem="e2e")
+    common.add_dry_run_arg(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handout = common.handout_or_exit(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
-    elif "all" in args.size:
-        args.size = list(PRESETS)
+    else:
+        args.size = common.sizes_or_exit(parser, args, args.size)
+    if args.context_length is None:
+        args.context_length = [handout.default_context_length]
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
     args.optimizer = list(dict.fromkeys(args.optimizer))
@@ -366,9 +372,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if size == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
             else:
-                model = get_config(size, **dims, vocab_size=args.vocab_size, context_length=ctx)
-            runs.append(RunConfig(size=size, model=model, batch_size=args.batch_size, warmup=warmup,
-                                  steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
+                model = get_config(size, args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx)
+            runs.append(RunConfig(size=size, handout=args.handout, model=model, batch_size=args.batch_size,
+                                  warmup=warmup, steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
                                   compile=args.compile, attn=args.attn, optimizer=optimizer,
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
@@ -419,8 +425,8 @@ def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace)
     env = next((r["environment"] for r in records if "environment" in r), None)
     run0 = runs[0]
     optimizers = list(dict.fromkeys(run.optimizer for run in runs))
-    settings = {"batch": run0.batch_size, "steps": run0.steps, "mode": run0.mode + (" no-grad" if run0.no_grad else ""),
-                "attn": run0.attn}
+    settings = {"sizes from": HANDOUTS[run0.handout].title, "batch": run0.batch_size, "steps": run0.steps,
+                "mode": run0.mode + (" no-grad" if run0.no_grad else ""), "attn": run0.attn}
     if run0.mode == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
     lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
@@ -438,8 +444,10 @@ def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace)
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
-    files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
     configs = config_table(runs, args.fmt)
+    if args.dry_run:
+        return common.print_dry_run([run.label() for run in runs], preamble=configs)
+    files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
     print(configs + "\n", flush=True)  # people quote the model config first
     records, interrupted = run_sweep(runs, args, files)
     if records:

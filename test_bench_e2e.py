@@ -111,7 +111,7 @@ def test_flops_formula_matches_flop_counter():
 def test_mfu_empty_on_cpu_and_computed_for_a_known_gpu(tmp_path):
     code, (record,) = run_main(tmp_path, "--in-process")
     assert record["mfu"] is None and record["peak_tflops"] is None
-    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny"))
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", "2025"), handout="2025")  # context 128
     fake = {"step_ms": [100.0, 100.0], "forward_ms": [30.0, 30.0], "backward_ms": [60.0, 60.0],
             "optimizer_ms": [10.0, 10.0],
             "environment": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}}
@@ -215,7 +215,7 @@ def bad(*argv):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--size", "huge"], "unknown preset 'huge'; valid presets: tiny, small"),
+    (["--size", "huge"], "unknown preset 'huge'; valid presets in handout 2026: tiny, small"),
     (["--batch-size", "0"], "must be a positive integer"),
     (["--steps", "-3"], "must be a positive integer"),
     (["--size", "tiny", "--num-heads", "7"], "d_model (512) must be divisible by num_heads (7)"),

@@ -81,7 +81,8 @@ def test_tensor_made_in_a_module_is_attributed_to_it_not_to_the_submodule_that_s
 
 
 def test_accounting_residual_stream_and_scores():
-    run = RunConfig(size="xl", model=mem_profile.get_config("xl", context_length=512), mode="train", dtype="bf16")
+    run = RunConfig(size="xl", model=mem_profile.get_config("xl", "2025", context_length=512), handout="2025",
+                    mode="train", dtype="bf16")
     acc = mem_profile.accounting(run)
     assert acc["residual_stream_bytes"] == 4 * 512 * 1600 * 4 == 12.5 * MIB
     assert acc["residual_stream_formula"] == "4 x 512 x 1600 x 4 B"
