@@ -295,8 +295,11 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
     out = capsys.readouterr().out
     assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
     assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
+    assert "Model sizes from handout 2026 (v26.1.1):" in out and "sizes from: handout 2026 (v26.1.1)" in out
+    assert "Peak allocated memory per context length" not in out  # nothing measured: no empty numbers
     records = read_records(tmp_path / "memory" / "cpu.jsonl")
     assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)
+    assert {r["config"]["handout"] for r in records} == {"2026"}
     assert all(r["saved_status"] == "ok" for r in records)
 
 
@@ -314,6 +317,9 @@ def test_a_failed_configuration_is_a_row_and_the_others_still_run(tmp_path, caps
     (["--size", "huge"], "unknown preset 'huge'"),
     (["--context-length", "0"], "must be a positive integer"),
     (["--analyze", "/nonexistent.pickle"], "no such file"),
+    (["--size", "10B", "--handout", "2025"], "preset '10B' is in handout 2026's table, not in handout 2025's"),
+    (["--size", "2.7B"], "preset '2.7B' is in handout 2025's table, not in handout 2026's"),
+    (["--handout", "2024"], "invalid choice: '2024'"),
     pytest.param(["--device", "cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
@@ -323,3 +329,81 @@ def test_bad_input_exits_2_with_one_line(argv, message):
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in proc.stderr
+
+
+# ---- handouts, --dry-run and the per-context peak table ----
+
+
+def sizes_and_contexts(runs):
+    return (list(dict.fromkeys(r.size for r in runs)), list(dict.fromkeys(r.context_length for r in runs)),
+            {r.batch_size for r in runs}, {r.handout for r in runs})
+
+
+def test_default_size_and_contexts_are_the_handouts_memory_question(monkeypatch):
+    def parse(*argv):
+        return sizes_and_contexts(mem_profile.parse_args([*argv, "--device", "cpu"])[1])
+
+    assert parse() == (["xl"], [128, 2048], {4}, {"2026"})
+    assert parse("--handout", "2025") == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    # gradient_checkpointing (b) of 2026: xl, batch 4, context 2048; 2025 has no such question
+    assert parse("--mode", "train", "--checkpoint", "0", "2", "4") == (["xl"], [2048], {4}, {"2026"})
+    assert parse("--handout", "2025", "--checkpoint", "2") == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    # what the user gives wins, the rest follows the handout
+    assert parse("--size", "tiny") == (["tiny"], [128, 2048], {4}, {"2026"})
+    assert parse("--context-length", "64", "--batch-size", "2", "--checkpoint", "1") == (["xl"], [64], {2}, {"2026"})
+    monkeypatch.setenv("CS336_HANDOUT", "2025")
+    assert parse() == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    args, runs = mem_profile.parse_args(["--size", "all", "--device", "cpu"])
+    assert [r.size for r in runs[::6]] == ["small", "medium", "large", "xl", "2.7B"]  # 3 contexts x 2 modes each
+    assert runs[18].model.d_model == 1600  # 2025's xl
+
+
+def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run built a model or started a configuration")
+
+    for name in ("TransformerLM", "run_isolated", "Workload"):
+        monkeypatch.setattr(mem_profile, name, forbidden)
+    assert mem_profile.main(["--handout", "2025", "--dtype", "fp32", "bf16", "--device", "cpu", "--dry-run",
+                             "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "memory").exists()
+    assert "Model sizes from handout 2025 (Spring 2025):" in out and "| 2.7B " in out
+    assert "dry run: 12 configurations would run" in out
+    assert "   1. 2.7B ctx=128 forward fp32 naive\n   2. 2.7B ctx=128 forward bf16 naive\n" in out
+    assert "  12. 2.7B ctx=512 train bf16 naive\n" in out
+
+
+def peak_record(size, ctx, mode, dtype, peak_gib=None, status="ok", attn="naive", ckpt=0):
+    record = {"config": {"size": size, "handout": "2026", "model": {"context_length": ctx}, "mode": mode,
+                         "dtype": dtype, "attn": attn, "checkpoint_every": ckpt}, "status": status}
+    if peak_gib is not None:
+        record["peak_mem_allocated_bytes"] = int(peak_gib * 2**30)
+    return record
+
+
+def table_cells(text):
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
+
+
+def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16():
+    records = [peak_record("xl", 128, "forward", "fp32", 13.5), peak_record("xl", 128, "forward", "bf16", 14.25),
+               peak_record("xl", 128, "train", "fp32", 52.125), peak_record("xl", 128, "train", "bf16", 50.0),
+               peak_record("xl", 2048, "forward", "fp32", 20.0), peak_record("xl", 2048, "forward", "bf16", 18.5),
+               peak_record("xl", 2048, "train", "fp32", status="OOM"),
+               peak_record("xl", 2048, "train", "bf16", 75.75)]
+    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    assert header == ["size", "ctx", "fp32 forward GiB", "fp32 train GiB", "bf16 forward GiB", "bf16 train GiB"]
+    assert rows == [["xl", "128", "13.500", "52.125", "14.250", "50.000"],
+                    ["xl", "2048", "20.000", "OOM", "18.500", "75.750"]]
+
+
+def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
+    records = [peak_record("tiny", 16, "forward", "fp32", 1.0, ckpt=0), peak_record("tiny", 16, "train", "fp32", 3.0),
+               peak_record("tiny", 16, "train", "fp32", 2.0, ckpt=2)]
+    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    assert header == ["size", "ctx", "ckpt", "fp32 forward GiB", "fp32 train GiB"]
+    assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
+    skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
+    assert mem_profile.peak_by_context_table(skipped, "github") is None
