@@ -274,6 +274,8 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
     records, _ = mem_profile.run_sweep(runs, args, files, measure=True)
     text = mem_profile.report(records, args, torch.device("cuda"))
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
+    by_context = text.split("### Peak allocated memory per context length")[1]
+    assert "|   fp32 train GiB |" in by_context and "| tiny   |    16 |            3.000 |" in by_context
     assert "#### Snapshot: tiny ctx=16 train fp32 naive" in text and "ok (within 2%)" in text
     assert Path(records[0]["snapshot_png"]).is_file()
 
