@@ -269,7 +269,7 @@ def test_size_names_and_the_default_context_follow_the_handout(monkeypatch):
 
 
 def test_the_handout_is_in_the_tables_and_the_records(tmp_path, capsys):
-    code, (record,) = run_main(tmp_path, "--in-process", "--handout", "2025", "--steps", "2")
+    code, (record,) = run_main(tmp_path, "--in-process", "--handout", "2025", "--steps", "2", "--device", "cpu")
     out = capsys.readouterr().out
     assert code == 0 and record["config"]["handout"] == "2025"
     assert out.startswith("Model sizes from handout 2025 (Spring 2025):")

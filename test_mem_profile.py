@@ -322,6 +322,7 @@ def test_a_failed_configuration_is_a_row_and_the_others_still_run(tmp_path, caps
     (["--size", "10B", "--handout", "2025"], "preset '10B' is in handout 2026's table, not in handout 2025's"),
     (["--size", "2.7B"], "preset '2.7B' is in handout 2025's table, not in handout 2026's"),
     (["--handout", "2024"], "invalid choice: '2024'"),
+    (["--analyze", "x.pickle", "--dry-run"], "--analyze runs none"),
     pytest.param(["--device", "cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
