@@ -171,14 +171,6 @@ def expand_sizes(names: list[str], handout: str) -> list[str]:
     return sizes
 
 
-def sizes_that_differ(names: list[str], handout: str) -> list[str]:
-    """The names in `names` that mean another model in another handout (xl): worth a note when the handout
-    was not chosen explicitly."""
-    mine = get_handout(handout).presets
-    return [n for n in names if n in mine and any(n in h.presets and h.presets[n] != mine[n]
-                                                  for h in HANDOUTS.values())]
-
-
 def config_row(name: str, cfg: ModelConfig) -> dict[str, Any]:
     """One row describing a model config, as people quote it."""
     return {"size": name, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "layers": cfg.num_layers,
@@ -503,18 +495,20 @@ def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> list[str]:
     """expand_sizes in args.handout, with a bad name as a one-line exit 2. When the handout was not chosen
-    explicitly and a name means another model in the other handout (xl), a note on stderr says which one runs."""
+    explicitly and a name means another model in the other handout (xl), a note on stderr says which one runs:
+    the student who types --size xl from the 2025 handout must not get 2026's xl silently."""
     try:
         sizes = expand_sizes(names, args.handout)
     except ValueError as exc:
         parser.error(str(exc))
     if args.handout_source == "default":
-        for size in sizes_that_differ(sizes, args.handout):
+        mine = HANDOUTS[args.handout].presets
+        for size in sizes:
             for other in HANDOUTS.values():
-                if size in other.presets and other.presets[size] != HANDOUTS[args.handout].presets[size]:
-                    progress(f"note: {size} is handout {args.handout}'s {size} ({_dims(get_config(size, args.handout))}"
-                             f"), not handout {other.name}'s ({_dims(other.presets[size])}): for that one pass "
-                             f"--handout {other.name} (or set {HANDOUT_ENV}={other.name})")
+                if other.presets.get(size, mine[size]) != mine[size]:
+                    progress(f"note: {size} is handout {args.handout}'s {size} ({_dims(mine[size])}), not handout "
+                             f"{other.name}'s ({_dims(other.presets[size])}): for that one pass --handout "
+                             f"{other.name} (or set {HANDOUT_ENV}={other.name})")
     return sizes
 
 

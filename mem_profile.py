@@ -596,7 +596,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         default_size, default_batch, default_context = handout.checkpoint_setup
         default_contexts = (default_context,)
     else:
-        default_size, default_batch, default_contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
+        default_size, default_batch = handout.memory_size, DEFAULT_BATCH_SIZE
+        default_contexts = handout.memory_contexts
     args.batch_size = args.batch_size or default_batch
     sizes = common.sizes_or_exit(parser, args, args.size or [default_size])
     args.context_length = args.context_length or list(default_contexts)
