@@ -4,15 +4,19 @@ Answers the study's benchmarking questions: how long does a step take for each m
 do, what do bf16 mixed precision and torch.compile buy.
 
     python bench_e2e.py --size large --warmup 0                  # one size, no warm-up
-    python bench_e2e.py --size all                                # every preset, one row each
+    python bench_e2e.py --size all                                # the handout's Table 1, one row each
+    python bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
+    python bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
     python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
     python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
 
-Each configuration of a sweep runs in its own child process (an OOM cannot poison the next one). The table is
-printed on stdout and saved with one JSON record per configuration under results/e2e/.
+Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
+current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
+its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
+record per configuration under results/e2e/.
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ import torch
 import common
 import kernel_tables
 import runner
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, GIB, PRESETS, ModelConfig, ResultFiles,
-                    config_row, environment_header, get_config, matmul_precision_key, non_negative_int, peak_tflops,
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, DTYPES, GIB, HANDOUTS, ModelConfig, ResultFiles,
+                    environment_header, get_config, matmul_precision_key, peak_tflops,
                     positive_float, positive_int, render_table, set_ranges)
 from model import ATTENTION
 from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
@@ -157,15 +161,10 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
-    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts."""
-    seen: dict[tuple[str, ModelConfig], None] = {}
-    for config in configs:
-        model = {**config["model"], "context_length": DEFAULT_CONTEXT_LENGTH}
-        seen[(config["size"], ModelConfig(**model))] = None
-    rows = [config_row(size, cfg) for size, cfg in seen]
-    for row in rows:
-        row["params"] = f"{row['params']:,}"
-    return render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt)
+    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts, under the
+    handout whose table the names come from."""
+    handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
+    return common.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
 
 
 def results_report(records: list[dict], fmt: str) -> str:
@@ -173,7 +172,8 @@ def results_report(records: list[dict], fmt: str) -> str:
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
-    settings = {"batch": config0["batch_size"], "steps": config0["steps"],
+    settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+                "batch": config0["batch_size"], "steps": config0["steps"],
                 "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else ""), "attn": config0["attn"]}
     if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
@@ -203,15 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
-                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
-                        "--d-model, --d-ff, --num-layers and --num-heads are all given)")
+                   help="model preset(s) of the handout's Table 1 (2026: "
+                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
+                        "or 'all' for its Table 1 (default: tiny, or 'custom' when --d-model, --d-ff, --num-layers "
+                        "and --num-heads are all given)")
+    common.add_handout_arg(p)
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
     p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
-                   help="sequence length(s)")
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
     p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
@@ -240,17 +243,21 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
+    common.add_dry_run_arg(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handout = common.handout_or_exit(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
-    elif "all" in args.size:
-        args.size = list(PRESETS)
+    else:
+        args.size = common.sizes_or_exit(parser, args, args.size)
+    if args.context_length is None:
+        args.context_length = [handout.default_context_length]
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
     args.optimizer = list(dict.fromkeys(args.optimizer))
@@ -275,9 +282,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if size == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
             else:
-                model = get_config(size, **dims, vocab_size=args.vocab_size, context_length=ctx)
-            runs.append(RunConfig(size=size, model=model, batch_size=args.batch_size, warmup=warmup,
-                                  steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
+                model = get_config(size, args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx)
+            runs.append(RunConfig(size=size, handout=args.handout, model=model, batch_size=args.batch_size,
+                                  warmup=warmup, steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
                                   compile=args.compile, attn=args.attn, optimizer=optimizer,
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
@@ -301,8 +308,11 @@ def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float |
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
+    configs = config_table([dataclasses.asdict(run) for run in runs], args.fmt)
+    if args.dry_run:
+        return common.print_dry_run([run.label() for run in runs], preamble=configs)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
-    common.emit(config_table([dataclasses.asdict(run) for run in runs], args.fmt) + "\n")  # quoted first
+    common.emit(configs + "\n")  # people quote the model config first
     experiment = runner.Experiment(
         name="bench_e2e", measure=run_config,
         finish=lambda run, record: finish_record(run, record, args.peak_tflops),

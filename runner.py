@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import common
-from common import (DEFAULT_BATCH_SIZE, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
                     failure_status, peak_memory_bytes, precision_context, progress, reset_peak_memory,
                     resolve_device, summarize)
 from model import TransformerLM, cross_entropy
@@ -41,6 +41,7 @@ PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "back
 class RunConfig:
     size: str  # preset name, or "custom"
     model: ModelConfig  # its context_length is the benchmarked sequence length
+    handout: str = DEFAULT_HANDOUT  # whose Table 1 the size name comes from
     batch_size: int = DEFAULT_BATCH_SIZE
     warmup: int = 5
     steps: int = 10
