@@ -17,7 +17,6 @@ JSON record per configuration (raw samples and the environment), under results/a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import sys
 from dataclasses import dataclass
@@ -26,8 +25,9 @@ from typing import Any, Callable
 import torch
 
 import common
-from common import (DTYPES, ResultFiles, SyncTimer, environment, environment_header, progress, render_table,
-                    resolve_device, run_isolated, summarize, synchronize)
+import runner
+from common import (DTYPES, ResultFiles, SyncTimer, environment_header, format_bytes, render_table, resolve_device,
+                    saved_tensors, synchronize)
 from model import naive_attention, sdpa_attention
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -121,24 +121,18 @@ def fit_status(need_bytes: int, free_bytes: int | None, force: bool) -> str | No
     """'skipped: needs X GiB ...' when a configuration cannot fit (and --force is off); None to run it."""
     if force or free_bytes is None or need_bytes <= free_bytes:
         return None
-    return f"skipped: needs {need_bytes / 2**30:.1f} GiB, {free_bytes / 2**30:.1f} GiB free"
+    return f"skipped: needs {format_bytes(need_bytes)}, {format_bytes(free_bytes)} free"
 
 
 def saved_tensor_bytes(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> int:
-    """Bytes autograd keeps for backward after one forward, measured with saved-tensor hooks: every tensor any op
-    saves, counted once per storage (a view shares its base's storage). Works on every device, unlike an
-    allocator counter; it does not count the output unless an op saved it."""
-    storages: dict[tuple[str, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        storages[(str(t.device), storage.data_ptr())] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    """Bytes autograd keeps for backward after one forward (common.saved_tensors: every storage any op saves,
+    once). Works on every device, unlike an allocator counter; it does not count the output unless an op
+    saved it."""
+    with saved_tensors() as saved:
         out = attention(*inputs)
+    total = sum(saved.values())
     del out
-    return sum(storages.values())
+    return total
 
 
 # ---- which sdpa kernel ran ----
@@ -172,34 +166,17 @@ def sdpa_backend(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> st
 # ---- timing ----
 
 
-def forward_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor) -> None:
-    """One forward and backward (warm-up, and the compile step)."""
-    torch.autograd.grad(attention(*inputs), inputs, grad_out)
-
-
-def time_forward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], iters: int, timer: SyncTimer) -> list[float]:
-    """Milliseconds of `iters` forward passes (graph built, as in training), each timed alone."""
-    samples = []
-    for _ in range(iters):
-        with timer:
-            out = attention(*inputs)
-        samples.append(timer.elapsed_s * 1e3)
-        del out  # frees the graph before the next forward, outside the timer
-    return samples
-
-
-def time_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor, iters: int,
-                  timer: SyncTimer) -> list[float]:
-    """Milliseconds of `iters` backward passes, each timed alone: the forward that builds each graph runs
-    outside the timer, so only the backward is measured."""
-    samples = []
-    for _ in range(iters):
+def timed_step(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
+               timer: SyncTimer) -> dict[str, float]:
+    """One forward (graph built, as in training) and its backward, each timed alone: seconds of each. Nothing
+    else is inside the timers; the graph is freed after the backward, outside them."""
+    with timer:
         out = attention(*inputs)
-        with timer:
-            grads = torch.autograd.grad(out, inputs, grad_out)
-        samples.append(timer.elapsed_s * 1e3)
-        del out, grads
-    return samples
+    forward_s = timer.elapsed_s
+    with timer:
+        grads = torch.autograd.grad(out, inputs, grad_out)
+    del out, grads
+    return {"forward": forward_s, "backward": timer.elapsed_s}
 
 
 def allocated_before_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
@@ -235,11 +212,15 @@ class AttentionRun:
     def label(self) -> str:
         return f"{self.impl} d={self.d} seq={self.seq_len} {self.dtype}"
 
+    def skip_key(self) -> tuple[tuple, str, int]:
+        """(group, size name, size) for the sweep's rule: after an OOM, longer sequences of the group are skipped."""
+        return (self.impl, self.d, self.batch_size, self.dtype), "seq", self.seq_len
+
 
 def run_config(run: AttentionRun) -> dict[str, Any]:
-    """Fit guard, inputs, (compile), warm-up, timed forwards, memory before backward, timed backwards, bytes saved
-    for backward, and (sdpa) the kernel that ran. Runs in a child process during sweeps; failures propagate as
-    exceptions (the runner turns them into rows)."""
+    """Fit guard, inputs, then the shared run path (compile step apart, warm-up, timed forward and backward
+    steps, peaks); then memory before backward, bytes saved for backward, and (sdpa) the kernel that ran. Runs in
+    a child process during sweeps; failures propagate as exceptions (the runner turns them into rows)."""
     common.maybe_inject_fault({"impl": run.impl, "d": run.d, "seq_len": run.seq_len, "dtype": run.dtype,
                                "batch_size": run.batch_size})
     device = resolve_device(run.device)
@@ -254,19 +235,12 @@ def run_config(run: AttentionRun) -> dict[str, Any]:
     grad_out = torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
     attention = IMPLEMENTATIONS[run.impl]()
     timer = SyncTimer(device)
-    record: dict[str, Any] = {"environment": environment(device), "free_mem_bytes": free}
-    if run.impl == "compiled":  # the first forward and backward compile both graphs: timed apart
-        _, record["compile_s"] = timer.time(lambda: forward_backward(attention, inputs, grad_out))
-    for _ in range(run.warmup):
-        forward_backward(attention, inputs, grad_out)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    record["forward_ms"] = time_forward(attention, inputs, run.iters, timer)
+    # the first forward and backward of "compiled" compile both graphs: timed apart as compile_s
+    record = runner.measure_steps(lambda: timed_step(attention, inputs, grad_out, timer), device, run.warmup,
+                                  run.iters, compile_first=run.impl == "compiled")
+    record["free_mem_bytes"] = free
     if device.type == "cuda":  # a CPU has no allocator counter; saved_tensor_bytes below is measured everywhere
         record["mem_before_backward_bytes"] = allocated_before_backward(attention, inputs, device)
-    record["backward_ms"] = time_backward(attention, inputs, grad_out, run.iters, timer)
-    if device.type == "cuda":
-        record["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
     record["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
     if run.impl == "sdpa":
         record["sdpa_backend"] = sdpa_backend(attention, inputs)
@@ -275,10 +249,9 @@ def run_config(run: AttentionRun) -> dict[str, Any]:
 
 def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
     """Statistics of the raw samples and the forward's achieved TFLOP/s (QK^T and PV, full seq x seq)."""
-    out: dict[str, Any] = {}
-    for phase in ("forward", "backward"):
-        for stat, value in summarize(record[f"{phase}_ms"]).items():
-            out[f"{phase}_ms_{stat}"] = value
+    out = runner.sample_stats(record, ("forward", "backward"))
+    if out["forward_ms_n"] < 2:
+        out["note"] = "1 timed iteration: no std"
     flops = common.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
     out["forward_flops"] = flops
     out["forward_tflops"] = flops / (out["forward_ms_mean"] / 1e3) / 1e12
@@ -288,51 +261,20 @@ def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
 # ---- the sweep ----
 
 
-def run_sweep(runs: list[AttentionRun], args: argparse.Namespace, files: ResultFiles,
-              on_record: Callable[[list[dict]], None]) -> tuple[list[dict], bool]:
-    """Run every configuration, appending its record (and calling on_record) as each finishes.
-    Returns (records, interrupted)."""
-    records: list[dict[str, Any]] = []
-    for i, run in enumerate(runs, 1):
-        record: dict[str, Any] = {
-            "config": dataclasses.asdict(run), "label": run.label(),
-            "predicted_naive_saved_bytes": naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes),
-            "predicted_need_bytes": predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d,
-                                                         run.element_bytes)}
-        try:
-            result = run_isolated(run_config, {"run": run}, in_process=args.in_process)
-        except KeyboardInterrupt:
-            progress(f"[{i}/{len(runs)}] {run.label()}: interrupted; keeping {len(records)} finished rows")
-            return records, True
-        if not result["ok"]:
-            record.update(status=result["status"], traceback=result.get("traceback"))
-        else:
-            record.update(result["value"])
-            if "status" not in record:  # else the fit guard skipped it
-                record.update(derive_figures(run, record))
-                record["status"] = "ok"
-        records.append(record)
-        files.append_record(record)
-        on_record(records)
-        if record["status"] == "ok":
-            progress(f"[{i}/{len(runs)}] {run.label()}: fwd {record['forward_ms_mean']:.3f} ms, "
-                     f"bwd {record['backward_ms_mean']:.3f} ms")
-        else:
-            progress(f"[{i}/{len(runs)}] {run.label()}: {record['status']}")
-    return records, False
+def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
+    """The study's predictions on every row; the statistics and TFLOP/s on a finished one."""
+    record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes)
+    record["predicted_need_bytes"] = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d,
+                                                          run.element_bytes)
+    if record["status"] == "ok":
+        record.update(derive_figures(run, record))
+
+
+def progress_summary(record: dict[str, Any]) -> str:
+    return f"fwd {record['forward_ms_mean']:.3f} ms, bwd {record['backward_ms_mean']:.3f} ms"
 
 
 # ---- tables ----
-
-
-def format_bytes(n: int | None) -> str | None:
-    """Bytes in the largest power-of-two unit that keeps the number >= 1 (KiB, MiB, GiB)."""
-    if n is None:
-        return None
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 IMPL_COLUMNS = ["d", "seq", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd TFLOP/s", "mem before bwd",
@@ -346,6 +288,8 @@ def impl_row(record: dict[str, Any]) -> dict[str, Any]:
            "naive predicted": format_bytes(record["predicted_naive_saved_bytes"])}
     if record["status"] != "ok":
         return row
+    if record.get("note"):
+        row["status"] += f" ({record['note']})"
     row.update({"fwd ms": record["forward_ms_mean"], "fwd std": record["forward_ms_std"],
                 "bwd ms": record["backward_ms_mean"], "bwd std": record["backward_ms_std"],
                 "fwd TFLOP/s": record["forward_tflops"],
@@ -399,16 +343,18 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     return render_table(rows, columns, fmt, floatfmt=".3f")
 
 
-def report(records: list[dict[str, Any]], impls: list[str], args: argparse.Namespace) -> str:
-    """Environment header, one table per implementation, the comparison table and a note on the memory columns."""
-    env = next((r["environment"] for r in records if "environment" in r), None)
-    settings = {"batch": args.batch_size, "dtype": args.dtype, "iters": args.iters, "warmup": args.warmup,
-                "causal": "yes"}
+def render_report(records: list[dict[str, Any]], fmt: str) -> str:
+    """Environment header, one table per implementation, the comparison table and a note on the memory columns,
+    from the JSONL records alone."""
+    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
+    config0 = records[0]["config"]
+    settings = {"batch": config0["batch_size"], "dtype": config0["dtype"], "iters": config0["iters"],
+                "warmup": config0["warmup"], "causal": "yes"}
     lines = [environment_header(env, **settings) if env else f"settings: {settings}"]
-    done = [impl for impl in impls if any(r["config"]["impl"] == impl for r in records)]
+    done = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in done:
-        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], args.fmt)]
-    lines += ["", "### comparison", "", comparison_table(records, done, args.fmt), "",
+        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt)]
+    lines += ["", "### comparison", "", comparison_table(records, done, fmt), "",
               "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
               "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
               "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)."]
@@ -437,6 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
     common.add_device_args(p)
+    runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="attention")
     return p
 
@@ -456,11 +403,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
-    records, interrupted = run_sweep(runs, args, files,
-                                     on_record=lambda done: files.write_markdown(report(done, args.impl, args)))
+    experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
+                                   summary=progress_summary, render=lambda records: render_report(records, args.fmt))
+    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
     if records:
-        files.publish(report(records, args.impl, args))
-    return common.sweep_exit_status(interrupted, len(records), len(runs))
+        files.publish(render_report(records, args.fmt))
+    return code
 
 
 if __name__ == "__main__":

@@ -20,165 +20,38 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import os
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 import common
 import kernel_tables
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, PRESETS, ModelConfig, ResultFiles,
-                    SyncTimer, annotate, config_row, environment, environment_header, get_config,
-                    matmul_precision_key, non_negative_int, peak_tflops, positive_float, positive_int,
-                    precision_context, progress, render_table, resolve_device, run_isolated, set_ranges, summarize)
-from model import ATTENTION, TransformerLM, cross_entropy
-from optim import AdamW
+import runner
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, GIB, PRESETS, ModelConfig, ResultFiles,
+                    config_row, environment_header, get_config, matmul_precision_key, non_negative_int, peak_tflops,
+                    positive_float, positive_int, render_table, set_ranges)
+from model import ATTENTION
+from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
 
-MODES = ("forward", "forward-backward", "train")
-PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
-                  "train": ("forward", "backward", "optimizer")}
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 
 
 # ---- one configuration ----
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    size: str  # preset name, or "custom"
-    model: ModelConfig  # its context_length is the benchmarked sequence length
-    batch_size: int = DEFAULT_BATCH_SIZE
-    warmup: int = 5
-    steps: int = 10
-    mode: str = "train"
-    no_grad: bool = False  # forward mode only: run under torch.inference_mode()
-    dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
-    compile: bool = False
-    attn: str = "naive"
-    optimizer: str = "ours"  # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)
-    tf32: bool | None = None  # None = leave PyTorch's default
-    device: str = "auto"
-    seed: int = 0
-    nvtx: bool = False
-    checkpoint_every: int = 0
-    profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/; None = off
-
-    @property
-    def context_length(self) -> int:
-        return self.model.context_length
-
-    def label(self) -> str:
-        parts = [self.size, f"ctx={self.context_length}", self.dtype, f"warmup={self.warmup}"]
-        if self.optimizer != "ours":
-            parts.append(f"optimizer={self.optimizer}")
-        return " ".join(parts + (["compiled"] if self.compile else []))
-
-
-class Workload:
-    """Model, optimizer, one random batch and the three phases of a training step, set up on a device.
-
-    forward() is the model call plus the loss; backward() is loss.backward() (through the gradient scaler for
-    fp16); optimizer_step() is step() plus zero_grad(set_to_none=True)."""
-
-    def __init__(self, run: RunConfig):
-        self.run = run
-        self.device = resolve_device(run.device)
-        if run.tf32 is not None:
-            torch.backends.cuda.matmul.allow_tf32 = run.tf32
-            torch.backends.cudnn.allow_tf32 = run.tf32
-        torch.manual_seed(run.seed)
-        with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
-            self.model = TransformerLM(run.model, attn=run.attn, checkpoint_every=run.checkpoint_every)
-        self.callable_model = torch.compile(self.model) if run.compile else self.model
-        self.tokens = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
-        self.targets = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
-        self.optimizer = None
-        if run.mode == "train":
-            if run.optimizer == "ours":
-                self.optimizer = AdamW(self.model.parameters())
-            elif self.device.type == "cuda":
-                self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
-            else:
-                self.optimizer = torch.optim.AdamW(self.model.parameters(), foreach=True)
-        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
-
-    def forward(self) -> torch.Tensor:
-        grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
-        with grad_mode, precision_context(self.device, self.run.dtype):
-            logits = self.callable_model(self.tokens)
-            return cross_entropy(logits, self.targets)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
-
-    def optimizer_step(self) -> None:
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def zero_grad(self) -> None:
-        """Between forward-backward steps, drop the gradients (untimed) so each step starts alike."""
-        self.model.zero_grad(set_to_none=True)
-
-
-def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
-    """One step of work.run.mode with a device synchronisation at every phase boundary. Returns seconds per
-    phase and for the whole step. `on_phase(name)` is called (outside the timers) before each phase and with
-    "end" after the last; mem_profile uses it to mark phases in a memory timeline."""
-    device = work.device
-    times: dict[str, float] = {}
-    phases = PHASES_BY_MODE[work.run.mode]
-    with SyncTimer(device) as step_timer:
-        for phase in phases:
-            if on_phase:
-                on_phase(phase)
-            with annotate(phase), SyncTimer(device) as timer:
-                if phase == "forward":
-                    loss = work.forward()
-                elif phase == "backward":
-                    work.backward(loss)
-                else:
-                    work.optimizer_step()
-            times[phase] = timer.elapsed_s
-        if on_phase:
-            on_phase("end")
-    times["step"] = step_timer.elapsed_s
-    if work.run.mode == "forward-backward":
-        work.zero_grad()
-    return times
-
-
 def run_config(run: RunConfig) -> dict[str, Any]:
-    """Build the workload, compile (if asked), warm up, time `run.steps` steps. Returns a JSON-ready record.
-    Runs in a child process during sweeps; failures propagate as exceptions (the runner turns them into rows)."""
+    """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
+    peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
     common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
                                "warmup": run.warmup})
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
-    device = work.device
-    record: dict[str, Any] = {"environment": environment(device)}
-    if run.compile:  # the first call compiles (forward, and backward on first backward): timed apart
-        _, record["compile_s"] = SyncTimer(device).time(lambda: run_step(work))
-    with annotate("warmup"):
-        for _ in range(run.warmup):
-            run_step(work)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    samples: list[dict[str, float]] = []
-    with profiler_for(run, device) as profiler, annotate("measure"):
-        for _ in range(run.steps):
-            samples.append(run_step(work))
-    if device.type == "cuda":
-        record["peak_mem_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        record["peak_mem_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
-    for key in samples[0]:
-        record[f"{key}_ms"] = [s[key] * 1e3 for s in samples]
-    if profiler is not None:
+    profiler = profiler_for(run, work.device)
+    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps,
+                                  compile_first=run.compile, profiler=profiler)
+    if run.profile_results_dir is not None:
         record["profile"] = profile_tables(run, profiler, record)
     return record
 
@@ -205,17 +78,17 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     files = ResultFiles(run.profile_results_dir, "profile", None, stem)
     trace = files.path(".json")
     profiler.export_chrome_trace(str(trace))
-    tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
-                                        kernel_tables.attention_shape(dataclasses.asdict(run)))
+    tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), runner.stopwatch_ms(record),
+                                        runner.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
     return {"trace": str(trace), "tables": tables}
 
 
-def profile_report(runs: list[RunConfig], records: list[dict], fmt: str) -> str:
+def profile_report(records: list[dict], fmt: str) -> str:
     """The --profile tables of every configuration that has them."""
     parts = []
-    for run, rec in zip(runs, records):
+    for rec in records:
         if "profile" in rec:
-            parts.append(f"## torch.profiler: {run.label()} (timings above were taken with the profiler on)\n\n"
+            parts.append(f"## torch.profiler: {rec['label']} (timings above were taken with the profiler on)\n\n"
                          + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
                          + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
     return "\n\n".join(parts)
@@ -226,15 +99,12 @@ def profile_report(runs: list[RunConfig], records: list[dict], fmt: str) -> str:
 
 def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
     """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU for one finished record."""
-    out: dict[str, Any] = {}
-    noisy = []
-    for phase in PHASES_BY_MODE[run.mode] + ("step",):
-        stats = summarize(record[f"{phase}_ms"])
-        for stat, value in stats.items():
-            out[f"{phase}_ms_{stat}"] = value
-        if stats["cv"] > NOISY_CV:
-            noisy.append(f"{phase} {stats['cv']:.0%}")
-    out["noisy"] = noisy
+    phases = PHASES_BY_MODE[run.mode] + ("step",)
+    out: dict[str, Any] = runner.sample_stats(record, phases)
+    out["noisy"] = [f"{phase} {out[f'{phase}_ms_cv']:.0%}" for phase in phases
+                    if out[f"{phase}_ms_cv"] is not None and out[f"{phase}_ms_cv"] > NOISY_CV]
+    if out["step_ms_n"] < 2:
+        out["note"] = runner.ONE_SAMPLE_NOTE
     step_s = out["step_ms_mean"] / 1e3
     tokens = run.batch_size * run.context_length
     flops = common.step_flops(run.model, run.batch_size, run.context_length, run.mode)
@@ -261,12 +131,13 @@ COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup
            "peak mem GiB", "status"]
 
 
-def table_row(run: RunConfig, record: dict[str, Any]) -> dict[str, Any]:
-    m = run.model
-    row: dict[str, Any] = {"size": run.size, "d_model": m.d_model, "d_ff": m.d_ff, "layers": m.num_layers,
-                           "heads": m.num_heads, "ctx": run.context_length,
-                           "dtype": run.dtype + (" compiled" if run.compile else ""), "warmup": run.warmup,
-                           "status": record["status"]}
+def table_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One row of the results table, from a JSONL record alone."""
+    config, m = record["config"], record["config"]["model"]
+    row: dict[str, Any] = {"size": config["size"], "d_model": m["d_model"], "d_ff": m["d_ff"],
+                           "layers": m["num_layers"], "heads": m["num_heads"], "ctx": m["context_length"],
+                           "dtype": config["dtype"] + (" compiled" if config["compile"] else ""),
+                           "warmup": config["warmup"], "status": record["status"]}
     if record["status"] not in ("ok", "noisy"):
         return row
     for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step")):
@@ -277,20 +148,52 @@ def table_row(run: RunConfig, record: dict[str, Any]) -> dict[str, Any]:
     row["TFLOP/s"] = record["achieved_tflops"]
     row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
     if record.get("peak_mem_allocated_bytes") is not None:
-        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / 2**30
+        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
     if record["noisy"]:
         row["status"] = "NOISY cv>10%: " + ", ".join(record["noisy"])
+    if record.get("note"):
+        row["status"] += f" ({record['note']})"
     return row
 
 
-def config_table(runs: list[RunConfig], fmt: str) -> str:
+def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
+    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts."""
     seen: dict[tuple[str, ModelConfig], None] = {}
-    for run in runs:
-        seen[(run.size, dataclasses.replace(run.model, context_length=DEFAULT_CONTEXT_LENGTH))] = None
+    for config in configs:
+        model = {**config["model"], "context_length": DEFAULT_CONTEXT_LENGTH}
+        seen[(config["size"], ModelConfig(**model))] = None
     rows = [config_row(size, cfg) for size, cfg in seen]
     for row in rows:
         row["params"] = f"{row['params']:,}"
     return render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt)
+
+
+def results_report(records: list[dict], fmt: str) -> str:
+    """Environment header, the results table, compile times and the --profile tables, from the records alone."""
+    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
+    config0 = records[0]["config"]
+    optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
+    settings = {"batch": config0["batch_size"], "steps": config0["steps"],
+                "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else ""), "attn": config0["attn"]}
+    if config0["mode"] == "train" and len(optimizers) == 1:
+        settings["optimizer"] = optimizers[0]
+    lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
+    rows = [table_row(rec) for rec in records]
+    if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
+        for rec, row in zip(records, rows):
+            row["optimizer"] = rec["config"]["optimizer"]
+    columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
+    lines.append(render_table(rows, columns, fmt))
+    compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
+    if compile_times:
+        lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    profiles = profile_report(records, fmt)
+    return "\n".join(lines) + ("\n\n" + profiles if profiles else "")
+
+
+def render_report(records: list[dict], fmt: str) -> str:
+    """The whole report of a run from its JSONL records: the model configurations, then the results."""
+    return config_table([r["config"] for r in records], fmt) + "\n\n" + results_report(records, fmt)
 
 
 # ---- command line ----
@@ -335,8 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     common.add_device_args(p)
-    p.add_argument("--no-skip", action="store_true",
-                   help="after an OOM, still run the larger context lengths of that size and dtype")
+    runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
     return p
 
@@ -356,9 +258,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     device = common.device_or_exit(parser, args.device)
     if device.type != "cuda":
-        for flag, given in (("--nvtx", args.nvtx), ("--tf32", args.tf32 is not None)):
+        # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
+        for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
+                            ("--tf32", args.tf32 is not None)):
             if given:
                 parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+    if args.nvtx:
+        try:
+            common.nvtx_functions()
+        except ValueError as exc:
+            parser.error(str(exc))
     runs = []
     try:
         for size, ctx, dtype, optimizer, warmup in itertools.product(args.size, args.context_length, args.dtype,
@@ -373,7 +282,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None))
-    except (ValueError, TypeError) as exc:
+    except common.ConfigError as exc:
         parser.error(str(exc))
     return args, runs
 
@@ -381,76 +290,28 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 # ---- the sweep ----
 
 
-def run_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles) -> tuple[list[dict], bool]:
-    """Run every configuration, appending a record as each finishes. Returns (records, interrupted)."""
-    records: list[dict[str, Any]] = []
-    oom_at: dict[tuple[str, str], int] = {}  # (size, dtype) -> smallest context length that ran out of memory
-    isolate = not args.in_process
-    for i, run in enumerate(runs, 1):
-        key = (run.size, run.dtype)
-        base = {"config": dataclasses.asdict(run), "label": run.label()}
-        if not args.no_skip and key in oom_at and run.context_length > oom_at[key]:
-            record = {**base, "status": f"skipped: OOM at ctx={oom_at[key]}"}
-        else:
-            try:
-                result = run_isolated(run_config, {"run": run}, in_process=not isolate)
-            except KeyboardInterrupt:
-                progress(f"[{i}/{len(runs)}] {run.label()}: interrupted; keeping {len(records)} finished rows")
-                return records, True
-            if result["ok"]:
-                record = {**base, **result["value"]}
-                record.update(derive_figures(run, record, args.peak_tflops))
-                record["status"] = "noisy" if record["noisy"] else "ok"
-            else:
-                record = {**base, "status": result["status"], "traceback": result.get("traceback")}
-                if result["status"] == "OOM":
-                    oom_at[key] = min(oom_at.get(key, run.context_length), run.context_length)
-        records.append(record)
-        files.append_record(record)
-        if "step_ms_mean" in record:
-            progress(f"[{i}/{len(runs)}] {run.label()}: {record['step_ms_mean'] / 1e3:.3f} s/step")
-        else:
-            progress(f"[{i}/{len(runs)}] {run.label()}: {record['status']}")
-    return records, False
-
-
-def report(runs: list[RunConfig], records: list[dict], args: argparse.Namespace) -> str:
-    """Environment header and the results table (plus compile times), as printed after the sweep."""
-    env = next((r["environment"] for r in records if "environment" in r), None)
-    run0 = runs[0]
-    optimizers = list(dict.fromkeys(run.optimizer for run in runs))
-    settings = {"batch": run0.batch_size, "steps": run0.steps, "mode": run0.mode + (" no-grad" if run0.no_grad else ""),
-                "attn": run0.attn}
-    if run0.mode == "train" and len(optimizers) == 1:
-        settings["optimizer"] = optimizers[0]
-    lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
-    rows = [table_row(run, rec) for run, rec in zip(runs, records)]
-    if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
-        for run, row in zip(runs, rows):
-            row["optimizer"] = run.optimizer
-    columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
-    lines.append(render_table(rows, columns, args.fmt))
-    compile_times = [f"{run.label()}: {rec['compile_s']:.1f} s" for run, rec in zip(runs, records) if "compile_s" in rec]
-    if compile_times:
-        lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    return "\n".join(lines)
+def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None) -> None:
+    """The derived figures of a finished configuration; its status says whether a phase was noisy."""
+    if record["status"] == "ok":
+        record.update(derive_figures(run, record, peak_override))
+        record["status"] = "noisy" if record["noisy"] else "ok"
 
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
-    configs = config_table(runs, args.fmt)
-    print(configs + "\n", flush=True)  # people quote the model config first
-    records, interrupted = run_sweep(runs, args, files)
+    common.emit(config_table([dataclasses.asdict(run) for run in runs], args.fmt) + "\n")  # quoted first
+    experiment = runner.Experiment(
+        name="bench_e2e", measure=run_config,
+        finish=lambda run, record: finish_record(run, record, args.peak_tflops),
+        summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
+        render=lambda records: render_report(records, args.fmt))
+    records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args)
     if records:
-        results = report(runs[: len(records)], records, args)
-        profiles = profile_report(runs[: len(records)], records, args.fmt)
-        if profiles:
-            results += "\n\n" + profiles
-        print(results)
-        files.write_markdown(configs + "\n\n" + results)  # the saved file also holds the config table
-        print(f"\nwrote {files.markdown} and {files.jsonl}")
-    return common.sweep_exit_status(interrupted, len(records), len(runs))
+        files.write_markdown(render_report(records, args.fmt))  # the saved file also holds the config table
+        if common.emit(results_report(records, args.fmt)):
+            common.emit(f"\nwrote {files.markdown} and {files.jsonl}")
+    return code
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Shared machinery for every experiment script: presets, device and precision contexts, the synchronised
-timer, NVTX / profiler ranges, hardware peaks, the environment record, tables, result files and the
-child-process runner.
+timer, peak memory, the saved-for-backward counter, NVTX / profiler ranges, hardware peaks, the environment
+record, tables, result files and failures as data. The run path (workload, measured steps, child processes,
+sweep) is in runner.py.
 
 Nothing here does work at import time or changes global state on import.
 """
@@ -8,21 +9,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import datetime
 import json
 import math
-import multiprocessing
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import threading
+import time
 import timeit
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
@@ -31,6 +30,11 @@ import torch
 from tabulate import tabulate, tabulate_formats
 
 # ---- model configuration and presets ----
+
+
+class ConfigError(ValueError):
+    """A configuration the user asked for cannot exist (unknown preset, bad shape, no such device): scripts turn
+    it into a one-line usage error; any other exception is a bug and keeps its traceback."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,11 @@ class ModelConfig:
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.d_head % 2:
-            raise ValueError(f"d_model / num_heads = {self.d_head} must be even for RoPE (it rotates pairs)")
+            raise ConfigError(f"d_model / num_heads = {self.d_head} must be even for RoPE (it rotates pairs)")
 
     @property
     def d_head(self) -> int:
@@ -90,7 +94,7 @@ DEFAULT_CONTEXT_LENGTH = 128
 def get_config(name: str, **overrides: Any) -> ModelConfig:
     """The preset called exactly `name`, with any non-None overrides applied (and validated)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     changes = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(PRESETS[name], **changes)
 
@@ -131,18 +135,23 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float16 -> 'float16', as tables print a tensor's dtype."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' = CUDA when present, else CPU. Asking for CUDA on a machine without it is a ValueError."""
+    """'auto' = CUDA when present, else CPU. Asking for CUDA on a machine without it is a ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as exc:
-        raise ValueError(f"invalid device {name!r}: {exc}") from None
+        raise ConfigError(f"invalid device {name!r}: {exc}") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} requested but CUDA is not available on this machine")
+        raise ConfigError(f"device {name!r} requested but CUDA is not available on this machine")
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]")
+        raise ConfigError(f"unsupported device {name!r}; use auto, cpu or cuda[:N]")
     return device
 
 
@@ -196,30 +205,113 @@ class SyncTimer:
 
 
 def summarize(samples: list[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (n-1), median, min, max and coefficient of variation of `samples`."""
+    """Mean, sample standard deviation (n-1), median, min, max and coefficient of variation of `samples`.
+    One sample has no standard deviation: std and cv are None, never a made-up 0."""
     if not samples:
         return {}
     mean = statistics.fmean(samples)
-    std = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    std = statistics.stdev(samples) if len(samples) > 1 else None
     return {"mean": mean, "std": std, "median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "cv": std / mean if mean else float("nan"), "n": len(samples)}
+            "max": max(samples), "cv": std / mean if std is not None and mean else None, "n": len(samples)}
+
+
+# ---- memory ----
+
+MIB, GIB = 2**20, 2**30  # MiB and GiB are powers of two
+
+
+def format_bytes(n: int | float | None) -> str | None:
+    """Bytes in the largest power-of-two unit that keeps the number >= 1 (KiB, MiB, GiB)."""
+    if n is None:
+        return None
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Wait for queued work, then restart CUDA's peak counters (a CPU has none)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device: torch.device) -> dict[str, int]:
+    """Peak bytes since the last reset: allocated (live tensors) and reserved (the caching allocator's segments);
+    {} on a CPU, which has no allocator counter."""
+    if device.type != "cuda":
+        return {}
+    torch.cuda.synchronize(device)
+    return {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """One key per storage, shared by all its views: the address of the StorageImpl. (The data pointer would
+    do for real tensors, but fake tensors have no data and all report 0.)"""
+    return t.untyped_storage()._cdata
+
+
+@contextlib.contextmanager
+def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
+                  exclude: set[int] = frozenset()) -> Iterator[dict[int, Any]]:
+    """Every storage autograd saves for backward inside the block, once per storage (a view shares its base's),
+    measured with saved-tensor hooks: {storage_key: describe(tensor), or the storage's bytes}. Storages in
+    `exclude` (weights: resident anyway) are left out. Works on every device and on fake tensors. Keys are only
+    unique while the graph lives: read the dict before freeing it."""
+    saved: dict[int, Any] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in exclude and key not in saved:
+            saved[key] = describe(t) if describe else t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield saved
 
 
 # ---- NVTX and profiler ranges ----
 
-_RANGES = {"nvtx": False, "profiler": False}
+# Names a shared library that exports the NVTX C API (nvtxRangePushA, nvtxRangePop), to use instead of torch's
+# NVTX binding: the CPU build of torch has none, so the real-nsys tests build a tiny library from the NVTX3
+# headers that ship with Nsight Systems and name it here (docs/nsys_run.md). On a GPU machine leave it unset.
+NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
+
+_RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}  # nvtx: (push, pop) while switched on
 _NULL_RANGE = contextlib.nullcontext()
 
 
+def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
+    """(push, pop) of NVTX ranges: from the library named by $BENCH_NVTX_LIBRARY when set, else torch.cuda.nvtx
+    where CUDA is available. ValueError when there is no NVTX to call (a CPU build of torch raises in
+    torch.cuda.nvtx) or the named library cannot be loaded."""
+    library = os.environ.get(NVTX_LIBRARY_ENV)
+    if library:
+        try:
+            lib = ctypes.CDLL(library)
+            push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"{NVTX_LIBRARY_ENV}={library} is not a library exporting nvtxRangePushA and "
+                             f"nvtxRangePop: {exc}") from None
+        push.argtypes, push.restype, pop.restype = [ctypes.c_char_p], ctypes.c_int, ctypes.c_int
+        return (lambda name: push(name.encode())), pop
+    if not torch.cuda.is_available():
+        raise ValueError("NVTX ranges need CUDA: this machine's torch has no NVTX without it")
+    return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+
+
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch named ranges on: NVTX (for Nsight; only where CUDA is available, since CPU builds of torch raise
-    in torch.cuda.nvtx) and/or torch.profiler.record_function labels. Both off by default."""
-    _RANGES["nvtx"] = bool(nvtx) and torch.cuda.is_available()
+    """Switch named ranges on: NVTX (for Nsight; a no-op where there is no NVTX to call, see nvtx_functions)
+    and/or torch.profiler.record_function labels. Both off by default."""
+    try:
+        _RANGES["nvtx"] = nvtx_functions() if nvtx else None
+    except ValueError:
+        if os.environ.get(NVTX_LIBRARY_ENV):
+            raise  # a library was named and is broken: say so rather than profile without ranges
+        _RANGES["nvtx"] = None
     _RANGES["profiler"] = bool(profiler)
-
-
-def ranges_enabled() -> bool:
-    return _RANGES["nvtx"] or _RANGES["profiler"]
 
 
 @contextlib.contextmanager
@@ -227,49 +319,95 @@ def _active_range(name: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if _RANGES["profiler"]:
             stack.enter_context(torch.profiler.record_function(name))
-        if _RANGES["nvtx"]:
-            torch.cuda.nvtx.range_push(name)
-            stack.callback(torch.cuda.nvtx.range_pop)
+        if _RANGES["nvtx"] is not None:
+            push, pop = _RANGES["nvtx"]
+            push(name)
+            stack.callback(pop)
         yield
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
     """A named range around a region of work: an NVTX range and/or a profiler label when switched on with
-    set_ranges(), a shared no-op context otherwise (free: no allocation, no CUDA call)."""
-    if not (_RANGES["nvtx"] or _RANGES["profiler"]):
+    set_ranges(), a shared no-op context otherwise (free: no allocation, no CUDA call).
+
+    Inside code that torch.compile traces, never a range: Dynamo cannot trace the push/pop calls (it breaks the
+    graph there or drops them), and the kernels inductor generates fuse work across those boundaries, so a
+    range inside a compiled region would not hold the kernels it names. Ranges around the compiled call (the
+    forward / backward / optimizer phases) are unaffected."""
+    if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
 
 
 # ---- hardware peaks ----
 
-# Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets. "tf32" is the fp32-matmul
-# figure when TF32 tensor cores are allowed; bf16/fp16 are tensor-core figures with fp32 accumulation (what
-# PyTorch uses). None = the chip has no such unit. Patterns are tried in order, so specific names come first
-# (H200 before H20, H100 NVL/PCIe before H100 SXM).
+# Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets; where a datasheet quotes only
+# sparse tensor figures (marked *), the dense figure is half of it. "tf32" is the fp32-matmul figure when TF32
+# tensor cores are allowed; bf16/fp16 are tensor-core figures with fp32 accumulation (what PyTorch uses; GeForce
+# cards run it at half their fp16-accumulate rate). None = the chip has no such unit, or no datasheet gives the
+# figure (laptop and power-limited variants, AWS's A10G): then no MFU, never a guess; --peak-tflops supplies one.
+# Patterns are tried in order on torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3", "Tesla V100-PCIE-16GB"),
+# so specific names come first: GH200 before H200, H100 NVL/PCIe before H100, V100S before V100, L40S before L40.
+_NO_FIGURES: dict[str, float | None] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
+
+
+def _peaks(fp32: float | None, tf32: float | None, bf16: float | None, fp16: float | None) -> dict[str, float | None]:
+    return {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
+
+
 PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
     # (regex on torch.cuda.get_device_name, label, peaks)
-    (r"H200 NVL", "H200 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    (r"H200", "H200 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
-    (r"H20\b", "H20", {"fp32": 44.0, "tf32": 74.0, "bf16": 148.0, "fp16": 148.0}),
-    (r"H100 NVL", "H100 NVL", {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}),
-    (r"H100.*PCIe", "H100 PCIe", {"fp32": 51.2, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
-    (r"H100", "H100 SXM", {"fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}),
-    (r"A100", "A100", {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-    (r"L40S", "L40S", {"fp32": 91.6, "tf32": 183.0, "bf16": 362.05, "fp16": 362.05}),
-    (r"RTX 5090", "RTX 5090", {"fp32": 104.8, "tf32": 104.8, "bf16": 209.5, "fp16": 209.5}),
-    (r"RTX 4090", "RTX 4090", {"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2}),
-    (r"\bL4\b", "L4", {"fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}),
-    (r"V100", "V100 SXM2", {"fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0}),
-    (r"\bT4\b", "T4", {"fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0}),
-    (r"P100", "P100 PCIe", {"fp32": 9.3, "tf32": None, "bf16": None, "fp16": 18.7}),
+    (r"Laptop", "laptop GPU (power-limited: no datasheet peak)", _NO_FIGURES),
+    # Blackwell: GB200 NVL72 per GPU (360 PFLOPS* bf16 / 72), HGX B200 per GPU (36 PFLOPS* bf16 / 8)
+    (r"GB200", "GB200", _peaks(80.0, 1250.0, 2500.0, 2500.0)),
+    (r"\bB200\b", "B200", _peaks(75.0, 1125.0, 2250.0, 2250.0)),
+    # RTX PRO 6000 Blackwell Workstation Edition: 125 TFLOPS fp32, 4000 AI TOPS (fp4*): bf16 = 4000 / 2 / 4
+    (r"RTX PRO 6000 Blackwell (Max-Q|Server)", "RTX PRO 6000 Blackwell (Max-Q / Server: no figures here)",
+     _NO_FIGURES),
+    (r"RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Workstation", _peaks(125.0, 250.0, 500.0, 500.0)),
+    # Hopper: the GH200 superchip's GPU, H200 and H800 have H100's compute
+    (r"GH200", "GH200", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H200 NVL", "H200 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
+    (r"H200", "H200 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H20\b", "H20", _peaks(44.0, 74.0, 148.0, 148.0)),
+    (r"H100 NVL", "H100 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
+    (r"H100.*PCIe", "H100 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
+    (r"H100", "H100 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    (r"H800.*PCIe", "H800 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
+    (r"H800", "H800 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
+    # Ampere / Ada data centre: every A100 and A800 form factor has the same compute
+    (r"A100", "A100", _peaks(19.5, 156.0, 312.0, 312.0)),
+    (r"A800", "A800", _peaks(19.5, 156.0, 312.0, 312.0)),
+    (r"L40S", "L40S", _peaks(91.6, 183.0, 362.05, 362.05)),
+    (r"\bL40\b", "L40", _peaks(90.5, 90.5, 181.0, 181.0)),
+    (r"\bL4\b", "L4", _peaks(30.3, 60.0, 121.0, 121.0)),
+    (r"\bA40\b", "A40", _peaks(37.4, 74.8, 149.7, 149.7)),
+    (r"\bA10\b", "A10", _peaks(31.2, 62.5, 125.0, 125.0)),
+    (r"\bA10G\b", "A10G (AWS: no NVIDIA datasheet)", _NO_FIGURES),
+    # workstation: full-rate fp32 accumulation
+    (r"RTX 6000 Ada", "RTX 6000 Ada", _peaks(91.1, 182.1, 364.2, 364.2)),
+    (r"RTX A6000", "RTX A6000", _peaks(38.7, 77.4, 154.8, 154.8)),
+    # GeForce (whitepapers: Ampere GA102, Ada AD102, Blackwell GB202); the China-only D variants differ
+    (r"RTX (5090|4090) D", "RTX 5090 D / 4090 D (no figures here)", _NO_FIGURES),
+    (r"RTX 5090", "RTX 5090", _peaks(104.8, 104.8, 209.5, 209.5)),
+    (r"RTX 4090", "RTX 4090", _peaks(82.6, 82.6, 165.2, 165.2)),
+    (r"RTX 3090 Ti", "RTX 3090 Ti", _peaks(40.0, 40.0, 80.0, 80.0)),
+    (r"RTX 3090", "RTX 3090", _peaks(35.6, 35.6, 71.0, 71.0)),
+    # Volta / Turing / Pascal: no TF32 or bf16 units
+    (r"V100S", "V100S PCIe", _peaks(16.4, None, None, 130.0)),
+    (r"V100-SXM2", "V100 SXM2", _peaks(15.7, None, None, 125.0)),
+    (r"V100-PCIE", "V100 PCIe", _peaks(14.0, None, None, 112.0)),
+    (r"V100", "V100 (other variant: no figures here)", _NO_FIGURES),
+    (r"\bT4\b", "T4", _peaks(8.1, None, None, 65.0)),
+    (r"P100-SXM2", "P100 SXM2", _peaks(10.6, None, None, 21.2)),
+    (r"P100", "P100 PCIe", _peaks(9.3, None, None, 18.7)),
 ]
 
 
 def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str | None]:
     """(peak dense TFLOP/s, matched GPU label) for a CUDA device name and a precision key
     ('fp32', 'tf32', 'bf16', 'fp16'); (None, None) for an unknown device, (None, label) where the chip has
-    no such unit. Never a guess."""
+    no such unit or no datasheet gives the figure. Never a guess."""
     for pattern, label, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name):
             return peaks.get(precision), label
@@ -308,6 +446,26 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def tf32_enabled(backend: Any, legacy: Any = None) -> bool:
+    """Whether TF32 is allowed for `backend` (torch.backends.cuda.matmul or torch.backends.cudnn.conv). Read
+    through torch's fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used), and from
+    the legacy allow_tf32 flag only when that API is unset: in torch 2.9+, reading allow_tf32 raises once the new
+    API has set the precision."""
+    precision = getattr(backend, "fp32_precision", "none")
+    if precision != "none":
+        return precision == "tf32"
+    return bool((legacy or backend).allow_tf32)
+
+
+def float32_matmul_precision() -> str | None:
+    """torch.get_float32_matmul_precision(); None when the new fp32_precision API has set the precision, where
+    that legacy getter raises (tf32_matmul then says what matters)."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        return None
+
+
 def environment(device: torch.device) -> dict[str, Any]:
     """Everything needed to interpret (or reproduce) a number: device, versions, TF32, threads, commit, time."""
     env: dict[str, Any] = {
@@ -316,9 +474,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_matmul": tf32_enabled(torch.backends.cuda.matmul),
+        "tf32_cudnn": tf32_enabled(torch.backends.cudnn.conv, torch.backends.cudnn),
+        "float32_matmul_precision": float32_matmul_precision(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
@@ -362,6 +520,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -377,17 +542,15 @@ def positive_float(text: str) -> float:
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """--device and --in-process, the same in every script that sweeps configurations in child processes."""
+    """--device, the same in every script that sweeps configurations (runner.add_sweep_args adds the rest)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    parser.add_argument("--in-process", action="store_true",
-                        help="run every configuration in this process instead of a fresh child process each")
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
     """resolve_device, with a user mistake (no CUDA, unknown device) as a one-line exit 2."""
     try:
         return resolve_device(name)
-    except ValueError as exc:
+    except ConfigError as exc:
         parser.error(str(exc))
 
 
@@ -467,10 +630,11 @@ class ResultFiles:
         self.markdown.write_text(text if text.endswith("\n") else text + "\n")
 
     def publish(self, text: str, extra_paths: list[str] = ()) -> None:
-        """Print the report, save it as the markdown file, and say where it and the other files are."""
-        print(text)
+        """Save the report as the markdown file, print it, and say where it and the other files are. The file
+        is written first, so a closed stdout (`... | head -1`) loses nothing."""
         self.write_markdown(text)
-        print(f"\nwrote {self.markdown} and {self.jsonl}" + "".join(f" and {p}" for p in extra_paths))
+        if emit(text):
+            emit(f"\nwrote {self.markdown} and {self.jsonl}" + "".join(f" and {p}" for p in extra_paths))
 
 
 def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -502,9 +666,11 @@ FAULT_ENV = "BENCH_INJECT_FAULT"
 
 
 def maybe_inject_fault(fields: dict[str, Any]) -> None:
-    """Test hook: `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields
-    match raise an out-of-memory error (`error:...` raises RuntimeError), so sweeps can be tested without a real
-    OOM. Read at call time, inherited by child processes."""
+    """Test hook, so that failure handling is tested end to end without a real fault:
+    `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
+    an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
+    --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
+    word). Clauses are separated by ';'. Read at call time; child processes get the parent's value."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
@@ -514,72 +680,28 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
         if all(str(fields.get(k)) == v for k, v in pairs):
             if kind == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory (injected by BENCH_INJECT_FAULT)")
+            if kind == "hang":
+                print(f"injected hang in pid {os.getpid()}", file=sys.stderr, flush=True)
+                time.sleep(3600)
+            if kind == "kill":
+                os.kill(os.getpid(), 9)  # SIGKILL
             raise RuntimeError(f"injected failure ({clause})")
-
-
-# ---- child-process runner ----
-
-
-def _child_main(conn: Any, fn: Callable[..., dict], kwargs: dict[str, Any]) -> None:
-    try:
-        result = {"ok": True, "value": fn(**kwargs)}
-    except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
-        result = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
-    conn.send(result)
-    conn.close()
-
-
-def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bool = False) -> dict[str, Any]:
-    """Run `fn(**kwargs)` (a module-level function returning a picklable dict) in a fresh child process, so an
-    OOM or a broken CUDA context cannot poison later work and every run starts with a fresh allocator.
-
-    Returns {"ok": True, "value": ...} or {"ok": False, "status": "OOM" | "error: ...", "traceback": ...}.
-    KeyboardInterrupt in the parent terminates the child and propagates. `in_process=True` calls `fn` here
-    (faster, no isolation) with the same failure handling."""
-    if in_process:
-        try:
-            return {"ok": True, "value": fn(**kwargs)}
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
-    ctx = multiprocessing.get_context("spawn")  # fork would inherit an initialised CUDA context
-    parent_conn, child_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(child_conn, fn, kwargs), daemon=True)
-    # The child inherits an ignored SIGINT, so a terminal's Ctrl-C (sent to the whole process group) reaches only
-    # this process, which then stops the child: no half-printed traceback from a child interrupted mid-import.
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
-    try:
-        proc.start()
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
-    child_conn.close()
-    try:
-        try:
-            result = parent_conn.recv()
-        except EOFError:  # the child died without answering (segfault, killed by the OOM killer, ...)
-            proc.join()
-            result = {"ok": False, "status": f"error: child process died with exit code {proc.exitcode}"}
-        proc.join()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.join()
-        raise
-    return result
-
-
-def sweep_exit_status(interrupted: bool, done: int, total: int) -> int:
-    """0 for a finished sweep; 130 (the shell's code for Ctrl-C) for an interrupted one, saying how far it got."""
-    if not interrupted:
-        return 0
-    print(f"interrupted after {done} of {total} configurations", file=sys.stderr)
-    return 130
 
 
 def progress(message: str) -> None:
     """Progress lines go to stderr so stdout stays a clean table."""
     print(message, file=sys.stderr, flush=True)
+
+
+def emit(text: str) -> bool:
+    """Print to stdout; False once stdout is closed (`... | head -1`): later output then goes to /dev/null, so
+    neither a BrokenPipeError nor Python's exit-time flush interrupts the work or its result files."""
+    try:
+        print(text, flush=True)
+        return True
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        progress("stdout was closed: the rest of the report is only in the result files")
+        return False

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import common
+from runner import attention_shape, stopwatch_ms  # bench_e2e's record, read where it is written
 
 PHASES = ("forward", "backward", "optimizer")
 MEASURE = "measure"
@@ -46,10 +47,9 @@ CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory cop
 OUTSIDE = "outside phases"
 AGREEMENT = 0.10  # profiler range vs stopwatch: within 10% counts as agreeing
 
-# The nsys stats reports nsys_run.sh exports (nsys 2023.2 or newer names). The three traces carry what the
-# tables need; the summaries are kept for people and for a cross-check.
+# The nsys stats reports the tables are built from (their names since the 2023 releases; older ones say gputrace,
+# cudaapitrace, nvtxpptrace; nsys_run.sh checks the nsys at hand). cuda_gpu_kern_sum only cross-checks the total.
 NSYS_TRACE_REPORTS = ("cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace")
-NSYS_SUMMARY_REPORTS = ("cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum")
 
 
 # ---- the common shape of a profile ----
@@ -92,23 +92,32 @@ class ProfileFormatError(ValueError):
 
 # ---- kernel-name classifier ----
 
-# First match wins, so the specific families come first: PyTorch's copy is an elementwise_kernel template around
-# direct_copy_kernel_cuda, and cuBLAS's split-K epilogue is called splitKreduce but belongs to its GEMM.
+# First match wins, so the specific families come first: PyTorch's copy and its gather / index kernels are
+# elementwise_kernel templates (direct_copy_kernel_cuda, _scatter_gather_elementwise_kernel,
+# index_elementwise_kernel), and cuBLAS's split-K epilogue is called splitKreduce but belongs to its GEMM.
+# Inductor names its kernels triton_<first 3 letters of the kind>_: poi(ntwise), red(uction), per(sistent
+# reduction), for(each), spl(it scan), tem(plate) (torch/_inductor/codegen/triton.py).
 _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
+    # copies and fills, and the indexing kernels (gather, scatter, index, index_put, index_select, the embedding
+    # lookup and its backward): they move data and compute nothing
     ("memory copy/set", re.compile(
-        r"direct_copy_kernel|\[CUDA mem(cpy|set)|^Mem(cpy|set)\b|CatArrayBatchedCopy|FillFunctor|copy_kernel",
+        r"direct_copy_kernel|\[CUDA mem(cpy|set)|^Mem(cpy|set)\b|CatArrayBatchedCopy|FillFunctor|copy_kernel"
+        r"|gather|scatter|index_elementwise|indexing_backward|index_put|indexSelect|index_select|embedding_backward",
         re.IGNORECASE)),
     # cuBLAS sgemm (ampere_/volta_sgemm_*), xmma (sm80_/sm90_xmma_*), CUTLASS (cutlass::Kernel2<cutlass_80_...gemm>),
-    # Hopper cuBLAS (nvjet_*), gemv, inductor matmul templates (triton_tem_*), and fused attention kernels
-    # (flash / memory-efficient), whose time is dominated by their two matmuls
+    # Hopper cuBLAS (nvjet_*), gemv, inductor matmul templates (triton_tem_*), and fused attention kernels, whose
+    # time is dominated by their two matmuls: FlashAttention (pytorch_flash::flash_fwd_kernel, flash::FlashAttn...
+    # Sm90/Sm100), memory-efficient (fmha_cutlassF/B), cuDNN's (cudnn_generated_fort_native_sdpa_sm90_flash_fprop_*)
     ("matrix multiply", re.compile(
-        r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitKreduce|^triton_tem_|flash_(fwd|bwd)|fmha", re.IGNORECASE)),
-    # softmax kernels (cunn_SoftMax*, softmax_warp_*), at::native::reduce_kernel (sum, amax, mean),
-    # inductor reductions (triton_red_* and persistent triton_per_*), and any triton kernel fused around softmax
-    ("reduction/softmax", re.compile(r"softmax|reduce_kernel|^triton_(red|per)_|welford", re.IGNORECASE)),
-    # at::native::{vectorized_,unrolled_,}elementwise_kernel, inductor pointwise (triton_poi_*), and the
-    # multi-tensor (foreach) kernels of the optimizer
-    ("elementwise", re.compile(r"elementwise_kernel|^triton_poi_|multi_tensor_apply|foreach", re.IGNORECASE)),
+        r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitKreduce|^triton_tem_|flash|fmha|_sdpa_", re.IGNORECASE)),
+    # softmax kernels (cunn_SoftMax*, softmax_warp_*), at::native::reduce_kernel (sum, amax, mean), scans
+    # (cumsum: tensor_kernel_scan_*, cub's DeviceScanKernel), inductor reductions and scans (triton_red_/per_/spl_)
+    ("reduction/softmax", re.compile(r"softmax|reduce_kernel|scan|^triton_(red|per|spl)_|welford", re.IGNORECASE)),
+    # at::native::{vectorized_,unrolled_,}elementwise_kernel, inductor pointwise and foreach kernels
+    # (triton_poi_*, triton_for_*), the multi-tensor (foreach) kernels of the optimizer, and the grad scaler's
+    # one-thread scale update (amp_update_scale_cuda_kernel)
+    ("elementwise", re.compile(r"elementwise_kernel|^triton_(poi|for)_|multi_tensor_apply|foreach|amp_update_scale",
+                               re.IGNORECASE)),
 ]
 
 # CPU operators (torch.profiler without CUDA) by their aten name, without the trailing "_" of in-place variants.
@@ -124,7 +133,8 @@ _OP_CATEGORIES: dict[str, frozenset[str]] = {
     "memory copy/set": frozenset({
         "copy", "clone", "contiguous", "zero", "fill", "zeros", "zeros_like", "ones", "ones_like", "full",
         "full_like", "cat", "stack", "to", "_to_copy", "empty", "empty_like", "empty_strided", "new_zeros",
-        "new_empty", "new_empty_strided"}),
+        "new_empty", "new_empty_strided", "gather", "scatter", "scatter_add", "index", "index_put",
+        "_index_put_impl", "index_select", "embedding", "embedding_backward", "embedding_dense_backward"}),
     "elementwise": frozenset({
         "add", "sub", "rsub", "mul", "div", "neg", "exp", "log", "sigmoid", "silu", "rsqrt", "sqrt", "pow",
         "tanh", "gelu", "relu", "where", "masked_fill", "abs", "reciprocal", "lerp", "addcmul", "addcdiv",
@@ -173,31 +183,64 @@ def strip_domain(name: str) -> str:
     return name[1:] if name.startswith(":") else name
 
 
-def read_nsys_csv(source: str | Path, required: Iterable[str]) -> list[dict[str, str]]:
-    """Rows of one `nsys stats --format csv` report, keys lower-cased ('start (ns)', 'corrid', 'name').
+def split_nsys_csv_line(line: str) -> list[str]:
+    """The fields of one line that `nsys stats --format csv` wrote. nsys quotes a field that holds a comma but
+    does not double the quotes inside it: the kernel `k<"a, b">(int)` is written `"k<"a, b">(int)"`, which
+    Python's csv module splits wrongly. Here a quoted field ends at a quote followed by a comma or the end of the
+    line; other quotes inside it are kept (and a doubled quote, should a later nsys escape them, is one quote)."""
+    fields: list[str] = []
+    i, n = 0, len(line)
+    while True:
+        if i < n and line[i] == '"':
+            chars, j = [], i + 1
+            while j < n:
+                if line[j] == '"':
+                    if j + 1 == n or line[j + 1] == ",":
+                        break
+                    if line[j + 1] == '"':
+                        j += 1
+                chars.append(line[j])
+                j += 1
+            fields.append("".join(chars))
+            i = j + 1
+        else:
+            end = line.find(",", i)
+            if end == -1:
+                fields.append(line[i:])
+                return fields
+            fields.append(line[i:end])
+            i = end
+        if i >= n:
+            return fields
+        i += 1  # the comma
 
-    Real output may carry informational lines before the header ("Generating SQLite file ...",
-    "Processing [...] with [...]...", "NOTICE: ..."), and names with commas and quotes (CSV-quoted), so the
-    header is the first line whose CSV fields include every `required` column; the table ends at a blank
-    line. A report with no such header (e.g. "SKIPPED: ... does not contain CUDA kernel data") is empty."""
+
+def read_nsys_csv(source: str | Path, required: Iterable[str]) -> list[dict[str, str]]:
+    """Rows of one report that `nsys stats --format csv --output PREFIX` wrote, keys lower-cased ('start (ns)',
+    'corrid', 'name').
+
+    As nsys writes them: the file starts at its header (the "Generating SQLite file", "Processing [...]" and
+    "SKIPPED: ..." lines go to the console, not into the file), and a report with no data, such as the CUDA
+    reports of a run that launched no kernel, is an empty file: no rows."""
     path = Path(source)
     if not path.exists():
         raise ProfileFormatError(f"{path}: no such report (did `nsys stats` write it?)")
-    lines = path.read_text(errors="replace").splitlines()
-    wanted = {c.lower() for c in required}
-    for i, line in enumerate(lines):
-        fields = [f.strip().lower() for f in next(csv.reader([line]), [])]
-        if wanted <= set(fields):
-            rows = []
-            for values in csv.reader(lines[i + 1:]):
-                if not values or not any(v.strip() for v in values):
-                    break
-                rows.append(dict(zip(fields, values)))
-            return rows
-    if any(line.startswith("SKIPPED") for line in lines):
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    if not lines:
         return []
-    raise ProfileFormatError(f"{path}: no CSV header with columns {sorted(wanted)} (nsys stats with the default "
-                             f"--timeunit nsec writes them); it starts with: {lines[:3]}")
+    header = [name.strip().lower() for name in split_nsys_csv_line(lines[0])]
+    missing = sorted({c.lower() for c in required} - set(header))
+    if missing:
+        raise ProfileFormatError(f"{path}: the header has no column {', '.join(missing)} (nsys stats with the "
+                                 f"default --timeunit nsec writes them); it is: {lines[0][:200]!r}")
+    rows = []
+    for number, line in enumerate(lines[1:], start=2):
+        values = split_nsys_csv_line(line)
+        if len(values) != len(header):
+            raise ProfileFormatError(f"{path}:{number}: {len(values)} fields where the header has {len(header)}: "
+                                     f"{line[:200]!r}")
+        rows.append(dict(zip(header, values)))
+    return rows
 
 
 def _number(row: dict[str, str], key: str) -> float | None:
@@ -389,23 +432,6 @@ def attention_step_flops(shape: dict[str, int]) -> dict[str, int]:
             "computing softmax": softmax_flops(shape["batch"], shape["heads"], shape["seq"])}
 
 
-def attention_shape(config: dict[str, Any]) -> dict[str, int] | None:
-    """batch, seq, d_model, heads from bench_e2e's run config (dataclasses.asdict(RunConfig), as its JSONL records
-    carry it); None without one."""
-    try:
-        model = config["model"]
-        return {"batch": config["batch_size"], "seq": model["context_length"], "d_model": model["d_model"],
-                "heads": model["num_heads"]}
-    except (KeyError, TypeError):
-        return None
-
-
-def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
-    """bench_e2e's own mean time per phase and per step (ms) from a record's raw samples."""
-    keys = PHASES + ("step",)
-    return {k: statistics.fmean(record[f"{k}_ms"]) for k in keys if record.get(f"{k}_ms")}
-
-
 # ---- the four tables ----
 
 
@@ -418,8 +444,9 @@ def _ms(ns: float) -> float:
 
 
 def phase_rows(ranges: list[Range], groups: dict[str, list[Activity]], phases: list[str], steps: int,
-               stopwatch: dict[str, float], measure_ns: float | None) -> list[dict[str, Any]]:
-    """Table 1: per phase, the mean range duration against the stopwatch, and the work time inside it."""
+               stopwatch: dict[str, float], measure_ns: float | None, has_work: bool = True) -> list[dict[str, Any]]:
+    """Table 1: per phase, the mean range duration against the stopwatch, and the work time inside it (left
+    empty, not zero, when the profile recorded no work at all)."""
     rows = []
     for phase in phases:
         range_ms = _mean([_ms(r.duration_ns) for r in ranges if r.name == phase])
@@ -433,7 +460,9 @@ def phase_rows(ranges: list[Range], groups: dict[str, list[Activity]], phases: l
         if row["range_ms"] and row["stopwatch_ms"]:
             row["ratio"] = row["range_ms"] / row["stopwatch_ms"]
             row["agrees"] = "yes" if abs(row["ratio"] - 1) <= AGREEMENT else "NO"
-        if row["range_ms"]:
+        if not has_work:
+            row["work_ms"] = None
+        elif row["range_ms"]:
             row["work_pct_of_range"] = 100 * row["work_ms"] / row["range_ms"]
     return rows
 
@@ -506,9 +535,15 @@ def softmax_vs_matmul(rows: list[dict[str, Any]]) -> str | None:
     return line
 
 
+NO_KERNELS = ("no CUDA kernel data in this report: nsys recorded no GPU work (a machine without a GPU, or a "
+              "profile without --trace=cuda), so only the phase ranges are shown")
+
+
 def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
-                 shape: dict[str, int] | None = None, top: int = 10) -> dict[str, Any]:
-    """All four tables as JSON-ready rows, from the measured region of `profile`."""
+                 shape: dict[str, int] | None = None, top: int = 10, compiled: bool = False) -> dict[str, Any]:
+    """All four tables as JSON-ready rows, from the measured region of `profile`. A profile without any work
+    (an nsys report of a CPU-only run) gets table 1's ranges and stopwatch only, and says so. `compiled`: the
+    profiled run used torch.compile, which emits no attention sub-step ranges (common.annotate)."""
     activities, ranges = measured(profile)
     phases = [p for p in PHASES if any(r.name == p for r in ranges)]
     steps = max([sum(1 for r in ranges if r.name == p) for p in phases], default=0) or 1
@@ -518,16 +553,26 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     if not phases:
         notes.append("no forward/backward/optimizer ranges in the trace: was bench_e2e run with --nvtx (nsys) or "
                      "--profile (torch.profiler)?")
+    has_work = bool(profile.activities)
+    phase_table = phase_rows(ranges, groups, phases, steps, stopwatch or {}, sum(measure) if measure else None,
+                             has_work)
+    if not has_work:
+        notes.append(NO_KERNELS if profile.device == "gpu" else "no operator data in this trace")
+        return {"device": profile.device, "source": profile.source, "steps": steps, "phases": phase_table,
+                "top": {}, "categories": [], "attention": [], "notes": notes}
     scopes = ["all"] + phases + ([OUTSIDE] if groups.get(OUTSIDE) and phases else [])
     scope_acts = {"all": activities, **{s: groups.get(s, []) for s in scopes[1:]}}
     attention = attention_rows(activities, ranges, steps, shape)
     comparison = softmax_vs_matmul(attention)
     if comparison:
         notes.append(comparison)
+    elif not attention and compiled:
+        notes.append("no attention sub-step ranges: under torch.compile the attention runs as fused kernels and "
+                     "no range is emitted inside compiled code, so per-sub-step times would not mean anything; "
+                     "profile an eager run for table 4")
     elif not attention:
         notes.append("no attention sub-step ranges (they come from the naive attention; --attn sdpa has none)")
-    return {"device": profile.device, "source": profile.source, "steps": steps,
-            "phases": phase_rows(ranges, groups, phases, steps, stopwatch or {}, sum(measure) if measure else None),
+    return {"device": profile.device, "source": profile.source, "steps": steps, "phases": phase_table,
             "top": {s: top_rows(scope_acts[s], steps, top) for s in scopes  # a phase that is all of it: once
                     if s == "all" or len(scope_acts[s]) < len(activities)},
             "categories": [category_row(s, scope_acts[s], steps) for s in scopes],
@@ -559,9 +604,10 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
                         [("name", "kernel" if gpu else "operator"), ("category", "category"),
                          ("total_ms", "total ms"), ("share_pct", "share %"), ("instances", "instances"),
                          ("per_step", "per step"), ("mean_us", "mean µs")], fmt)]
-    out += ["", f"### 3. Category shares of {work} time (%)", "",
-            _render(tables["categories"], [("scope", "scope"), ("ms_per_step", f"{work} ms/step")]
-                    + [(c, c) for c in CATEGORIES], fmt, ".1f")]
+    if tables["categories"]:
+        out += ["", f"### 3. Category shares of {work} time (%)", "",
+                _render(tables["categories"], [("scope", "scope"), ("ms_per_step", f"{work} ms/step")]
+                        + [(c, c) for c in CATEGORIES], fmt, ".1f")]
     if tables["attention"]:
         out += ["", f"### 4. Inside attention ({work} time per call; FLOPs per call, one layer, all heads)", "",
                 _render(tables["attention"], [("sub_step", "sub-step"), ("calls", "calls"),
@@ -626,8 +672,9 @@ def main(argv: list[str] | None = None) -> int:
     except ProfileFormatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    tables = build_tables(profile, stopwatch_ms(record) if record else None,
-                          attention_shape(record.get("config")), args.top)
+    config = record.get("config") or {}
+    tables = build_tables(profile, stopwatch_ms(record) if record else None, attention_shape(config), args.top,
+                          compiled=bool(config.get("compile")))
     env = record.get("environment")
     header = common.environment_header(env, source=args.source) if env else f"source: {args.source}"
     text = header + "\n\n" + render_tables(tables, args.fmt)

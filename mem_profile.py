@@ -17,8 +17,9 @@ reset; reserved memory too), each configuration in its own child process, an OOM
 records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
 a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
 code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-max_memory_allocated. The accounting (weights, gradients, AdamW state, residual-stream and attention-score
-tensor sizes) and the saved-for-backward tables need no GPU: the latter are measured with
+torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting
+(weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
+tables need no GPU: the latter are measured with
 torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
 takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
 """
@@ -26,13 +27,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import functools
 import itertools
 import json
 import pickle
 import re
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,13 +45,13 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import common
 import memory_snapshot
-from bench_e2e import MODES, RunConfig, Workload, run_step
-from common import (DEFAULT_BATCH_SIZE, DTYPES, PRESETS, ResultFiles, environment, environment_header, get_config,
-                    non_negative_int, positive_int, precision_context, progress, render_table, resolve_device,
-                    run_isolated)
+import runner
+from common import (DEFAULT_BATCH_SIZE, DTYPES, GIB, MIB, PRESETS, ResultFiles, environment_header, format_bytes,
+                    get_config, non_negative_int, positive_int, precision_context, render_table, resolve_device,
+                    saved_tensors, storage_key)
 from model import ATTENTION, TransformerLM, cross_entropy
+from runner import MODES, RunConfig, Workload, run_step
 
-MIB, GIB = 2**20, 2**30
 FP32_BYTES = 4
 CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
             "accounting and the saved-for-backward tables are printed (those are exact on any device).")
@@ -90,12 +92,6 @@ def accounting(run: RunConfig) -> dict[str, Any]:
 
 
 # ---- saved for backward ----
-
-
-def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by all its views: the address of the StorageImpl. (The data pointer would
-    do for real tensors, but fake tensors have no data and all report 0.)"""
-    return t.untyped_storage()._cdata
 
 
 def op_name(t: torch.Tensor) -> str:
@@ -167,7 +163,6 @@ def saved_for_backward(cfg: common.ModelConfig, batch: int, dtype: str = "fp32",
         with device:
             model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
         mode = contextlib.nullcontext()
-    saved: dict[int, dict[str, Any]] = {}
     with mode:
         if fake:
             model = model.to_empty(device=device)
@@ -175,23 +170,20 @@ def saved_for_backward(cfg: common.ModelConfig, batch: int, dtype: str = "fp32",
         resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
         tracker = ModuleTracker(model)
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            key = storage_key(t)
-            if key not in resident and key not in saved:
-                base = t._base if t._base is not None else t  # a view: describe the tensor that owns the storage
-                saved[key] = {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(key),
-                              "op": op_name(base), "shape": list(base.shape),
-                              "dtype": str(base.dtype).removeprefix("torch.")}
-            return t
+        def describe(t: torch.Tensor) -> dict[str, Any]:
+            base = t._base if t._base is not None else t  # a view: describe the tensor that owns the storage
+            return {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(storage_key(t)),
+                    "op": op_name(base), "shape": list(base.shape), "dtype": common.dtype_name(base.dtype)}
 
         try:
-            with (torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-                  precision_context(device, dtype)):
+            with torch.enable_grad(), saved_tensors(describe, exclude=resident) as saved, \
+                    precision_context(device, dtype):
                 loss = cross_entropy(model(tokens), tokens)
+            rows = list(saved.values())
             del loss  # the graph (and every saved storage) stayed alive until now, so no key was reused
         finally:
             tracker.remove()
-    return list(saved.values())
+    return rows
 
 
 BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
@@ -235,8 +227,8 @@ def fault_fields(run: RunConfig, stage: str) -> dict[str, Any]:
 
 
 def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
-    """Child-process entry: the saved-for-backward summary of one configuration, on fake tensors of its
-    device (CUDA picks other attention kernels than the CPU, so sdpa's residuals differ)."""
+    """The saved-for-backward summary of one configuration, on fake tensors of its device (CUDA picks other
+    attention kernels than the CPU, so sdpa's residuals differ)."""
     common.maybe_inject_fault(fault_fields(run, "saved"))
     saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
                                resolve_device(run.device))
@@ -258,8 +250,7 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
     Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
     device = work.device
     marks: list[tuple[str, float]] = []
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    common.reset_peak_memory(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
                                              clear_history=True)
     try:
@@ -268,43 +259,39 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    measured = torch.cuda.max_memory_allocated(device)
+    measured = common.peak_memory_bytes(device)["peak_mem_allocated_bytes"]
+    # the trace records requested sizes: their peak is the counterpart of the rebuilt peak (memory_snapshot)
+    requested = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
     with open(path, "wb") as f:
         pickle.dump(snapshot, f)
-    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured}))
-    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured}
+    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured,
+                                                    "requested_bytes_peak": requested}))
+    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured,
+            "snapshot_requested_peak_bytes": requested}
 
 
 def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries: int = 1_000_000) -> dict[str, Any]:
-    """Child-process entry, CUDA only: warm up, reset the peak counter, run `run.steps` steps; peak allocated
-    and reserved bytes and the step times. With snapshot_path, one more step is recorded (record_snapshot)."""
+    """CUDA only: the shared run path (warm-up, peak counter reset, `run.steps` timed steps, peaks): peak
+    allocated and reserved bytes and the step times. With snapshot_path, one more step is recorded
+    (record_snapshot)."""
     common.maybe_inject_fault(fault_fields(run, "measure"))
     if resolve_device(run.device).type != "cuda":
         raise ValueError(f"measured peaks need a CUDA device, not {run.device}")
     work = Workload(run)
-    device = work.device
-    for _ in range(run.warmup):
-        run_step(work)
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step_ms = [run_step(work)["step"] * 1e3 for _ in range(run.steps)]
-    record: dict[str, Any] = {"environment": environment(device),
-                              "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
-                              "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device),
-                              "step_ms": step_ms, "step_ms_mean": sum(step_ms) / len(step_ms)}
+    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps)
     if snapshot_path:
         record.update(record_snapshot(work, snapshot_path, max_entries))
     return record
 
 
 def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, measured_peak: int | None,
-                     png_path: Path, title: str, top: int) -> dict[str, Any]:
+                     png_path: Path, title: str, top: int, requested_peak: int | None = None) -> dict[str, Any]:
     """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle."""
     snapshot = memory_snapshot.load_snapshot(path)
     timeline = memory_snapshot.rebuild_timeline(snapshot)
     spans = memory_snapshot.phase_spans([tuple(m) for m in marks or []])
     out: dict[str, Any] = {
-        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, measured_peak),
+        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, requested_peak, measured_peak),
         "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans),
         "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top),
         "snapshot_baseline_bytes": timeline.baseline_bytes, "snapshot_events": len(timeline.allocated_bytes)}
@@ -318,65 +305,61 @@ def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, me
 # ---- the sweep ----
 
 
-def label(run: RunConfig) -> str:
-    return " ".join([run.size, f"ctx={run.context_length}", run.mode, run.dtype, run.attn]
-                    + ([f"ckpt={run.checkpoint_every}"] if run.checkpoint_every else []))
-
-
 def slug(run: RunConfig) -> str:
     """The part of a file name that says which configuration a snapshot or PNG belongs to."""
-    return "_".join([run.size, f"ctx{run.context_length}", run.mode, run.dtype, run.attn]
-                    + ([f"ckpt{run.checkpoint_every}"] if run.checkpoint_every else []))
+    return run.label().replace("=", "").replace(" ", "_")
 
 
-def profile(run: RunConfig, args: argparse.Namespace, files: ResultFiles, measure: bool,
-            saved_cache: dict[tuple, dict]) -> dict[str, Any]:
-    """The record of one configuration: accounting, saved for backward (computed once per size, context,
-    dtype, attention and K, each in a child process) and, on CUDA, the measured peak and the snapshot."""
-    record: dict[str, Any] = {"config": dataclasses.asdict(run), "label": label(run), **accounting(run)}
-    key = (run.size, run.context_length, run.dtype, run.attn, run.checkpoint_every)
-    if key not in saved_cache:
-        saved_cache[key] = run_isolated(saved_for_backward_record, {"run": run}, in_process=args.in_process)
-    saved = saved_cache[key]
-    record.update(saved["value"] if saved["ok"] else {"saved_traceback": saved.get("traceback")})
-    record["saved_status"] = "ok" if saved["ok"] else saved["status"]
+def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = None,
+                   max_entries: int = 1_000_000) -> dict[str, Any]:
+    """The measured part of one configuration's record: what autograd saves for backward and, on CUDA, the
+    measured peak (and snapshot). A failed measurement is the row's status; the saved-for-backward summary,
+    which needs no GPU, is kept either way."""
+    record: dict[str, Any] = {}
+    try:
+        record.update(saved_for_backward_record(run), saved_status="ok")
+    except Exception as exc:  # noqa: BLE001 - a failure is data
+        record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
     if not measure:
         record["status"] = "skipped: measured peaks need a CUDA device"
         return record
-    snapshot_path = str(files.path(f"_{slug(run)}.pickle")) if args.snapshot else None
-    result = run_isolated(measure_config, {"run": run, "snapshot_path": snapshot_path,
-                                           "max_entries": args.max_entries}, in_process=args.in_process)
-    if not result["ok"]:
-        record.update(status=result["status"], traceback=result.get("traceback"))
-        return record
-    record.update(result["value"], status="ok")
-    if snapshot_path:
-        try:
-            record.update(analyze_snapshot(snapshot_path, record["snapshot_phase_marks"],
-                                           record["snapshot_max_allocated_bytes"],
-                                           files.path(f"_{slug(run)}_timeline.png"), label(run), args.top))
-        except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
-            record["snapshot_status"] = common.failure_status(exc)
+    snapshot_path = f"{snapshot_prefix}_{slug(run)}.pickle" if snapshot_prefix else None
+    try:
+        record.update(measure_config(run, snapshot_path, max_entries), status="ok")
+    except Exception as exc:  # noqa: BLE001
+        record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
     return record
 
 
-def run_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles,
-              measure: bool) -> tuple[list[dict], bool]:
-    """Profile every configuration, appending a record as each finishes. Returns (records, interrupted)."""
-    records: list[dict[str, Any]] = []
-    saved_cache: dict[tuple, dict] = {}
-    for i, run in enumerate(runs, 1):
+def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
+    """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
+    largest allocations, peak check), added in this process."""
+    record.update(accounting(run))
+    if record["status"] == "ok":
+        record.update(runner.sample_stats(record, ("step",)))
+    if "snapshot_path" in record:
         try:
-            record = profile(run, args, files, measure, saved_cache)
-        except KeyboardInterrupt:
-            progress(f"[{i}/{len(runs)}] {label(run)}: interrupted; keeping {len(records)} finished rows")
-            return records, True
-        records.append(record)
-        files.append_record(record)
-        peak = record.get("peak_mem_allocated_bytes")
-        progress(f"[{i}/{len(runs)}] {label(run)}: "
-                 + (f"peak {peak / GIB:.2f} GiB" if peak is not None else record["status"]))
-    return records, False
+            record.update(analyze_snapshot(record["snapshot_path"], record["snapshot_phase_marks"],
+                                           record["snapshot_max_allocated_bytes"],
+                                           files.path(f"_{slug(run)}_timeline.png"), run.label(), top,
+                                           record.get("snapshot_requested_peak_bytes")))
+        except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
+            record["snapshot_status"] = common.failure_status(exc)
+
+
+def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles,
+                  measure: bool) -> tuple[list[dict], int]:
+    """Every configuration through the shared sweep. Without a GPU only fake tensors run: no child processes."""
+    experiment = runner.Experiment(
+        name="mem_profile",
+        measure=functools.partial(profile_config, measure=measure, max_entries=args.max_entries,
+                                  snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
+        finish=lambda run, record: finish_record(run, record, files, args.top),
+        summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}",
+        render=lambda records: render_report(records, args.fmt))
+    if not measure:
+        args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
+    return runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
 
 
 # ---- tables ----
@@ -453,12 +436,14 @@ def peak_table(records: list[dict], fmt: str) -> str:
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
-    measured = check["max_memory_allocated_bytes"]
-    check_row = {"check": "peak rebuilt from the trace vs torch.cuda.max_memory_allocated",
-                 "rebuilt MiB": check["rebuilt_peak_bytes"] / MIB,
-                 "measured MiB": measured / MIB if measured is not None else None,
-                 "diff MiB": check["diff_bytes"] / MIB if "diff_bytes" in check else None,
-                 "status": check["status"]}
+
+    def mib(key: str) -> float | None:
+        return check[key] / MIB if check.get(key) is not None else None
+
+    check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
+                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
+                 "diff MiB": mib("diff_bytes"), "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
     largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
                 "first frame in this project's code": r["sites"], "phase": r["phases"]}
                for r in fields["snapshot_largest"]]
@@ -475,22 +460,25 @@ def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     return "\n".join(parts)
 
 
-def report(records: list[dict], args: argparse.Namespace, device: torch.device) -> str:
-    env = next((r["environment"] for r in records if "environment" in r), None) or environment(device)
-    settings = {"batch": args.batch_size, "warmup": args.warmup, "steps": args.steps}
-    parts = [environment_header(env, **settings), "",
+def render_report(records: list[dict], fmt: str) -> str:
+    """The accounting, saved-for-backward, peak and snapshot tables from the JSONL records alone."""
+    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
+    config0 = records[0]["config"]
+    settings = {"batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
+    parts = [environment_header(env, **settings) if env else f"settings: {settings}", "",
              "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
-             accounting_table(records, args.fmt), "",
+             accounting_table(records, fmt), "",
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
-             "", saved_tables(records, args.fmt), ""]
-    if device.type != "cuda":
-        parts.append(CPU_NOTE.format(device=device))
+             "", saved_tables(records, fmt), ""]
+    devices = {r["environment"].get("device", "") for r in records}
+    if not any(d.startswith("cuda") for d in devices):
+        parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))
         return "\n".join(parts)
     parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
-              "", peak_table(records, args.fmt)]
+              "", peak_table(records, fmt)]
     for rec in records:
         if "snapshot_peak_check" in rec:
-            parts += ["", snapshot_report(rec["label"], rec, args.fmt)]
+            parts += ["", snapshot_report(rec["label"], rec, fmt)]
         elif "snapshot_status" in rec:
             parts += ["", f"snapshot of {rec['label']}: {rec['snapshot_status']}"]
     return "\n".join(parts)
@@ -528,6 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "check when its _meta.json is beside it); needs no GPU")
     p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
     common.add_device_args(p)
+    runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="memory")
     return p
 
@@ -548,7 +537,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             runs.append(RunConfig(size=size, model=get_config(size, context_length=ctx),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
-    except ValueError as exc:
+    except common.ConfigError as exc:
         parser.error(str(exc))
     return args, runs
 
@@ -560,7 +549,8 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     try:
         fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
-                                  files.path("_timeline.png"), Path(args.analyze).name, args.top)
+                                  files.path("_timeline.png"), Path(args.analyze).name, args.top,
+                                  meta.get("requested_bytes_peak"))
     except (OSError, ValueError, pickle.UnpicklingError, KeyError) as exc:
         print(f"error: cannot analyse {args.analyze}: {exc}", file=sys.stderr)
         return 1
@@ -575,13 +565,11 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)
-    device = resolve_device(args.device)
-    measure = device.type == "cuda"
-    records, interrupted = run_sweep(runs, args, files, measure)
+    records, code = profile_sweep(runs, args, files, measure=resolve_device(args.device).type == "cuda")
     if records:
-        files.publish(report(records, args, device),
+        files.publish(render_report(records, args.fmt),
                       [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r])
-    return common.sweep_exit_status(interrupted, len(records), len(runs))
+    return code
 
 
 if __name__ == "__main__":

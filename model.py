@@ -196,12 +196,6 @@ class TransformerLM(nn.Module):
         self.ln_final = RMSNorm(cfg.d_model)
         self.lm_head = Linear(cfg.d_model, cfg.vocab_size)
 
-    def set_attention(self, attn: str) -> None:
-        if attn not in ATTENTION:
-            raise ValueError(f"unknown attention {attn!r}; choose from {', '.join(ATTENTION)}")
-        for layer in self.layers:
-            layer.attn.impl = attn
-
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         x = self.token_embeddings(token_ids)  # (batch, seq, d_model): the residual stream
         k = self.checkpoint_every
@@ -216,7 +210,3 @@ class TransformerLM(nn.Module):
         for layer in self.layers[start:stop]:
             x = layer(x)
         return x
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

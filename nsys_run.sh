@@ -10,15 +10,20 @@
 #   bash nsys_run.sh --backtrace small 128           # Python backtraces for CUDA calls (slower run)
 #
 # Writes results/nsys/<size>_ctx<ctx>_<mode>[_<dtype>].nsys-rep, replacing only that report, with beside it the
-# SQLite export, the `nsys stats` CSVs (<report>_<name>.csv), bench_e2e's record (<report>_e2e.jsonl) and the
-# tables (<report>.md). Only the measured steps are captured: the capture range is bench_e2e's "measure" NVTX
-# range, so warm-up never pollutes the statistics. Open the report in the Nsight Systems GUI: nsys-ui <report>.
+# SQLite export, the `nsys stats` CSVs (<report>_<name>.csv) and their log (<report>.stats.log), bench_e2e's
+# record (<report>_e2e.jsonl) and the tables (<report>.md). Only the measured steps are captured: the capture
+# range is bench_e2e's "measure" NVTX range, so warm-up never pollutes the statistics. Open the report in the
+# Nsight Systems GUI: nsys-ui <report>.
+#
+# Needs Nsight Systems 2023.4 or newer (tested with 2023.4.4): the script checks up front that `nsys stats`
+# knows the reports it reads (older versions name them differently) and says which version it found.
 #
 # Options (before --): --backtrace  collect Python + CUDA backtraces for CUDA API calls (--python-backtrace=cuda
 #                                   --cudabacktrace=all); off by default since it slows the run noticeably
 #                      --results-dir DIR   results root (default: results)
 # Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python).
-# Exit status: 0; 2 for a usage error or a missing nsys; the profiled run's own status when it fails.
+# Exit status: 0; 2 for a usage error or a missing or too old nsys; the profiled run's own status when it
+# fails; 1 when nsys wrote no report or `nsys stats` no trace CSV.
 set -uo pipefail
 
 usage() {
@@ -52,6 +57,9 @@ EXTRA=("$@")
 SIZE="${POSITIONAL[0]}"
 CTX="${POSITIONAL[1]}"
 MODE="${POSITIONAL[2]:-train}"
+# SIZE and the dtype become part of the report's file name: nothing that could leave the results folder
+[[ "$SIZE" =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] ||
+    die_usage "SIZE must be a preset name such as tiny or 2.7B, got '$SIZE'"
 [[ "$CTX" =~ ^[1-9][0-9]*$ ]] || die_usage "CTX must be a positive integer, got '$CTX'"
 case "$MODE" in
     forward|forward-backward|train) ;;
@@ -71,6 +79,10 @@ for ((i = 0; i < ${#EXTRA[@]}; i++)); do
             [[ -n "$next" && "$next" != -* ]] && die_usage "profile one --dtype at a time" ;;
     esac
 done
+case "$DTYPE" in
+    ""|fp32|bf16|fp16) ;;
+    *) die_usage "--dtype must be fp32, bf16 or fp16, got '$DTYPE'" ;;
+esac
 SUFFIX=""
 [[ -n "$DTYPE" && "$DTYPE" != "fp32" ]] && SUFFIX="_$DTYPE"
 
@@ -92,6 +104,21 @@ on PATH or run NSYS=/path/to/nsys bash nsys_run.sh ...
 Without nsys, torch.profiler gives the same tables:
     python bench_e2e.py --size $SIZE --context-length $CTX --mode $MODE --profile ${EXTRA[*]}
 EOF
+    exit 2
+fi
+
+# ---- check that this nsys has the stats reports the tables are read from ----
+# The three traces feed kernel_tables.py; cuda_gpu_kern_sum is its cross-check; nvtx_kern_sum is for people.
+REPORTS=(cuda_gpu_trace cuda_api_trace nvtx_pushpop_trace cuda_gpu_kern_sum nvtx_kern_sum)
+NSYS_VERSION="$("$NSYS_BIN" --version 2>/dev/null | head -n 1)"
+KNOWN_REPORTS="$("$NSYS_BIN" stats --help-reports 2>&1)"
+UNKNOWN=()
+for report in "${REPORTS[@]}"; do
+    grep -Eq "^[[:space:]]*${report}([[:space:]]|\[|$)" <<<"$KNOWN_REPORTS" || UNKNOWN+=("$report")
+done
+if ((${#UNKNOWN[@]})); then
+    echo "nsys_run.sh: error: ${NSYS_VERSION:-this nsys} ($NSYS_BIN) has no stats report ${UNKNOWN[*]}; install" \
+         "Nsight Systems 2023.4 or newer (tested with 2023.4.4)" >&2
     exit 2
 fi
 
@@ -121,16 +148,21 @@ if ((status != 0)); then
     exit "$status"
 fi
 if [[ ! -f "$REPORT.nsys-rep" ]]; then
-    echo "nsys_run.sh: nsys wrote no $REPORT.nsys-rep (did the 'measure' range ever start?)" >&2
+    # bench_e2e exits 0 when its configuration fails (a failure is a row): its record says why nothing was measured
+    said="$(grep -o '"status": "[^"]*"' "$E2E_DIR/e2e/e2e.jsonl" 2>/dev/null | tail -n 1)"
+    echo "nsys_run.sh: nsys wrote no $REPORT.nsys-rep: ${said:-the 'measure' range never started}" >&2
     exit 1
 fi
 cp "$E2E_DIR/e2e/e2e.jsonl" "${REPORT}_e2e.jsonl" || exit 1
 
 # ---- statistics and tables ----
 # --force-export: a stale SQLite file beside the report is never reused (nsys would otherwise only warn).
-"$NSYS_BIN" stats --force-export=true --force-overwrite=true --format csv --output "$REPORT" \
-    --report cuda_gpu_trace --report cuda_api_trace --report nvtx_pushpop_trace \
-    --report cuda_gpu_kern_sum --report nvtx_sum --report nvtx_kern_sum \
+REPORT_ARGS=()
+for report in "${REPORTS[@]}"; do
+    REPORT_ARGS+=(--report "$report")
+    rm -f "${REPORT}_${report}.csv"  # a report this run fails to write must not be read from an earlier run
+done
+"$NSYS_BIN" stats --force-export=true --force-overwrite=true --format csv --output "$REPORT" "${REPORT_ARGS[@]}" \
     "$REPORT.nsys-rep" >"$REPORT.stats.log" 2>&1
 status=$?
 if ((status != 0)); then
@@ -138,6 +170,27 @@ if ((status != 0)); then
     echo "nsys_run.sh: nsys stats failed with exit status $status" >&2
     exit "$status"
 fi
+# nsys stats exits 0 even when a report is unknown or fails (no CSV then), and writes an empty CSV for a report
+# without data (the CUDA reports of a run without GPU work): say which, with what nsys said about it.
+STATS_FAILED=0
+for report in "${REPORTS[@]}"; do
+    csv="${REPORT}_${report}.csv"
+    [[ -s "$csv" ]] && continue
+    # the log's lines about this report, without the "Processing [...] with [...] to [...]... " preamble
+    said="$(awk -v r="$report" 'index($0, r) { sub(/^Processing .*\.\.\. */, ""); if (length($0)) print }' \
+            "$REPORT.stats.log")"
+    if [[ -f "$csv" ]]; then
+        echo "nsys_run.sh: note: $report is empty: ${said:-no data}" >&2
+    else
+        case "$report" in  # the traces are what the tables are made of; the summaries only accompany them
+            cuda_gpu_trace|cuda_api_trace|nvtx_pushpop_trace) level=error; STATS_FAILED=1 ;;
+            *) level=warning ;;
+        esac
+        echo "nsys_run.sh: $level: nsys stats wrote no $csv (log: $REPORT.stats.log):" >&2
+        echo "${said:-$(tail -n 5 "$REPORT.stats.log")}" | sed 's/^/    /' >&2
+    fi
+done
+((STATS_FAILED)) && exit 1
 "$PYTHON" "$HERE/kernel_tables.py" "$REPORT.nsys-rep" --e2e-jsonl "${REPORT}_e2e.jsonl" --md "$REPORT.md"
 status=$?
 ((status == 0)) && echo "report: $REPORT.nsys-rep (open it with nsys-ui, the Nsight Systems GUI)"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import common
-from common import ResultFiles, environment, environment_header, render_table
+from common import ResultFiles, dtype_name, environment, environment_header, render_table
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ CASES = [
 
 COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x stored (float64)", "result",
            "abs error", "rel error", "accumulator spacing at result"]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def accumulate(case: Case, value: float, count: int) -> torch.Tensor:
@@ -147,6 +143,15 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
     return [promotion_note(records)] + [accumulator_note(r) for r in low_precision]
 
 
+def render_report(records: list[dict[str, Any]], fmt: str) -> str:
+    """The environment, the table and the notes, from the JSONL records alone."""
+    value, count = records[0]["value"], records[0]["count"]
+    title = f"Sum of {value} added {count} times (exact answer {value * count!r})"
+    return "\n".join([environment_header(records[0]["environment"]), "", title, "",
+                      render_table([table_row(r) for r in records], COLUMNS, fmt, floatfmt=""), "",
+                      "\n\n".join(notes(records))])
+
+
 # ---- command line ----
 
 
@@ -175,14 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(torch.device("cpu"))
     records = []
     for case in CASES:
-        record = {**run_case(case, args.value, args.count), "environment": env}
+        record = {"experiment": "precision_demo", **run_case(case, args.value, args.count), "status": "ok",
+                  "environment": env}
         records.append(record)
         files.append_record(record)
-    title = f"Sum of {args.value} added {args.count} times (exact answer {args.value * args.count!r})"
-    text = "\n".join([environment_header(env), "", title, "",
-                      render_table([table_row(r) for r in records], COLUMNS, args.fmt, floatfmt=""), "",
-                      "\n\n".join(notes(records))])
-    files.publish(text)
+    files.publish(render_report(records, args.fmt))
     return 0
 
 

@@ -11,7 +11,8 @@ import bench_attention as ba
 from common import FAULT_ENV, SyncTimer, read_records
 
 HERE = Path(__file__).resolve().parent
-TINY = ["--batch-size", "2", "--d", "8", "--iters", "3", "--warmup", "1"]
+# on the CPU on any machine: the tests expect the CPU's sdpa backend and memory figures
+TINY = ["--device", "cpu", "--batch-size", "2", "--d", "8", "--iters", "3", "--warmup", "1"]
 
 
 def run_main(tmp_path, *argv):
@@ -97,17 +98,16 @@ def spans(events):
     return inside
 
 
-def test_backward_timer_holds_only_the_backward_and_forward_timer_only_the_forward():
+def test_each_timer_holds_only_its_phase():
     events = CountingAttention.events = []
     timer = SyncTimer(sync=lambda: events.append("sync"))
     inputs = random_inputs()
-    samples = ba.time_backward(CountingAttention.apply, inputs, torch.ones(2, 16, 8, dtype=torch.float64), 4, timer)
-    assert len(samples) == 4 and all(s >= 0 for s in samples)
-    assert spans(events) == [["backward"]] * 4
-    assert events.count("forward") == 4  # one forward per backward, every one outside the timer
-    events.clear()
-    ba.time_forward(CountingAttention.apply, inputs, 3, timer)
-    assert spans(events) == [["forward"]] * 3 and "backward" not in events
+    for _ in range(3):
+        seconds = ba.timed_step(CountingAttention.apply, inputs, torch.ones(2, 16, 8, dtype=torch.float64), timer)
+        assert set(seconds) == {"forward", "backward"} and all(s >= 0 for s in seconds.values())
+    # the forward timer holds only the forward, the backward timer only the backward (of that forward's graph)
+    assert spans(events) == [["forward"], ["backward"]] * 3
+    assert events.count("forward") == events.count("backward") == 3
 
 
 # ---- memory ----
@@ -152,7 +152,7 @@ def test_free_memory_asks_cuda_for_a_cuda_device(monkeypatch):
 
 
 def test_fit_status():
-    assert ba.fit_status(3 * 2**30, 2**30, force=False) == "skipped: needs 3.0 GiB, 1.0 GiB free"
+    assert ba.fit_status(3 * 2**30, 2**30, force=False) == "skipped: needs 3.00 GiB, 1.00 GiB free"
     assert ba.fit_status(3 * 2**30, 2**30, force=True) is None
     assert ba.fit_status(2**30, 3 * 2**30, force=False) is None
     assert ba.fit_status(2**30, None, force=False) is None  # unknown free memory: run it
@@ -210,13 +210,6 @@ def test_classify_sdpa_backend_from_op_names():
     assert ba.classify_sdpa_backend(["aten::bmm"]) == "unknown"
     # a 3-D input really does fall back to the math kernel: why sdpa_one_head adds a head axis
     assert ba.sdpa_backend(ba.sdpa_attention, random_inputs(dtype=torch.float32)) == "math"
-
-
-def test_format_bytes_uses_powers_of_two():
-    assert ba.format_bytes(3 * 2**30) == "3.00 GiB"
-    assert ba.format_bytes(1536 * 2**10) == "1.50 MiB"
-    assert ba.format_bytes(512) == "512 B"
-    assert ba.format_bytes(None) is None
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -1,4 +1,5 @@
 """bench_e2e.py through its command line on tiny configurations (CPU)."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -12,12 +13,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
+import runner
 from common import forward_flops, get_config, read_records
 from model import TransformerLM, cross_entropy
 
 HERE = Path(__file__).resolve().parent
-# a tiny model so each configuration takes milliseconds
-SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+# a tiny model so each configuration takes milliseconds; on the CPU on any machine (the tests expect CPU figures:
+# no MFU, no peak memory)
+SMALL = ["--device", "cpu",
+         "--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
          "--vocab-size", "256", "--context-length", "16", "--steps", "3", "--warmup", "1"]
 
 
@@ -78,11 +82,11 @@ def test_phases_add_up_to_the_step(tmp_path):
 
 
 def test_run_step_calls_phases_in_order_with_synchronisation(monkeypatch):
-    run = bench_e2e.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
-    work = bench_e2e.Workload(run)
+    run = runner.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    work = runner.Workload(run)
     order = []
-    monkeypatch.setattr(bench_e2e, "SyncTimer", lambda device: _RecordingTimer(order))
-    times = bench_e2e.run_step(work, on_phase=order.append)
+    monkeypatch.setattr(runner, "SyncTimer", lambda device: _RecordingTimer(order))
+    times = runner.run_step(work, on_phase=order.append)
     # step timer opens; each phase is announced, then timed between two synchronisations; step timer closes
     assert order == ["sync", "forward", "sync", "sync", "backward", "sync", "sync", "optimizer", "sync", "sync",
                      "end", "sync"]
@@ -132,9 +136,10 @@ def test_noisy_rows_are_flagged():
               "environment": {"device": "cpu", "device_name": "cpu"}}
     assert bench_e2e.derive_figures(run, steady)["noisy"] == []
     jumpy = {**steady, "forward_ms": [10.0, 30.0, 10.0], "step_ms": [10.0, 30.0, 10.0]}
-    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy"}
+    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy",
+              "config": dataclasses.asdict(run)}
     assert record["noisy"] == ["forward 69%", "step 69%"]
-    assert bench_e2e.table_row(run, record)["status"].startswith("NOISY")
+    assert bench_e2e.table_row(record)["status"].startswith("NOISY")
 
 
 def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, capsys):
@@ -161,16 +166,16 @@ def test_no_skip_runs_larger_contexts_after_oom(tmp_path, monkeypatch):
 
 
 def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
-    real = common.run_isolated
+    real = runner.run_isolated
     calls = []
 
-    def interrupt_on_third(fn, kwargs, in_process=False):
+    def interrupt_on_third(fn, kwargs, in_process=False, timeout_s=None):
         calls.append(kwargs)
-        if len(calls) == 3:
+        if len(calls) == 4:  # the sweep's environment, then the configurations
             raise KeyboardInterrupt
         return real(fn, kwargs, in_process=True)
 
-    monkeypatch.setattr(bench_e2e, "run_isolated", interrupt_on_third)
+    monkeypatch.setattr(runner, "run_isolated", interrupt_on_third)
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "3")
     assert code == 130
     assert [r["config"]["warmup"] for r in records] == [0, 1]
@@ -210,8 +215,9 @@ def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
 
 
 def bad(*argv):
+    env = {k: v for k, v in os.environ.items() if k != common.NVTX_LIBRARY_ENV}
     return subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *argv], cwd=HERE, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, env=env)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -221,17 +227,25 @@ def bad(*argv):
     (["--size", "tiny", "--num-heads", "7"], "d_model (512) must be divisible by num_heads (7)"),
     (["--mode", "train", "--no-grad"], "--no-grad only applies to --mode forward"),
     (["--device", "cuda"], "CUDA is not available"),
-    (["--nvtx"], "--nvtx needs a CUDA device"),
-    (["--tf32", "on"], "--tf32 needs a CUDA device"),
+    (["--nvtx", "--device", "cpu"], "--nvtx needs a CUDA device"),
+    (["--tf32", "on", "--device", "cpu"], "--tf32 needs a CUDA device"),
     (["--dtype", "fp8"], "invalid choice"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message):
-    if torch.cuda.is_available() and ("cuda" in " ".join(argv) or "--nvtx" in argv or "--tf32" in argv):
+    if torch.cuda.is_available() and argv[:2] == ["--device", "cuda"]:
         pytest.skip("CUDA present")
     result = bad(*argv)
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_nvtx_library_that_cannot_load_is_a_usage_error(tmp_path):
+    env = {**os.environ, common.NVTX_LIBRARY_ENV: str(tmp_path / "libmissing.so")}
+    result = subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), "--nvtx", "--device", "cpu"], cwd=HERE,
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2 and "BENCH_NVTX_LIBRARY=" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_compile_reports_compile_time_apart(tmp_path, capsys):

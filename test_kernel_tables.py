@@ -3,8 +3,9 @@ threads, the four tables, the kernel-name classifier, torch.profiler traces, and
 from __future__ import annotations
 
 import csv
-import io
 import json
+import sqlite3
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -84,78 +85,161 @@ def scenario() -> tuple[list[tuple], list[tuple]]:
     return ranges, launches
 
 
-def _csv(header: str, rows: list[list], preamble: str = "") -> str:
-    out = io.StringIO()
-    out.write(preamble)
-    out.write(header + "\n")
-    csv.writer(out, lineterminator="\n").writerows(rows)
-    return out.getvalue()
+# ---- the scenario as `nsys stats --format csv` writes it (2023.4.4; test_nsys_real.py checks it against the
+# real nsys run on the same scenario as an SQLite export) ----
+
+GPU = "NVIDIA H100 80GB HBM3"
+GPU_TRACE_HEADER = ["Start (ns)", "Duration (ns)", "CorrId", "GrdX", "GrdY", "GrdZ", "BlkX", "BlkY", "BlkZ",
+                    "Reg/Trd", "StcSMem (MB)", "DymSMem (MB)", "Bytes (MB)", "Throughput (MB/s)", "SrcMemKd",
+                    "DstMemKd", "Device", "Ctx", "GreenCtx", "Strm", "Name"]
+API_TRACE_HEADER = ["Start (ns)", "Duration (ns)", "Name", "Result", "CorrID", "Pid", "Tid", "T-Pri", "Thread Name"]
+NVTX_TRACE_HEADER = ["Start (ns)", "End (ns)", "Duration (ns)", "DurChild (ns)", "DurNonChild (ns)", "Name", "PID",
+                     "TID", "Lvl", "NumChild", "RangeId", "ParentId", "RangeStack", "NameTree"]
+KERN_SUM_HEADER = ["Time (%)", "Total Time (ns)", "Instances", "Avg (ns)", "Med (ns)", "Min (ns)", "Max (ns)",
+                   "StdDev (ns)", "Name"]
+MEMSET_BYTES = 1024
+API_NS = 3_000  # duration of every launch call
+SYNC = (MEASURE[1] - 5_000, 4_000, 9_999)  # a cudaDeviceSynchronize: (start, duration, correlation id)
+FIXTURE_REPORTS = ("cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace", "cuda_gpu_kern_sum")
 
 
-def _summary(values_by_name: dict[str, list[int]]) -> list[list]:
-    total = sum(sum(v) for v in values_by_name.values())
+def nsys_csv(header: list[str], rows: list[list]) -> str:
+    """A report as nsys writes it: the header first (no console lines), a field holding a comma quoted without
+    doubling the quotes inside it, and an empty file for a report without rows."""
+    def field(value) -> str:
+        text = "" if value is None else str(value)
+        return f'"{text}"' if "," in text else text
+    if not rows:
+        return ""
+    return "".join(",".join(field(v) for v in row) + "\n" for row in [header, *rows])
+
+
+def nvtx_rows(ranges: list[tuple], name_prefix: str = "") -> list[list]:
+    """nvtx_pushpop_trace rows: per thread, each range's parent is the innermost range that contains it."""
+    ordered = sorted(ranges, key=lambda r: (r[1], -r[2]))
+    ids = {id(r): i + 1 for i, r in enumerate(ordered)}
+    parent = {}
+    for r in ordered:
+        enclosing = [o for o in ordered if o is not r and o[3] == r[3] and o[1] <= r[1] and r[2] <= o[2]]
+        parent[id(r)] = min(enclosing, key=lambda o: o[2] - o[1]) if enclosing else None
     rows = []
-    for name, v in sorted(values_by_name.items(), key=lambda kv: -sum(kv[1])):
-        mean = sum(v) / len(v)
-        rows.append([f"{100 * sum(v) / total:.1f}", sum(v), len(v), f"{mean:.1f}", f"{sorted(v)[len(v) // 2]:.1f}",
-                     min(v), max(v), "0.0", name])
+    for r in ordered:
+        name, start, end, tid, _ = r
+        children = [c for c in ordered if parent[id(c)] is r]
+        stack, node = [], r
+        while node is not None:
+            stack.insert(0, ids[id(node)])
+            node = parent[id(node)]
+        child_ns = sum(c[2] - c[1] for c in children)
+        rows.append([start, end, end - start, child_ns, end - start - child_ns, name_prefix + name, PID, tid,
+                     len(stack) - 1, len(children), ids[id(r)], ids[id(parent[id(r)])] if parent[id(r)] else None,
+                     "".join(f":{i}" for i in stack), "--" * (len(stack) - 1) + name_prefix + name])
     return rows
 
 
-SUM_HEADER = "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns)"
-
-
-def write_nsys_fixture(folder: Path, stem: str = "report") -> Path:
-    """The six CSVs nsys_run.sh asks `nsys stats --output folder/stem` for, in their real column sets (nsys
-    2024-2026), with informational lines before some headers and CSV-quoted names. Returns the prefix."""
-    ranges, launches = scenario()
-    prefix = folder / stem
-    gpu_rows = []
-    for corr, _, _, name, start, dur in launches:
-        if name == MEMSET:
-            gpu_rows.append([start, dur, corr, "", "", "", "", "", "", "", "", "", "0.001", "1000.0", "Device", "",
-                             "NVIDIA H100 80GB HBM3 (0)", 1, "", 7, name])
-        else:
-            gpu_rows.append([start, dur, corr, 128, 1, 1, 256, 1, 1, 32, "0.000", "0.000", "", "", "", "",
-                             "NVIDIA H100 80GB HBM3 (0)", 1, "", 7, name])
-    preamble = ("Generating SQLite file report.sqlite from report.nsys-rep\n"
-                "Processing [report.sqlite] with [/opt/nvidia/nsight-systems/2025.3.2/host-linux-x64/reports/"
-                "cuda_gpu_trace.py]... \n")
-    files = {
-        "cuda_gpu_trace": _csv("Start (ns),Duration (ns),CorrId,GrdX,GrdY,GrdZ,BlkX,BlkY,BlkZ,Reg/Trd,StcSMem (MB),"
-                               "DymSMem (MB),Bytes (MB),Throughput (MB/s),SrcMemKd,DstMemKd,Device,Ctx,GreenCtx,Strm,Name",
-                               gpu_rows, preamble),
-        "cuda_api_trace": _csv("Start (ns),Duration (ns),Name,Result,CorrID,Pid,Tid,T-Pri,Thread Name",
-                               [[start, 3_000, "cudaMemsetAsync" if name == MEMSET else "cudaLaunchKernel", 0, corr,
-                                 PID, tid, 20, "python" if tid == MAIN else "pt_autograd_0"]
-                                for corr, start, tid, name, _, _ in launches]
-                               + [[MEASURE[1] - 5_000, 4_000, "cudaDeviceSynchronize", 0, 9_999, PID, MAIN, 20, "python"]]),
-        "nvtx_pushpop_trace": _csv("Start (ns),End (ns),Duration (ns),DurChild (ns),DurNonChild (ns),Name,PID,TID,Lvl,"
-                                   "NumChild,RangeId,ParentId,RangeStack,NameTree",
-                                   [[a, b, b - a, 0, b - a, f":{name}", PID, tid, level, 0, i + 1, "", f":{i + 1}",
-                                     "--" * level + f":{name}"]
-                                    for i, (name, a, b, tid, level) in enumerate(sorted(ranges, key=lambda r: r[1]))]),
-    }
-    kernels: dict[str, list[int]] = {}
+def kernel_summary_rows(launches: list[tuple]) -> list[list]:
+    durations: dict[str, list[int]] = {}
     for _, _, _, name, _, dur in launches:
         if name != MEMSET:
-            kernels.setdefault(name, []).append(dur)
-    range_durations: dict[str, list[int]] = {}
-    for name, a, b, _, _ in ranges:
-        range_durations.setdefault(f":{name}", []).append(b - a)
-    files["cuda_gpu_kern_sum"] = _csv(SUM_HEADER + ",Name", _summary(kernels))
-    files["nvtx_sum"] = _csv(SUM_HEADER + ",Style,Range", [row[:-1] + ["PushPop", row[-1]]
-                                                           for row in _summary(range_durations)],
-                             "NOTICE: Existing SQLite export found: report.sqlite\n")
-    # nvtx_kern_sum groups by the LAUNCHING thread's range stack: the autograd thread's kernels have none
-    files["nvtx_kern_sum"] = _csv(
-        "NVTX Range,Style,PID,TID,NVTX Inst,Kern Inst,Total Time (ns),Avg (ns),Med (ns),Min (ns),Max (ns),"
-        "StdDev (ns),Kernel Name",
-        [[":forward", "PushPop", PID, MAIN, 2, 2, 10_000, "5000.0", "5000.0", 5_000, 5_000, "0.0", COMMA_KERNEL],
-         [":forward", "PushPop", PID, MAIN, 2, 2, 2_000, "1000.0", "1000.0", 1_000, 1_000, "0.0", QUOTE_KERNEL]])
-    for report, text in files.items():
+            durations.setdefault(name, []).append(dur)
+    total = sum(sum(d) for d in durations.values())
+    rows = []
+    for name, d in durations.items():
+        mean = sum(d) / len(d)
+        std = (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5 if len(d) > 1 else 0.0
+        rows.append([f"{100 * sum(d) / total:.1f}", sum(d), len(d), f"{mean:.1f}", f"{statistics.median(d):.1f}",
+                     min(d), max(d), f"{std:.1f}", name])
+    return sorted(rows, key=lambda row: (-row[1], row[2], row[8]))
+
+
+def write_nsys_fixture(folder: Path, stem: str = "report", name_prefix: str = "") -> Path:
+    """The reports kernel_tables reads, as `nsys stats --format csv --output folder/stem` writes them for the
+    scenario. name_prefix=":" gives range names as newer nsys report scripts print them (':forward'; nsys
+    2023.4 prints 'forward'). Returns the prefix."""
+    ranges, launches = scenario()
+    gpu_rows = []
+    for corr, _, _, name, start, dur in sorted(launches, key=lambda launch: launch[4]):
+        if name == MEMSET:
+            gpu_rows.append([start, dur, corr, *[None] * 7, None, None, f"{MEMSET_BYTES / 1e6:.3f}",
+                             f"{MEMSET_BYTES * (1e9 / dur) / 1e6:.3f}", "Device", None, f"{GPU} (0)", 1, None, 7,
+                             name])
+        else:
+            gpu_rows.append([start, dur, corr, 128, 1, 1, 256, 1, 1, 32, "0.000", "0.000", None, None, None, None,
+                             f"{GPU} (0)", 1, None, 7, name])
+    api_rows = [[start, API_NS, "cudaMemsetAsync" if name == MEMSET else "cudaLaunchKernel", 0, corr, PID, tid, 20,
+                 "python" if tid == MAIN else "pt_autograd_0"] for corr, start, tid, name, _, _ in launches]
+    api_rows.append([SYNC[0], SYNC[1], "cudaDeviceSynchronize", 0, SYNC[2], PID, MAIN, 20, "python"])
+    texts = {"cuda_gpu_trace": nsys_csv(GPU_TRACE_HEADER, gpu_rows),
+             "cuda_api_trace": nsys_csv(API_TRACE_HEADER, sorted(api_rows, key=lambda row: row[0])),
+             "nvtx_pushpop_trace": nsys_csv(NVTX_TRACE_HEADER, nvtx_rows(ranges, name_prefix)),
+             "cuda_gpu_kern_sum": nsys_csv(KERN_SUM_HEADER, kernel_summary_rows(launches))}
+    prefix = folder / stem
+    for report, text in texts.items():
         kt.nsys_report_path(prefix, report).write_text(text)
     return prefix
+
+
+def write_nsys_sqlite(path: Path) -> Path:
+    """The scenario as the SQLite export `nsys stats` reads: the tables and columns its report scripts query
+    (nsys 2023.4's CUPTI_ACTIVITY_KIND_*, NVTX_EVENTS, StringIds, ThreadNames, TARGET_INFO_GPU), for running the
+    real nsys stats on the very events the CSV fixture describes."""
+    ranges, launches = scenario()
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE ThreadNames (nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER);
+        CREATE TABLE TARGET_INFO_GPU (id INTEGER NOT NULL, name TEXT);
+        CREATE TABLE ENUM_CUDA_MEM_KIND (id INTEGER PRIMARY KEY, name TEXT NOT NULL, label TEXT NOT NULL);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER NOT NULL, end INTEGER NOT NULL,
+            deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER, streamId INTEGER NOT NULL,
+            correlationId INTEGER, globalPid INTEGER, demangledName INTEGER NOT NULL, shortName INTEGER NOT NULL,
+            mangledName INTEGER, gridX INTEGER, gridY INTEGER, gridZ INTEGER, blockX INTEGER, blockY INTEGER,
+            blockZ INTEGER, registersPerThread INTEGER, staticSharedMemory INTEGER, dynamicSharedMemory INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INTEGER NOT NULL, end INTEGER NOT NULL,
+            deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL, greenContextId INTEGER, streamId INTEGER NOT NULL,
+            correlationId INTEGER, globalPid INTEGER, value INTEGER, bytes INTEGER, memKind INTEGER);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER NOT NULL, end INTEGER NOT NULL, eventClass INTEGER,
+            globalTid INTEGER, correlationId INTEGER, nameId INTEGER NOT NULL, returnValue INTEGER NOT NULL,
+            callchainId INTEGER);
+        CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, rangeId INTEGER,
+            category INTEGER, color INTEGER, text TEXT, globalTid INTEGER, endGlobalTid INTEGER, textId INTEGER,
+            domainId INTEGER, uint64Value INTEGER, int64Value INTEGER, doubleValue REAL, uint32Value INTEGER,
+            int32Value INTEGER, floatValue REAL, jsonTextId INTEGER, jsonText TEXT);
+    """)
+    strings: dict[str, int] = {}
+
+    def string_id(text: str) -> int:
+        if text not in strings:
+            strings[text] = len(strings) + 1
+            db.execute("INSERT INTO StringIds VALUES (?, ?)", (strings[text], text))
+        return strings[text]
+
+    def global_tid(tid: int) -> int:  # nsys packs the process and thread ids into one integer
+        return (PID << 24) | tid
+
+    db.execute("INSERT INTO TARGET_INFO_GPU VALUES (0, ?)", (GPU,))
+    db.execute("INSERT INTO ENUM_CUDA_MEM_KIND VALUES (3, 'CUDA_MEMOPR_MEMORY_KIND_DEVICE', 'Device')")
+    for tid, name in ((MAIN, "python"), (AUTOGRAD, "pt_autograd_0")):
+        db.execute("INSERT INTO ThreadNames VALUES (?, 20, ?)", (string_id(name), global_tid(tid)))
+    for corr, at, tid, name, start, dur in launches:
+        api = "cudaMemsetAsync_v3020" if name == MEMSET else "cudaLaunchKernel_v7000"
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, ?, 0, NULL)",
+                   (at, at + API_NS, global_tid(tid), corr, string_id(api)))
+        if name == MEMSET:
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?, 0, 1, 0, 7, ?, ?, 0, ?, 3)",
+                       (start, start + dur, corr, PID << 24, MEMSET_BYTES))
+        else:
+            db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES "
+                       "(?, ?, 0, 1, 0, 7, ?, ?, ?, ?, NULL, 128, 1, 1, 256, 1, 1, 32, 0, 0)",
+                       (start, start + dur, corr, PID << 24, string_id(name), string_id(name)))
+    db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, ?, 0, NULL)",
+               (SYNC[0], SYNC[0] + SYNC[1], global_tid(MAIN), SYNC[2], string_id("cudaDeviceSynchronize_v3020")))
+    for name, start, end, tid, _ in sorted(ranges, key=lambda r: (r[1], -r[2])):
+        db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
+                   "VALUES (?, ?, 59, ?, ?, 0)", (start, end, name, global_tid(tid)))  # 59: push/pop range
+    db.commit()
+    db.close()
+    return path
 
 
 def e2e_record(**overrides) -> dict:
@@ -177,33 +261,66 @@ def nsys_prefix(tmp_path: Path) -> Path:
 # ---- parsing the reports ----
 
 
-def test_reader_skips_informational_lines_and_keeps_commas_and_quotes(nsys_prefix: Path):
-    rows = kt.read_nsys_csv(kt.nsys_report_path(nsys_prefix, "cuda_gpu_trace"), ("Start (ns)", "CorrId", "Name"))
+def test_reader_keeps_commas_and_the_quotes_nsys_does_not_escape(nsys_prefix: Path):
+    trace = kt.nsys_report_path(nsys_prefix, "cuda_gpu_trace")
+    assert trace.read_text().startswith("Start (ns),Duration (ns),CorrId,")  # the file starts at its header
+    rows = kt.read_nsys_csv(trace, ("Start (ns)", "CorrId", "Name"))
     names = {row["name"] for row in rows}
     assert COMMA_KERNEL in names and QUOTE_KERNEL in names
     assert len(rows) == 1 + 2 * len(STEP_LAUNCHES)
-    kern_sum = kt.read_nsys_csv(kt.nsys_report_path(nsys_prefix, "nvtx_kern_sum"), ("NVTX Range", "Kernel Name"))
-    assert {r["kernel name"] for r in kern_sum} == {COMMA_KERNEL, QUOTE_KERNEL}
+    kern_sum = kt.read_nsys_csv(kt.nsys_report_path(nsys_prefix, "cuda_gpu_kern_sum"), ("Total Time (ns)", "Name"))
+    assert QUOTE_KERNEL in {r["name"] for r in kern_sum}
+    # nsys writes that name as "void my_kernel<"a, b">(int)", which the csv module splits in the wrong places
+    quoted_line = next(line for line in trace.read_text().splitlines() if "my_kernel" in line)
+    assert next(csv.reader([quoted_line]))[-1] != QUOTE_KERNEL
+    assert kt.split_nsys_csv_line(quoted_line)[-1] == QUOTE_KERNEL
+    assert kt.split_nsys_csv_line('"a ""b"", c",,x') == ['a "b", c', "", "x"]  # escaped quotes, should nsys
 
 
-def test_domain_prefix_is_stripped_from_range_names(nsys_prefix: Path):
-    nvtx_sum = kt.read_nsys_csv(kt.nsys_report_path(nsys_prefix, "nvtx_sum"), ("Range", "Instances"))
-    assert {kt.strip_domain(r["range"]) for r in nvtx_sum} >= {"forward", "backward", "optimizer", "measure"}
-    assert kt.strip_domain("aten::mm") == "aten::mm"  # only the empty default domain's leading colon goes
-    profile = kt.load_nsys(nsys_prefix)
+@pytest.mark.parametrize("name_prefix", ["", ":"])  # nsys 2023.4 writes 'forward', newer report scripts ':forward'
+def test_range_names_with_and_without_the_default_domain_prefix(tmp_path: Path, name_prefix: str):
+    prefix = write_nsys_fixture(tmp_path, name_prefix=name_prefix)
+    first = kt.read_nsys_csv(kt.nsys_report_path(prefix, "nvtx_pushpop_trace"), ("Name",))[0]["name"]
+    assert first == name_prefix + "forward"  # the warm-up forward, the earliest range
+    profile = kt.load_nsys(prefix)
     assert {r.name for r in profile.ranges} == {"measure", "forward", "backward", "optimizer", "final matmul",
                                                 "scaled dot product attention", "computing attention scores",
                                                 "computing softmax"}
+    assert kt.strip_domain("aten::mm") == "aten::mm"  # only the empty default domain's leading colon goes
 
 
-def test_reader_errors_name_the_missing_columns(tmp_path: Path):
+def test_reader_errors_name_the_missing_columns_and_empty_reports_have_no_rows(tmp_path: Path):
     bad = tmp_path / "x_cuda_gpu_trace.csv"
     bad.write_text("Start (us),Duration (us),CorrId,Name\n1,2,3,k\n")
     with pytest.raises(kt.ProfileFormatError, match="start \\(ns\\)"):
         kt.read_nsys_csv(bad, ("Start (ns)", "Name"))
-    skipped = tmp_path / "y.csv"
-    skipped.write_text("SKIPPED: report.sqlite does not contain CUDA kernel data.\n")
-    assert kt.read_nsys_csv(skipped, ("Name",)) == []
+    console = tmp_path / "console.csv"  # what the old fake fixtures had: console lines inside the file
+    console.write_text("Generating SQLite file r.sqlite from r.nsys-rep\nStart (ns),Name\n1,k\n")
+    with pytest.raises(kt.ProfileFormatError, match="no column"):
+        kt.read_nsys_csv(console, ("Start (ns)", "Name"))
+    shifted = tmp_path / "shifted.csv"
+    shifted.write_text('Start (ns),Name\n1,"a",b"\n')
+    with pytest.raises(kt.ProfileFormatError, match="3 fields where the header has 2"):
+        kt.read_nsys_csv(shifted, ("Name",))
+    empty = tmp_path / "y_cuda_gpu_trace.csv"
+    empty.write_text("")  # nsys: "SKIPPED: y.sqlite does not contain CUDA kernel data." on the console
+    assert kt.read_nsys_csv(empty, ("Name",)) == []
+
+
+def test_a_report_without_kernels_gives_the_phase_ranges_and_says_why_there_is_nothing_else(nsys_prefix: Path):
+    for report in ("cuda_gpu_trace", "cuda_api_trace", "cuda_gpu_kern_sum"):  # as nsys writes them on a CPU
+        kt.nsys_report_path(nsys_prefix, report).write_text("")
+    profile = kt.load_nsys(nsys_prefix)
+    assert profile.activities == [] and kt.nsys_kernel_total_check(nsys_prefix, profile) is None
+    tables = kt.build_tables(profile, kt.stopwatch_ms(e2e_record()), kt.attention_shape(e2e_record()["config"]))
+    phases = {row["phase"]: row for row in tables["phases"]}
+    assert phases["forward"]["range_ms"] == pytest.approx(0.3) and phases["forward"]["agrees"] == "yes"
+    assert all(row["work_ms"] is None for row in tables["phases"])  # unknown, not zero
+    assert tables["top"] == {} and tables["categories"] == [] and tables["attention"] == []
+    assert kt.NO_KERNELS in tables["notes"]
+    text = kt.render_tables(tables)
+    assert "### 1. Phase times" in text and "### 2." not in text and "### 3." not in text
+    assert "no CUDA kernel data in this report" in text
 
 
 # ---- attribution and the tables on the nsys fixture ----
@@ -247,6 +364,21 @@ def test_tables_from_nsys_fixture(nsys_prefix: Path):
     assert any(note.startswith("softmax takes") for note in tables["notes"])
     text = kt.render_tables(tables)
     assert "### 4. Inside attention" in text and "ampere_sgemm_128x64_tn" in text
+
+
+def test_a_report_without_nvtx_ranges_says_so(nsys_prefix: Path):
+    kt.nsys_report_path(nsys_prefix, "nvtx_pushpop_trace").write_text("")  # nsys's file when no range was recorded
+    tables = kt.build_tables(kt.load_nsys(nsys_prefix))
+    assert tables["phases"] == [] and any("no forward/backward/optimizer ranges" in n for n in tables["notes"])
+    assert tables["top"]["all"]  # the kernels are still tabulated, as one scope
+
+
+def test_compiled_runs_say_why_the_attention_table_is_absent(nsys_prefix: Path):
+    profile = kt.load_nsys(nsys_prefix)
+    profile.ranges = [r for r in profile.ranges if r.name not in kt.ATTENTION_STEPS]  # what --compile records
+    compiled = kt.build_tables(profile, compiled=True)
+    assert compiled["attention"] == [] and any("torch.compile" in note for note in compiled["notes"])
+    assert not any("torch.compile" in note for note in kt.build_tables(profile)["notes"])
 
 
 def test_kernel_summary_cross_check(nsys_prefix: Path):
@@ -328,27 +460,68 @@ REAL_NAMES = {
         "int *)",
         "triton_tem_fused_mm_0", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, "
         "false, false, cutlass::bfloat16_t>, false, true, false, false, false, true, false>(Flash_fwd_params)",
-        "aten::mm", "aten::bmm", "aten::addmm"],
+        # fused attention of every kind: cuDNN's (sm80/sm90/sm100, forward and backward), FlashAttention for
+        # Hopper/Blackwell, memory-efficient (CUTLASS fmha): their time is their two matmuls
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x1x1_kernel0_0",
+        "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+        "cudnn_generated_fort_native_sdpa_sm100_flash_fprop_f16_knob_1_128x128x128_4x1x1_kernel0_0",
+        "flash::FlashAttentionForwardSm100<cute::tuple<cute::C<128>, cute::C<128>, cute::C<128>>>",
+        "fmha_cutlassF_f16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
+        "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)",
+        "fmha_cutlassB_f16_aligned_128x128_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::"
+        "Sm80, cutlass::half_t, true, false, false, 128, 128, 128, false>::Params)",
+        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"],
     "elementwise": [
         COMMA_KERNEL, WHERE_KERNEL, FOREACH, "triton_poi_fused_add_mul_silu_0",
         "void at::native::unrolled_elementwise_kernel<at::native::exp_kernel_cuda(at::TensorIteratorBase &)::"
         "{lambda()#2}::operator ()() const::{lambda()#2}::operator ()() const::{lambda(float)#1}, "
         "at::detail::Array<char *, 2>, TrivialOffsetCalculator<1, unsigned int>>(int, T1, T2, T3)",
+        "triton_for_fused_0",  # inductor's foreach (the compiled optimizer step)
+        "void at::native::amp_update_scale_cuda_kernel(float *, int *, const float *, double, double, int)",
+        "void at::native::<unnamed>::multi_tensor_apply_kernel<at::native::<unnamed>::TensorListMetadata<1>, "
+        "at::native::<unnamed>::UnaryOpFunctor<float, 1, 1, 0>, at::native::_amp_foreach_non_finite_check_and_"
+        "unscale_cuda_(c10::ArrayRef<at::Tensor>, at::Tensor &, const at::Tensor &)::{lambda()#1}::operator ()() "
+        "const::{lambda()#2}::operator ()() const::{lambda(float)#1}>(int, T1, T2, T3)",
         "aten::mul", "aten::add_", "aten::_foreach_mul_", "aten::addcdiv_"],
     "reduction/softmax": [
         MAX_REDUCE, SUM_REDUCE, SOFTMAX, "triton_red_fused__softmax_0", "triton_per_fused_mean_pow_rsqrt_0",
         "void <unnamed>::softmax_warp_forward<float, float, float, 9, false, false>(T2 *, const T1 *, int, int, int, "
-        "const bool *, int, bool)", "aten::_softmax", "aten::amax", "aten::sum"],
+        "const bool *, int, bool)", "aten::_softmax", "aten::amax", "aten::sum",
+        # scans (cumsum): ATen's, cub's, inductor's
+        "void at::native::tensor_kernel_scan_innermost_dim<float, std::plus<float>>(T1 *, const T1 *, unsigned int, "
+        "unsigned int, unsigned int, T1, T2)",
+        "void at_cuda_detail::cub::DeviceScanKernel<at_cuda_detail::cub::DeviceScanPolicy<long, std::plus<long>>::"
+        "Policy900, const long *, long *, at_cuda_detail::cub::ScanTileState<long, true>, std::plus<long>, "
+        "at_cuda_detail::cub::NullType, int, long>(T2, T3, T4, int, T5, T6, T7)",
+        "triton_spl_fused_cumsum_0", "aten::cumsum"],
     "memory copy/set": [
         DIRECT_COPY, MEMSET, "[CUDA memcpy Device-to-Device]", "Memcpy DtoD (Device -> Device)",
         "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char *, "
         "1>>(int, T2, T3)", "void at::native::<unnamed>::CatArrayBatchedCopy<at::native::<unnamed>::OpaqueType<4>, "
         "unsigned int, 3, 64, 64>(T1 *, CatArrInputTensorMetadata<T1, T2, T4, T5>, TensorSizeStride<T2, 4>, int, T2)",
-        "aten::copy_", "aten::zero_", "aten::clone"],
-    "other": [
-        QUOTE_KERNEL, "void at::native::<unnamed>::indexing_backward_kernel<float, 4>(const long *, const long *, "
+        "aten::copy_", "aten::zero_", "aten::clone",
+        # indexing moves data and computes nothing: the embedding lookup and its backward, cross_entropy's gather
+        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_kernel_"
+        "impl<at::native::OpaqueType<4>>(at::TensorIteratorBase &, c10::ArrayRef<long>, c10::ArrayRef<long>)::"
+        "{lambda(char *, const char *, long)#1}>(at::TensorIteratorBase &, c10::ArrayRef<long>, c10::ArrayRef<long>, "
+        "const T1 &, bool)::{lambda(int)#1}>(long, T3)",
+        "void at::native::<unnamed>::indexing_backward_kernel<float, 4>(const long *, const long *, "
         "const T1 *, T1 *, long, long, long, long, bool)",
-        "aten::index", "autograd::engine::evaluate_function: MmBackward0"],
+        "void at::native::_scatter_gather_elementwise_kernel<128, 4, at::native::_cuda_scatter_gather_internal_kernel"
+        "<false, float>::operator ()<at::native::TensorAssign>(at::TensorIterator &, long, long, long, const T1 &)::"
+        "{lambda(int)#1}>(int, T3)",
+        "void at::native::vectorized_gather_kernel<16, long>(char *, char *, T2 *, int, long, long, long, long, bool)",
+        "aten::index", "aten::gather", "aten::embedding", "aten::index_select"],
+    "other": [
+        QUOTE_KERNEL, "autograd::engine::evaluate_function: MmBackward0", "triton_unk_fused_0",
+        "void at::native::<unnamed>::distribution_elementwise_grid_stride_kernel<float, 4, at::native::templates::"
+        "cuda::uniform_and_transform<float, float, at::CUDAGeneratorImpl *, at::native::templates::cuda::"
+        "normal_kernel<at::CUDAGeneratorImpl *>(const at::TensorBase &, double, double, T1)::{lambda()#1}::operator ()"
+        "() const::{lambda()#2}::operator ()() const::{lambda(float)#1}>(at::TensorIteratorBase &, T3, T4)::{lambda"
+        "(curandStatePhilox4_32_10 *)#2}, at::native::<unnamed>::distribution_nullary_kernel<float, float, float4, "
+        "at::CUDAGeneratorImpl *, >(long, at::PhiloxCudaState, T3, T4)",
+        "aten::randint"],
 }
 
 
@@ -365,7 +538,8 @@ def test_short_name_drops_parameters_and_truncates():
 
 # ---- bench_e2e.py --profile on the CPU ----
 
-SMALL_MODEL = ["--size", "tiny", "--num-layers", "2", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
+SMALL_MODEL = ["--device", "cpu",
+               "--size", "tiny", "--num-layers", "2", "--d-model", "64", "--d-ff", "128", "--num-heads", "4",
                "--vocab-size", "256", "--context-length", "16", "--batch-size", "2", "--warmup", "1", "--steps", "2"]
 
 

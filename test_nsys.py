@@ -1,6 +1,7 @@
 """nsys_run.sh against a fake `nsys` placed first on PATH: the command lines it runs (trace set, capture range,
 environment variable, output path, overwrite rules, forced re-export), the tables it writes beside the report,
-the missing-nsys message and exit code, and the exit status of a failing profiled run."""
+the version check, what it says when `nsys stats` quietly writes nothing, the missing-nsys message and exit
+code, and the exit status of a failing profiled run. test_nsys_real.py runs it under the real nsys."""
 from __future__ import annotations
 
 import json
@@ -17,10 +18,13 @@ from test_kernel_tables import e2e_record, write_nsys_fixture
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "nsys_run.sh"
 
-# The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line.
-# `profile` does not run the app (bench_e2e --nvtx needs CUDA): it writes the report and the bench_e2e record
-# where the app's --results-dir points, or exits with FAKE_NSYS_APP_STATUS as nsys does when the app fails.
-# `stats` copies the fixture CSVs to <--output>_<report>.csv for every --report.
+# The fake records each call (argv and the NSYS_NVTX_PROFILER_REGISTER_ONLY it was given) as a JSON line. `--version`
+# and `stats --help-reports` answer as nsys 2023.4.4 does, or as FAKE_NSYS_VERSION and FAKE_NSYS_REPORTS say (an older
+# nsys). `profile` does not run the app: it writes the report (none with FAKE_NSYS_NO_CAPTURE) and the bench_e2e
+# record where the app's --results-dir points, or exits with FAKE_NSYS_APP_STATUS as nsys does when the app fails.
+# `stats` prints what nsys prints and, for every --report, copies the fixture CSV to <--output>_<report>.csv (an empty
+# file where the fixture has none, as nsys writes a report without data), or writes nothing for a report named in
+# FAKE_NSYS_UNKNOWN, as nsys does for a report it does not know.
 FAKE_NSYS = r'''#!{python}
 import json, os, shutil, sys
 from pathlib import Path
@@ -32,21 +36,43 @@ with open(os.environ["FAKE_NSYS_LOG"], "a") as log:
 def option(name):
     return next(a.split("=", 1)[1] for a in argv if a.startswith(name + "="))
 
-if argv[0] == "profile":
+if argv == ["--version"]:
+    print("NVIDIA Nsight Systems version " + os.environ.get("FAKE_NSYS_VERSION", "2023.4.4.54-234433681190v0"))
+elif argv == ["stats", "--help-reports"]:
+    print("\nThe following built-in reports are available:\n")
+    for report in os.environ.get("FAKE_NSYS_REPORTS", "{reports}").split():
+        print(f"  {{report}}[:nvtx-name][:base|:mangled] -- some report")
+elif argv[0] == "profile":
     status = int(os.environ.get("FAKE_NSYS_APP_STATUS", "0"))
     if status:
         sys.exit(status)
-    Path(option("--output") + ".nsys-rep").write_text("fake report")
+    if not os.environ.get("FAKE_NSYS_NO_CAPTURE"):  # the app never opened "measure": nsys writes no report
+        Path(option("--output") + ".nsys-rep").write_text("fake report")
     e2e = Path(argv[argv.index("--results-dir") + 1]) / "e2e"
     e2e.mkdir(parents=True)
     (e2e / "e2e.jsonl").write_text(os.environ["FAKE_NSYS_RECORD"] + "\n")
 elif argv[0] == "stats":
     prefix = argv[argv.index("--output") + 1]
     fixtures = Path(os.environ["FAKE_NSYS_FIXTURES"])
+    print(f"Generating SQLite file {{prefix}}.sqlite from {{prefix}}.nsys-rep")
     for i, arg in enumerate(argv):
         if arg == "--report":
-            shutil.copy(fixtures / f"report_{{argv[i + 1]}}.csv", f"{{prefix}}_{{argv[i + 1]}}.csv")
+            report, csv = argv[i + 1], f"{{prefix}}_{{argv[i + 1]}}.csv"
+            if report in os.environ.get("FAKE_NSYS_UNKNOWN", "").split():
+                print(f"Processing [{{prefix}}.sqlite] with [{{report}}] to [{{csv}}]... ")
+                print(f"ERROR: Report '{{report}}' could not be found.", file=sys.stderr)
+                continue
+            fixture = fixtures / f"report_{{report}}.csv"
+            print(f"Processing [{{prefix}}.sqlite] with [/opt/nvidia/reports/{{report}}.py] to [{{csv}}]... "
+                  + ("PROCESSED" if fixture.exists() else "SKIPPED: report.sqlite does not contain CUDA kernel data."))
+            if fixture.exists():
+                shutil.copy(fixture, csv)
+            else:
+                Path(csv).write_text("")
 '''
+NSYS_2023_REPORTS = ("cuda_api_gpu_sum cuda_api_sum cuda_api_trace cuda_gpu_kern_sum cuda_gpu_sum cuda_gpu_trace "
+                     "nvtx_kern_sum nvtx_pushpop_sum nvtx_pushpop_trace nvtx_sum osrt_sum")
+NSYS_2022_REPORTS = "cudaapisum cudaapitrace gpukernsum gpusum gputrace nvtxkernsum nvtxppsum nvtxpptrace nvtxsum"
 
 
 @pytest.fixture
@@ -55,7 +81,7 @@ def fake(tmp_path: Path) -> dict:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     nsys = bin_dir / "nsys"
-    nsys.write_text(FAKE_NSYS.format(python=sys.executable))
+    nsys.write_text(FAKE_NSYS.format(python=sys.executable, reports=NSYS_2023_REPORTS))
     nsys.chmod(0o755)
     fixtures = tmp_path / "fixtures"
     fixtures.mkdir()
@@ -74,7 +100,9 @@ def run_script(fake: dict, *args: str, **env: str) -> subprocess.CompletedProces
 
 
 def calls(fake: dict) -> list[dict]:
-    return [json.loads(line) for line in fake["log"].read_text().splitlines()] if fake["log"].exists() else []
+    """The profile and stats calls (not the version check's queries)."""
+    logged = [json.loads(line) for line in fake["log"].read_text().splitlines()] if fake["log"].exists() else []
+    return [c for c in logged if c["argv"] not in (["--version"], ["stats", "--help-reports"])]
 
 
 def test_profile_and_stats_command_lines(fake: dict):
@@ -97,7 +125,8 @@ def test_profile_and_stats_command_lines(fake: dict):
     assert {"--format", "csv", "--output", str(report)} <= set(stats["argv"])
     reports = [stats["argv"][i + 1] for i, a in enumerate(stats["argv"]) if a == "--report"]
     assert set(reports) == {"cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace", "cuda_gpu_kern_sum",
-                            "nvtx_sum", "nvtx_kern_sum"}
+                            "nvtx_kern_sum"}
+    assert "nvtx_kern_sum is empty: SKIPPED" in result.stderr  # what nsys said, not a silent 0-byte file
     # the tables, printed and saved beside the report, with bench_e2e's record
     md = Path(f"{report}.md").read_text()
     assert "### 1. Phase times" in md and "### 2. Top kernels by GPU time: backward" in md
@@ -141,6 +170,14 @@ def test_a_run_that_recorded_oom_fails_after_stats(fake: dict):
     assert result.returncode == 1 and "status 'OOM'" in result.stderr
 
 
+def test_a_configuration_that_failed_before_measuring_says_why_there_is_no_report(fake: dict):
+    record = e2e_record(status="OOM")
+    del record["forward_ms"]
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_NO_CAPTURE="1", FAKE_NSYS_RECORD=json.dumps(record))
+    assert result.returncode == 1 and 'wrote no' in result.stderr and '"status": "OOM"' in result.stderr
+    assert [c["argv"][0] for c in calls(fake)] == ["profile"]
+
+
 def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
     bare_path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if Path(p).is_dir())
     if shutil.which("nsys", path=bare_path):
@@ -164,4 +201,31 @@ def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
 def test_usage_errors_exit_2(fake: dict, args: list[str], message: str):
     result = run_script(fake, *args)
     assert result.returncode == 2 and message in result.stderr
-    assert not calls(fake)
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not fake["log"].exists()  # checked before nsys is even asked its version
+
+
+@pytest.mark.parametrize("args", [["../../escaped", "64"], ["tiny", "64", "--", "--dtype", "../../../escaped"]])
+def test_names_that_would_leave_the_results_folder_are_refused_first(fake: dict, args: list[str]):
+    nsys_dir = fake["results"] / "nsys"
+    result = run_script(fake, *args)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "SIZE must be a preset name" in result.stderr or "--dtype must be" in result.stderr
+    assert not nsys_dir.exists() and not list(fake["cwd"].glob("**/escaped*")) and not fake["log"].exists()
+
+
+def test_an_nsys_without_the_reports_is_refused_up_front_with_its_version(fake: dict):
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_VERSION="2022.4.2.1-df9881f",
+                        FAKE_NSYS_REPORTS=NSYS_2022_REPORTS)
+    assert result.returncode == 2
+    assert "2022.4.2" in result.stderr and "cuda_gpu_trace" in result.stderr and "2023.4 or newer" in result.stderr
+    assert not calls(fake)  # nothing profiled that could not be read
+
+
+def test_a_report_that_nsys_stats_quietly_did_not_write_is_an_error_with_its_log_lines(fake: dict):
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_UNKNOWN="cuda_api_trace")
+    assert result.returncode == 1
+    assert "wrote no" in result.stderr and "ERROR: Report 'cuda_api_trace' could not be found." in result.stderr
+    report = fake["results"] / "nsys" / "tiny_ctx64_train"
+    assert not Path(f"{report}.md").exists()  # no tables from a partial export
+    assert "could not be found" in Path(f"{report}.stats.log").read_text()  # the log is kept

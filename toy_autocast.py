@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import common
-from common import DTYPES, ResultFiles, environment, environment_header, render_table, run_isolated
+from common import DTYPES, ResultFiles, dtype_name, environment, environment_header, render_table
+from runner import run_isolated
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
 
@@ -54,10 +55,6 @@ class ToyModel(nn.Module):
 
 # Row labels for each module's output, in forward order.
 OUTPUT_LABELS = {"fc1": "fc1 output", "relu": "ReLU output", "ln": "LayerNorm output", "fc2": "logits (fc2 output)"}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def observe_dtypes(device: str, dtype: str, in_features: int, out_features: int, batch_size: int,

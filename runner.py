@@ -1,0 +1,484 @@
+"""The one run path shared by the experiment scripts: the Transformer-LM workload (bench_e2e and mem_profile),
+the measured steps of one configuration (warm-up, peak reset, timed steps, peaks), the child-process runner and
+the sweep (child per configuration, failure / OOM / timeout rows, skip after an OOM, progress, signals).
+
+How a sweep runs, and what isolation costs, is written up in docs/running.md.
+Nothing here does work at import time or changes global state on import.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import statistics
+import threading
+import timeit
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+import common
+from common import (DEFAULT_BATCH_SIZE, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
+                    failure_status, peak_memory_bytes, precision_context, progress, reset_peak_memory,
+                    resolve_device, summarize)
+from model import TransformerLM, cross_entropy
+from optim import AdamW
+
+# ---- the Transformer-LM workload (bench_e2e times it, mem_profile measures its memory) ----
+
+MODES = ("forward", "forward-backward", "train")
+PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
+                  "train": ("forward", "backward", "optimizer")}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    size: str  # preset name, or "custom"
+    model: ModelConfig  # its context_length is the benchmarked sequence length
+    batch_size: int = DEFAULT_BATCH_SIZE
+    warmup: int = 5
+    steps: int = 10
+    mode: str = "train"
+    no_grad: bool = False  # forward mode only: run under torch.inference_mode()
+    dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
+    compile: bool = False
+    attn: str = "naive"
+    optimizer: str = "ours"  # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)
+    tf32: bool | None = None  # None = leave PyTorch's default
+    device: str = "auto"
+    seed: int = 0
+    nvtx: bool = False
+    checkpoint_every: int = 0
+    profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/; None = off
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    def label(self) -> str:
+        """The configuration as progress lines, snapshot titles and file names name it; settings at their
+        default (no checkpointing, our AdamW, eager) are left out."""
+        parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
+                 self.dtype, self.attn, f"warmup={self.warmup}"]
+        if self.checkpoint_every:
+            parts.append(f"ckpt={self.checkpoint_every}")
+        if self.optimizer != "ours":
+            parts.append(f"optimizer={self.optimizer}")
+        return " ".join(parts + (["compiled"] if self.compile else []))
+
+    def skip_key(self) -> tuple[tuple, str, int]:
+        """(group, size name, size) for the sweep's rule: after an OOM, the larger contexts of the same model and
+        settings are skipped (they need more memory still)."""
+        m = self.model
+        group = (self.size, m.d_model, m.d_ff, m.num_layers, m.num_heads, m.vocab_size, self.batch_size, self.mode,
+                 self.dtype, self.attn, self.checkpoint_every, self.optimizer, self.compile)
+        return group, "ctx", self.context_length
+
+
+class Workload:
+    """Model, optimizer, one random batch and the three phases of a training step, set up on a device.
+
+    forward() is the model call plus the loss; backward() is loss.backward() (through the gradient scaler for
+    fp16); optimizer_step() is step() plus zero_grad(set_to_none=True)."""
+
+    def __init__(self, run: RunConfig):
+        self.run = run
+        self.device = resolve_device(run.device)
+        if run.tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = run.tf32
+            torch.backends.cudnn.allow_tf32 = run.tf32
+        torch.manual_seed(run.seed)
+        with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
+            self.model = TransformerLM(run.model, attn=run.attn, checkpoint_every=run.checkpoint_every)
+        self.callable_model = torch.compile(self.model) if run.compile else self.model
+        self.tokens = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
+        self.targets = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
+        self.optimizer = None
+        if run.mode == "train":
+            if run.optimizer == "ours":
+                self.optimizer = AdamW(self.model.parameters())
+            elif self.device.type == "cuda":
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
+            else:
+                self.optimizer = torch.optim.AdamW(self.model.parameters(), foreach=True)
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+
+    def forward(self) -> torch.Tensor:
+        grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
+        with grad_mode, precision_context(self.device, self.run.dtype):
+            logits = self.callable_model(self.tokens)
+            return cross_entropy(logits, self.targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def zero_grad(self) -> None:
+        """Between forward-backward steps, drop the gradients (untimed) so each step starts alike."""
+        self.model.zero_grad(set_to_none=True)
+
+
+def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
+    """One step of work.run.mode with a device synchronisation at every phase boundary. Returns seconds per
+    phase and for the whole step. `on_phase(name)` is called (outside the timers) before each phase and with
+    "end" after the last; mem_profile uses it to mark phases in a memory timeline."""
+    device = work.device
+    times: dict[str, float] = {}
+    phases = PHASES_BY_MODE[work.run.mode]
+    with SyncTimer(device) as step_timer:
+        for phase in phases:
+            if on_phase:
+                on_phase(phase)
+            with annotate(phase), SyncTimer(device) as timer:
+                if phase == "forward":
+                    loss = work.forward()
+                elif phase == "backward":
+                    work.backward(loss)
+                else:
+                    work.optimizer_step()
+            times[phase] = timer.elapsed_s
+        if on_phase:
+            on_phase("end")
+    times["step"] = step_timer.elapsed_s
+    if work.run.mode == "forward-backward":
+        work.zero_grad()
+    return times
+
+
+# The part of bench_e2e's record that kernel_tables reads back (its table 1 and the FLOPs of its table 4).
+
+
+def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
+    """A bench_e2e record's own mean time per phase and per step (ms), from its raw samples."""
+    keys = PHASES_BY_MODE["train"] + ("step",)
+    return {k: statistics.fmean(record[f"{k}_ms"]) for k in keys if record.get(f"{k}_ms")}
+
+
+def attention_shape(config: dict[str, Any] | None) -> dict[str, int] | None:
+    """batch, seq, d_model, heads from a record's "config" (dataclasses.asdict(RunConfig)); None without one."""
+    try:
+        model = config["model"]
+        return {"batch": config["batch_size"], "seq": model["context_length"], "d_model": model["d_model"],
+                "heads": model["num_heads"]}
+    except (KeyError, TypeError):
+        return None
+
+
+# ---- one configuration: the measured steps ----
+
+
+def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, warmup: int, steps: int,
+                  compile_first: bool = False,
+                  profiler: contextlib.AbstractContextManager = contextlib.nullcontext()) -> dict[str, Any]:
+    """The measurement every script makes of a configuration whose workload is built: (when compiling) the first
+    step timed apart as compile_s, `warmup` untimed steps, the peak counter reset, `steps` timed steps (each
+    returns seconds per phase), the peaks read. Returns the record: raw samples as `<phase>_ms` lists, the
+    environment, and on CUDA peak allocated / reserved bytes. `profiler` is entered around the timed steps."""
+    record: dict[str, Any] = {"environment": environment(device)}
+    if compile_first:  # the first call compiles (forward, and backward on the first backward)
+        _, record["compile_s"] = SyncTimer(device).time(step)
+    with annotate("warmup"):
+        for _ in range(warmup):
+            step()
+    reset_peak_memory(device)
+    samples: list[dict[str, float]] = []
+    with profiler, annotate("measure"):
+        for _ in range(steps):
+            samples.append(step())
+    record.update(peak_memory_bytes(device))
+    for key in samples[0]:
+        record[f"{key}_ms"] = [s[key] * 1e3 for s in samples]
+    return record
+
+
+def sample_stats(record: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+    """`<phase>_ms_<stat>` (mean, std, median, min, max, cv, n) of each phase's raw samples in a record."""
+    return {f"{phase}_ms_{stat}": value for phase in phases for stat, value in summarize(record[f"{phase}_ms"]).items()}
+
+
+ONE_SAMPLE_NOTE = "1 timed step: no std"
+
+
+# ---- child processes ----
+
+# Modules the fork server imports once, so that a child starts with torch and the project loaded (~0.1 s instead
+# of a fresh interpreter's import of torch, 6-9 s). torch._dynamo is imported lazily by the first optimizer built
+# (torch.optim.Optimizer.__init__), 3-5 s on this CPU: preloaded too. None of them touches CUDA at import (the
+# server must not: a CUDA driver initialised before fork() is unusable in the children); test_runner checks.
+PRELOAD = ["__main__", "torch", "torch._dynamo", "torch.optim", "common", "model", "optim", "runner"]
+_preloaded: list[bool] = []
+EXIT_PARENT_GONE = 75  # what a child exits with when it finds its parent gone (nobody reads it)
+STOP_GRACE_S = 5.0  # after SIGTERM, how long a child has to exit before SIGKILL
+
+
+def _fork_server(fn: Callable) -> multiprocessing.context.BaseContext:
+    """The forkserver context, preloaded on first use with the project and the module of `fn`. Children are
+    forked from the server, not from this process: they inherit no CUDA context, no threads and no locks."""
+    ctx = multiprocessing.get_context("forkserver")
+    if not _preloaded:
+        ctx.set_forkserver_preload(PRELOAD + [fn.__module__])
+        _preloaded.append(True)
+    return ctx
+
+
+def _watch_parent(lifeline: multiprocessing.connection.Connection) -> None:
+    """Exit at once, quietly, when the parent is gone: only the parent holds the other end of `lifeline`, so a
+    read returns EOF exactly when it dies (a forkserver child's OS parent is the server, not the sweep)."""
+    def wait() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=wait, daemon=True, name="parent-watch").start()
+
+
+def _child_main(result: Any, lifeline: Any, fn: Callable[..., dict], kwargs: dict[str, Any],
+                environ: dict[str, str], cwd: str) -> None:
+    # Ctrl-C reaches the whole process group; stopping the child is the parent's job (no half-printed traceback).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_parent(lifeline)
+    # The server was started earlier: take the parent's environment (BENCH_INJECT_FAULT, ...) and folder as now.
+    os.environ.clear()
+    os.environ.update(environ)
+    os.chdir(cwd)
+    try:
+        answer = {"ok": True, "value": fn(**kwargs)}
+    except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
+        answer = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
+    try:
+        result.send(answer)
+        result.close()
+    except OSError:  # the parent died meanwhile: nobody to tell
+        os._exit(EXIT_PARENT_GONE)
+
+
+def oom_kill_counts() -> tuple[int | None, int | None]:
+    """The kernel's OOM-kill counters: system-wide (/proc/vmstat oom_kill, Linux >= 4.13) and this process's
+    cgroup v2 (memory.events oom_kill, which also counts kills under a container's memory limit). None where
+    unreadable."""
+    def read(path: str, key: str) -> int | None:
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+        return None
+
+    cgroup = None
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    cgroup = f"/sys/fs/cgroup{line[3:].strip()}/memory.events"
+    except OSError:
+        pass
+    return read("/proc/vmstat", "oom_kill"), read(cgroup, "oom_kill") if cgroup else None
+
+
+def died_status(exitcode: int | None, oom_before: tuple, oom_after: tuple) -> dict[str, Any]:
+    """The row of a child that died without answering. Killed by SIGKILL while an OOM-kill counter rose: the
+    kernel's OOM killer, an OOM like any other (later contexts are skipped); else an error with the exit code."""
+    rose = any(a is not None and b is not None and a > b for a, b in zip(oom_after, oom_before))
+    if exitcode == -signal.SIGKILL and rose:
+        return {"ok": False, "status": "OOM",
+                "detail": "killed by the kernel's OOM killer (exit -9 while its oom_kill counter rose)"}
+    return {"ok": False, "status": f"error: child process died with exit code {exitcode}"}
+
+
+def _stop(proc: multiprocessing.process.BaseProcess) -> None:
+    """SIGTERM, then SIGKILL after a grace period: never wait forever on a hung child."""
+    proc.terminate()
+    proc.join(STOP_GRACE_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bool = False,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """Run `fn(**kwargs)` (a module-level function returning a picklable dict) in a fresh child process forked
+    from a preloaded fork server, so an OOM or a broken CUDA context cannot poison later work and every run starts
+    with a fresh allocator.
+
+    Returns {"ok": True, "value": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s",
+    "traceback" or "detail": ...}. After `timeout_s` the child is stopped. KeyboardInterrupt (Ctrl-C, or SIGTERM
+    through the sweep's handler) stops the child and propagates. `in_process=True` calls `fn` here (no isolation,
+    no time limit) with the same failure handling."""
+    if in_process:
+        try:
+            return {"ok": True, "value": fn(**kwargs)}
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
+    ctx = _fork_server(fn)
+    result_r, result_w = ctx.Pipe(duplex=False)
+    lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_main, daemon=True,
+                       args=(result_w, lifeline_r, fn, kwargs, dict(os.environ), os.getcwd()))
+    oom_before = oom_kill_counts()
+    try:
+        proc.start()
+        result_w.close()
+        lifeline_r.close()
+        ready = multiprocessing.connection.wait([result_r, proc.sentinel], timeout_s)
+        if result_r in ready or result_r.poll():
+            try:
+                answer = result_r.recv()
+            except EOFError:  # died while answering
+                proc.join()
+                answer = died_status(proc.exitcode, oom_before, oom_kill_counts())
+        elif ready:  # the child died without answering (segfault, the OOM killer, os._exit, ...)
+            proc.join()
+            answer = died_status(proc.exitcode, oom_before, oom_kill_counts())
+        else:
+            _stop(proc)
+            return {"ok": False, "status": f"timeout after {timeout_s:g} s"}
+        proc.join(STOP_GRACE_S)
+        if proc.is_alive():  # answered but will not exit (a stuck teardown): the answer stands
+            _stop(proc)
+        return answer
+    except KeyboardInterrupt:
+        if proc.pid is not None:
+            _stop(proc)
+        raise
+    finally:
+        lifeline_w.close()
+        result_r.close()
+
+
+# ---- the sweep ----
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the sweep is so that it stops like Ctrl-C does (child stopped, rows kept)."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's time limit, `timeout`, plain `kill`) raises Terminated while the sweep runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# The default time limit of one configuration: generous, and scaled by the sweep's own timings.
+TIMEOUT_FLOOR_S = 15 * 60
+TIMEOUT_FACTOR = 10
+
+
+def time_limit(timeout_s: float | None, slowest_s: float) -> float | None:
+    """--timeout: a given number of seconds (0 = none), or by default the larger of 15 minutes and 10x the slowest
+    configuration finished so far. A sweep that doubles the sequence length multiplies a quadratic cost by 4 per
+    step; 10x leaves 2.5x on top of that for noise, a cold cache or a busy machine."""
+    if timeout_s is not None:
+        return timeout_s or None
+    return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * slowest_s)
+
+
+def add_sweep_args(parser: argparse.ArgumentParser) -> None:
+    """--in-process, --timeout and --no-skip, the same in every script that sweeps configurations."""
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every configuration in this process instead of a fresh child process each "
+                             "(no isolation and no --timeout; see docs/running.md)")
+    parser.add_argument("--timeout", type=common.non_negative_float, default=None, metavar="SECONDS",
+                        help="time limit of one configuration, after which its child is killed and the row says "
+                             f"'timeout after N s'; 0 = none (default: the larger of {TIMEOUT_FLOOR_S // 60} min "
+                             f"and {TIMEOUT_FACTOR}x the slowest configuration so far: see docs/running.md)")
+    parser.add_argument("--no-skip", action="store_true",
+                        help="after an OOM, still run the larger sizes (context / sequence lengths) of that group")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """What a script tells the sweep about itself."""
+
+    name: str  # the script's stem: every record's "experiment"
+    measure: Callable[..., dict]  # module-level; measure(run=config) in the child: the configuration's own fields
+    finish: Callable[[Any, dict], None]  # in this process, on every record: derived figures, predictions, status
+    summary: Callable[[dict], str]  # the end-of-configuration progress line of a finished ("ok") row
+    render: Callable[[list[dict]], str]  # the report of the rows so far: the .md is rewritten after each row
+
+
+def sweep_environment(device: torch.device, in_process: bool) -> dict[str, Any]:
+    """The environment for rows that carry none of their own (failed, skipped, timed out), read in a child like
+    the configurations (this process never touches CUDA)."""
+    answer = run_isolated(environment, {"device": device}, in_process=in_process, timeout_s=TIMEOUT_FLOOR_S)
+    return answer["value"] if answer["ok"] else {"device": str(device), "status": answer["status"]}
+
+
+def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles, device: torch.device,
+              args: argparse.Namespace) -> tuple[list[dict], int]:
+    """Run every configuration (each with label() and skip_key()) as add_sweep_args' flags say, appending its
+    record and rewriting the .md as each finishes. Returns (records, exit status: 0, 130 after Ctrl-C, 143 after
+    SIGTERM). An interrupted sweep keeps the rows it finished."""
+    records: list[dict[str, Any]] = []
+    oom_at: dict[tuple, int] = {}  # skip group -> smallest size that ran out of memory
+    slowest_s = 0.0
+    total = len(runs)
+    with sigterm_as_interrupt():
+        try:
+            env = sweep_environment(device, args.in_process)
+            for i, run in enumerate(runs, 1):
+                label = run.label()
+                progress(f"[{i}/{total}] starting {label}")
+                record: dict[str, Any] = {"experiment": experiment.name, "config": dataclasses.asdict(run),
+                                          "label": label}
+                group, size_name, size = run.skip_key()
+                start = timeit.default_timer()
+                if not args.no_skip and group in oom_at and size > oom_at[group]:
+                    record["status"] = f"skipped: OOM at {size_name}={oom_at[group]}"
+                else:
+                    answer = run_isolated(experiment.measure, {"run": run}, in_process=args.in_process,
+                                          timeout_s=time_limit(args.timeout, slowest_s))
+                    if answer["ok"]:
+                        record.update(answer["value"])
+                        record.setdefault("status", "ok")
+                    else:
+                        record.update({k: v for k, v in answer.items() if k != "ok"})
+                elapsed = timeit.default_timer() - start
+                if record["status"] == "OOM":
+                    oom_at[group] = min(oom_at.get(group, size), size)
+                elif not record["status"].startswith(("skipped", "timeout")):
+                    slowest_s = max(slowest_s, elapsed)
+                record.setdefault("environment", env)
+                experiment.finish(run, record)
+                records.append(record)
+                files.append_record(record)
+                files.write_markdown(experiment.render(records))
+                said = experiment.summary(record) if record["status"] in ("ok", "noisy") else record["status"]
+                progress(f"[{i}/{total}] {label}: {said} ({elapsed:.1f} s)")
+        except KeyboardInterrupt as exc:
+            how, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+            kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if records else ""
+            progress(f"interrupted by {how} after {len(records)} of {total} configurations{kept}")
+            return records, code
+    return records, 0

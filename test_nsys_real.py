@@ -1,0 +1,163 @@
+"""nsys_run.sh and kernel_tables.py under a real Nsight Systems CLI, on the CPU (docs/nsys_run.md).
+
+On a CPU nsys records NVTX ranges and OS calls, and `nsys stats` writes its real CSVs (the CUDA ones empty). The
+CPU build of torch has no NVTX, so the profiled run gets one from a tiny library built here with gcc from the
+NVTX3 headers that ship inside the nsys package, named by BENCH_NVTX_LIBRARY (common.nvtx_functions).
+
+Which nsys: $REAL_NSYS (.ci/run sets it from ../shared/tools/get-nsys.sh), else `nsys` on PATH. Without one, or
+without gcc or the NVTX headers, every test here is skipped with the reason (pytest -rs prints it).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kernel_tables as kt
+from common import NVTX_LIBRARY_ENV, read_records
+from test_kernel_tables import FIXTURE_REPORTS, write_nsys_fixture, write_nsys_sqlite
+
+HERE = Path(__file__).resolve().parent
+STEPS, WARMUP = 3, 2
+# the smallest model that still has every phase and attention sub-step: the run is about nsys, not the numbers
+APP_ARGS = ["--device", "cpu", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+            "--vocab-size", "256", "--batch-size", "2", "--warmup", str(WARMUP), "--steps", str(STEPS)]
+REPORTS = ("cuda_gpu_trace", "cuda_api_trace", "nvtx_pushpop_trace", "cuda_gpu_kern_sum", "nvtx_kern_sum")
+
+
+def find_real_nsys() -> tuple[Path | None, str]:
+    """(the nsys binary, '') or (None, why there is none)."""
+    given = os.environ.get("REAL_NSYS")
+    candidate = given or shutil.which("nsys")
+    if not candidate:
+        return None, ("no real nsys: set REAL_NSYS to an nsys binary (.ci/run fetches one with "
+                      "../shared/tools/get-nsys.sh) or put nsys on PATH")
+    try:
+        version = subprocess.run([candidate, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"nsys at {candidate} does not run: {exc}"
+    if version.returncode != 0:
+        return None, f"nsys at {candidate} does not run: {version.stderr.strip()[:200]}"
+    return Path(candidate), ""
+
+
+def nvtx_include_dir(nsys: Path) -> Path | None:
+    """The NVTX3 headers: inside the nsys package (beside the binary, or in target-linux-x64/ of an installed
+    Nsight Systems), else a CUDA toolkit's."""
+    real = nsys.resolve()
+    candidates = (real.parent / "nvtx" / "include", real.parent.parent / "target-linux-x64" / "nvtx" / "include",
+                  Path("/usr/local/cuda/include"))
+    return next((include for include in candidates if (include / "nvtx3" / "nvToolsExt.h").is_file()), None)
+
+
+def build_nvtx_library(include: Path, folder: Path) -> Path:
+    """libnvtx.so: NVTX3's header-only implementation compiled with its API exported, so that the library
+    exports nvtxRangePushA and nvtxRangePop (what torch binds, and what libnvToolsExt.so exports). Under nsys,
+    its calls reach nsys's injection library like torch's do on a GPU machine."""
+    source, library = folder / "nvtx.c", folder / "libnvtx.so"
+    source.write_text("#include <nvtx3/nvToolsExt.h>\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-DNVTX_EXPORT_API",
+                    '-DNVTX_DECLSPEC=__attribute__((visibility("default")))', f"-I{include}",
+                    "-o", str(library), str(source), "-ldl"], check=True, capture_output=True, timeout=120)
+    return library
+
+
+@pytest.fixture(scope="module")
+def nsys() -> Path:
+    path, reason = find_real_nsys()
+    if path is None:
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="module")
+def nvtx_library(nsys: Path, tmp_path_factory) -> Path:
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc to build the NVTX library that the CPU build of torch lacks")
+    include = nvtx_include_dir(nsys)
+    if include is None:
+        pytest.skip(f"no NVTX3 headers (nvtx3/nvToolsExt.h) found beside {nsys}")
+    return build_nvtx_library(include, tmp_path_factory.mktemp("nvtx"))
+
+
+def run_nsys_run(nsys: Path, nvtx_library: Path, results: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable, NVTX_LIBRARY_ENV: str(nvtx_library)}
+    return subprocess.run(["bash", str(HERE / "nsys_run.sh"), "--results-dir", str(results), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def profiled(nsys: Path, nvtx_library: Path, tmp_path_factory) -> dict:
+    """One real nsys_run.sh of a tiny training step on the CPU, shared by the tests below (~25 s here)."""
+    results = tmp_path_factory.mktemp("results")
+    result = run_nsys_run(nsys, nvtx_library, results, "tiny", "16", "train", "--", *APP_ARGS)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {"result": result, "report": results / "nsys" / "tiny_ctx16_train", "folder": results / "nsys"}
+
+
+def test_report_csv_and_table_names(profiled: dict):
+    report = profiled["report"]
+    expected = {f"{report.name}{suffix}" for suffix in (".nsys-rep", ".sqlite", ".stats.log", ".md", "_e2e.jsonl")}
+    expected |= {f"{report.name}_{name}.csv" for name in REPORTS}
+    assert {p.name for p in profiled["folder"].iterdir()} == expected  # no nvtx_sum, nothing else
+    assert f"report: {report}.nsys-rep" in profiled["result"].stdout
+
+
+def test_the_capture_holds_the_measured_steps_and_no_warmup(profiled: dict):
+    rows = kt.read_nsys_csv(kt.nsys_report_path(profiled["report"], "nvtx_pushpop_trace"), ("Name", "Lvl"))
+    names = [row["name"] for row in rows]
+    assert names.count("measure") == 1 and "warmup" not in names  # the capture range is "measure"
+    for phase in ("forward", "backward", "optimizer"):
+        assert names.count(phase) == STEPS, phase  # the warm-up's steps are not in the report
+    measure = next(row for row in rows if row["name"] == "measure")
+    assert measure["lvl"] == "0" and all(row["lvl"] != "0" for row in rows if row["name"] != "measure")
+    (record,) = read_records(f"{profiled['report']}_e2e.jsonl")
+    assert record["config"]["warmup"] == WARMUP and len(record["step_ms"]) == STEPS
+
+
+def test_real_nvtx_reports_make_the_phase_table_beside_the_stopwatch(profiled: dict):
+    report = profiled["report"]
+    tables = kt.build_tables(kt.load_nsys(report), kt.stopwatch_ms(read_records(f"{report}_e2e.jsonl")[0]))
+    phases = {row["phase"]: row for row in tables["phases"]}
+    assert list(phases) == ["forward", "backward", "optimizer", "step"] and tables["steps"] == STEPS
+    for row in phases.values():
+        # the NVTX range and the stopwatch time the same interval: they agree far better than 10%
+        assert row["range_ms"] > 0 and row["stopwatch_ms"] > 0 and row["agrees"] == "yes", row
+    md = Path(f"{report}.md").read_text()
+    assert "### 1. Phase times (mean per step over 3 steps)" in md
+    assert md.startswith("device: ")  # the environment header from bench_e2e's record
+
+
+def test_no_kernel_data_is_said_not_tabulated(profiled: dict):
+    report = profiled["report"]
+    for name in ("cuda_gpu_trace", "cuda_api_trace", "cuda_gpu_kern_sum"):
+        assert kt.nsys_report_path(report, name).stat().st_size == 0  # how nsys writes a report without data
+    md = Path(f"{report}.md").read_text()
+    assert kt.NO_KERNELS in md and "### 2." not in md and "### 3." not in md
+    stderr = profiled["result"].stderr
+    assert "cuda_gpu_kern_sum is empty: SKIPPED:" in stderr and "does not contain CUDA kernel data" in stderr
+
+
+def test_a_failing_profiled_run_passes_its_exit_status_through(nsys: Path, nvtx_library: Path, tmp_path: Path):
+    result = run_nsys_run(nsys, nvtx_library, tmp_path, "tiny", "16", "--", *APP_ARGS, "--steps", "0")
+    assert result.returncode == 2  # bench_e2e's own exit status for its usage error, through nsys
+    assert "bench_e2e.py: error: argument --steps" in result.stderr
+    assert "the profiled run failed with exit status 2" in result.stderr
+    assert not (tmp_path / "nsys" / "tiny_ctx16_train.md").exists()
+
+
+def test_the_csv_fixture_is_what_nsys_stats_writes(nsys: Path, tmp_path: Path):
+    """test_kernel_tables' CSV fixture, byte for byte, against the real `nsys stats` on the same events."""
+    write_nsys_fixture(tmp_path, "fixture")
+    sqlite = write_nsys_sqlite(tmp_path / "real.sqlite")
+    reports = [arg for name in FIXTURE_REPORTS for arg in ("--report", name)]
+    result = subprocess.run([str(nsys), "stats", "--format", "csv", "--output", str(tmp_path / "real"), *reports,
+                             str(sqlite)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    for name in FIXTURE_REPORTS:
+        real = kt.nsys_report_path(tmp_path / "real", name).read_text()
+        assert kt.nsys_report_path(tmp_path / "fixture", name).read_text() == real, name

@@ -1,0 +1,259 @@
+"""runner.py: the child-process runner (values, failures, time limit, OOM-killer rows) and the sweep through a real
+script's command line: SIGTERM, a hung child, a parent killed with SIGKILL, a closed stdout, one timed step,
+and records that always carry the experiment, the environment and a status. Every run is on the CPU."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench_attention
+import bench_e2e
+import common
+import mem_profile
+import precision_demo
+import runner
+from common import read_records
+
+HERE = Path(__file__).resolve().parent
+SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",
+         "--vocab-size", "256", "--steps", "2", "--warmup", "0", "--device", "cpu"]
+
+
+# ---- run_isolated ----
+
+
+def returns_config(n):
+    return {"n": n, "pid": os.getpid(), "fault": os.environ.get(common.FAULT_ENV), "cwd": os.getcwd()}
+
+
+def raises_oom(n):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def raises_value_error(n):
+    raise ValueError("bad thing\nsecond line")
+
+
+def dies(n):
+    os._exit(7)
+
+
+def hangs(n):
+    time.sleep(120)
+
+
+def test_run_isolated_returns_values_and_failures(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # after the fork server started: the child still sees this folder...
+    monkeypatch.setenv(common.FAULT_ENV, "error:n=99")  # ...and this environment
+    ok = runner.run_isolated(returns_config, {"n": 3})
+    assert ok["ok"] and ok["value"]["n"] == 3
+    assert ok["value"]["pid"] != os.getpid()  # really another process
+    assert ok["value"]["fault"] == "error:n=99" and ok["value"]["cwd"] == str(tmp_path)
+    assert runner.run_isolated(raises_oom, {"n": 1})["status"] == "OOM"
+    assert runner.run_isolated(raises_value_error, {"n": 1})["status"] == "error: ValueError: bad thing"
+    assert runner.run_isolated(dies, {"n": 1})["status"] == "error: child process died with exit code 7"
+    assert runner.run_isolated(raises_oom, {"n": 1}, in_process=True)["status"] == "OOM"
+
+
+def test_a_hung_child_is_killed_at_its_time_limit():
+    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    start = time.monotonic()
+    answer = runner.run_isolated(hangs, {"n": 1}, timeout_s=1)
+    assert answer == {"ok": False, "status": "timeout after 1 s"}
+    assert time.monotonic() - start < 1 + runner.STOP_GRACE_S + 5
+
+
+def ignores_sigterm_and_hangs(n):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(monkeypatch):
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
+    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    start = time.monotonic()
+    assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
+    assert time.monotonic() - start < 10
+
+
+def test_the_fork_server_preload_never_asks_cuda_anything():
+    """A CUDA driver initialised in the server before fork() would be unusable in every child."""
+    probe = f"""
+import traceback, torch
+calls = []
+for name in ("is_available", "device_count", "_lazy_init", "init", "current_device", "get_device_properties",
+             "get_device_name", "mem_get_info", "synchronize"):
+    real = getattr(torch.cuda, name)
+    setattr(torch.cuda, name, lambda *a, _name=name, _real=real, **k: calls.append(_name) or _real(*a, **k))
+for module in {[m for m in runner.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
+    __import__(module)
+print(calls)
+"""
+    out = subprocess.run([sys.executable, "-c", probe], cwd=HERE, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_sigkill_while_an_oom_kill_counter_rose_is_an_oom():
+    killed = -signal.SIGKILL
+    assert runner.died_status(killed, (5, 0), (6, 0))["status"] == "OOM"  # system-wide counter rose
+    assert runner.died_status(killed, (None, 2), (None, 3))["status"] == "OOM"  # the cgroup's rose
+    # killed by someone else (no counter moved), or unknowable: an error with the exit code, not a guess
+    assert runner.died_status(killed, (5, 0), (5, 0))["status"] == "error: child process died with exit code -9"
+    assert runner.died_status(killed, (None, None), (None, None))["status"].startswith("error")
+    assert runner.died_status(-signal.SIGSEGV, (5, 0), (6, 0))["status"].startswith("error")
+    counts = runner.oom_kill_counts()
+    assert len(counts) == 2 and all(c is None or c >= 0 for c in counts)
+
+
+def test_default_time_limit_is_derived_from_the_sweep():
+    assert runner.time_limit(None, 0.0) == runner.TIMEOUT_FLOOR_S  # nothing measured yet: the floor
+    assert runner.time_limit(None, 600.0) == 6000.0  # 10x the slowest configuration so far
+    assert runner.time_limit(7.5, 600.0) == 7.5  # --timeout SECONDS
+    assert runner.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
+
+
+# ---- the sweep through bench_e2e's command line ----
+
+
+def start(tmp_path, *argv, fault=None, **popen):
+    env = {k: v for k, v in os.environ.items() if k != common.FAULT_ENV}
+    if fault:
+        env[common.FAULT_ENV] = fault
+    cmd = [sys.executable, str(HERE / "bench_e2e.py"), *SMALL, *argv, "--results-dir", str(tmp_path), "--out", "s"]
+    return subprocess.Popen(cmd, cwd=HERE, env=env, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def read_until(stream, text, timeout_s=120):
+    """Lines of `stream` up to and including the first that contains `text`."""
+    lines, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"{text!r} never came; got {''.join(lines)}")
+
+
+def hung_pid(lines):
+    return int(next(line for line in lines if "injected hang in pid" in line).split()[-1])
+
+
+def gone(pid, timeout_s=15):
+    """True once `pid` has exited (reaped, or a zombie waiting for a reaper that is not us)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_sigterm_mid_sweep_keeps_finished_rows_in_both_files_and_stops_the_child(tmp_path):
+    proc = start(tmp_path, "--context-length", "8", "16", "24", fault="hang:context_length=16",
+                 stdout=subprocess.DEVNULL)
+    pid = hung_pid(read_until(proc.stderr, "injected hang in pid"))
+    proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 143, err
+    assert "interrupted by SIGTERM after 1 of 3 configurations" in err and "Traceback" not in err
+    assert gone(pid)
+    (record,) = read_records(tmp_path / "e2e" / "s.jsonl")
+    assert record["config"]["model"]["context_length"] == 8 and record["status"] in ("ok", "noisy")
+    assert "step ms" in (tmp_path / "e2e" / "s.md").read_text()
+
+
+def test_a_hung_child_hits_the_timeout_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(common.FAULT_ENV, "hang:context_length=16")
+    code = bench_e2e.main([*SMALL, "--context-length", "8", "16", "24", "--timeout", "10",
+                           "--results-dir", str(tmp_path), "--out", "t"])
+    assert code == 0
+    records = read_records(tmp_path / "e2e" / "t.jsonl")
+    assert [r["status"] for r in records][1] == "timeout after 10 s"
+    assert records[0]["status"] in ("ok", "noisy") and records[2]["status"] in ("ok", "noisy")
+    captured = capsys.readouterr()
+    assert "timeout after 10 s" in captured.out and "[2/3] starting tiny ctx=16" in captured.err
+
+
+def test_a_child_stops_quietly_when_its_parent_is_killed(tmp_path):
+    proc = start(tmp_path, "--context-length", "8", fault="hang:context_length=8", stdout=subprocess.DEVNULL)
+    pid = hung_pid(read_until(proc.stderr, "injected hang in pid"))
+    proc.kill()  # SIGKILL: no handler runs in the parent
+    proc.wait(timeout=30)
+    assert gone(pid), "the child outlived its parent"
+    rest = proc.stderr.read()  # EOF once every process holding stderr has exited
+    assert "Traceback" not in rest and "BrokenPipeError" not in rest
+
+
+def test_a_closed_stdout_loses_no_rows(tmp_path):
+    proc = start(tmp_path, "--context-length", "8", "16", stdout=subprocess.PIPE)
+    proc.stdout.close()  # as `... | head -0` does: every print from now on meets a closed pipe
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "stdout was closed" in err
+    assert len(read_records(tmp_path / "e2e" / "s.jsonl")) == 2
+    assert (tmp_path / "e2e" / "s.md").read_text().count("| tiny ") == 1 + 2  # config row, two result rows
+
+
+def test_one_timed_step_has_no_std_and_the_row_says_so(tmp_path, capsys):
+    code = bench_e2e.main([*SMALL, "--context-length", "8", "--steps", "1", "--in-process",
+                           "--results-dir", str(tmp_path), "--out", "one"])
+    assert code == 0
+    (record,) = read_records(tmp_path / "e2e" / "one.jsonl")
+    assert record["step_ms_std"] is None and record["forward_ms_std"] is None and record["step_ms_n"] == 1
+    assert record["note"] == runner.ONE_SAMPLE_NOTE
+    lines = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if "step ms" in line
+             or "| tiny " in line]
+    header, row = [c.strip() for c in lines[-2]], [c.strip() for c in lines[-1]]
+    cells = dict(zip(header, row))
+    assert cells["step ms"] and cells.get("step std", "") == "" and cells.get("fwd std", "") == ""  # not 0.00
+    assert cells["status"] == "ok (1 timed step: no std)"
+
+
+def assert_complete(records, experiment):
+    for record in records:
+        assert record["experiment"] == experiment
+        assert record["status"]
+        assert record["environment"]["torch"] == torch.__version__ and record["environment"]["device"] == "cpu"
+
+
+def test_failed_and_skipped_records_carry_experiment_environment_and_status(tmp_path, monkeypatch):
+    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=16;error:impl=naive,seq_len=16")
+    bench_e2e.main([*SMALL, "--context-length", "8", "16", "24", "--in-process", "--results-dir", str(tmp_path)])
+    records = read_records(next((tmp_path / "e2e").glob("*.jsonl")))
+    assert [r["status"] for r in records][1:] == ["OOM", "skipped: OOM at ctx=16"]
+    assert_complete(records, "bench_e2e")
+    bench_attention.main(["--batch-size", "2", "--d", "8", "--iters", "2", "--warmup", "0", "--seq-len", "8", "16",
+                          "--impl", "naive", "--device", "cpu", "--in-process", "--results-dir", str(tmp_path)])
+    records = read_records(next((tmp_path / "attention").glob("*.jsonl")))
+    assert records[1]["status"].startswith("error: RuntimeError")
+    assert_complete(records, "bench_attention")
+    mem_profile.main(["--size", "tiny", "--context-length", "16", "--mode", "forward", "--device", "cpu",
+                      "--results-dir", str(tmp_path)])
+    records = read_records(next((tmp_path / "memory").glob("*.jsonl")))
+    assert records[0]["status"] == "skipped: measured peaks need a CUDA device"
+    assert_complete(records, "mem_profile")
+    precision_demo.main(["--count", "10", "--results-dir", str(tmp_path)])
+    records = read_records(next((tmp_path / "precision").glob("precision_demo*.jsonl")))
+    assert_complete(records, "precision_demo")
+
+
+def test_reports_render_from_the_records_alone(tmp_path, capsys):
+    """What a script printed can be rebuilt from its JSONL: same text from render_report(records, fmt)."""
+    bench_e2e.main([*SMALL, "--context-length", "8", "--in-process", "--results-dir", str(tmp_path), "--out", "r"])
+    records = read_records(tmp_path / "e2e" / "r.jsonl")
+    assert bench_e2e.render_report(records, "github") + "\n" == (tmp_path / "e2e" / "r.md").read_text()
+    records = json.loads(json.dumps(records))  # nothing but JSON
+    assert "step ms" in bench_e2e.render_report(records, "plain")
