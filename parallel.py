@@ -317,7 +317,7 @@ def agreed_answer(answers: list[dict[str, Any]], merge: Callable[[list[dict]], d
 
 # ---- every rank's timings in one record ----
 
-PER_RANK_KEYS = ("peak_mem_allocated_bytes", "peak_mem_reserved_bytes", "compile_s", "collectives")
+PER_RANK_KEYS = ("host", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes", "compile_s", "collectives")
 
 
 def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -330,7 +330,7 @@ def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     merged["ranks"] = []
     for rank, rec in enumerate(records):
         env = rec.get("environment", {})
-        merged["ranks"].append({"rank": rank, "host": rec.get("host"), "device": env.get("device"),
+        merged["ranks"].append({"rank": rank, "device": env.get("device"),
                                 "device_name": env.get("device_name"),
                                 **{k: rec[k] for k in sample_keys + list(PER_RANK_KEYS) if k in rec}})
     merged["slowest_rank"] = {}
