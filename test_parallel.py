@@ -10,13 +10,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+import bench_e2e
 import parallel
-from common import ModelConfig, get_config
+import runner
+from common import ModelConfig, get_config, read_records
 
 HERE = Path(__file__).resolve().parent
 TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the CI job
@@ -117,6 +120,79 @@ def test_torchrun_launch_reads_torchruns_environment():
     assert parallel.rank_device(torch.device("cpu"), launch) == torch.device("cpu")
 
 
+def sleep_for(seconds: float) -> dict:
+    time.sleep(seconds)
+    return {}
+
+
+def test_run_isolated_stops_a_child_when_told_to():
+    asked = []
+
+    def stop_when():  # a peer fails on the third look
+        asked.append(1)
+        return "stopped: rank 1 failed" if len(asked) >= 3 else None
+    start = time.monotonic()
+    answer = runner.run_isolated(sleep_for, {"seconds": 60}, timeout_s=120, stop_when=stop_when)
+    assert answer == {"ok": False, "status": "stopped: rank 1 failed"}
+    assert time.monotonic() - start < 30  # not the child's 60 s
+
+
+# ---- bad input: one line, exit 2 (or a one-line warning) ----
+
+TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--parallel", "ddp"], {}, "--parallel needs torchrun"),
+    (["--parallel", "fsdp", "--in-process"], TORCHRUN_ENV, "--parallel with --in-process is not supported yet"),
+    ([], TORCHRUN_ENV, "WORLD_SIZE=2 but without --parallel"),
+    (["--parallel", "ddp", "--fsdp-mixed-precision", "bf16"], TORCHRUN_ENV, "only apply to --parallel fsdp"),
+    (["--reshard-after-forward", "off"], {}, "only apply to --parallel fsdp"),
+])
+def test_bad_parallel_input_is_one_line_and_exit_2(argv, env, message, monkeypatch, capsys):
+    for key in TORCHRUN_ENV:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.parse_args(["--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_only_rank_0_says_what_was_wrong(monkeypatch, capsys):
+    monkeypatch.delenv("RANK", raising=False)
+    for key, value in {**TORCHRUN_ENV, "RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.parse_args(["--device", "cpu"])
+    assert exc.value.code == 2 and capsys.readouterr().err == ""
+
+
+def test_fewer_gpus_than_local_ranks_is_an_error(monkeypatch, capsys):
+    for key, value in {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.parse_args(["--device", "cuda", "--parallel", "fsdp"])
+    assert exc.value.code == 2
+    assert "one GPU per process: 4 processes on this node but 2 GPU(s) visible" in capsys.readouterr().err
+
+
+def test_more_cpu_processes_than_cores_is_a_one_line_warning(monkeypatch, capsys):
+    for key, value in {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "4096"}.items():
+        monkeypatch.setenv(key, value)
+    args, runs = bench_e2e.parse_args(["--device", "cpu", "--parallel", "ddp", "fsdp",
+                                       "--fsdp-mixed-precision", "off", "bf16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: 4096 processes on this node but")
+    # ddp is not multiplied by the FSDP-only axis: one ddp row, two fsdp rows
+    assert [(r.parallel, r.fsdp_mixed_precision, r.world_size) for r in runs] == [
+        ("ddp", "off", 2), ("fsdp", "off", 2), ("fsdp", "bf16", 2)]
+
+
 # ---- numerics: DDP and FSDP2 against one process on the global batch ----
 
 NUMERICS_MODEL = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=97, context_length=16)
@@ -197,3 +273,48 @@ def test_ddp_and_fsdp2_match_one_process_on_the_global_batch_with_both_optimizer
 if __name__ == "__main__":
     if sys.argv[1:2] == ["numerics"]:
         numerics_worker(sys.argv[2])
+
+
+# ---- bench_e2e through torchrun, end to end ----
+
+E2E_ARGS = ["bench_e2e.py", "--device", "cpu", "--parallel", "ddp", "fsdp", "--d-model", "64", "--d-ff", "128",
+            "--num-layers", "2", "--num-heads", "4", "--vocab-size", "256", "--batch-size", "2",
+            "--context-length", "16", "32", "48", "--warmup", "1", "--steps", "2", "--profile", "--out", "t"]
+
+
+def test_bench_e2e_ddp_and_fsdp2_through_torchrun_with_an_oom_on_rank_1_only(tmp_path):
+    proc = torchrun([*E2E_ARGS, "--results-dir", str(tmp_path)],
+                    env={"BENCH_INJECT_FAULT": "oom:parallel=fsdp,rank=1,context_length=32"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 0 alone prints and writes: one config table, one results table, one line per configuration
+    assert proc.stdout.count("|   vocab |   params |") == 1 and proc.stdout.count("state GiB/rank") == 1
+    assert proc.stdout.count("wrote ") == 1
+    assert proc.stderr.count("[1/6] starting") == 1 and proc.stderr.count("[6/6]") == 2
+    assert sorted(p.name for p in (tmp_path / "e2e").iterdir()) == ["t.jsonl", "t.md"]
+    assert len(list((tmp_path / "profile").iterdir())) == 4  # rank 0's traces of the 4 configurations that ran
+    records = read_records(tmp_path / "e2e" / "t.jsonl")
+    for r in records:
+        r["status"] = r["status"].replace("noisy", "ok")  # a shared 2-core box: the timings are noisy
+    assert [(r["config"]["parallel"], r["config"]["model"]["context_length"], r["status"].split(":")[0])
+            for r in records] == [("ddp", 16, "ok"), ("ddp", 32, "ok"), ("ddp", 48, "ok"), ("fsdp", 16, "ok"),
+                                  ("fsdp", 32, "OOM on rank 1"), ("fsdp", 48, "skipped")]
+    oom = records[4]
+    assert oom["failed_rank"] == 1 and oom["rank_status"][1] == "OOM" and oom["status"] == "OOM on rank 1"
+    assert oom["predicted"]["state_bytes"] == parallel.state_bytes_per_rank(
+        ModelConfig(64, 128, 2, 4, 256, 32), "fsdp", 2, "train")["state_bytes"]
+    for r in records[:4]:
+        assert r["world_size"] == 2 and [rank["rank"] for rank in r["ranks"]] == [0, 1]
+        for phase in ("forward", "backward", "optimizer", "step"):  # the table's figure is the slowest rank's
+            slowest = max(r["ranks"], key=lambda rank: sum(rank[f"{phase}_ms"]))
+            assert r[f"{phase}_ms"] == slowest[f"{phase}_ms"] and len(slowest[f"{phase}_ms"]) == 2
+        ctx = r["config"]["model"]["context_length"]
+        assert r["tokens_per_s"] == pytest.approx(2 * 2 * ctx / (r["step_ms_mean"] / 1e3))  # global batch
+        kinds = {(rank["rank"], row["phase"]): row for rank in r["ranks"] for row in rank["collectives"]}
+        assert set(kinds) == {(k, p) for k in (0, 1) for p in ("forward", "backward", "optimizer")}
+        if r["config"]["parallel"] == "ddp":
+            assert all(kinds[(k, "backward")].get("all-reduce_ms", 0) > 0 for k in (0, 1))
+        else:
+            assert all(kinds[(k, "forward")].get("all-gather_ms", 0) > 0 for k in (0, 1))
+    table = (tmp_path / "e2e" / "t.md").read_text()
+    assert "| OOM on rank 1" in table and "fsdp x2" in table and "ddp x2" in table
+    assert "ranks: 2 (gloo; times: slowest rank per phase)" in table and "## Collectives per phase" in table
