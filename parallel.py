@@ -194,6 +194,9 @@ class PeerTimeout(RuntimeError):
     """A collective waited longer than the process-group timeout for a peer."""
 
 
+PEER_TIMEOUT = "error: PeerTimeout: "  # how common.failure_status words it
+
+
 @contextlib.contextmanager
 def configuration_group(prefix: str, device: torch.device, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> Iterator[Launch]:
     """Join the process group of one configuration (world = every rank of the launch) for the block, then leave
@@ -214,8 +217,7 @@ def configuration_group(prefix: str, device: torch.device, timeout_s: float = DE
         with contextlib.suppress(Exception):  # the store may be gone if the whole launch is going down
             store.compare_set(FIRST_FAILURE, "", str(launch.rank))
         if _is_timeout(exc):
-            raise PeerTimeout(f"process-group timeout: a collective waited more than {timeout_s:g} s for a peer "
-                              f"(--pg-timeout); {str(exc).strip().splitlines()[0][:200]}") from exc
+            raise PeerTimeout(f"a collective waited more than {timeout_s:g} s for a peer (--pg-timeout)") from exc
         raise  # no destroy_process_group: a collective may be stuck; the process exits and that frees it
     dist.destroy_process_group()
 
@@ -305,6 +307,8 @@ def agreed_answer(answers: list[dict[str, Any]], merge: Callable[[list[dict]], d
     status = culprit["status"]
     if status == "OOM" or status.startswith("timeout"):
         status = f"{status} on rank {first}"
+    elif status.startswith(PEER_TIMEOUT):
+        status = f"process-group timeout on rank {first}: {status.removeprefix(PEER_TIMEOUT)}"
     else:
         status = f"error on rank {first}: {status.removeprefix('error: ')}"
     out = {"ok": False, "status": status, "failed_rank": first,

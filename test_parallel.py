@@ -75,6 +75,10 @@ def test_agreed_answer_names_the_rank_that_failed_first():
     stopped = [{"ok": False, "status": "stopped: rank 1 failed", "first_failure": 1},
                {"ok": False, "status": "error: ValueError: bad", "first_failure": 1}]
     assert parallel.agreed_answer(stopped, lambda v: {})["status"] == "error on rank 1: ValueError: bad"
+    timed_out = [{"ok": False, "status": "error: PeerTimeout: a collective waited more than 5 s for a peer "
+                  "(--pg-timeout)", "first_failure": 0}, {"ok": False, "status": "stopped: rank 0 failed"}]
+    assert parallel.agreed_answer(timed_out, lambda v: {})["status"] == (
+        "process-group timeout on rank 0: a collective waited more than 5 s for a peer (--pg-timeout)")
     ok = [{"ok": True, "value": {"x": 1}}, {"ok": True, "value": {"x": 2}}]
     assert parallel.agreed_answer(ok, merge=lambda values: {"xs": [v["x"] for v in values]}) == {
         "ok": True, "value": {"xs": [1, 2]}}
