@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "present), write a Chrome/Perfetto trace under results/profile/ and print kernel tables "
                         "(phases, top kernels, categories, attention); the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
-                   help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
+                   help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     common.add_device_args(p)
     p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
                    help="run under torchrun on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "

@@ -81,7 +81,7 @@ class RunConfig:
         if self.parallel:
             parts.append(f"{self.parallel} x{self.world_size}")
         if self.parallel == "fsdp" and self.fsdp_mixed_precision != "off":
-            parts.append(f"fsdp-params={self.fsdp_mixed_precision}")
+            parts.append(f"{self.fsdp_mixed_precision}-params")
         if self.parallel == "fsdp" and not self.reshard_after_forward:
             parts.append("no-reshard")
         return " ".join(parts + (["compiled"] if self.compile else []))

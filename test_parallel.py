@@ -197,6 +197,17 @@ def test_more_cpu_processes_than_cores_is_a_one_line_warning(monkeypatch, capsys
         ("ddp", "off", 2), ("fsdp", "off", 2), ("fsdp", "bf16", 2)]
 
 
+def test_the_model_runs_on_bf16_parameters():
+    """What FSDP2's bf16 MixedPrecisionPolicy gives every block, without autocast: the fp32 RoPE cache must not
+    promote activations back to fp32 (the next Linear would refuse a float input with bf16 weights)."""
+    from model import TransformerLM, cross_entropy
+    model = TransformerLM(NUMERICS_MODEL).to(torch.bfloat16)
+    tokens = torch.randint(0, NUMERICS_MODEL.vocab_size, (2, NUMERICS_MODEL.context_length))
+    logits = model(tokens)
+    cross_entropy(logits, tokens).backward()
+    assert logits.dtype == torch.bfloat16 and model.lm_head.weight.grad.dtype == torch.bfloat16
+
+
 # ---- numerics: DDP and FSDP2 against one process on the global batch ----
 
 NUMERICS_MODEL = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=97, context_length=16)
