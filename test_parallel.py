@@ -261,8 +261,8 @@ def numerics_worker(out_path: str) -> None:
             moved = max((ref[n] - initial[n]).abs().max().item() for n in ref)
             dtensor = type(next(model.parameters())).__name__
             state = opt.state[next(model.parameters())]
-            results[f"{kind}/{opt_name}"] = {"max_abs_diff": diff, "moved": moved, "grad_rel_diff": grad_diff, "param_type": dtensor,
-                                             "state_type": type(state["exp_avg"]).__name__,
+            results[f"{kind}/{opt_name}"] = {"max_abs_diff": diff, "moved": moved, "grad_rel_diff": grad_diff,
+                                             "param_type": dtensor, "state_type": type(state["exp_avg"]).__name__,
                                              "names": sorted(full) == sorted(ref)}
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
