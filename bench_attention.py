@@ -374,12 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", nargs="+", type=common.positive_int, default=[256, 1024, 4096, 8192, 16384],
                    help="sequence length(s)")
     p.add_argument("--batch-size", type=common.positive_int, default=8, help="batch size")
-    p.add_argument("--iters", type=common.positive_int, default=100,
+    p.add_argument("--iters", type=common.step_count, default=100,
                    help="timed forward passes, then as many timed backward passes")
-    p.add_argument("--warmup", type=common.non_negative_int, default=10,
+    p.add_argument("--warmup", type=common.warmup_count, default=10,
                    help="untimed forward+backward passes before timing")
     p.add_argument("--dtype", choices=BENCH_DTYPES, default="fp32", help="dtype of Q, K and V")
-    p.add_argument("--seed", type=int, default=0, help="random seed for Q, K, V")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
     common.add_device_args(p)
@@ -397,6 +397,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
                          warmup=args.warmup, iters=args.iters, device=args.device, seed=args.seed, force=args.force)
             for d, seq, impl in itertools.product(args.d, args.seq_len, args.impl)]
+    common.check_tensor_sizes(parser, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
+                                       "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     return args, runs
 
 

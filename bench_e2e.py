@@ -84,7 +84,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     if keep:
         stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
         stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
-        trace = ResultFiles(run.profile_results_dir, "profile", None, stem).path(".json")
+        trace = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json")
     else:
         handle, name = tempfile.mkstemp(suffix=".json")
         os.close(handle)
@@ -280,8 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
                    help="sequence length(s)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=non_negative_int, nargs="+", default=[5], help="warm-up step count(s)")
-    p.add_argument("--steps", type=positive_int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
+    p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
     p.add_argument("--mode", choices=MODES, default="train",
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to compare them in one table (train mode)")
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
     p.add_argument("--profile", action="store_true",
@@ -371,7 +371,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   pg_timeout_s=args.pg_timeout))
     except common.ConfigError as exc:
         parser.error(str(exc))
-    return args, list(dict.fromkeys(runs))
+    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
+    for run in runs:
+        common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
+    return args, runs
 
 
 def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace,

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import dataclasses
 import datetime
+import itertools
 import json
 import math
 import os
@@ -97,6 +98,13 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
         raise ConfigError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
     changes = {k: v for k, v in overrides.items() if v is not None}
     return dataclasses.replace(PRESETS[name], **changes)
+
+
+def model_tensor_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
+    """The largest tensors a step of model.py builds, by name: the bounds check of check_tensor_sizes."""
+    seq = cfg.context_length
+    return {"logits": (batch, seq, cfg.vocab_size), "attention scores": (batch, cfg.num_heads, seq, seq),
+            "embedding": (cfg.vocab_size, cfg.d_model), "feed-forward weight": (cfg.d_ff, cfg.d_model)}
 
 
 def config_row(name: str, cfg: ModelConfig) -> dict[str, Any]:
@@ -514,10 +522,21 @@ class ArgParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+# Bounds on numbers from the command line, so a number that cannot be used is a parse error, not an error row.
+# torch stores sizes, strides and element counts as int64: a dimension beyond this can never be allocated.
+INT64_MAX = 2**63 - 1
+# Timed steps and warm-up steps are Python loops whose raw samples are kept in the JSONL record (~20 bytes each):
+# a million makes a 20 MB line, far beyond what a mean or a standard deviation needs; more only fills the disk.
+MAX_STEPS = 1_000_000
+# torch.manual_seed's documented range: [-0x8000_0000_0000_0000, 0xffff_ffff_ffff_ffff] (negative ones are
+# remapped); anything else raises at seeding time, inside a configuration.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def _bounded_int(text: str, low: int, high: int, what: str) -> int:
+    value = int(text)  # a non-integer is argparse's "invalid ... value"
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
     return value
 
 
@@ -528,18 +547,42 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """A size: 1 .. 2**63-1 (torch's int64 sizes)."""
+    return _bounded_int(text, 1, INT64_MAX, f"a positive integer at most {INT64_MAX} (int64)")
+
+
 def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+    return _bounded_int(text, 0, INT64_MAX, f">= 0 and at most {INT64_MAX} (int64)")
+
+
+def step_count(text: str) -> int:
+    """A number of timed steps or iterations: 1 .. MAX_STEPS."""
+    return _bounded_int(text, 1, MAX_STEPS, f"a positive integer at most {MAX_STEPS:,} (raw samples are kept)")
+
+
+def warmup_count(text: str) -> int:
+    return _bounded_int(text, 0, MAX_STEPS, f">= 0 and at most {MAX_STEPS:,}")
+
+
+def seed_int(text: str) -> int:
+    low, high = SEED_RANGE
+    return _bounded_int(text, low, high, f"within torch.manual_seed's range [{low}, {high}]")
 
 
 def positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
+
+
+def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[int, ...]]) -> None:
+    """A user mistake if a tensor the run will build has more bytes than torch can count (int64), at 8 bytes per
+    element (the widest dtype these scripts allocate: int64 token ids). `shapes` names each tensor's shape."""
+    for name, shape in shapes.items():
+        if math.prod(shape) * 8 > INT64_MAX:
+            parser.error(f"the {name} tensor {tuple(shape)} would have more than 2**63 bytes; use smaller sizes")
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -567,48 +610,127 @@ def render_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "git
     return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
 
 
+# A result stem names files inside the results folder, nothing else: no path separators (a stem cannot reach
+# another folder, so the no-overwrite rule holds), no leading '.' (hidden files, '.', '..') or '-' (read as a
+# flag by the next command), and short enough that the longest file name made from it ("<stem>-<n>_timeline.png")
+# stays under the 255-byte name limit of common file systems.
+MAX_STEM_BYTES = 200
+
+
+def result_stem(text: str) -> str:
+    """--out: a plain file-name stem, checked at parse time."""
+    if not text:
+        raise argparse.ArgumentTypeError("must be a non-empty file-name stem")
+    if "/" in text or "\\" in text or (os.sep in text) or (os.altsep and os.altsep in text):
+        raise argparse.ArgumentTypeError(f"must be a file-name stem without a folder, got {text!r} "
+                                         "(use --results-dir to choose the folder)")
+    if text[0] in ".-":
+        raise argparse.ArgumentTypeError(f"must not start with '.' or '-', got {text!r}")
+    if not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be printable characters only, got {text!r}")
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEM_BYTES} bytes long")
+    return text
+
+
+def results_folder(text: str) -> str:
+    """--results-dir: a folder, created with its parents when missing; what cannot be created or written is
+    refused when the result files are opened, before any work."""
+    if not text:
+        raise argparse.ArgumentTypeError("must be a folder name, got ''")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a folder")
+    return text
+
+
 def add_output_args(parser: Any, default_stem: str) -> None:
     """--fmt, --out and --results-dir, the same in every script."""
     parser.add_argument("--fmt", default="github", choices=TABLE_FORMATS, metavar="FMT",
                         help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
-    parser.add_argument("--out", default=None,
-                        help=f"result file stem (default: {default_stem}-<UTC timestamp>); an existing result is "
-                             "never overwritten: a numbered suffix is added instead")
-    parser.add_argument("--results-dir", default="results", help="root folder for result files")
+    parser.add_argument("--out", default=None, type=result_stem,
+                        help=f"result file stem, a plain name inside the results folder (default: {default_stem}-"
+                             "<UTC timestamp>); an existing result is never overwritten: a numbered suffix is "
+                             "added instead")
+    parser.add_argument("--results-dir", default="results", type=results_folder,
+                        help="root folder for result files (created when missing)")
 
 
 def json_default(obj: Any) -> Any:
     if isinstance(obj, (torch.dtype, torch.device, Path)):
         return str(obj)
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
-class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem already used (by any file with that stem)
-    gets a numbered suffix, so an earlier result is never overwritten; records are appended and flushed one by
-    one, so an interrupted run keeps what it finished."""
+def strict_json_value(obj: Any) -> Any:
+    """`obj` with every NaN or infinity (in nested dicts, lists and dataclasses too) replaced by None, since
+    NaN and Infinity are not JSON and strict readers (jq, JavaScript, most JSON libraries) refuse them."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json_value(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json_value(v) for v in obj]
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return strict_json_value(dataclasses.asdict(obj))
+    return obj
 
-    def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str):
+
+def to_json_line(record: dict[str, Any]) -> str:
+    """One record as one line of strict JSON (no NaN/Infinity tokens)."""
+    return json.dumps(strict_json_value(record), default=json_default, allow_nan=False)
+
+
+def exit_usage_error(message: str) -> NoReturn:
+    """A user mistake found after parsing (e.g. a results folder that cannot be written): one line, exit 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+class ResultFiles:
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run, the stem reserved for this run alone.
+
+    A stem is taken when any file of that stem exists (<stem>.jsonl, <stem>.md, <stem>_timeline.png, ...); then
+    <stem>-2, <stem>-3, ... are tried. The stem is reserved by creating <stem>.jsonl with O_EXCL, so two runs
+    started together (same --out, or the same second for the default stem) never share one, and no run
+    overwrites another's files (a run that writes no JSONL reserves the file it does write: `reserve`). Records
+    are appended and flushed one by one, so an interrupted run keeps what it finished; the markdown is replaced
+    atomically, so a failed write leaves the previous version.
+
+    A folder that cannot be created or written is a one-line exit 2; a write that fails later (a full disk) is a
+    one-line exit 1 that keeps the records already written."""
+
+    def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
+                 reserve: str = ".jsonl"):
         self.folder = Path(results_dir) / subdir
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.records_written = 0
+        chosen = stem is not None
         if stem is None:
             stem = f"{default_stem}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
-        self.stem = self._free_stem(stem)
-        if self.stem != stem:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self.stem = self._reserve_stem(stem, reserve)
+        except OSError as exc:
+            exit_usage_error(f"cannot write results in {self.folder}: {exc.strerror or exc}")
+        if self.stem != stem and chosen:  # (a default stem taken in the same second needs no note)
             print(f"note: results for {stem!r} already exist; writing {self.stem!r} instead", file=sys.stderr)
 
-    def _free_stem(self, stem: str) -> str:
-        taken = {p.name for p in self.folder.iterdir()}
-        candidate, n = stem, 1
-        # a stem is taken if any file of an earlier run uses it: <stem>.jsonl, <stem>.md, <stem>_timeline.png, ...
-        while any(name.startswith((candidate + ".", candidate + "_")) for name in taken):
-            n += 1
-            candidate = f"{stem}-{n}"
-        return candidate
+    def _reserve_stem(self, stem: str, reserve: str) -> str:
+        for n in itertools.count(1):
+            candidate = stem if n == 1 else f"{stem}-{n}"
+            # a stem is taken if any file of an earlier run uses it: <stem>.jsonl, <stem>.md, <stem>_timeline.png
+            if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
+                continue
+            try:  # atomic: of two runs that both saw the stem free, exactly one creates the file
+                os.close(os.open(self.folder / f"{candidate}{reserve}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            except FileExistsError:
+                continue
+            return candidate
+        raise AssertionError("unreachable")
+
+    def release(self) -> None:
+        """Give the stem back when the run failed before writing any record: remove the empty reserved JSONL."""
+        if self.records_written == 0 and self.jsonl.is_file() and self.jsonl.stat().st_size == 0:
+            self.jsonl.unlink()
 
     def path(self, suffix: str) -> Path:
         """Path for a file of this run, e.g. path('.md') or path('_timeline.png')."""
@@ -622,13 +744,36 @@ class ResultFiles:
     def markdown(self) -> Path:
         return self.path(".md")
 
+    def _write_failed(self, path: Path, exc: OSError) -> NoReturn:
+        print(f"error: cannot write {path}: {exc.strerror or exc}; the {self.records_written} records written "
+              f"before it are kept in {self.jsonl}", file=sys.stderr)
+        raise SystemExit(1)
+
     def append_record(self, record: dict[str, Any]) -> None:
+        """Append one record as a line of strict JSON; a failed write (a full disk) is cut back to the last whole
+        line, so the file stays readable, and ends the run."""
+        line = to_json_line(record) + "\n"
         with open(self.jsonl, "a") as f:
-            f.write(json.dumps(record, default=json_default) + "\n")
-            f.flush()
+            end = f.tell()
+            try:
+                f.write(line)
+                f.flush()
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    f.truncate(end)
+                self._write_failed(self.jsonl, exc)
+        self.records_written += 1
 
     def write_markdown(self, text: str) -> None:
-        self.markdown.write_text(text if text.endswith("\n") else text + "\n")
+        """Replace this run's markdown (called again as rows finish): written beside it, then renamed over it."""
+        partial = self.path(".md.partial")
+        try:
+            partial.write_text(text if text.endswith("\n") else text + "\n")
+            os.replace(partial, self.markdown)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                partial.unlink()
+            self._write_failed(self.markdown, exc)
 
     def publish(self, text: str, extra_paths: list[str] = ()) -> None:
         """Save the report as the markdown file, print it, and say where it and the other files are. The file

@@ -312,9 +312,15 @@ def load_torch_trace(path: str | Path) -> Profile:
     self CPU time of every operator. Ranges are the record_function labels (category user_annotation)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        trace = json.load(f)
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    try:
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, ValueError) as exc:  # unreadable, not gzip, truncated, not UTF-8, not JSON
+        raise ProfileFormatError(f"{path}: not a readable JSON trace: {exc}") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ProfileFormatError(f"{path}: not a torch.profiler trace (no traceEvents list)")
+    events = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
     ranges = [Range(e["name"], e["ts"] * 1e3, (e["ts"] + e["dur"]) * 1e3)
               for e in events if e.get("cat") == "user_annotation"]
     gpu_events = [e for e in events if e.get("cat") in _GPU_CATEGORIES]
@@ -623,9 +629,14 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
 
 def last_e2e_record(path: str | Path) -> dict[str, Any]:
     """The record of the profiled configuration in a bench_e2e JSONL file (the last one)."""
-    records = common.read_records(path)
+    try:
+        records = common.read_records(path)
+    except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8, not JSON lines
+        raise ProfileFormatError(f"{path}: not a bench_e2e JSONL file: {exc}") from None
     if not records:
         raise ProfileFormatError(f"{path}: no records")
+    if not isinstance(records[-1], dict):
+        raise ProfileFormatError(f"{path}: its last line is not a JSON object")
     return records[-1]
 
 
@@ -637,7 +648,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--e2e-jsonl", default=None,
                    help="bench_e2e's JSONL record of the profiled run: stopwatch times for table 1, model shape "
                         "for the FLOPs of table 4, environment for the header")
-    p.add_argument("--top", type=int, default=10, help="kernels per top-kernels table")
+    p.add_argument("--top", type=common.positive_int, default=10, help="kernels per top-kernels table")
     p.add_argument("--fmt", default="github", choices=common.TABLE_FORMATS, metavar="FMT",
                    help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
     p.add_argument("--md", default=None,
@@ -654,12 +665,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "(from nsys stats --format csv --output PREFIX) or a .json torch.profiler trace")
     if args.e2e_jsonl and not Path(args.e2e_jsonl).exists():
         p.error(f"no such file: {args.e2e_jsonl}")
+    if args.md is not None:
+        md = Path(args.md)
+        if not args.md or md.is_dir() or args.md.endswith("/"):
+            p.error(f"--md must name a file, and {args.md!r} is a folder")
+        if not md.parent.is_dir():
+            p.error(f"--md: no such folder: {md.parent}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    record = last_e2e_record(args.e2e_jsonl) if args.e2e_jsonl else {}
+    try:  # a malformed input is one line and exit 2, like any other bad input
+        record = last_e2e_record(args.e2e_jsonl) if args.e2e_jsonl else {}
+        stopwatch = stopwatch_ms(record) if record else None
+        env = record.get("environment")
+        header = common.environment_header(env, source=args.source) if env else f"source: {args.source}"
+    except ProfileFormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a JSON object of another shape
+        print(f"error: {args.e2e_jsonl}: not a bench_e2e record: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     if record and record.get("status") not in ("ok", "noisy"):
         print(f"the profiled run did not finish: status {record.get('status')!r}", file=sys.stderr)
         return 1
@@ -671,16 +698,21 @@ def main(argv: list[str] | None = None) -> int:
                 profile.notes.append(check)
     except ProfileFormatError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2
+    except (KeyError, TypeError, ValueError) as exc:  # events or rows lacking a field, or of the wrong type
+        print(f"error: {args.source}: malformed profile: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     config = record.get("config") or {}
-    tables = build_tables(profile, stopwatch_ms(record) if record else None, attention_shape(config), args.top,
+    tables = build_tables(profile, stopwatch, attention_shape(config), args.top,
                           compiled=bool(config.get("compile")))
-    env = record.get("environment")
-    header = common.environment_header(env, source=args.source) if env else f"source: {args.source}"
     text = header + "\n\n" + render_tables(tables, args.fmt)
     print(text)
     if args.md:
-        Path(args.md).write_text(text + "\n")
+        try:
+            Path(args.md).write_text(text + "\n")
+        except OSError as exc:
+            print(f"error: cannot write {args.md}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         print(f"\nwrote {args.md}")
     return 0
 

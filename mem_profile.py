@@ -503,8 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "several values put their peaks and step times in one table")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=non_negative_int, default=3, help="warm-up steps before the peak counter is reset")
-    p.add_argument("--steps", type=positive_int, default=5, help="measured steps (peak over all, mean step time)")
+    p.add_argument("--warmup", type=common.warmup_count, default=3, help="warm-up steps before the peak counter is reset")
+    p.add_argument("--steps", type=common.step_count, default=5, help="measured steps (peak over all, mean step time)")
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA only: record the allocator's history around one more step; save the pickle "
                         "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
@@ -514,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
                         "check when its _meta.json is beside it); needs no GPU")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="memory")
@@ -526,7 +526,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = parser.parse_args(argv)
     if args.analyze is not None:
         if not Path(args.analyze).is_file():
-            parser.error(f"--analyze: no such file: {args.analyze}")
+            parser.error(f"--analyze: {'not a file' if Path(args.analyze).exists() else 'no such file'}: "
+                         f"{args.analyze}")
         return args, []
     common.device_or_exit(parser, args.device)
     sizes = list(PRESETS) if "all" in args.size else args.size
@@ -539,6 +540,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
     except common.ConfigError as exc:
         parser.error(str(exc))
+    for run in runs:
+        common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
@@ -551,9 +554,13 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
                                   files.path("_timeline.png"), Path(args.analyze).name, args.top,
                                   meta.get("requested_bytes_peak"))
-    except (OSError, ValueError, pickle.UnpicklingError, KeyError) as exc:
-        print(f"error: cannot analyse {args.analyze}: {exc}", file=sys.stderr)
-        return 1
+    # Not a pickle, truncated, or a pickle of something else (entries lacking fields or of the wrong type): bad
+    # input, so one line and exit 2.
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError, ImportError, KeyError, TypeError, AttributeError,
+            IndexError) as exc:
+        print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        files.release()
+        return 2
     files.append_record({"snapshot_path": args.analyze, **fields})
     files.publish(snapshot_report(args.analyze, fields, args.fmt),
                   [fields["snapshot_png"]] if "snapshot_png" in fields else [])

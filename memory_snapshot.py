@@ -44,6 +44,10 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
         raise ValueError(f"{path} is not a CUDA memory snapshot (no 'device_traces'; record with "
                          "torch.cuda.memory._record_memory_history first)")
+    traces, segments = snapshot["device_traces"], snapshot.get("segments", [])
+    if not (isinstance(traces, list) and all(isinstance(t, list) for t in traces) and isinstance(segments, list)):
+        raise ValueError(f"{path} is not a CUDA memory snapshot ('device_traces' must be a list of lists and "
+                         "'segments' a list)")
     return snapshot
 
 

@@ -48,6 +48,8 @@ CASES = [
     Case("3-bf16", torch.float32, torch.bfloat16),
 ]
 
+FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
+
 COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x stored (float64)", "result",
            "abs error", "rel error", "accumulator spacing at result"]
 
@@ -169,6 +171,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not math.isfinite(args.value) or args.value == 0:
         parser.error(f"--value must be a finite non-zero number, got {args.value}")
+    # Every case stores the addend in float16 or bfloat16 and case 2 accumulates in float16: beyond float16's
+    # largest finite number the sum is infinite and the errors mean nothing. (The study is about rounding.)
+    if abs(args.value) * args.count > FLOAT16_MAX:
+        parser.error(f"--value x --count must be at most {FLOAT16_MAX:g} in magnitude (float16's largest finite "
+                     f"number), got {args.value} x {args.count}")
     if args.count > 1_000_000:
         parser.error(f"--count must be at most 1000000 (one Python-level add each), got {args.count}")
     return args

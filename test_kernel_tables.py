@@ -536,6 +536,58 @@ def test_short_name_drops_parameters_and_truncates():
     assert kt.short_name(XMMA, width=20) == XMMA[:19] + "…"
 
 
+# ---- malformed input: one line, exit 2 ----
+
+
+@pytest.mark.parametrize("content", [
+    b'{"traceEvents": [{"ph": "X", "name": "a", ',  # truncated (the profiler was killed while writing)
+    b"[1, 2, 3]",  # JSON, but not an object
+    b'{"traceEvents": 5}',
+    b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "soon", "dur": 1}]}',
+    b"\xff\xfe not text",
+    b"",
+], ids=["truncated", "not-an-object", "events-not-a-list", "field-of-wrong-type", "not-utf8", "empty"])
+def test_malformed_trace_is_one_line_exit_2(content: bytes, tmp_path: Path, capsys):
+    trace = tmp_path / "t.json"
+    trace.write_bytes(content)
+    assert kt.main([str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_malformed_gzip_trace_is_one_line_exit_2(tmp_path: Path, capsys):
+    trace = tmp_path / "t.json.gz"
+    trace.write_bytes(b"not gzip at all")
+    assert kt.main([str(trace)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content", ["", "not json\n", "[1, 2]\n", '{"environment": 5, "status": "ok"}\n',
+                                     '{"step_ms": "fast", "status": "ok"}\n'],
+                         ids=["empty", "not-json", "not-an-object", "environment-not-an-object", "samples-not-numbers"])
+def test_malformed_e2e_jsonl_is_one_line_exit_2(content: str, tmp_path: Path, capsys):
+    jsonl = tmp_path / "e2e.jsonl"
+    jsonl.write_text(content)
+    assert kt.main([str(torch_gpu_trace(tmp_path / "t.json")), "--e2e-jsonl", str(jsonl)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_e2e_jsonl_that_is_a_folder_is_one_line_exit_2(tmp_path: Path, capsys):
+    (tmp_path / "dir.jsonl").mkdir()
+    assert kt.main([str(torch_gpu_trace(tmp_path / "t.json")), "--e2e-jsonl", str(tmp_path / "dir.jsonl")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_md_must_name_a_file_in_an_existing_folder(tmp_path: Path, capsys):
+    trace = str(torch_gpu_trace(tmp_path / "t.json"))
+    for md in (str(tmp_path), str(tmp_path / "missing" / "t.md"), ""):
+        with pytest.raises(SystemExit) as exit_:
+            kt.main([trace, "--md", md])
+        assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "missing").exists()
+
+
 # ---- bench_e2e.py --profile on the CPU ----
 
 SMALL_MODEL = ["--device", "cpu",

@@ -213,7 +213,31 @@ def test_analyze_writes_png_and_tables(tmp_path, capsys):
 def test_analyze_rejects_a_pickle_that_is_not_a_snapshot(tmp_path):
     path = tmp_path / "x.pickle"
     path.write_bytes(pickle.dumps({"something": 1}))
-    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 1
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("content", [
+    pickle.dumps([1, 2]),  # a pickle, not a dict
+    pickle.dumps({"device_traces": 5}),
+    pickle.dumps({"device_traces": [[{"action": "alloc"}]]}),  # an entry without its fields
+    pickle.dumps({"device_traces": [[]], "segments": [{"blocks": 3}]})[:-5],  # truncated
+    b"plain text, not a pickle",
+    b"",
+], ids=["list", "traces-not-a-list", "entry-without-fields", "truncated", "text", "empty"])
+def test_analyze_on_anything_but_a_snapshot_is_one_line_exit_2(content: bytes, tmp_path, capsys):
+    path = tmp_path / "x.pickle"
+    path.write_bytes(content)
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot analyse") and len(err.strip().splitlines()) == 1
+    assert not list((tmp_path / "memory").iterdir())  # no empty result file left behind
+
+
+def test_analyze_on_a_folder_or_a_missing_file_is_a_usage_error(tmp_path, capsys):
+    for path in (tmp_path, tmp_path / "missing.pickle"):
+        with pytest.raises(SystemExit) as exit_:
+            mem_profile.parse_args(["--analyze", str(path)])
+        assert exit_.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 # ---- the CUDA-only recording, with fakes ----

@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-features", type=common.positive_int, default=20, help="ToyModel input features")
     p.add_argument("--out-features", type=common.positive_int, default=5, help="ToyModel output features (classes)")
     p.add_argument("--batch-size", type=common.positive_int, default=8, help="rows of random input")
-    p.add_argument("--seed", type=int, default=0, help="random seed for weights and data")
+    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
     common.add_output_args(p, default_stem="toy_autocast")
     return p
 
@@ -146,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = common.device_or_exit(parser, args.device)
     args.dtype = list(dict.fromkeys(args.dtype))  # a dtype given twice is one column
+    common.check_tensor_sizes(parser, {"input": (args.batch_size, args.in_features),
+                                       "fc1 weight": (10, args.in_features),
+                                       "logits": (args.batch_size, args.out_features)})
     return args
 
 
