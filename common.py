@@ -602,10 +602,11 @@ def environment_header(env: dict[str, Any], **extra: Any) -> str:
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump."""
+    """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump. Under
+    torchrun every rank parses the same command line and exits; only rank 0 says why (one line, not N)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
 
 
 # Bounds on numbers from the command line, so a number that cannot be used is a parse error, not an error row.
@@ -966,10 +967,12 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
     `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
     an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
     --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
-    word). Clauses are separated by ';'. Read at call time; child processes get the parent's value."""
+    word). Clauses are separated by ';'. Every configuration also matches `rank=` (torchrun's RANK, 0 without
+    torchrun). Read at call time; child processes get the parent's value."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
+    fields = {"rank": os.environ.get("RANK", "0"), **fields}  # torchrun's rank: `oom:rank=1,...` fails one rank
     for clause in spec.split(";"):
         kind, _, conditions = clause.partition(":")
         pairs = [c.split("=", 1) for c in conditions.split(",") if "=" in c]
