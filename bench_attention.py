@@ -385,6 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="attention")
+    common.add_dry_run_arg(p)
     return p
 
 
@@ -402,8 +403,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, runs
 
 
+def plan_label(run: AttentionRun) -> str:
+    """A --dry-run line: the configuration and the memory the fit guard predicts it needs."""
+    need = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
+    return f"{run.label()} (predicted need {format_bytes(need)})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
+    if args.dry_run:
+        settings = (f"settings: batch {args.batch_size}, {args.dtype}, {args.warmup} warm-up, {args.iters} "
+                    "iterations, causal")
+        return common.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
     experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
                                    summary=progress_summary, render=lambda records: render_report(records, args.fmt))

@@ -4,15 +4,20 @@ Answers the study's benchmarking questions: how long does a step take for each m
 do, what do bf16 mixed precision and torch.compile buy.
 
     python bench_e2e.py --size large --warmup 0                  # one size, no warm-up
-    python bench_e2e.py --size all                                # every preset, one row each
+    python bench_e2e.py --size all                                # the handout's Table 1, one row each
+    python bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
+    python bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
     python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
     python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
+    torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
 
-Each configuration of a sweep runs in its own child process (an OOM cannot poison the next one). The table is
-printed on stdout and saved with one JSON record per configuration under results/e2e/.
+Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
+current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
+its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
+record per configuration under results/e2e/.
 """
 from __future__ import annotations
 
@@ -20,17 +25,21 @@ import argparse
 import contextlib
 import dataclasses
 import itertools
+import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import common
 import kernel_tables
+import parallel
 import runner
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_CONTEXT_LENGTH, DTYPES, GIB, PRESETS, ModelConfig, ResultFiles,
-                    config_row, environment_header, get_config, matmul_precision_key, non_negative_int, peak_tflops,
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, DTYPES, GIB, HANDOUTS, ModelConfig, ResultFiles,
+                    environment_header, get_config, matmul_precision_key, peak_tflops,
                     positive_float, positive_int, render_table, set_ranges)
 from model import ATTENTION
 from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
@@ -45,14 +54,14 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
     peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
     common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
-                               "warmup": run.warmup})
+                               "warmup": run.warmup, "parallel": run.parallel})
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
     record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps,
                                   compile_first=run.compile, profiler=profiler)
     if run.profile_results_dir is not None:
-        record["profile"] = profile_tables(run, profiler, record)
+        record.update(profile_tables(run, profiler, record))
     return record
 
 
@@ -72,26 +81,69 @@ def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractCon
 
 def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
     """Write the Chrome/Perfetto trace under results/profile/ and build kernel_tables' four tables from it, in
-    the process that profiled: the parent (and the JSONL record) gets the trace path and the rows, not the
-    profiler object."""
-    stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
-    files = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json")
-    trace = files.path(".json")
+    the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
+    profiler object. With --parallel, every rank also measures its time in collectives per phase
+    ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
+    keep = parallel.is_rank_zero()
+    if keep:
+        stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
+        stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
+        trace = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json")
+    else:
+        handle, name = tempfile.mkstemp(suffix=".json")
+        os.close(handle)
+        trace = Path(name)
     profiler.export_chrome_trace(str(trace))
-    tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), runner.stopwatch_ms(record),
-                                        runner.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
-    return {"trace": str(trace), "tables": tables}
+    out: dict[str, Any] = {}
+    try:
+        if run.parallel:
+            with open(trace) as f:
+                out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
+        if keep:
+            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), runner.stopwatch_ms(record),
+                                                runner.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
+            out["profile"] = {"trace": str(trace), "tables": tables}
+    finally:
+        if not keep:
+            trace.unlink()
+    return out
 
 
 def profile_report(records: list[dict], fmt: str) -> str:
-    """The --profile tables of every configuration that has them."""
+    """The --profile tables of every configuration that has them (rank 0's, under --parallel), and with
+    --parallel the time in collectives per phase on every rank."""
     parts = []
     for rec in records:
         if "profile" in rec:
-            parts.append(f"## torch.profiler: {rec['label']} (timings above were taken with the profiler on)\n\n"
-                         + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
+            whose = " (rank 0)" if rec["config"].get("parallel") else ""
+            parts.append(f"## torch.profiler: {rec['label']}{whose} (timings above were taken with the profiler on)"
+                         "\n\n" + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
                          + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
+        collectives = collectives_table(rec, fmt)
+        if collectives:
+            parts.append(f"## Collectives per phase: {rec['label']} (every rank, ms per step)\n\n{collectives}")
     return "\n\n".join(parts)
+
+
+COLLECTIVE_COLUMNS = [("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms"),
+                      *[(f"{kind}_ms", f"{kind} ms") for kind, _ in parallel.COLLECTIVE_KINDS],
+                      ("other collective_ms", "other ms"), ("collective_ms", "in collectives ms"),
+                      ("share", "share of phase")]
+
+
+def collectives_table(record: dict[str, Any], fmt: str) -> str | None:
+    """Per rank and phase, the milliseconds per step in each kind of collective and the share of the phase's
+    wall time covered by any (parallel.collective_rows), from a --parallel --profile record."""
+    rows = [{**row, "rank": rank["rank"], "share": f"{row['share']:.0%}" if row.get("share") is not None else None}
+            for rank in record.get("ranks", []) for row in rank.get("collectives", [])]
+    if not rows:
+        return None
+    columns = [(key, header) for key, header in COLLECTIVE_COLUMNS
+               if key in ("rank", "phase", "phase_ms", "collective_ms", "share") or any(key in r for r in rows)]
+    shown = [{header: row.get(key) for key, header in columns} for row in rows]
+    return render_table(shown, [header for _, header in columns], fmt, ".3f") + (
+        "\n\nA collective counts for the phase in which it starts; the time is on the wire, and compute may run beside "
+        "it (FSDP2 prefetches the next block's all-gather). gloo runs a reduce-scatter as an all-reduce.")
 
 
 # ---- derived figures ----
@@ -105,9 +157,10 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
                     if out[f"{phase}_ms_cv"] is not None and out[f"{phase}_ms_cv"] > NOISY_CV]
     if out["step_ms_n"] < 2:
         out["note"] = runner.ONE_SAMPLE_NOTE
-    step_s = out["step_ms_mean"] / 1e3
-    tokens = run.batch_size * run.context_length
-    flops = common.step_flops(run.model, run.batch_size, run.context_length, run.mode)
+    step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
+    # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
+    tokens = run.batch_size * run.context_length * run.world_size
+    flops = common.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     out["tokens_per_s"] = tokens / step_s
     out["step_flops"] = flops
     out["achieved_tflops"] = flops / step_s / 1e12
@@ -120,15 +173,26 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     else:
         peak, label = None, None  # a CPU has no entry in the peak table: no MFU rather than a guess
     out["peak_tflops"], out["peak_source"], out["mfu_precision"] = peak, label, precision
-    out["mfu"] = out["achieved_tflops"] / peak if peak else None
+    out["mfu"] = out["achieved_tflops"] / (peak * run.world_size) if peak else None  # N GPUs: N x the peak
     return out
 
 
 # ---- the table ----
 
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "optimizer", "fwd ms", "fwd std",
-           "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU",
-           "peak mem GiB", "status"]
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "optimizer", "parallel", "fwd ms",
+           "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU",
+           "state GiB/rank", "peak mem GiB", "status"]
+
+
+def parallel_label(config: dict[str, Any]) -> str | None:
+    """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
+    if not config.get("parallel"):
+        return None
+    text = f"{config['parallel']} x{config['world_size']}"
+    if config["parallel"] == "fsdp":
+        text += " bf16-params" if config["fsdp_mixed_precision"] == "bf16" else ""
+        text += "" if config["reshard_after_forward"] else " no-reshard"
+    return text
 
 
 def table_row(record: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +201,10 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"size": config["size"], "d_model": m["d_model"], "d_ff": m["d_ff"],
                            "layers": m["num_layers"], "heads": m["num_heads"], "ctx": m["context_length"],
                            "dtype": config["dtype"] + (" compiled" if config["compile"] else ""),
-                           "warmup": config["warmup"], "status": record["status"]}
+                           "warmup": config["warmup"], "status": record["status"],
+                           "parallel": parallel_label(config)}
+    if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
+        row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
     if record["status"] not in ("ok", "noisy"):
         return row
     for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step")):
@@ -157,15 +224,10 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
-    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts."""
-    seen: dict[tuple[str, ModelConfig], None] = {}
-    for config in configs:
-        model = {**config["model"], "context_length": DEFAULT_CONTEXT_LENGTH}
-        seen[(config["size"], ModelConfig(**model))] = None
-    rows = [config_row(size, cfg) for size, cfg in seen]
-    for row in rows:
-        row["params"] = f"{row['params']:,}"
-    return render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt)
+    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts, under the
+    handout whose table the names come from."""
+    handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
+    return common.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
 
 
 def results_report(records: list[dict], fmt: str) -> str:
@@ -173,10 +235,15 @@ def results_report(records: list[dict], fmt: str) -> str:
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
-    settings = {"batch": config0["batch_size"], "steps": config0["steps"],
+    settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+                "batch": config0["batch_size"], "steps": config0["steps"],
                 "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else ""), "attn": config0["attn"]}
     if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
+    if config0.get("parallel"):  # torchrun: the world, and what the batch means
+        backend = parallel.backend_for(torch.device(env["device"] if env else "cpu"))
+        settings["batch"] = f"{config0['batch_size']} per rank"
+        settings["ranks"] = f"{config0['world_size']} ({backend}; times: slowest rank per phase)"
     lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
     rows = [table_row(rec) for rec in records]
     if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
@@ -203,15 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
-                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all' (default: tiny, or 'custom' when "
-                        "--d-model, --d-ff, --num-layers and --num-heads are all given)")
+                   help="model preset(s) of the handout's Table 1 (2026: "
+                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
+                        "or 'all' for its Table 1 (default: tiny, or 'custom' when --d-model, --d-ff, --num-layers "
+                        "and --num-heads are all given)")
+    common.add_handout_arg(p)
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
     p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=[DEFAULT_CONTEXT_LENGTH],
-                   help="sequence length(s)")
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
     p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
@@ -236,27 +306,45 @@ def build_parser() -> argparse.ArgumentParser:
                         "present), write a Chrome/Perfetto trace under results/profile/ and print kernel tables "
                         "(phases, top kernels, categories, attention); the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
-                   help="peak TFLOP/s for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
+                   help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     common.add_device_args(p)
+    p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
+                   help="run under torchrun on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "
+                        "on every block and the root); give both to compare them. --batch-size is per rank. See "
+                        "docs/bench_e2e.md#more-than-one-gpu")
+    p.add_argument("--fsdp-mixed-precision", nargs="+", choices=parallel.FSDP_MIXED_PRECISION, default=None,
+                   help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), parameters gathered "
+                        "and used in bf16 with fp32 sharded master weights and gradient reduction; off (default) = "
+                        "fp32. Unlike --dtype bf16 (autocast, any mode), this casts the parameters themselves")
+    p.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
+                   help="fsdp: on (default) = each block frees its gathered parameters after forward and gathers "
+                        "them again for backward; off = keeps them until backward (more memory, fewer all-gathers)")
+    p.add_argument("--pg-timeout", type=positive_float, default=parallel.DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
+                   help="--parallel: a collective waiting longer than this for a peer fails its configuration")
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
+    common.add_dry_run_arg(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handout = common.handout_or_exit(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
-    elif "all" in args.size:
-        args.size = list(PRESETS)
+    else:
+        args.size = common.sizes_or_exit(parser, args, args.size)
+    if args.context_length is None:
+        args.context_length = [handout.default_context_length]
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
     args.optimizer = list(dict.fromkeys(args.optimizer))
     if len(args.optimizer) > 1 and args.mode != "train":
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     device = common.device_or_exit(parser, args.device)
+    launch = check_parallel_args(parser, args, device)
     if device.type != "cuda":
         # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
         for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
@@ -270,46 +358,107 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             parser.error(str(exc))
     runs = []
     try:
-        for size, ctx, dtype, optimizer, warmup in itertools.product(args.size, args.context_length, args.dtype,
-                                                                      args.optimizer, args.warmup):
+        for size, kind, ctx, dtype, optimizer, warmup, fsdp_mp, reshard in itertools.product(
+                args.size, args.parallel or [None], args.context_length, args.dtype, args.optimizer, args.warmup,
+                args.fsdp_mixed_precision, args.reshard_after_forward):
+            if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
+                fsdp_mp, reshard = "off", "on"
             if size == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
             else:
-                model = get_config(size, **dims, vocab_size=args.vocab_size, context_length=ctx)
-            runs.append(RunConfig(size=size, model=model, batch_size=args.batch_size, warmup=warmup,
-                                  steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
+                model = get_config(size, args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx)
+            runs.append(RunConfig(size=size, handout=args.handout, model=model, batch_size=args.batch_size,
+                                  warmup=warmup, steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
                                   compile=args.compile, attn=args.attn, optimizer=optimizer,
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
-                                  profile_results_dir=args.results_dir if args.profile else None))
+                                  profile_results_dir=args.results_dir if args.profile else None,
+                                  parallel=kind, world_size=launch.world_size if kind else 1,
+                                  fsdp_mixed_precision=fsdp_mp, reshard_after_forward=reshard == "on",
+                                  pg_timeout_s=args.pg_timeout))
     except common.ConfigError as exc:
         parser.error(str(exc))
+    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
     for run in runs:
         common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
+
+
+def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                        device: torch.device) -> parallel.Launch | None:
+    """--parallel and torchrun belong together; a bad combination is a one-line exit 2 (from rank 0 only), too many
+    CPU processes a one-line warning. Fills the FSDP-only flags' defaults. Returns the launch (None without one)."""
+    launch = parallel.torchrun_launch()
+    fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
+                                 ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
+    args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
+    args.reshard_after_forward = args.reshard_after_forward or ["on"]
+    if not args.parallel:
+        if launch is not None and launch.world_size > 1:
+            parser.error(f"launched by torchrun with WORLD_SIZE={launch.world_size} but without --parallel: every "
+                         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp")
+        if fsdp_flags:
+            parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
+        return launch
+    args.parallel = list(dict.fromkeys(args.parallel))
+    if fsdp_flags and "fsdp" not in args.parallel:
+        parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
+    if launch is None:
+        parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
+                     "torchrun --nproc-per-node N bench_e2e.py --parallel ...")
+    if args.in_process:
+        parser.error("--parallel with --in-process is not supported yet: every rank runs each configuration in a "
+                     "child process of its own, which joins that configuration's process group")
+    if device.type == "cuda":
+        if device.index is not None:
+            parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
+        if torch.cuda.device_count() < launch.local_world_size:
+            parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
+                         f"node but {torch.cuda.device_count()} GPU(s) visible")
+    else:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if launch.local_world_size > cores and launch.rank == 0:
+            common.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
+                            "ranks share cores and every timing includes the others' work")
+    return launch
 
 
 # ---- the sweep ----
 
 
 def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None) -> None:
-    """The derived figures of a finished configuration; its status says whether a phase was noisy."""
+    """The derived figures of a finished configuration; its status says whether a phase was noisy. Under
+    --parallel, every row (failed ones too) gets the predicted state bytes per rank."""
+    if run.parallel:
+        record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if record["status"] == "ok":
         record.update(derive_figures(run, record, peak_override))
         record["status"] = "noisy" if record["noisy"] else "ok"
 
 
+def dry_run_label(run: RunConfig) -> str:
+    """A planned configuration, with the training state each rank will hold (parallel.state_bytes_per_rank), so
+    whether it fits is known before the run."""
+    state = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)["state_bytes"]
+    return f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
-    files = ResultFiles(args.results_dir, "e2e", args.out, "e2e")
-    common.emit(config_table([dataclasses.asdict(run) for run in runs], args.fmt) + "\n")  # quoted first
+    rank_zero = parallel.is_rank_zero()  # under torchrun only rank 0 prints and writes files
+    configs = config_table([dataclasses.asdict(run) for run in runs], args.fmt)
+    if args.dry_run:
+        return common.print_dry_run([dry_run_label(run) for run in runs], preamble=configs) if rank_zero else 0
+    files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
+    if rank_zero:
+        common.emit(configs + "\n")  # people quote the model config first
     experiment = runner.Experiment(
         name="bench_e2e", measure=run_config,
         finish=lambda run, record: finish_record(run, record, args.peak_tflops),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
         render=lambda records: render_report(records, args.fmt))
     records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args)
-    if records:
+    if records and rank_zero:
         files.write_markdown(render_report(records, args.fmt))  # the saved file also holds the config table
         if common.emit(results_report(records, args.fmt)):
             common.emit(f"\nwrote {files.markdown} and {files.jsonl}")

@@ -79,26 +79,102 @@ class ModelConfig:
         return self.matmul_params + self.vocab_size * self.d_model + norms
 
 
-# The study's model sizes (vocab 10,000). Keys are the names people type.
-PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(d_model=512, d_ff=1344, num_layers=4, num_heads=16),
-    "small": ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12),
-    "medium": ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16),
-    "large": ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20),
-    "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25),
-    "2.7B": ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32),
+# ---- the study's handouts ----
+# The model sizes of the study's Table 1 (vocab 10,000) changed between the handout students worked from in
+# Spring 2025 (the writeups people published) and the current one (assignment 2 v26.1.1, Spring 2026): the same
+# name can mean a different model, so every script resolves names in one handout's table and says which.
+# Rows shared by both handouts are written once and referenced by both dicts.
+
+TINY = ModelConfig(d_model=512, d_ff=1344, num_layers=4, num_heads=16)  # the CPU size, not in Table 1
+_SMALL = ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12)
+_MEDIUM = ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16)
+_LARGE = ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20)
+_D2560 = ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32)  # 2026's xl = 2025's 2.7B
+
+PRESETS_2026: dict[str, ModelConfig] = {
+    "tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARGE, "xl": _D2560,
     "10B": ModelConfig(d_model=4608, d_ff=12288, num_layers=50, num_heads=36),
 }
+PRESETS_2025: dict[str, ModelConfig] = {
+    "tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARGE,
+    "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25), "2.7B": _D2560,
+}
+
+
+@dataclass(frozen=True)
+class Handout:
+    """One handout of the study: its Table 1 and the setups its questions name."""
+
+    name: str  # what --handout and CS336_HANDOUT take
+    version: str  # how the course names it
+    presets: dict[str, ModelConfig]  # Table 1 plus tiny
+    default_context_length: int  # the benchmarking script's default sequence length
+    memory_size: str  # memory_profiling: the size ...
+    memory_contexts: tuple[int, ...]  # ... and its context lengths
+    # gradient_checkpointing (b): (size, batch, context), or None where the handout has no such question
+    checkpoint_setup: tuple[str, int, int] | None
+
+    @property
+    def table1(self) -> list[str]:
+        """The sizes of the handout's Table 1 (what --size all runs): every preset but the CPU size."""
+        return [name for name in self.presets if name != "tiny"]
+
+    @property
+    def title(self) -> str:
+        return f"handout {self.name} ({self.version})"
+
+
+HANDOUTS: dict[str, Handout] = {
+    "2026": Handout("2026", "v26.1.1", PRESETS_2026, default_context_length=512, memory_size="xl",
+                    memory_contexts=(128, 2048), checkpoint_setup=("xl", 4, 2048)),
+    "2025": Handout("2025", "Spring 2025", PRESETS_2025, default_context_length=128, memory_size="2.7B",
+                    memory_contexts=(128, 256, 512), checkpoint_setup=None),
+}
+DEFAULT_HANDOUT = "2026"  # the current handout
+HANDOUT_ENV = "CS336_HANDOUT"  # set once in the shell instead of --handout on every command
 DEFAULT_BATCH_SIZE = 4
-DEFAULT_CONTEXT_LENGTH = 128
 
 
-def get_config(name: str, **overrides: Any) -> ModelConfig:
-    """The preset called exactly `name`, with any non-None overrides applied (and validated)."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(PRESETS[name], **changes)
+def get_handout(name: str) -> Handout:
+    if name not in HANDOUTS:
+        raise ConfigError(f"unknown handout {name!r}; valid handouts: {', '.join(HANDOUTS)}")
+    return HANDOUTS[name]
+
+
+def get_config(name: str, handout: str = DEFAULT_HANDOUT, **overrides: Any) -> ModelConfig:
+    """The preset called exactly `name` in `handout`'s table, at that handout's default context length, with
+    any non-None overrides applied (and validated). A name only the other handout has says which one has it."""
+    chosen = get_handout(handout)
+    _check_preset(name, chosen)
+    changes = {"context_length": chosen.default_context_length,
+               **{k: v for k, v in overrides.items() if v is not None}}
+    return dataclasses.replace(chosen.presets[name], **changes)
+
+
+def _check_preset(name: str, handout: Handout, also_valid: tuple[str, ...] = ()) -> None:
+    if name in handout.presets:
+        return
+    elsewhere = [h.name for h in HANDOUTS.values() if name in h.presets]
+    if elsewhere:
+        raise ConfigError(f"preset {name!r} is in handout {elsewhere[0]}'s table, not in handout {handout.name}'s "
+                         f"({', '.join(handout.presets)}); use --handout {elsewhere[0]} "
+                         f"(or {HANDOUT_ENV}={elsewhere[0]})")
+    raise ConfigError(f"unknown preset {name!r}; valid presets in handout {handout.name}: "
+                     f"{', '.join([*handout.presets, *also_valid])}")
+
+
+def expand_sizes(names: list[str], handout: str) -> list[str]:
+    """--size values with 'all' replaced by the handout's Table 1 (in order, no repeats), each checked
+    (ConfigError naming the valid presets, or the handout that has the name)."""
+    sizes: list[str] = []
+    chosen = get_handout(handout)
+    for name in names:
+        if name != "all":
+            _check_preset(name, chosen, also_valid=("all",))
+        for size in chosen.table1 if name == "all" else [name]:
+            if size not in sizes:
+                sizes.append(size)
+    return sizes
 
 
 def model_tensor_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
@@ -112,6 +188,17 @@ def config_row(name: str, cfg: ModelConfig) -> dict[str, Any]:
     """One row describing a model config, as people quote it."""
     return {"size": name, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "layers": cfg.num_layers,
             "heads": cfg.num_heads, "vocab": cfg.vocab_size, "params": cfg.num_params}
+
+
+def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: str = "github") -> str:
+    """The model configurations of a run, one row per size (context lengths aside), under a line naming the
+    handout whose table the names come from."""
+    seen = dict.fromkeys((size, dataclasses.replace(cfg, context_length=1)) for size, cfg in models)
+    rows = [config_row(size, cfg) for size, cfg in seen]
+    for row in rows:
+        row["params"] = f"{row['params']:,}"
+    return (f"Model sizes from {handout.title}:\n\n"
+            + render_table(rows, ["size", "d_model", "d_ff", "layers", "heads", "vocab", "params"], fmt))
 
 
 # ---- FLOPs ----
@@ -578,10 +665,11 @@ def environment_header(env: dict[str, Any], **extra: Any) -> str:
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump."""
+    """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump. Under
+    torchrun every rank parses the same command line and exits; only rank 0 says why (one line, not N)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
 
 
 # Bounds on numbers from the command line, so a number that cannot be used is a parse error, not an error row.
@@ -650,6 +738,70 @@ def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[
 def add_device_args(parser: argparse.ArgumentParser) -> None:
     """--device, the same in every script that sweeps configurations (runner.add_sweep_args adds the rest)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+
+
+def add_handout_arg(parser: argparse.ArgumentParser) -> None:
+    """--handout, in every script that takes a model size."""
+    parser.add_argument("--handout", choices=list(HANDOUTS), default=None,
+                        help="which handout's Table 1 the size names and this script's defaults come from: "
+                             f"2026 = {HANDOUTS['2026'].version} (current), 2025 = {HANDOUTS['2025'].version} "
+                             f"(default: ${HANDOUT_ENV} if set, else {DEFAULT_HANDOUT})")
+
+
+def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Handout:
+    """The handout to use: --handout, else $CS336_HANDOUT (read now, at parse time), else the current one.
+    Sets args.handout to its name and args.handout_source to where it came from; a bad value in the
+    variable is a one-line exit 2, like a bad --handout."""
+    if args.handout is not None:
+        args.handout_source = "--handout"
+    elif os.environ.get(HANDOUT_ENV, "").strip():
+        args.handout, args.handout_source = os.environ[HANDOUT_ENV].strip(), HANDOUT_ENV
+        if args.handout not in HANDOUTS:
+            parser.error(f"{HANDOUT_ENV}={args.handout!r} is not a handout; valid handouts: {', '.join(HANDOUTS)}")
+    else:
+        args.handout, args.handout_source = DEFAULT_HANDOUT, "default"
+    return HANDOUTS[args.handout]
+
+
+def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> list[str]:
+    """expand_sizes in args.handout, with a bad name as a one-line exit 2. When the handout was not chosen
+    explicitly and a name means another model in the other handout (xl), a note on stderr says which one runs:
+    the student who types --size xl from the 2025 handout must not get 2026's xl silently."""
+    try:
+        sizes = expand_sizes(names, args.handout)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if args.handout_source == "default":
+        mine = HANDOUTS[args.handout].presets
+        for size in sizes:
+            for other in HANDOUTS.values():
+                if other.presets.get(size, mine[size]) != mine[size]:
+                    progress(f"note: {size} is handout {args.handout}'s {size} ({_dims(mine[size])}), not handout "
+                             f"{other.name}'s ({_dims(other.presets[size])}): for that one pass --handout "
+                             f"{other.name} (or set {HANDOUT_ENV}={other.name})")
+    return sizes
+
+
+def _dims(cfg: ModelConfig) -> str:
+    return f"d_model {cfg.d_model}, {cfg.num_layers} layers"
+
+
+def add_dry_run_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the configurations that would run, numbered, and exit: nothing is built, "
+                             "run or written")
+
+
+def print_dry_run(labels: list[str], preamble: str = "") -> int:
+    """--dry-run: the preamble (the configuration table), then the numbered plan. Returns the exit status."""
+    if preamble:
+        print(preamble + "\n")
+    print(f"dry run: {len(labels)} configuration{'s' if len(labels) != 1 else ''} would run, in this order:")
+    width = len(str(len(labels)))
+    for i, label in enumerate(labels, 1):
+        print(f"  {i:>{width}}. {label}")
+    print("\nnothing was built, run or written (drop --dry-run to run them)")
+    return 0
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
@@ -887,10 +1039,12 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
     `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
     an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
     --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
-    word). Clauses are separated by ';'. Read at call time; child processes get the parent's value."""
+    word). Clauses are separated by ';'. Every configuration also matches `rank=` (torchrun's RANK, 0 without
+    torchrun). Read at call time; child processes get the parent's value."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
+    fields = {"rank": os.environ.get("RANK", "0"), **fields}  # torchrun's rank: `oom:rank=1,...` fails one rank
     for clause in spec.split(";"):
         kind, _, conditions = clause.partition(":")
         pairs = [c.split("=", 1) for c in conditions.split(",") if "=" in c]

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import csv
 import gzip
 import json
 import re

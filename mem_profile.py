@@ -6,9 +6,10 @@ backward, AdamW) need at each context length, with and without bf16 mixed precis
 residual-stream activation tensor; which allocations are the largest and which line of code makes them; what
 does activation checkpointing buy, and at what cost in step time.
 
-    python mem_profile.py --size xl --context-length 128 256 512 --mode forward train --dtype fp32 bf16
-    python mem_profile.py --size 2.7B --context-length 128 --mode train --dtype bf16 --snapshot   # + pickle, PNG
-    python mem_profile.py --size xl --context-length 512 --mode train --checkpoint 0 1 4 12       # checkpointing
+    python mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
+    python mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
+    python mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
+    python mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
     python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
     python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
 
@@ -22,11 +23,15 @@ torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated besi
 tables need no GPU: the latter are measured with
 torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
 takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
+
+Sizes and the default sizes and contexts come from the study's handout: the current one (2026, v26.1.1) unless
+--handout or CS336_HANDOUT says 2025. --dry-run lists the configurations and runs nothing.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -46,7 +51,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import common
 import memory_snapshot
 import runner
-from common import (DEFAULT_BATCH_SIZE, DTYPES, GIB, MIB, PRESETS, ResultFiles, environment_header, format_bytes,
+from common import (DEFAULT_BATCH_SIZE, DTYPES, GIB, HANDOUTS, MIB, ResultFiles, environment_header, format_bytes,
                     get_config, non_negative_int, positive_int, precision_context, render_table, resolve_device,
                     saved_tensors, storage_key)
 from model import ATTENTION, TransformerLM, cross_entropy
@@ -54,7 +59,8 @@ from runner import MODES, RunConfig, Workload, run_step
 
 FP32_BYTES = 4
 CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
-            "accounting and the saved-for-backward tables are printed (those are exact on any device).")
+            "accounting and the saved-for-backward tables are printed (those are exact on any device); the peak "
+            "tables, per configuration and per context length, need a GPU run.")
 
 
 # ---- accounting from the config ----
@@ -365,6 +371,13 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
 # ---- tables ----
 
 
+def config_table(items: list[RunConfig] | list[dict], fmt: str) -> str:
+    """The model configurations of the runs (RunConfig) or of their records, naming the handout."""
+    configs = [dataclasses.asdict(x) if isinstance(x, RunConfig) else x["config"] for x in items]
+    return common.config_table([(c["size"], common.ModelConfig(**c["model"])) for c in configs],
+                               HANDOUTS[configs[0].get("handout", common.DEFAULT_HANDOUT)], fmt)
+
+
 def accounting_table(records: list[dict], fmt: str) -> str:
     rows, seen = [], set()
     for rec in records:
@@ -440,6 +453,28 @@ def peak_table(records: list[dict], fmt: str) -> str:
     return render_table(peak_rows(records), PEAK_COLUMNS, fmt)
 
 
+def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
+    """The memory_profiling answer as the study asks for it: one row per size and context length, the peak of
+    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn and ckpt
+    get a column only when they vary. A failed configuration shows its status in its cell. None when no
+    configuration was measured (a CPU run: there are no measured peaks to show)."""
+    if all(rec["status"].startswith("skipped") for rec in records):
+        return None
+    configs = [rec["config"] for rec in records]
+    varying = [key for key in ("attn", "checkpoint_every") if len({c[key] for c in configs}) > 1]
+    dtypes = list(dict.fromkeys(c["dtype"] for c in configs))
+    modes = [m for m in MODES if any(c["mode"] == m for c in configs)]
+    columns = ["size", "ctx"] + [{"checkpoint_every": "ckpt"}.get(k, k) for k in varying]
+    columns += [f"{dtype} {mode} GiB" for dtype in dtypes for mode in modes]
+    rows: dict[tuple, dict[str, Any]] = {}
+    for rec, c in zip(records, configs):
+        key = (c["size"], c["model"]["context_length"], *(c[k] for k in varying))
+        row = rows.setdefault(key, dict(zip(columns, key)))
+        ok = rec["status"] == "ok"
+        row[f"{c['dtype']} {c['mode']} GiB"] = rec["peak_mem_allocated_bytes"] / GIB if ok else rec["status"]
+    return render_table(list(rows.values()), columns, fmt, floatfmt=".3f")
+
+
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
@@ -471,8 +506,9 @@ def render_report(records: list[dict], fmt: str) -> str:
     """The accounting, saved-for-backward, peak and snapshot tables from the JSONL records alone."""
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
-    settings = {"batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
-    parts = [environment_header(env, **settings) if env else f"settings: {settings}", "",
+    settings = {"sizes from": HANDOUTS[config0.get("handout", common.DEFAULT_HANDOUT)].title,
+                "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
+    parts = [environment_header(env, **settings) if env else f"settings: {settings}", "", config_table(records, fmt), "",
              "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
              accounting_table(records, fmt), "",
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
@@ -483,6 +519,10 @@ def render_report(records: list[dict], fmt: str) -> str:
         return "\n".join(parts)
     parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
               "", peak_table(records, fmt)]
+    by_context = peak_by_context_table(records, fmt)
+    if by_context is not None:
+        parts += ["", "### Peak allocated memory per context length (GiB = 2^30 bytes): forward-only beside a "
+                      "training step", "", by_context]
     for rec in records:
         if "snapshot_peak_check" in rec:
             parts += ["", snapshot_report(rec["label"], rec, fmt)]
@@ -497,10 +537,15 @@ def render_report(records: list[dict], fmt: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", nargs="+", default=["xl"], metavar="SIZE",
-                   help=f"model preset(s): {', '.join(PRESETS)}, or 'all'")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=[128, 256, 512],
-                   help="sequence length(s)")
+    p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
+                   help="model preset(s) of the handout's Table 1 (2026: "
+                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
+                        "or 'all' for its Table 1 (default: the handout's memory_profiling size, 2026: xl, 2025: "
+                        "2.7B; with --checkpoint K > 0, the gradient_checkpointing size, 2026: xl)")
+    common.add_handout_arg(p)
+    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
+                   help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
+                        "2025: 128 256 512; with --checkpoint K > 0, the gradient_checkpointing context, 2026: 2048)")
     p.add_argument("--mode", nargs="+", choices=MODES, default=["forward", "train"],
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
@@ -509,9 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "several values put their peaks and step times in one table")
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=common.warmup_count, default=3, help="warm-up steps before the peak counter is reset")
-    p.add_argument("--steps", type=common.step_count, default=5, help="measured steps (peak over all, mean step time)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
+                        "--checkpoint K > 0: 4 in 2026)")
+    p.add_argument("--warmup", type=common.warmup_count, default=3,
+                   help="warm-up steps before the peak counter is reset")
+    p.add_argument("--steps", type=common.step_count, default=5,
+                   help="measured steps (peak over all, mean step time)")
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA only: record the allocator's history around one more step; save the pickle "
                         "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
@@ -525,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="memory")
+    common.add_dry_run_arg(p)
     return p
 
 
@@ -532,17 +582,31 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.analyze is not None:
+        if args.dry_run:
+            parser.error("--dry-run lists a sweep's configurations; --analyze runs none")
         if not Path(args.analyze).is_file():
             parser.error(f"--analyze: {'not a file' if Path(args.analyze).exists() else 'no such file'}: "
                          f"{args.analyze}")
         return args, []
     common.device_or_exit(parser, args.device)
-    sizes = list(PRESETS) if "all" in args.size else args.size
+    handout = common.handout_or_exit(parser, args)
+    # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
+    # handout has that question, its memory_profiling question otherwise
+    if any(args.checkpoint) and handout.checkpoint_setup is not None:
+        default_size, default_batch, default_context = handout.checkpoint_setup
+        default_contexts = (default_context,)
+    else:
+        default_size, default_batch = handout.memory_size, DEFAULT_BATCH_SIZE
+        default_contexts = handout.memory_contexts
+    args.batch_size = args.batch_size or default_batch
+    sizes = common.sizes_or_exit(parser, args, args.size or [default_size])
+    args.context_length = args.context_length or list(default_contexts)
     runs = []
     try:
         for size, ctx, mode, dtype, attn, k in itertools.product(sizes, args.context_length, args.mode, args.dtype,
                                                                  args.attn, args.checkpoint):
-            runs.append(RunConfig(size=size, model=get_config(size, context_length=ctx),
+            runs.append(RunConfig(size=size, handout=args.handout,
+                                  model=get_config(size, args.handout, context_length=ctx),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
     except common.ConfigError as exc:
@@ -576,6 +640,8 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
+    if args.dry_run:
+        return common.print_dry_run([run.label() for run in runs], preamble=config_table(runs, args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)

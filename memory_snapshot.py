@@ -198,7 +198,7 @@ def allocation_site(frames: Iterable[dict[str, Any]], root: Path = PROJECT_ROOT)
 
 
 def phase_spans(marks: list[tuple[str, float]]) -> list[tuple[str, float, float]]:
-    """[(phase, start_us, end_us)] from bench_e2e.run_step's on_phase marks [(name, time_us), ..., ("end", t)]."""
+    """[(phase, start_us, end_us)] from runner.run_step's on_phase marks [(name, time_us), ..., ("end", t)]."""
     return [(name, start, end) for (name, start), (_, end) in zip(marks, marks[1:]) if name != "end"]
 
 

@@ -125,7 +125,8 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin[:, :seq]  # (seq, d_head/2) each
         x_even, x_odd = rearrange(x, "... (half pair) -> pair ... half", pair=2)
         rotated = torch.stack((cos * x_even - sin * x_odd, sin * x_even + cos * x_odd), dim=-1)
-        return rearrange(rotated, "... half pair -> ... (half pair)")
+        # the fp32 cache promotes a bf16 x: cast back, so bf16 parameters (FSDP2's MixedPrecisionPolicy) stay bf16
+        return rearrange(rotated, "... half pair -> ... (half pair)").to(x.dtype)
 
 
 class CausalSelfAttention(nn.Module):

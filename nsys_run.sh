@@ -8,10 +8,11 @@
 #   bash nsys_run.sh medium 256 forward              # forward only; also forward-backward
 #   bash nsys_run.sh small 512 train -- --dtype bf16 --steps 5    # anything after -- goes to bench_e2e.py
 #   bash nsys_run.sh --backtrace small 128           # Python backtraces for CUDA calls (slower run)
+#   bash nsys_run.sh --handout 2025 xl 256           # sizes from the Spring 2025 handout (default: 2026)
 #
-# Writes results/nsys/<size>_ctx<ctx>_<mode>[_<dtype>].nsys-rep, replacing only that report, with beside it the
-# SQLite export, the `nsys stats` CSVs (<report>_<name>.csv) and their log (<report>.stats.log), bench_e2e's
-# record (<report>_e2e.jsonl) and the tables (<report>.md). Only the measured steps are captured: the capture
+# Writes results/nsys/<size>_ctx<ctx>_<mode>[_<dtype>][_h2025].nsys-rep, replacing only that report, with
+# beside it the SQLite export, the `nsys stats` CSVs (<report>_<name>.csv) and their log (<report>.stats.log),
+# bench_e2e's record (<report>_e2e.jsonl) and the tables (<report>.md). Only the measured steps are captured: the capture
 # range is bench_e2e's "measure" NVTX range, so warm-up never pollutes the statistics. Open the report in the
 # Nsight Systems GUI: nsys-ui <report>.
 #
@@ -21,7 +22,10 @@
 # Options (before --): --backtrace  collect Python + CUDA backtraces for CUDA API calls (--python-backtrace=cuda
 #                                   --cudabacktrace=all); off by default since it slows the run noticeably
 #                      --results-dir DIR   results root (default: results)
-# Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python).
+#                      --handout 2026|2025 which handout's Table 1 SIZE comes from (default: $CS336_HANDOUT, else
+#                                   2026); a 2025 report's name ends in _h2025, since 2025's xl is another model
+# Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
+#              CS336_HANDOUT = the handout when --handout is not given.
 # Exit status: 0; 2 for a usage error or a missing or too old nsys; the profiled run's own status when it
 # fails; 1 when nsys wrote no report or `nsys stats` no trace CSV.
 set -uo pipefail
@@ -36,8 +40,9 @@ die_usage() {
 }
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-PYTHON="${PYTHON:-python}"
+PYTHON="${PYTHON:-python3}"
 RESULTS_DIR="results"
+HANDOUT="${CS336_HANDOUT:-2026}"
 BACKTRACE=()
 POSITIONAL=()
 while (($#)); do
@@ -46,6 +51,8 @@ while (($#)); do
         --backtrace|--python-backtrace) BACKTRACE=(--cudabacktrace=all --python-backtrace=cuda); shift ;;
         --results-dir) (($# >= 2)) || die_usage "--results-dir needs a folder"; RESULTS_DIR="$2"; shift 2 ;;
         --results-dir=*) RESULTS_DIR="${1#*=}"; shift ;;
+        --handout) (($# >= 2)) || die_usage "--handout needs 2026 or 2025"; HANDOUT="$2"; shift 2 ;;
+        --handout=*) HANDOUT="${1#*=}"; shift ;;
         --) shift; break ;;
         -*) die_usage "unknown option $1" ;;
         *) POSITIONAL+=("$1"); shift ;;
@@ -65,6 +72,10 @@ case "$MODE" in
     forward|forward-backward|train) ;;
     *) die_usage "MODE must be forward, forward-backward or train, got '$MODE'" ;;
 esac
+case "$HANDOUT" in
+    2026|2025) ;;
+    *) die_usage "the handout (--handout or CS336_HANDOUT) must be 2026 or 2025, got '$HANDOUT'" ;;
+esac
 
 # One configuration per report: the sweep flags of bench_e2e would profile only the first configuration.
 DTYPE=""
@@ -72,6 +83,7 @@ for ((i = 0; i < ${#EXTRA[@]}; i++)); do
     case "${EXTRA[i]}" in
         --size|--size=*|--context-length|--context-length=*|--mode|--mode=*)
             die_usage "give SIZE, CTX and MODE as positional arguments, not ${EXTRA[i]%%=*}" ;;
+        --handout|--handout=*) die_usage "give --handout before --, not after it (it also names the report)" ;;
         --dtype=*) DTYPE="${EXTRA[i]#*=}" ;;
         --dtype)
             DTYPE="${EXTRA[i + 1]:-}"
@@ -85,6 +97,7 @@ case "$DTYPE" in
 esac
 SUFFIX=""
 [[ -n "$DTYPE" && "$DTYPE" != "fp32" ]] && SUFFIX="_$DTYPE"
+[[ "$HANDOUT" != 2026 ]] && SUFFIX+="_h$HANDOUT"
 
 # ---- find nsys ----
 NSYS_BIN="${NSYS:-}"
@@ -102,7 +115,7 @@ Install Nsight Systems (https://developer.nvidia.com/nsight-systems; it also shi
 /usr/local/cuda/bin/nsys, and with NVIDIA's apt repository: apt-get install nsight-systems-<version>), then put it
 on PATH or run NSYS=/path/to/nsys bash nsys_run.sh ...
 Without nsys, torch.profiler gives the same tables:
-    python bench_e2e.py --size $SIZE --context-length $CTX --mode $MODE --profile ${EXTRA[*]}
+    python bench_e2e.py --size $SIZE --context-length $CTX --mode $MODE --profile --handout $HANDOUT ${EXTRA[*]}
 EOF
     exit 2
 fi
@@ -135,7 +148,7 @@ export NSYS_NVTX_PROFILER_REGISTER_ONLY=0
 # --in-process: the measured steps, their NVTX ranges and their kernels all live in the process nsys launched.
 # --results-dir last, so bench_e2e's record lands where this script reads it.
 APP=("$PYTHON" "$HERE/bench_e2e.py" --size "$SIZE" --context-length "$CTX" --mode "$MODE" --nvtx --in-process
-     "${EXTRA[@]}" --results-dir "$E2E_DIR" --out e2e)
+     "${EXTRA[@]}" --handout "$HANDOUT" --results-dir "$E2E_DIR" --out e2e)
 echo "nsys_run.sh: profiling ${APP[*]}" >&2
 "$NSYS_BIN" profile --trace=cuda,nvtx,osrt \
     --capture-range=nvtx --nvtx-capture=measure --capture-range-end=stop \

@@ -24,7 +24,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 import common
-from common import (DEFAULT_BATCH_SIZE, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
+import parallel
+from parallel import DEFAULT_PG_TIMEOUT_S
+from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
                     failure_status, peak_memory_bytes, precision_context, progress, reset_peak_memory,
                     resolve_device, summarize)
 from model import TransformerLM, cross_entropy
@@ -41,6 +43,7 @@ PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "back
 class RunConfig:
     size: str  # preset name, or "custom"
     model: ModelConfig  # its context_length is the benchmarked sequence length
+    handout: str = DEFAULT_HANDOUT  # whose Table 1 the size name comes from
     batch_size: int = DEFAULT_BATCH_SIZE
     warmup: int = 5
     steps: int = 10
@@ -56,6 +59,12 @@ class RunConfig:
     nvtx: bool = False
     checkpoint_every: int = 0
     profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/; None = off
+    # --parallel (torchrun): each rank runs this configuration on its own batch of batch_size sequences
+    parallel: str | None = None  # None = one process; "ddp" or "fsdp" (parallel.shard_model)
+    world_size: int = 1  # ranks of the torchrun launch
+    fsdp_mixed_precision: str = "off"  # fsdp: "bf16" = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    reshard_after_forward: bool = True  # fsdp: blocks free their gathered parameters after forward
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S  # a collective waiting longer for a peer fails
 
     @property
     def context_length(self) -> int:
@@ -70,6 +79,12 @@ class RunConfig:
             parts.append(f"ckpt={self.checkpoint_every}")
         if self.optimizer != "ours":
             parts.append(f"optimizer={self.optimizer}")
+        if self.parallel:
+            parts.append(f"{self.parallel} x{self.world_size}")
+        if self.parallel == "fsdp" and self.fsdp_mixed_precision != "off":
+            parts.append(f"{self.fsdp_mixed_precision}-params")
+        if self.parallel == "fsdp" and not self.reshard_after_forward:
+            parts.append("no-reshard")
         return " ".join(parts + (["compiled"] if self.compile else []))
 
     def skip_key(self) -> tuple[tuple, str, int]:
@@ -77,7 +92,8 @@ class RunConfig:
         settings are skipped (they need more memory still)."""
         m = self.model
         group = (self.size, m.d_model, m.d_ff, m.num_layers, m.num_heads, m.vocab_size, self.batch_size, self.mode,
-                 self.dtype, self.attn, self.checkpoint_every, self.optimizer, self.compile)
+                 self.dtype, self.attn, self.checkpoint_every, self.optimizer, self.compile, self.parallel,
+                 self.world_size, self.fsdp_mixed_precision, self.reshard_after_forward)
         return group, "ctx", self.context_length
 
 
@@ -85,18 +101,28 @@ class Workload:
     """Model, optimizer, one random batch and the three phases of a training step, set up on a device.
 
     forward() is the model call plus the loss; backward() is loss.backward() (through the gradient scaler for
-    fp16); optimizer_step() is step() plus zero_grad(set_to_none=True)."""
+    fp16); optimizer_step() is step() plus zero_grad(set_to_none=True).
+
+    With run.parallel, this process is one rank of a process group already joined (parallel.configuration_group):
+    the device is the GPU of its local rank, the model (the same initial weights on every rank) is wrapped in DDP
+    or sharded with FSDP2, and the batch is this rank's own, so the global batch is world_size x batch_size."""
 
     def __init__(self, run: RunConfig):
         self.run = run
-        self.device = resolve_device(run.device)
+        launch = parallel.torchrun_launch() if run.parallel else None
+        self.device = parallel.rank_device(resolve_device(run.device), launch)
         if run.tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = run.tf32
             torch.backends.cudnn.allow_tf32 = run.tf32
         torch.manual_seed(run.seed)
         with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
             self.model = TransformerLM(run.model, attn=run.attn, checkpoint_every=run.checkpoint_every)
-        self.callable_model = torch.compile(self.model) if run.compile else self.model
+        wrapped = self.model
+        if run.parallel:
+            wrapped = parallel.shard_model(self.model, run.parallel, self.device, run.fsdp_mixed_precision,
+                                           run.reshard_after_forward)
+            torch.manual_seed(run.seed + 1 + launch.rank)  # each rank its own batch
+        self.callable_model = torch.compile(wrapped) if run.compile else wrapped
         self.tokens = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
         self.targets = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
         self.optimizer = None
@@ -223,6 +249,7 @@ PRELOAD = ["__main__", "torch", "torch._dynamo", "torch.optim", "common", "model
 _preloaded: list[bool] = []
 EXIT_PARENT_GONE = 75  # what a child exits with when it finds its parent gone (nobody reads it)
 STOP_GRACE_S = 5.0  # after SIGTERM, how long a child has to exit before SIGKILL
+STOP_POLL_S = 0.2  # how often run_isolated asks stop_when() while a child runs
 
 
 def _fork_server(fn: Callable) -> multiprocessing.context.BaseContext:
@@ -312,15 +339,16 @@ def _stop(proc: multiprocessing.process.BaseProcess) -> None:
 
 
 def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bool = False,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+                 timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None) -> dict[str, Any]:
     """Run `fn(**kwargs)` (a module-level function returning a picklable dict) in a fresh child process forked
     from a preloaded fork server, so an OOM or a broken CUDA context cannot poison later work and every run starts
     with a fresh allocator.
 
     Returns {"ok": True, "value": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s",
     "traceback" or "detail": ...}. After `timeout_s` the child is stopped. KeyboardInterrupt (Ctrl-C, or SIGTERM
-    through the sweep's handler) stops the child and propagates. `in_process=True` calls `fn` here (no isolation,
-    no time limit) with the same failure handling."""
+    through the sweep's handler) stops the child and propagates. `stop_when()`, asked every STOP_POLL_S while the
+    child runs, stops it early with the reason it returns as the status (a torchrun peer that failed: see
+    parallel.py). `in_process=True` calls `fn` here (no isolation, no time limit) with the same failure handling."""
     if in_process:
         try:
             return {"ok": True, "value": fn(**kwargs)}
@@ -340,7 +368,18 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
         proc.start()
         result_w.close()
         lifeline_r.close()
-        ready = multiprocessing.connection.wait([result_r, proc.sentinel], timeout_s)
+        deadline = None if timeout_s is None else timeit.default_timer() + timeout_s
+        while True:
+            wait_s = None if deadline is None else max(0.0, deadline - timeit.default_timer())
+            if stop_when is not None:
+                wait_s = STOP_POLL_S if wait_s is None else min(wait_s, STOP_POLL_S)
+            ready = multiprocessing.connection.wait([result_r, proc.sentinel], wait_s)
+            if ready or (deadline is not None and timeit.default_timer() >= deadline):
+                break
+            reason = stop_when() if stop_when is not None else None
+            if reason:
+                _stop(proc)
+                return {"ok": False, "status": reason}
         if result_r in ready or result_r.poll():
             try:
                 answer = result_r.recv()
@@ -435,50 +474,76 @@ def sweep_environment(device: torch.device, in_process: bool) -> dict[str, Any]:
     return answer["value"] if answer["ok"] else {"device": str(device), "status": answer["status"]}
 
 
-def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles, device: torch.device,
+def run_on_every_rank(experiment: Experiment, run: Any, index: int, ranks: parallel.RankSweep,
+                      timeout_s: float | None) -> dict[str, Any]:
+    """One configuration of a torchrun sweep: this rank's child joins the configuration's process group and
+    measures; it is stopped as soon as another rank fails; then every rank's answer is read and one agreed
+    answer made (the slowest rank's timings, or "OOM on rank k"), the same on every rank."""
+    kwargs = {"measure": experiment.measure, "run": run, "prefix": ranks.configuration_prefix(index),
+              "device": run.device, "timeout_s": run.pg_timeout_s}
+    answer = run_isolated(parallel.measure_on_rank, kwargs, timeout_s=timeout_s, stop_when=ranks.peer_failure(index))
+    # the others may run up to their own time limit before they answer; without one, up to a day
+    answers = ranks.exchange(index, answer, (timeout_s or 24 * 3600) + 2 * run.pg_timeout_s)
+    return parallel.agreed_answer(answers, parallel.merge_rank_records)
+
+
+def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None, device: torch.device,
               args: argparse.Namespace) -> tuple[list[dict], int]:
     """Run every configuration (each with label() and skip_key()) as add_sweep_args' flags say, appending its
     record and rewriting the .md as each finishes. Returns (records, exit status: 0, 130 after Ctrl-C, 143 after
-    SIGTERM). An interrupted sweep keeps the rows it finished."""
+    SIGTERM). An interrupted sweep keeps the rows it finished.
+
+    Under torchrun (configurations with .parallel set), every rank runs this same sweep, each configuration on
+    every rank at once (run_on_every_rank); all ranks get the same records, and only rank 0 (files given, None on
+    the others) prints progress and writes files."""
     records: list[dict[str, Any]] = []
     oom_at: dict[tuple, int] = {}  # skip group -> smallest size that ran out of memory
     slowest_s = 0.0
     total = len(runs)
+    launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
+    ranks = parallel.RankSweep(launch) if launch else None
+    say = progress if parallel.is_rank_zero() else (lambda message: None)
     with sigterm_as_interrupt():
         try:
             env = sweep_environment(device, args.in_process)
             for i, run in enumerate(runs, 1):
                 label = run.label()
-                progress(f"[{i}/{total}] starting {label}")
+                say(f"[{i}/{total}] starting {label}")
                 record: dict[str, Any] = {"experiment": experiment.name, "config": dataclasses.asdict(run),
                                           "label": label}
                 group, size_name, size = run.skip_key()
                 start = timeit.default_timer()
                 if not args.no_skip and group in oom_at and size > oom_at[group]:
                     record["status"] = f"skipped: OOM at {size_name}={oom_at[group]}"
+                elif ranks is not None:
+                    answer = run_on_every_rank(experiment, run, i, ranks, time_limit(args.timeout, slowest_s))
                 else:
                     answer = run_isolated(experiment.measure, {"run": run}, in_process=args.in_process,
                                           timeout_s=time_limit(args.timeout, slowest_s))
+                if "status" not in record:
                     if answer["ok"]:
                         record.update(answer["value"])
                         record.setdefault("status", "ok")
                     else:
                         record.update({k: v for k, v in answer.items() if k != "ok"})
                 elapsed = timeit.default_timer() - start
-                if record["status"] == "OOM":
+                if record["status"] == "OOM" or record["status"].startswith("OOM on rank"):
                     oom_at[group] = min(oom_at.get(group, size), size)
                 elif not record["status"].startswith(("skipped", "timeout")):
                     slowest_s = max(slowest_s, elapsed)
                 record.setdefault("environment", env)
                 experiment.finish(run, record)
                 records.append(record)
-                files.append_record(record)
-                files.write_markdown(experiment.render(records))
+                if files is not None:
+                    files.append_record(record)
+                    files.write_markdown(experiment.render(records))
                 said = experiment.summary(record) if record["status"] in ("ok", "noisy") else record["status"]
-                progress(f"[{i}/{total}] {label}: {said} ({elapsed:.1f} s)")
+                say(f"[{i}/{total}] {label}: {said} ({elapsed:.1f} s)")
+            if ranks is not None:
+                ranks.finish()
         except KeyboardInterrupt as exc:
             how, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
-            kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if records else ""
-            progress(f"interrupted by {how} after {len(records)} of {total} configurations{kept}")
+            kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if records and files else ""
+            say(f"interrupted by {how} after {len(records)} of {total} configurations{kept}")
             return records, code
     return records, 0

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bench_attention as ba
+import runner
 from common import FAULT_ENV, SyncTimer, read_records
 
 HERE = Path(__file__).resolve().parent
@@ -227,3 +228,18 @@ def test_bad_input_exits_2_with_one_line(argv, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_dry_run_lists_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run started a configuration")
+
+    monkeypatch.setattr(runner, "run_isolated", forbidden)
+    monkeypatch.setattr(runner, "run_sweep", forbidden)
+    monkeypatch.setattr(ba, "run_config", forbidden)
+    assert ba.main(["--impl", "naive", "sdpa", "--d", "16", "--seq-len", "256", "1024", "--device", "cpu",
+                    "--dry-run", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "attention").exists()
+    assert "dry run: 4 configurations would run" in out
+    assert "  1. naive d=16 seq=256 fp32 (predicted need" in out and "  4. sdpa d=16 seq=1024 fp32" in out

@@ -115,7 +115,7 @@ def test_flops_formula_matches_flop_counter():
 def test_mfu_empty_on_cpu_and_computed_for_a_known_gpu(tmp_path):
     code, (record,) = run_main(tmp_path, "--in-process")
     assert record["mfu"] is None and record["peak_tflops"] is None
-    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny"))
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", "2025"), handout="2025")  # context 128
     fake = {"step_ms": [100.0, 100.0], "forward_ms": [30.0, 30.0], "backward_ms": [60.0, 60.0],
             "optimizer_ms": [10.0, 10.0],
             "environment": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}}
@@ -214,14 +214,14 @@ def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
     assert len(rows) == 1 + 6  # one config row, six result rows
 
 
-def bad(*argv):
-    env = {k: v for k, v in os.environ.items() if k != common.NVTX_LIBRARY_ENV}
+def bad(*argv, env=None):
+    base = {k: v for k, v in os.environ.items() if k != common.NVTX_LIBRARY_ENV}
     return subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *argv], cwd=HERE, capture_output=True,
-                          text=True, timeout=60, env=env)
+                          text=True, timeout=60, env={**base, **(env or {})})
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--size", "huge"], "unknown preset 'huge'; valid presets: tiny, small"),
+    (["--size", "huge"], "unknown preset 'huge'; valid presets in handout 2026: tiny, small"),
     (["--batch-size", "0"], "must be a positive integer"),
     (["--steps", "-3"], "must be a positive integer"),
     (["--size", "tiny", "--num-heads", "7"], "d_model (512) must be divisible by num_heads (7)"),
@@ -230,6 +230,9 @@ def bad(*argv):
     (["--nvtx", "--device", "cpu"], "--nvtx needs a CUDA device"),
     (["--tf32", "on", "--device", "cpu"], "--tf32 needs a CUDA device"),
     (["--dtype", "fp8"], "invalid choice"),
+    (["--size", "2.7B"], "preset '2.7B' is in handout 2025's table, not in handout 2026's"),
+    (["--handout", "2025", "--size", "small", "10B"], "preset '10B' is in handout 2026's table, not in handout 2025's"),
+    (["--handout", "2024"], "argument --handout: invalid choice: '2024' (choose from"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message):
     if torch.cuda.is_available() and argv[:2] == ["--device", "cuda"]:
@@ -254,3 +257,56 @@ def test_compile_reports_compile_time_apart(tmp_path, capsys):
     # compilation happens in the compile step, so timed steps are far shorter than the compile step
     assert record["forward_ms_max"] < record["compile_s"] * 1e3
     assert "compile time (first step, not in the timings)" in capsys.readouterr().out
+
+
+# ---- handouts and --dry-run ----
+
+
+def test_a_bad_handout_in_the_environment_exits_2_with_one_line():
+    result = bad("--size", "small", env={common.HANDOUT_ENV: "2024"})
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "CS336_HANDOUT='2024' is not a handout; valid handouts: 2026, 2025" in result.stderr
+
+
+def test_size_names_and_the_default_context_follow_the_handout(monkeypatch):
+    _, (run,) = bench_e2e.parse_args(["--size", "xl", "--device", "cpu"])
+    assert (run.handout, run.context_length, run.model.d_model, run.model.num_layers) == ("2026", 512, 2560, 32)
+    _, (run,) = bench_e2e.parse_args(["--size", "xl", "--handout", "2025", "--device", "cpu"])
+    assert (run.handout, run.context_length, run.model.d_model, run.model.num_layers) == ("2025", 128, 1600, 48)
+    monkeypatch.setenv(common.HANDOUT_ENV, "2025")  # read when the arguments are parsed, not at import
+    _, runs = bench_e2e.parse_args(["--size", "all", "--device", "cpu"])
+    assert [r.size for r in runs] == ["small", "medium", "large", "xl", "2.7B"]  # Table 1: no tiny, no 10B
+    assert {(r.handout, r.context_length) for r in runs} == {("2025", 128)}
+    _, runs = bench_e2e.parse_args(["--size", "all", "--handout", "2026", "--device", "cpu"])  # the flag wins
+    assert [r.size for r in runs] == ["small", "medium", "large", "xl", "10B"]
+    assert {r.context_length for r in runs} == {512}
+
+
+def test_the_handout_is_in_the_tables_and_the_records(tmp_path, capsys):
+    code, (record,) = run_main(tmp_path, "--in-process", "--handout", "2025", "--steps", "2", "--device", "cpu")
+    out = capsys.readouterr().out
+    assert code == 0 and record["config"]["handout"] == "2025"
+    assert out.startswith("Model sizes from handout 2025 (Spring 2025):")
+    assert "sizes from: handout 2025 (Spring 2025)" in out
+    assert "sizes from: handout 2025" in (tmp_path / "e2e" / "t.md").read_text()
+
+
+def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run built a model or started a configuration")
+
+    monkeypatch.setattr(runner, "TransformerLM", forbidden)
+    monkeypatch.setattr(runner, "run_isolated", forbidden)
+    monkeypatch.setattr(runner, "run_sweep", forbidden)
+    code = bench_e2e.main(["--size", "small", "xl", "--dtype", "fp32", "bf16", "--device", "cpu", "--dry-run",
+                           "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and not (tmp_path / "e2e").exists()
+    assert "Model sizes from handout 2026 (v26.1.1):" in out and "3,406,809,600" in out
+    assert "dry run: 4 configurations would run" in out
+    plan = [line.strip() for line in out.splitlines() if line.startswith("  ")]
+    assert [line.split(" (predicted")[0] for line in plan] == [
+        "1. small ctx=512 train fp32 naive warmup=5", "2. small ctx=512 train bf16 naive warmup=5",
+        "3. xl ctx=512 train fp32 naive warmup=5", "4. xl ctx=512 train bf16 naive warmup=5"]
+    # the training state of 2026's xl: 16 bytes per parameter (fp32 weights, gradients, two AdamW moments)
+    assert f"(predicted state {16 * 3_406_809_600 / 2**30:.2f} GiB per rank" in plan[2]

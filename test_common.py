@@ -514,6 +514,8 @@ def test_numbers_too_large_to_use_are_refused_at_parse_time(script, argv, capsys
     module = bench_scripts()[script]
     if script != "precision_demo":
         argv = [*argv, "--device", "cpu"]
+    if script in ("bench_e2e", "mem_profile"):  # chosen explicitly: no note about which xl runs
+        argv = [*argv, "--handout", "2026"]
     with pytest.raises(SystemExit) as exit_:
         module.parse_args(argv)
     err = capsys.readouterr().err
@@ -527,6 +529,104 @@ def test_the_bounds_are_the_usable_ranges():
     assert common.positive_int(str(2**63 - 1)) == 2**63 - 1
     assert common.step_count(str(common.MAX_STEPS)) == common.MAX_STEPS
     assert common.positive_float("1e300") == 1e300
+
+
+# ---- handouts ----
+
+# The two handouts' Table 1, as printed in them (d_model, d_ff, num_layers, num_heads)
+TABLE_1 = {"2026": {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
+                    "xl": (2560, 10240, 32, 32), "10B": (4608, 12288, 50, 36)},
+           "2025": {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16), "large": (1280, 5120, 36, 20),
+                    "xl": (1600, 6400, 48, 25), "2.7B": (2560, 10240, 32, 32)}}
+
+
+@pytest.mark.parametrize("handout", list(TABLE_1))
+def test_each_handout_has_its_table_1_and_tiny(handout):
+    chosen = common.HANDOUTS[handout]
+    assert chosen.table1 == list(TABLE_1[handout])
+    for name, dims in TABLE_1[handout].items():
+        cfg = get_config(name, handout)
+        assert (cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, cfg.vocab_size) == (*dims, 10_000)
+    tiny = get_config("tiny", handout)
+    assert (tiny.d_model, tiny.d_ff, tiny.num_layers, tiny.num_heads) == (512, 1344, 4, 16)
+    assert common.expand_sizes(["all"], handout) == list(TABLE_1[handout])  # 'all' is Table 1, not tiny
+
+
+def test_handout_defaults():
+    assert common.DEFAULT_HANDOUT == "2026"
+    assert get_config("small").context_length == 512 and get_config("small", "2025").context_length == 128
+    assert get_config("small", "2025", context_length=64).context_length == 64
+    h26, h25 = common.HANDOUTS["2026"], common.HANDOUTS["2025"]
+    assert (h26.memory_size, h26.memory_contexts, h26.checkpoint_setup) == ("xl", (128, 2048), ("xl", 4, 2048))
+    assert (h25.memory_size, h25.memory_contexts, h25.checkpoint_setup) == ("2.7B", (128, 256, 512), None)
+    assert h26.title == "handout 2026 (v26.1.1)"
+
+
+@pytest.mark.parametrize("handout,name,other", [("2026", "2.7B", "2025"), ("2025", "10B", "2026")])
+def test_a_name_from_the_other_handout_says_which_handout_has_it(handout, name, other):
+    with pytest.raises(ValueError, match=rf"'{name}' is in handout {other}'s table, not in handout {handout}'s.*"
+                                         rf"--handout {other}"):
+        get_config(name, handout)
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'; valid presets in handout 2025: tiny, small, "
+                                         r"medium, large, xl, 2\.7B, all$"):
+        common.expand_sizes(["small", "huge"], "2025")
+    with pytest.raises(ValueError, match="unknown handout '2024'; valid handouts: 2026, 2025"):
+        get_config("small", "2024")
+
+
+def resolve(argv, monkeypatch, env=None):
+    parser = common.ArgParser(prog="t")
+    common.add_handout_arg(parser)
+    monkeypatch.delenv(common.HANDOUT_ENV, raising=False)
+    if env is not None:
+        monkeypatch.setenv(common.HANDOUT_ENV, env)
+    args = parser.parse_args(argv)
+    return common.handout_or_exit(parser, args), args
+
+
+def test_handout_comes_from_the_flag_then_the_environment_then_the_default(monkeypatch):
+    assert resolve([], monkeypatch)[0].name == "2026"
+    handout, args = resolve([], monkeypatch, env="2025")
+    assert handout.name == "2025" and args.handout == "2025" and args.handout_source == common.HANDOUT_ENV
+    handout, args = resolve(["--handout", "2026"], monkeypatch, env="2025")
+    assert handout.name == "2026" and args.handout_source == "--handout"
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--handout", "2024"], None, "invalid choice: '2024'"),
+    ([], "2024", "CS336_HANDOUT='2024' is not a handout; valid handouts: 2026, 2025"),
+])
+def test_a_bad_handout_is_a_one_line_exit_2(argv, env, message, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        resolve(argv, monkeypatch, env)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "2025" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_default_handout_notes_a_name_that_means_another_model(monkeypatch, capsys):
+    parser = common.ArgParser(prog="t")
+    _, args = resolve([], monkeypatch)
+    assert common.sizes_or_exit(parser, args, ["small", "xl"]) == ["small", "xl"]
+    assert ("note: xl is handout 2026's xl (d_model 2560, 32 layers), not handout 2025's (d_model 1600, 48 layers): "
+            "for that one pass --handout 2025") in capsys.readouterr().err
+    _, args = resolve(["--handout", "2026"], monkeypatch)  # chosen explicitly: no note
+    common.sizes_or_exit(parser, args, ["xl"])
+    assert capsys.readouterr().err == ""
+
+
+def test_config_table_names_the_handout_and_counts_each_size_once():
+    h = common.HANDOUTS["2025"]
+    text = common.config_table([("xl", get_config("xl", "2025", context_length=c)) for c in (128, 256)]
+                               + [("tiny", get_config("tiny", "2025"))], h)
+    assert text.startswith("Model sizes from handout 2025 (Spring 2025):")
+    assert text.count("| xl ") == 1 and "1,998,235,200" in text and "| tiny " in text
+
+
+def test_dry_run_printer_numbers_the_plan(capsys):
+    assert common.print_dry_run(["a ctx=1", "b ctx=2"], preamble="TABLE") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("TABLE\n\ndry run: 2 configurations would run")
+    assert "  1. a ctx=1\n  2. b ctx=2\n" in out and "nothing was built" in out
 
 
 # ---- kineto's USDT marker lines ----

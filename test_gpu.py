@@ -17,6 +17,7 @@ import bench_e2e
 import common
 import kernel_tables as kt
 import mem_profile
+import runner
 import toy_autocast
 from common import read_records
 
@@ -56,12 +57,12 @@ def test_nvtx_ranges_through_torch_on_cuda(tmp_path, monkeypatch):
 
 
 def test_fp16_training_steps_through_the_gradient_scaler():
-    run = bench_e2e.RunConfig(size="tiny", model=common.get_config("tiny", context_length=64), batch_size=2,
+    run = runner.RunConfig(size="tiny", model=common.get_config("tiny", context_length=64), batch_size=2,
                               dtype="fp16", device="cuda")
-    work = bench_e2e.Workload(run)
+    work = runner.Workload(run)
     assert work.scaler is not None and work.scaler.is_enabled()
     for _ in range(3):
-        times = bench_e2e.run_step(work)
+        times = runner.run_step(work)
     assert all(t > 0 for t in times.values())
     assert math.isfinite(work.scaler.get_scale()) and work.scaler.get_scale() > 0
     assert all(torch.isfinite(p).all() for p in work.model.parameters())  # fp32 master weights, updated

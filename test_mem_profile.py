@@ -14,6 +14,7 @@ import torch
 
 import mem_profile
 import memory_snapshot
+import runner
 from runner import RunConfig
 from common import ModelConfig, read_records
 from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
@@ -81,7 +82,8 @@ def test_tensor_made_in_a_module_is_attributed_to_it_not_to_the_submodule_that_s
 
 
 def test_accounting_residual_stream_and_scores():
-    run = RunConfig(size="xl", model=mem_profile.get_config("xl", context_length=512), mode="train", dtype="bf16")
+    run = RunConfig(size="xl", model=mem_profile.get_config("xl", "2025", context_length=512), handout="2025",
+                    mode="train", dtype="bf16")
     acc = mem_profile.accounting(run)
     assert acc["residual_stream_bytes"] == 4 * 512 * 1600 * 4 == 12.5 * MIB
     assert acc["residual_stream_formula"] == "4 x 512 x 1600 x 4 B"
@@ -328,6 +330,8 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
     records, _ = mem_profile.profile_sweep(runs, args, files, measure=True)
     text = mem_profile.render_report(records, "github")
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
+    by_context = text.split("### Peak allocated memory per context length")[1]
+    assert "|   fp32 train GiB |" in by_context and "| tiny   |    16 |            3.000 |" in by_context
     assert "#### Snapshot: tiny ctx=16 train fp32 naive warmup=3" in text and "ok (exact)" in text
     assert Path(records[0]["snapshot_png"]).is_file()
 
@@ -349,8 +353,11 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
     out = capsys.readouterr().out
     assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
     assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
+    assert "Model sizes from handout 2026 (v26.1.1):" in out and "sizes from: handout 2026 (v26.1.1)" in out
+    assert "Peak allocated memory per context length" not in out  # nothing measured: no empty numbers
     records = read_records(tmp_path / "memory" / "cpu.jsonl")
     assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)
+    assert {r["config"]["handout"] for r in records} == {"2026"}
     assert all(r["saved_status"] == "ok" for r in records)
 
 
@@ -368,6 +375,10 @@ def test_a_failed_configuration_is_a_row_and_the_others_still_run(tmp_path, caps
     (["--size", "huge"], "unknown preset 'huge'"),
     (["--context-length", "0"], "must be a positive integer"),
     (["--analyze", "/nonexistent.pickle"], "no such file"),
+    (["--size", "10B", "--handout", "2025"], "preset '10B' is in handout 2026's table, not in handout 2025's"),
+    (["--size", "2.7B"], "preset '2.7B' is in handout 2025's table, not in handout 2026's"),
+    (["--handout", "2024"], "invalid choice: '2024'"),
+    (["--analyze", "x.pickle", "--dry-run"], "--analyze runs none"),
     pytest.param(["--device", "cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
@@ -377,3 +388,84 @@ def test_bad_input_exits_2_with_one_line(argv, message):
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert message in last and "Traceback" not in proc.stderr
+
+
+# ---- handouts, --dry-run and the per-context peak table ----
+
+
+def sizes_and_contexts(runs):
+    return (list(dict.fromkeys(r.size for r in runs)), list(dict.fromkeys(r.context_length for r in runs)),
+            {r.batch_size for r in runs}, {r.handout for r in runs})
+
+
+def test_default_size_and_contexts_are_the_handouts_memory_question(monkeypatch):
+    def parse(*argv):
+        return sizes_and_contexts(mem_profile.parse_args([*argv, "--device", "cpu"])[1])
+
+    assert parse() == (["xl"], [128, 2048], {4}, {"2026"})
+    assert parse("--handout", "2025") == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    # gradient_checkpointing (b) of 2026: xl, batch 4, context 2048; 2025 has no such question
+    assert parse("--mode", "train", "--checkpoint", "0", "2", "4") == (["xl"], [2048], {4}, {"2026"})
+    assert parse("--handout", "2025", "--checkpoint", "2") == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    # what the user gives wins, the rest follows the handout
+    assert parse("--size", "tiny") == (["tiny"], [128, 2048], {4}, {"2026"})
+    assert parse("--context-length", "64", "--batch-size", "2", "--checkpoint", "1") == (["xl"], [64], {2}, {"2026"})
+    monkeypatch.setenv("CS336_HANDOUT", "2025")
+    assert parse() == (["2.7B"], [128, 256, 512], {4}, {"2025"})
+    args, runs = mem_profile.parse_args(["--size", "all", "--device", "cpu"])
+    assert [r.size for r in runs[::6]] == ["small", "medium", "large", "xl", "2.7B"]  # 3 contexts x 2 modes each
+    assert runs[18].model.d_model == 1600  # 2025's xl
+
+
+def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("--dry-run built a model or started a configuration")
+
+    for name in ("TransformerLM", "Workload"):
+        monkeypatch.setattr(mem_profile, name, forbidden)
+    for name in ("TransformerLM", "run_isolated", "run_sweep", "Workload"):
+        monkeypatch.setattr(runner, name, forbidden)
+    assert mem_profile.main(["--handout", "2025", "--dtype", "fp32", "bf16", "--device", "cpu", "--dry-run",
+                             "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "memory").exists()
+    assert "Model sizes from handout 2025 (Spring 2025):" in out and "| 2.7B " in out
+    assert "dry run: 12 configurations would run" in out
+    assert ("   1. 2.7B ctx=128 forward fp32 naive warmup=3\n   2. 2.7B ctx=128 forward bf16 naive warmup=3\n"
+            in out)
+    assert "  12. 2.7B ctx=512 train bf16 naive warmup=3\n" in out
+
+
+def peak_record(size, ctx, mode, dtype, peak_gib=None, status="ok", attn="naive", ckpt=0):
+    record = {"config": {"size": size, "handout": "2026", "model": {"context_length": ctx}, "mode": mode,
+                         "dtype": dtype, "attn": attn, "checkpoint_every": ckpt}, "status": status}
+    if peak_gib is not None:
+        record["peak_mem_allocated_bytes"] = int(peak_gib * 2**30)
+    return record
+
+
+def table_cells(text):
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
+
+
+def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16():
+    records = [peak_record("xl", 128, "forward", "fp32", 13.5), peak_record("xl", 128, "forward", "bf16", 14.25),
+               peak_record("xl", 128, "train", "fp32", 52.125), peak_record("xl", 128, "train", "bf16", 50.0),
+               peak_record("xl", 2048, "forward", "fp32", 20.0), peak_record("xl", 2048, "forward", "bf16", 18.5),
+               peak_record("xl", 2048, "train", "fp32", status="OOM"),
+               peak_record("xl", 2048, "train", "bf16", 75.75)]
+    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    assert header == ["size", "ctx", "fp32 forward GiB", "fp32 train GiB", "bf16 forward GiB", "bf16 train GiB"]
+    assert rows == [["xl", "128", "13.500", "52.125", "14.250", "50.000"],
+                    ["xl", "2048", "20.000", "OOM", "18.500", "75.750"]]
+
+
+def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
+    records = [peak_record("tiny", 16, "forward", "fp32", 1.0, ckpt=0), peak_record("tiny", 16, "train", "fp32", 3.0),
+               peak_record("tiny", 16, "train", "fp32", 2.0, ckpt=2)]
+    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    assert header == ["size", "ctx", "ckpt", "fp32 forward GiB", "fp32 train GiB"]
+    assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
+    skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
+    assert mem_profile.peak_by_context_table(skipped, "github") is None

@@ -5,11 +5,14 @@ import pytest
 import torch
 from einops import einsum, rearrange
 
-from common import PRESETS, ModelConfig, get_config
+from common import HANDOUTS, ModelConfig, get_config
 from model import RotaryEmbedding, TransformerLM, cross_entropy, naive_attention, sdpa_attention
 
-EXPECTED_PARAMS = {"tiny": 22_696_448, "small": 128_625_408, "medium": 423_183_360, "large": 969_411_840,
-                   "xl": 1_998_235_200, "2.7B": 3_406_809_600, "10B": 12_832_823_808}
+# (handout, size) -> parameters, worked out by hand from the handouts' Table 1 (vocab 10,000, untied lm_head)
+EXPECTED_PARAMS = {("2026", "tiny"): 22_696_448, ("2026", "small"): 128_625_408, ("2026", "medium"): 423_183_360,
+                   ("2026", "large"): 969_411_840, ("2026", "xl"): 3_406_809_600, ("2026", "10B"): 12_832_823_808,
+                   ("2025", "tiny"): 22_696_448, ("2025", "small"): 128_625_408, ("2025", "medium"): 423_183_360,
+                   ("2025", "large"): 969_411_840, ("2025", "xl"): 1_998_235_200, ("2025", "2.7B"): 3_406_809_600}
 SMALL = ModelConfig(d_model=64, d_ff=96, num_layers=2, num_heads=4, vocab_size=100, context_length=32)
 
 
@@ -17,12 +20,16 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("name", list(EXPECTED_PARAMS))
-def test_parameter_counts_on_meta_device(name):
+@pytest.mark.parametrize("handout,name", list(EXPECTED_PARAMS))
+def test_parameter_counts_on_meta_device(handout, name):
     with torch.device("meta"):
-        model = TransformerLM(PRESETS[name])
-    assert count_params(model) == EXPECTED_PARAMS[name]
-    assert PRESETS[name].num_params == EXPECTED_PARAMS[name]
+        model = TransformerLM(get_config(name, handout))
+    assert count_params(model) == EXPECTED_PARAMS[handout, name]
+    assert HANDOUTS[handout].presets[name].num_params == EXPECTED_PARAMS[handout, name]
+
+
+def test_every_preset_of_both_handouts_has_an_expected_count():
+    assert {(h, name) for h, handout in HANDOUTS.items() for name in handout.presets} == set(EXPECTED_PARAMS)
 
 
 def test_state_dict_keys_are_the_reference_names():

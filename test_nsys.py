@@ -145,6 +145,20 @@ def test_mode_dtype_and_backtrace_options(fake: dict):
     assert app[app.index("--in-process") + 1:][:4] == ["--dtype", "bf16", "--steps", "3"]
 
 
+def test_the_handout_reaches_bench_e2e_and_names_a_2025_report(fake: dict):
+    assert run_script(fake, "--handout", "2025", "xl", "64").returncode == 0
+    assert run_script(fake, "xl", "64", CS336_HANDOUT="2025").returncode == 0
+    assert run_script(fake, "xl", "64").returncode == 0
+    profiles = [c["argv"] for c in calls(fake) if c["argv"][0] == "profile"]
+    outputs = [next(a for a in argv if a.startswith("--output=")) for argv in profiles]
+    nsys_dir = fake["results"] / "nsys"
+    assert outputs == ([f"--output={nsys_dir / 'xl_ctx64_train_h2025'}"] * 2
+                       + [f"--output={nsys_dir / 'xl_ctx64_train'}"])
+    assert [argv[argv.index("--handout") + 1] for argv in profiles] == ["2025", "2025", "2026"]
+    bad = run_script(fake, "xl", "64", CS336_HANDOUT="2024")
+    assert bad.returncode == 2 and "got '2024'" in bad.stderr
+
+
 def test_only_this_report_is_replaced(fake: dict):
     nsys_dir = fake["results"] / "nsys"
     nsys_dir.mkdir(parents=True)
@@ -197,6 +211,8 @@ def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
     (["tiny", "64", "inference"], "MODE"),
     (["tiny", "64", "--", "--context-length", "128"], "positional"),
     (["tiny", "64", "--", "--dtype", "fp32", "bf16"], "one --dtype"),
+    (["--handout", "2024", "tiny", "64"], "must be 2026 or 2025, got '2024'"),
+    (["tiny", "64", "--", "--handout", "2025"], "give --handout before --"),
 ])
 def test_usage_errors_exit_2(fake: dict, args: list[str], message: str):
     result = run_script(fake, *args)
