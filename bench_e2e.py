@@ -84,6 +84,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
     ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
+    runner.phase("writing the profiler trace")
     keep = parallel.is_rank_zero()
     if keep:
         stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"

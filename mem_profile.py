@@ -236,6 +236,7 @@ def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     """The saved-for-backward summary of one configuration, on fake tensors of its device (CUDA picks other
     attention kernels than the CPU, so sdpa's residuals differ)."""
     common.maybe_inject_fault(fault_fields(run, "saved"))
+    runner.phase("saved for backward (fake tensors)")
     saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
                                resolve_device(run.device))
     return summarize_saved(saved, run.model.num_layers)
@@ -256,6 +257,7 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
     Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
     device = work.device
     marks: list[tuple[str, float]] = []
+    runner.phase("recording a memory snapshot")
     common.reset_peak_memory(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
                                              clear_history=True)

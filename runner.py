@@ -108,6 +108,7 @@ class Workload:
     or sharded with FSDP2, and the batch is this rank's own, so the global batch is world_size x batch_size."""
 
     def __init__(self, run: RunConfig):
+        phase("building the model")
         self.run = run
         launch = parallel.torchrun_launch() if run.parallel else None
         self.device = parallel.rank_device(resolve_device(run.device), launch)
@@ -216,15 +217,19 @@ def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, wa
     environment, and on CUDA peak allocated / reserved bytes. `profiler` is entered around the timed steps."""
     record: dict[str, Any] = {"environment": environment(device)}
     if compile_first:  # the first call compiles (forward, and backward on the first backward)
+        phase("compiling (first step)")
         _, record["compile_s"] = SyncTimer(device).time(step)
     with annotate("warmup"):
-        for _ in range(warmup):
+        for i in range(warmup):
+            phase(f"warm-up {i + 1}/{warmup}")
             step()
     reset_peak_memory(device)
     samples: list[dict[str, float]] = []
     with profiler, annotate("measure"):
-        for _ in range(steps):
-            samples.append(step())
+        for i in range(steps):
+            with timed_phase(f"step {i + 1}/{steps}"):  # no heartbeat runs inside: see Heartbeat
+                samples.append(step())
+    phase("after the timed steps")
     record.update(peak_memory_bytes(device))
     for key in samples[0]:
         record[f"{key}_ms"] = [s[key] * 1e3 for s in samples]
@@ -237,6 +242,126 @@ def sample_stats(record: dict[str, Any], phases: tuple[str, ...]) -> dict[str, A
 
 
 ONE_SAMPLE_NOTE = "1 timed step: no std"
+
+
+# ---- progress while a configuration runs ----
+
+HEARTBEAT_S = 10.0  # at most one heartbeat line per this many seconds (read when a configuration starts)
+
+
+class Heartbeat:
+    """Says what a long configuration is doing, so that a two-minute compile or a slow step never looks like a
+    hang: a daemon thread writes `<phase>... <s> s` (seconds since the configuration started) whenever
+    `interval_s` have passed since its last line.
+
+    The measured code only sets the phase, between timed spans: phase() before an untimed stretch (building the
+    model, compiling, a warm-up step), timed() around each timed step. The thread never runs while a timed step
+    is open: timed() lets the step start only once the thread is parked on the condition with no timeout, and the
+    thread is woken only after the step, and only when a line is due; a line that falls due during a timed step
+    is written between it and the next. The compile step (compile_s, reported to 0.1 s) is not held back: a
+    heartbeat there is the point."""
+
+    def __init__(self, write: Callable[[str], None], interval_s: float = HEARTBEAT_S):
+        self._write = write
+        self.interval_s = interval_s
+        self._cond = threading.Condition()
+        self._phase = "setting up"
+        self._timed = False  # a timed step is about to start or running
+        self._parked = False  # the thread waits, without a timeout, for the timed step to end
+        self._stopped = False
+        self._start = self._last = timeit.default_timer()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+
+    def _due(self, now: float) -> bool:
+        return now - self._last >= self.interval_s
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = timeit.default_timer()
+                if self._due(now):  # safe even when _timed: the step waits for this thread to park
+                    self._last = now
+                    try:
+                        self._write(f"{self._phase}... {now - self._start:.0f} s")
+                    except (OSError, ValueError):  # nobody to tell (the parent is gone): stop quietly
+                        self._stopped = True
+                        self._cond.notify_all()
+                        return
+                if self._timed:
+                    self._parked = True
+                    self._cond.notify_all()
+                    self._cond.wait()  # no timeout: woken by the end of the step (a line due), phase(), stop()
+                    self._parked = False
+                else:
+                    self._cond.wait(max(0.0, self._last + self.interval_s - timeit.default_timer()))
+
+    def _wake(self) -> None:
+        """Unpark the thread (the lock held). It counts as unparked from now on, though it runs only once the lock
+        is free: a timed step that starts next must wait for it to park again."""
+        if self._parked:
+            self._parked = False
+            self._cond.notify_all()
+
+    def phase(self, name: str) -> None:
+        """An untimed stretch starts: the thread may write during it."""
+        with self._cond:
+            self._phase, self._timed = name, False
+            self._wake()
+
+    @contextlib.contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """A timed step: it starts once the thread is parked; afterwards the thread is woken if a line is due."""
+        with self._cond:
+            self._phase, self._timed = name, True
+            if self._thread.is_alive() and not self._parked:
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._parked or self._stopped)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timed = False
+                if self._due(timeit.default_timer()):
+                    self._wake()
+
+
+_heartbeat: list[Heartbeat] = []  # the heartbeat of the configuration running in this process, if any
+
+
+def phase(name: str) -> None:
+    """Name what this configuration does now (untimed code only); a no-op without a heartbeat."""
+    if _heartbeat:
+        _heartbeat[-1].phase(name)
+
+
+def timed_phase(name: str) -> contextlib.AbstractContextManager:
+    """Around one timed step: the heartbeat stays silent inside (Heartbeat.timed)."""
+    return _heartbeat[-1].timed(name) if _heartbeat else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def heartbeat(write: Callable[[str], None] | None, interval_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """A Heartbeat writing to `write` while the block runs (none when `write` is None)."""
+    if write is None:
+        yield
+        return
+    beat = Heartbeat(write, interval_s).start()
+    _heartbeat.append(beat)
+    try:
+        yield
+    finally:
+        _heartbeat.remove(beat)
+        beat.stop()
 
 
 # ---- child processes ----
@@ -274,7 +399,7 @@ def _watch_parent(lifeline: multiprocessing.connection.Connection) -> None:
 
 
 def _child_main(result: Any, lifeline: Any, fn: Callable[..., dict], kwargs: dict[str, Any],
-                environ: dict[str, str], cwd: str) -> None:
+                environ: dict[str, str], cwd: str, beats: Any = None, interval_s: float = HEARTBEAT_S) -> None:
     # Ctrl-C reaches the whole process group; stopping the child is the parent's job (no half-printed traceback).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _watch_parent(lifeline)
@@ -283,7 +408,9 @@ def _child_main(result: Any, lifeline: Any, fn: Callable[..., dict], kwargs: dic
     os.environ.update(environ)
     os.chdir(cwd)
     try:
-        answer = {"ok": True, "value": fn(**kwargs)}
+        # heartbeat lines go to the parent, which prints them: this process's stderr is the fork server's
+        with heartbeat(beats.send if beats is not None else None, interval_s):
+            answer = {"ok": True, "value": fn(**kwargs)}
     except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
         answer = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
     try:
@@ -339,7 +466,8 @@ def _stop(proc: multiprocessing.process.BaseProcess) -> None:
 
 
 def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bool = False,
-                 timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None) -> dict[str, Any]:
+                 timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None,
+                 on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run `fn(**kwargs)` (a module-level function returning a picklable dict) in a fresh child process forked
     from a preloaded fork server, so an OOM or a broken CUDA context cannot poison later work and every run starts
     with a fresh allocator.
@@ -348,10 +476,14 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     "traceback" or "detail": ...}. After `timeout_s` the child is stopped. KeyboardInterrupt (Ctrl-C, or SIGTERM
     through the sweep's handler) stops the child and propagates. `stop_when()`, asked every STOP_POLL_S while the
     child runs, stops it early with the reason it returns as the status (a torchrun peer that failed: see
-    parallel.py). `in_process=True` calls `fn` here (no isolation, no time limit) with the same failure handling."""
+    parallel.py). `in_process=True` calls `fn` here (no isolation, no time limit) with the same failure handling.
+    `on_heartbeat(line)` gets the Heartbeat's lines while `fn` runs (in this process: from the child through a
+    pipe, or from the heartbeat thread with in_process); None = no heartbeat."""
+    interval_s = HEARTBEAT_S
     if in_process:
         try:
-            return {"ok": True, "value": fn(**kwargs)}
+            with heartbeat(on_heartbeat, interval_s):
+                return {"ok": True, "value": fn(**kwargs)}
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -361,19 +493,32 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     ctx = _fork_server(fn)
     result_r, result_w = ctx.Pipe(duplex=False)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
+    beats_r, beats_w = ctx.Pipe(duplex=False) if on_heartbeat is not None else (None, None)
     proc = ctx.Process(target=_child_main, daemon=True,
-                       args=(result_w, lifeline_r, fn, kwargs, dict(os.environ), os.getcwd()))
+                       args=(result_w, lifeline_r, fn, kwargs, dict(os.environ), os.getcwd(), beats_w, interval_s))
     oom_before = oom_kill_counts()
     try:
         proc.start()
         result_w.close()
         lifeline_r.close()
+        waiting = [result_r, proc.sentinel]
+        if beats_w is not None:
+            beats_w.close()
+            waiting.append(beats_r)
         deadline = None if timeout_s is None else timeit.default_timer() + timeout_s
         while True:
             wait_s = None if deadline is None else max(0.0, deadline - timeit.default_timer())
             if stop_when is not None:
                 wait_s = STOP_POLL_S if wait_s is None else min(wait_s, STOP_POLL_S)
-            ready = multiprocessing.connection.wait([result_r, proc.sentinel], wait_s)
+            ready = multiprocessing.connection.wait(waiting, wait_s)
+            if beats_r in ready:  # a heartbeat line: print it and wait on
+                ready.remove(beats_r)
+                try:
+                    on_heartbeat(beats_r.recv())
+                except (EOFError, OSError):  # the child closed its end (it is finishing)
+                    waiting.remove(beats_r)
+                if not ready and (deadline is None or timeit.default_timer() < deadline):
+                    continue
             if ready or (deadline is not None and timeit.default_timer() >= deadline):
                 break
             reason = stop_when() if stop_when is not None else None
@@ -403,6 +548,8 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     finally:
         lifeline_w.close()
         result_r.close()
+        if beats_r is not None:
+            beats_r.close()
 
 
 # ---- the sweep ----
@@ -454,6 +601,9 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
                              f"and {TIMEOUT_FACTOR}x the slowest configuration so far: see docs/running.md)")
     parser.add_argument("--no-skip", action="store_true",
                         help="after an OOM, still run the larger sizes (context / sequence lengths) of that group")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress on stderr: neither the start and end line of each configuration nor the "
+                             f"heartbeat (its phase, at most every {HEARTBEAT_S:g} s) during a long one")
 
 
 @dataclass(frozen=True)
@@ -475,13 +625,14 @@ def sweep_environment(device: torch.device, in_process: bool) -> dict[str, Any]:
 
 
 def run_on_every_rank(experiment: Experiment, run: Any, index: int, ranks: parallel.RankSweep,
-                      timeout_s: float | None) -> dict[str, Any]:
+                      timeout_s: float | None, on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
     """One configuration of a torchrun sweep: this rank's child joins the configuration's process group and
     measures; it is stopped as soon as another rank fails; then every rank's answer is read and one agreed
     answer made (the slowest rank's timings, or "OOM on rank k"), the same on every rank."""
     kwargs = {"measure": experiment.measure, "run": run, "prefix": ranks.configuration_prefix(index),
               "device": run.device, "timeout_s": run.pg_timeout_s}
-    answer = run_isolated(parallel.measure_on_rank, kwargs, timeout_s=timeout_s, stop_when=ranks.peer_failure(index))
+    answer = run_isolated(parallel.measure_on_rank, kwargs, timeout_s=timeout_s, stop_when=ranks.peer_failure(index),
+                          on_heartbeat=on_heartbeat)
     # the others may run up to their own time limit before they answer; without one, up to a day
     answers = ranks.exchange(index, answer, (timeout_s or 24 * 3600) + 2 * run.pg_timeout_s)
     return parallel.agreed_answer(answers, parallel.merge_rank_records)
@@ -495,20 +646,22 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
 
     Under torchrun (configurations with .parallel set), every rank runs this same sweep, each configuration on
     every rank at once (run_on_every_rank); all ranks get the same records, and only rank 0 (files given, None on
-    the others) prints progress and writes files."""
+    the others) prints progress and writes files. --quiet: no progress lines and no heartbeat."""
     records: list[dict[str, Any]] = []
     oom_at: dict[tuple, int] = {}  # skip group -> smallest size that ran out of memory
     slowest_s = 0.0
     total = len(runs)
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
     ranks = parallel.RankSweep(launch) if launch else None
-    say = progress if parallel.is_rank_zero() else (lambda message: None)
+    rank_zero = parallel.is_rank_zero()
+    say = progress if rank_zero and not args.quiet else (lambda message: None)
     with sigterm_as_interrupt():
         try:
             env = sweep_environment(device, args.in_process)
             for i, run in enumerate(runs, 1):
                 label = run.label()
                 say(f"[{i}/{total}] starting {label}")
+                beat = None if args.quiet or not rank_zero else (lambda line, i=i: say(f"[{i}/{total}] {line}"))
                 record: dict[str, Any] = {"experiment": experiment.name, "config": dataclasses.asdict(run),
                                           "label": label}
                 group, size_name, size = run.skip_key()
@@ -516,10 +669,10 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                 if not args.no_skip and group in oom_at and size > oom_at[group]:
                     record["status"] = f"skipped: OOM at {size_name}={oom_at[group]}"
                 elif ranks is not None:
-                    answer = run_on_every_rank(experiment, run, i, ranks, time_limit(args.timeout, slowest_s))
+                    answer = run_on_every_rank(experiment, run, i, ranks, time_limit(args.timeout, slowest_s), beat)
                 else:
                     answer = run_isolated(experiment.measure, {"run": run}, in_process=args.in_process,
-                                          timeout_s=time_limit(args.timeout, slowest_s))
+                                          timeout_s=time_limit(args.timeout, slowest_s), on_heartbeat=beat)
                 if "status" not in record:
                     if answer["ok"]:
                         record.update(answer["value"])
@@ -544,6 +697,7 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
         except KeyboardInterrupt as exc:
             how, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
             kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if records and files else ""
-            say(f"interrupted by {how} after {len(records)} of {total} configurations{kept}")
+            if rank_zero:  # said even under --quiet: where the finished rows are
+                progress(f"interrupted by {how} after {len(records)} of {total} configurations{kept}")
             return records, code
     return records, 0

@@ -169,7 +169,7 @@ def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
     real = runner.run_isolated
     calls = []
 
-    def interrupt_on_third(fn, kwargs, in_process=False, timeout_s=None):
+    def interrupt_on_third(fn, kwargs, in_process=False, timeout_s=None, on_heartbeat=None):
         calls.append(kwargs)
         if len(calls) == 4:  # the sweep's environment, then the configurations
             raise KeyboardInterrupt

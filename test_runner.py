@@ -5,8 +5,10 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import sys
 import time
+import timeit
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,98 @@ def test_reports_render_from_the_records_alone(tmp_path, capsys):
     assert bench_e2e.render_report(records, "github") + "\n" == (tmp_path / "e2e" / "r.md").read_text()
     records = json.loads(json.dumps(records))  # nothing but JSON
     assert "step ms" in bench_e2e.render_report(records, "plain")
+
+
+# ---- progress: the heartbeat ----
+
+
+def slow_phase(seconds):
+    """A configuration whose one phase takes `seconds` (for the heartbeat through a child process)."""
+    runner.phase("slow fake phase")
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+def test_heartbeat_names_a_slow_phase_in_process_and_from_a_child(monkeypatch):
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.1)
+    for in_process in (True, False):
+        lines = []
+        answer = runner.run_isolated(slow_phase, {"seconds": 0.6}, in_process=in_process, on_heartbeat=lines.append)
+        assert answer["ok"], answer
+        assert 2 <= len(lines) <= 7, lines  # about one per 0.1 s, never a flood
+        assert all(line.startswith("slow fake phase... ") and line.endswith(" s") for line in lines), lines
+    lines = []
+    runner.run_isolated(slow_phase, {"seconds": 0.3}, in_process=True)  # no on_heartbeat: no thread, no line
+    assert not any(t.name == "heartbeat" for t in threading.enumerate())
+
+
+def fake_measurement(step_s, warmup, steps, compile_first):
+    """measure_steps on a fake step that sleeps: compile 3x as long, as a first torch.compile step would."""
+    calls = []
+
+    def step():  # timed as run_step times a step: a SyncTimer around the work
+        with common.SyncTimer(torch.device("cpu")) as timer:
+            time.sleep(step_s * (3 if compile_first and not calls else 1))
+        calls.append(1)
+        return {"step": timer.elapsed_s}
+
+    return runner.measure_steps(step, torch.device("cpu"), warmup, steps, compile_first=compile_first)
+
+
+def test_heartbeat_names_compile_warmup_and_steps(monkeypatch):
+    lines = []
+    with runner.heartbeat(lines.append, interval_s=0.1):
+        record = fake_measurement(0.15, warmup=2, steps=3, compile_first=True)
+    assert len(record["step_ms"]) == 3 and record["compile_s"] >= 0.45
+    said = " | ".join(lines)
+    for phase in ("compiling (first step)", "warm-up 1/2", "warm-up 2/2", "step "):
+        assert phase in said, said
+
+
+def test_heartbeat_never_runs_inside_a_timed_step(monkeypatch):
+    """Every Python event of the heartbeat thread (threading.setprofile sees each call and return, so also a wake-up
+    from a timed wait) lies outside every SyncTimer span of the timed steps, although a line falls due during each
+    step (interval 0.05 s, steps of 0.12 s): the lines come between the steps."""
+    spans, events, lines = [], [], []
+    enter, leave = common.SyncTimer.__enter__, common.SyncTimer.__exit__
+
+    def timed_enter(self):
+        out = enter(self)
+        self._span_start = timeit.default_timer()
+        return out
+
+    def timed_exit(self, *exc):
+        spans.append((self._span_start, timeit.default_timer()))
+        return leave(self, *exc)
+
+    def profile(frame, event, arg):
+        if threading.current_thread().name == "heartbeat":
+            events.append(timeit.default_timer())
+
+    monkeypatch.setattr(common.SyncTimer, "__enter__", timed_enter)
+    monkeypatch.setattr(common.SyncTimer, "__exit__", timed_exit)
+    threading.setprofile(profile)
+    try:
+        with runner.heartbeat(lines.append, interval_s=0.05):
+            fake_measurement(0.12, warmup=1, steps=5, compile_first=False)
+    finally:
+        threading.setprofile(None)
+    assert len(spans) == 1 + 5 and events  # the warm-up step, then the timed ones
+    spans = spans[1:]
+    assert sum(line.startswith("step ") for line in lines) >= 3, lines  # due in every step, said between them
+    inside = [t for t in events for start, end in spans if start < t < end]
+    assert not inside, f"{len(inside)} heartbeat events inside timed steps"
+
+
+def test_quiet_prints_no_progress_and_no_heartbeat(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.01)  # a line at nearly every chance
+    argv = ["--impl", "naive", "--d", "8", "--seq-len", "16", "32", "--batch-size", "1", "--iters", "2", "--warmup",
+            "1", "--device", "cpu", "--in-process", "--results-dir", str(tmp_path)]
+    assert bench_attention.main(argv + ["--out", "loud"]) == 0
+    err = capsys.readouterr().err
+    assert "[1/2] starting naive d=8 seq=16" in err and "[2/2] naive d=8 seq=32 fp32: fwd" in err
+    assert "[1/2] step 1/2... " in err or "[1/2] warm-up 1/1... " in err, err  # the heartbeat, numbered
+    assert bench_attention.main(argv + ["--out", "quiet", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "[1/2]" not in captured.err and "..." not in captured.err, captured.err
+    assert "fwd ms" in captured.out  # the report itself is printed as before
