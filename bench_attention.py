@@ -25,6 +25,7 @@ from typing import Any, Callable
 import torch
 
 import common
+import report
 import runner
 from common import (DTYPES, ResultFiles, SyncTimer, environment_header, format_bytes, render_table, resolve_device,
                     saved_tensors, synchronize)
@@ -280,11 +281,12 @@ def progress_summary(record: dict[str, Any]) -> str:
 IMPL_COLUMNS = ["d", "seq", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd TFLOP/s", "mem before bwd",
                 "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s", "status"]
 ALWAYS_SHOWN = {"d", "seq", "fwd ms", "bwd ms", "naive predicted", "status"}
+TABLE_COLUMNS = ["impl"] + IMPL_COLUMNS  # what --columns may name (impl: the heading of each table, or a column)
 
 
 def impl_row(record: dict[str, Any]) -> dict[str, Any]:
     config = record["config"]
-    row = {"d": config["d"], "seq": config["seq_len"], "status": record["status"],
+    row = {"impl": config["impl"], "d": config["d"], "seq": config["seq_len"], "status": record["status"],
            "naive predicted": format_bytes(record["predicted_naive_saved_bytes"])}
     if record["status"] != "ok":
         return row
@@ -300,10 +302,10 @@ def impl_row(record: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def impl_table(records: list[dict[str, Any]], fmt: str) -> str:
+def impl_table(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
     rows = [impl_row(r) for r in records]
-    columns = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
-    return render_table(rows, columns, fmt, floatfmt=".3f")
+    shown = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
+    return render_table(rows, report.pick_columns(shown, columns, fmt), fmt, floatfmt=".3f")
 
 
 def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
@@ -343,9 +345,9 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     return render_table(rows, columns, fmt, floatfmt=".3f")
 
 
-def render_report(records: list[dict[str, Any]], fmt: str) -> str:
-    """Environment header, one table per implementation, the comparison table and a note on the memory columns,
-    from the JSONL records alone."""
+def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
+    """Environment header, one table per implementation (with `columns`: report.pick_columns), the comparison
+    table and a note on the memory columns, from the JSONL records alone."""
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     settings = {"batch": config0["batch_size"], "dtype": config0["dtype"], "iters": config0["iters"],
@@ -353,7 +355,7 @@ def render_report(records: list[dict[str, Any]], fmt: str) -> str:
     lines = [environment_header(env, **settings) if env else f"settings: {settings}"]
     done = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in done:
-        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt)]
+        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt, columns)]
     lines += ["", "### comparison", "", comparison_table(records, done, fmt), "",
               "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
               "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
@@ -385,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="attention")
+    report.add_columns_arg(p)
+    report.add_plot_arg(p, "bench_attention")
     common.add_dry_run_arg(p)
     return p
 
@@ -393,6 +397,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     common.device_or_exit(parser, args.device)
+    report.columns_or_exit(parser, args.columns, TABLE_COLUMNS)
     # repeated values would only repeat rows; keep the order given
     args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
@@ -417,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         return common.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
     experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
-                                   summary=progress_summary, render=lambda records: render_report(records, args.fmt))
+                                   summary=progress_summary,
+                                   render=lambda records, fmt: render_report(records, fmt, args.columns))
     records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
-    if records:
-        files.publish(render_report(records, args.fmt))
+    if records:  # (the sweep saved the report after each row: the figures come after it)
+        figures = report.figures_after_run("bench_attention", records, files) if args.plot else []
+        files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt, figures)
     return code
 
 

@@ -37,6 +37,7 @@ import torch
 import common
 import kernel_tables
 import parallel
+import report
 import runner
 from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, DTYPES, GIB, HANDOUTS, ModelConfig, ResultFiles,
                     environment_header, get_config, matmul_precision_key, peak_tflops,
@@ -231,7 +232,7 @@ def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
     return common.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
 
 
-def results_report(records: list[dict], fmt: str) -> str:
+def results_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
     """Environment header, the results table, compile times and the --profile tables, from the records alone."""
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
@@ -250,8 +251,8 @@ def results_report(records: list[dict], fmt: str) -> str:
     if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
         for rec, row in zip(records, rows):
             row["optimizer"] = rec["config"]["optimizer"]
-    columns = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
-    lines.append(render_table(rows, columns, fmt))
+    shown = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
+    lines.append(render_table(rows, report.pick_columns(shown, columns, fmt), fmt))
     compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
@@ -259,9 +260,10 @@ def results_report(records: list[dict], fmt: str) -> str:
     return "\n".join(lines) + ("\n\n" + profiles if profiles else "")
 
 
-def render_report(records: list[dict], fmt: str) -> str:
-    """The whole report of a run from its JSONL records: the model configurations, then the results."""
-    return config_table([r["config"] for r in records], fmt) + "\n\n" + results_report(records, fmt)
+def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
+    """The whole report of a run from its JSONL records: the model configurations, then the results (with
+    `columns` in the results table: report.pick_columns)."""
+    return config_table([r["config"] for r in records], fmt) + "\n\n" + results_report(records, fmt, columns)
 
 
 # ---- command line ----
@@ -324,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--parallel: a collective waiting longer than this for a peer fails its configuration")
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
+    report.add_columns_arg(p)
+    report.add_plot_arg(p, "bench_e2e")
     common.add_dry_run_arg(p)
     return p
 
@@ -332,6 +336,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     handout = common.handout_or_exit(parser, args)
+    report.columns_or_exit(parser, args.columns, COLUMNS)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
@@ -457,12 +462,14 @@ def main(argv: list[str] | None = None) -> int:
         name="bench_e2e", measure=run_config,
         finish=lambda run, record: finish_record(run, record, args.peak_tflops),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
-        render=lambda records: render_report(records, args.fmt))
+        render=lambda records, fmt: render_report(records, fmt, args.columns))
     records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args)
     if records and rank_zero:
-        files.write_markdown(render_report(records, args.fmt))  # the saved file also holds the config table
-        if common.emit(results_report(records, args.fmt)):
-            common.emit(f"\nwrote {files.markdown} and {files.jsonl}")
+        # the saved files also hold the config table, which was printed first
+        files.write_report(lambda fmt: render_report(records, fmt, args.columns), args.fmt)
+        figures = report.figures_after_run("bench_e2e", records, files) if args.plot else []
+        if common.emit(results_report(records, args.fmt, args.columns)):
+            files.say_written(args.fmt, figures)
     return code
 
 

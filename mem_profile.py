@@ -50,6 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import common
 import memory_snapshot
+import report
 import runner
 from common import (DEFAULT_BATCH_SIZE, DTYPES, GIB, HANDOUTS, MIB, ResultFiles, environment_header, format_bytes,
                     get_config, non_negative_int, positive_int, precision_context, render_table, resolve_device,
@@ -364,7 +365,7 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
                                   snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
         finish=lambda run, record: finish_record(run, record, files, args.top),
         summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}",
-        render=lambda records: render_report(records, args.fmt))
+        render=lambda records, fmt: render_report(records, fmt, args.columns))
     if not measure:
         args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
     return runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
@@ -451,8 +452,8 @@ def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
     return rows
 
 
-def peak_table(records: list[dict], fmt: str) -> str:
-    return render_table(peak_rows(records), PEAK_COLUMNS, fmt)
+def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
+    return render_table(peak_rows(records), report.pick_columns(PEAK_COLUMNS, columns, fmt), fmt)
 
 
 def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
@@ -504,8 +505,9 @@ def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     return "\n".join(parts)
 
 
-def render_report(records: list[dict], fmt: str) -> str:
-    """The accounting, saved-for-backward, peak and snapshot tables from the JSONL records alone."""
+def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
+    """The accounting, saved-for-backward, peak (with `columns`: report.pick_columns) and snapshot tables from the
+    JSONL records alone."""
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     settings = {"sizes from": HANDOUTS[config0.get("handout", common.DEFAULT_HANDOUT)].title,
@@ -520,7 +522,7 @@ def render_report(records: list[dict], fmt: str) -> str:
         parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))
         return "\n".join(parts)
     parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
-              "", peak_table(records, fmt)]
+              "", peak_table(records, fmt, columns)]
     by_context = peak_by_context_table(records, fmt)
     if by_context is not None:
         parts += ["", "### Peak allocated memory per context length (GiB = 2^30 bytes): forward-only beside a "
@@ -576,6 +578,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="memory")
+    report.add_columns_arg(p)
+    report.add_plot_arg(p, "mem_profile")
     common.add_dry_run_arg(p)
     return p
 
@@ -591,6 +595,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                          f"{args.analyze}")
         return args, []
     common.device_or_exit(parser, args.device)
+    report.columns_or_exit(parser, args.columns, PEAK_COLUMNS)
     handout = common.handout_or_exit(parser, args)
     # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
     # handout has that question, its memory_profiling question otherwise
@@ -635,7 +640,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         files.release()
         return 2
     files.append_record({"snapshot_path": args.analyze, **fields})
-    files.publish(snapshot_report(args.analyze, fields, args.fmt),
+    files.publish(lambda fmt: snapshot_report(args.analyze, fields, fmt), args.fmt,
                   [fields["snapshot_png"]] if "snapshot_png" in fields else [])
     return 0
 
@@ -648,9 +653,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.analyze is not None:
         return analyze_main(args, files)
     records, code = profile_sweep(runs, args, files, measure=resolve_device(args.device).type == "cuda")
-    if records:
-        files.publish(render_report(records, args.fmt),
-                      [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r])
+    if records:  # (the sweep saved the report after each row: the figures come after it)
+        figures = report.figures_after_run("mem_profile", records, files) if args.plot else []
+        files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt,
+                      [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r] + figures)
     return code
 
 

@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                   "environment": env}
         records.append(record)
         files.append_record(record)
-    files.publish(render_report(records, args.fmt),
+    files.publish(lambda fmt: render_report(records, fmt), args.fmt,
                   report.write_figures("precision_demo", records, files) if args.plot else [])
     return 0
 

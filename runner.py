@@ -614,7 +614,7 @@ class Experiment:
     measure: Callable[..., dict]  # module-level; measure(run=config) in the child: the configuration's own fields
     finish: Callable[[Any, dict], None]  # in this process, on every record: derived figures, predictions, status
     summary: Callable[[dict], str]  # the end-of-configuration progress line of a finished ("ok") row
-    render: Callable[[list[dict]], str]  # the report of the rows so far: the .md is rewritten after each row
+    render: Callable[[list[dict], str], str]  # (rows so far, table format) -> the report, rewritten after each row
 
 
 def sweep_environment(device: torch.device, in_process: bool) -> dict[str, Any]:
@@ -689,7 +689,7 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                 records.append(record)
                 if files is not None:
                     files.append_record(record)
-                    files.write_markdown(experiment.render(records))
+                    files.write_report(lambda fmt: experiment.render(records, fmt), args.fmt)
                 said = experiment.summary(record) if record["status"] in ("ok", "noisy") else record["status"]
                 say(f"[{i}/{total}] {label}: {said} ({elapsed:.1f} s)")
             if ranks is not None:

@@ -198,7 +198,8 @@ def test_latex_format_writes_a_tex_file_without_the_model_shape(e2e_run, tmp_pat
     status, out, _ = run_report([str(jsonl), "--results-dir", str(tmp_path), "--fmt", "latex_booktabs"], capsys)
     assert status == 0
     folder = tmp_path / "report"
-    assert sorted(p.name for p in folder.iterdir()) == ["sweep.tex"]
+    assert sorted(p.name for p in folder.iterdir()) == ["sweep.md", "sweep.tex"]
+    assert "\\begin" not in (folder / "sweep.md").read_text() and "|" in (folder / "sweep.md").read_text()  # markdown
     tex = (folder / "sweep.tex").read_text()
     assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") >= 3  # config, results, speed-ups
     in_table = False

@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [environment_header(env), "", title, ""]
     if args.device.type != "cuda":
         lines += [CPU_NOTE, ""]
-    lines.append(render_table(build_rows(results), ["tensor"] + [column_name(d) for d in args.dtype], args.fmt))
-    files.publish("\n".join(lines))
+    rows, columns = build_rows(results), ["tensor"] + [column_name(d) for d in args.dtype]
+    files.publish(lambda fmt: "\n".join(lines + [render_table(rows, columns, fmt)]), args.fmt)
     return 0
 
 
