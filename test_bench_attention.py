@@ -243,3 +243,21 @@ def test_dry_run_lists_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "attention").exists()
     assert "dry run: 4 configurations would run" in out
     assert "  1. naive d=16 seq=256 fp32 (predicted need" in out and "  4. sdpa d=16 seq=1024 fp32" in out
+
+
+def test_columns_and_plot_after_the_run(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--seq-len", "16", "32", "--impl", "naive", "sdpa", "--in-process",
+                             "--columns", "impl", "seq", "fwd ms", "--plot")
+    out = capsys.readouterr().out
+    assert code == 0 and len(records) == 4
+    headers = [line for line in out.splitlines() if line.startswith("| impl")]
+    assert len(headers) == 2 and all([c.strip() for c in h.strip("|").split("|")] == ["impl", "seq", "fwd ms"]
+                                     for h in headers)
+    (png,) = (tmp_path / "attention").glob("*_attention.png")
+    assert png.stat().st_size > 10_000 and str(png) in out
+
+
+def test_unknown_column_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        ba.main([*TINY, "--columns", "fwd_ms", "--results-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "valid columns: impl, d, seq, fwd ms" in capsys.readouterr().err

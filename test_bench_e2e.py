@@ -1,6 +1,7 @@
 """bench_e2e.py through its command line on tiny configurations (CPU)."""
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -310,3 +311,50 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
         "3. xl ctx=512 train fp32 naive warmup=5", "4. xl ctx=512 train bf16 naive warmup=5"]
     # the training state of 2026's xl: 16 bytes per parameter (fp32 weights, gradients, two AdamW moments)
     assert f"(predicted state {16 * 3_406_809_600 / 2**30:.2f} GiB per rank" in plan[2]
+
+
+# ---- tables that fit a page, figures after the run ----
+
+
+def test_columns_choose_and_order_the_results_table(tmp_path, capsys):
+    code, _ = run_main(tmp_path, "--in-process", "--columns", "ctx", "size", "step ms")
+    out = capsys.readouterr().out
+    assert code == 0
+    results_header = [line for line in table_lines(out) if "step ms" in line][0]
+    assert [c.strip() for c in results_header.strip("|").split("|")] == ["ctx", "size", "step ms"]
+    assert results_header in (tmp_path / "e2e" / "t.md").read_text()  # the saved report has the same table
+
+
+def test_unknown_column_lists_the_valid_ones_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.main([*SMALL, "--results-dir", str(tmp_path), "--columns", "size", "step_ms"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--columns: unknown column 'step_ms'; valid columns: size, d_model" in err[-1]
+    assert "step ms" in err[-1] and not (tmp_path / "e2e").exists()  # nothing ran, nothing was written
+
+
+def test_latex_goes_to_a_tex_file_and_the_md_stays_markdown(tmp_path, capsys):
+    code, _ = run_main(tmp_path, "--in-process", "--fmt", "latex_booktabs")
+    out = capsys.readouterr().out
+    assert code == 0
+    md, tex = (tmp_path / "e2e" / "t.md").read_text(), (tmp_path / "e2e" / "t.tex").read_text()
+    assert "\\begin{tabular}" not in md  # the whole markdown report, model shape included
+    assert "d_model" in [line for line in table_lines(md) if "step ms" in line][0]
+    config_table, results_table = re.findall(r"\\begin\{tabular\}.*?\\end\{tabular\}", tex, re.S)
+    assert "d\\_model" in config_table and "step ms" in results_table
+    assert "d\\_model" not in results_table and "layers" not in results_table  # compact: the shape is above
+    assert results_table in out and f"wrote {tmp_path / 'e2e' / 't.md'} and {tmp_path / 'e2e' / 't.tex'}" in out
+
+
+def test_plot_after_the_run_and_a_clear_note_without_matplotlib(tmp_path, capsys, monkeypatch):
+    code, _ = run_main(tmp_path, "--in-process", "--plot")
+    assert code == 0
+    png = tmp_path / "e2e" / "t_phases.png"
+    assert png.stat().st_size > 10_000 and f"and {png}" in capsys.readouterr().out
+    import report
+    monkeypatch.setattr(report, "matplotlib_missing", lambda: "--plot needs matplotlib, which is not installed")
+    code = bench_e2e.main([*SMALL, "--results-dir", str(tmp_path), "--out", "u", "--in-process", "--plot"])
+    captured = capsys.readouterr()
+    assert code == 0 and "note: no figures: --plot needs matplotlib" in captured.err
+    assert len(read_records(tmp_path / "e2e" / "u.jsonl")) == 1 and not list((tmp_path / "e2e").glob("u_*.png"))

@@ -469,3 +469,9 @@ def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
     assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
     skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
     assert mem_profile.peak_by_context_table(skipped, "github") is None
+
+
+def test_unknown_column_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        mem_profile.main(["--size", "tiny", "--device", "cpu", "--columns", "peak", "--results-dir", str(tmp_path)])
+    assert exc.value.code == 2 and "valid columns: size, ctx, mode, dtype" in capsys.readouterr().err
