@@ -387,8 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="attention")
-    report.add_columns_arg(p)
-    report.add_plot_arg(p, "bench_attention")
+    report.add_columns_and_plot_args(p, "bench_attention")
     common.add_dry_run_arg(p)
     return p
 

@@ -326,8 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--parallel: a collective waiting longer than this for a peer fails its configuration")
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
-    report.add_columns_arg(p)
-    report.add_plot_arg(p, "bench_e2e")
+    report.add_columns_and_plot_args(p, "bench_e2e")
     common.add_dry_run_arg(p)
     return p
 

@@ -578,8 +578,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_device_args(p)
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="memory")
-    report.add_columns_arg(p)
-    report.add_plot_arg(p, "mem_profile")
+    report.add_columns_and_plot_args(p, "mem_profile")
     common.add_dry_run_arg(p)
     return p
 

@@ -702,7 +702,9 @@ def write_figures(experiment: str, records: list[dict[str, Any]], files: ResultF
     return save_figures(figures(experiment, records), files)
 
 
-def add_plot_arg(parser: argparse.ArgumentParser, experiment: str) -> None:
+def add_columns_and_plot_args(parser: argparse.ArgumentParser, experiment: str) -> None:
+    """--columns and --plot, the same on every experiment script that sweeps."""
+    add_columns_arg(parser)
     parser.add_argument("--plot", action="store_true",
                         help="after the run, draw the study's figures as PNG beside the results (needs matplotlib; "
                              f"the same as report.py --plot): {FIGURE_NEEDS[experiment]}")
