@@ -210,8 +210,11 @@ def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "--in-process", "--dtype", "fp32", "bf16")
     assert [(r["config"]["dtype"], r["config"]["warmup"]) for r in records] == [
         ("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("bf16", 1), ("bf16", 2)]
-    rows = [line for line in table_lines(capsys.readouterr().out) if "| tiny" in line]
+    main, comparison = capsys.readouterr().out.split("## Comparison: fp32 vs bf16")
+    rows = [line for line in table_lines(main) if "| tiny" in line]
     assert len(rows) == 1 + 6  # one config row, six result rows
+    # fp32 beside bf16, one row per warm-up count (the warm-up is not a variant)
+    assert [line.split("|")[3].strip() for line in table_lines(comparison) if "| tiny" in line] == ["0", "1", "2"]
 
 
 def bad(*argv, env=None):
