@@ -59,7 +59,8 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
     peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
     common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
-                               "warmup": run.warmup, "parallel": run.parallel})
+                               "warmup": run.warmup, "parallel": run.parallel, "mode": run.mode,
+                               "compile": run.compile, "attn": run.attn})
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
@@ -554,7 +555,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def context_length_value(text: str) -> int | str:
     """--context-length: a positive integer, or 'max' (the search)."""
-    return "max" if text == "max" else positive_int(text)
+    if text == "max":
+        return text
+    try:
+        return positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
