@@ -496,7 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': search "
                         f"the longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own "
                         "child process) until the first OOM, error or timeout, or --max-context; one search per "
-                        "size x dtype x compile x attn x optimizer x warm-up. See docs/bench_e2e.md#the-longest-context")
+                        "size x dtype x compile x attn x optimizer x warm-up. See "
+                        "docs/bench_e2e.md#the-longest-context-that-fits")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
                    help="with --context-length max: the last context tried (default: "
                         f"{MAX_CONTEXT_DEFAULT['cuda']} on CUDA; {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, whose memory "
