@@ -496,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': search "
                         f"the longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own "
                         "child process) until the first OOM, error or timeout, or --max-context; one search per "
-                        "size x dtype x compile x attn x optimizer x warm-up. See "
+                        "size x dtype x compile x attn x optimizer (x parallel). See "
                         "docs/bench_e2e.md#the-longest-context-that-fits")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
                    help="with --context-length max: the last context tried (default: "
@@ -654,6 +654,8 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
                      "behind for the next probe): drop --in-process")
     if args.no_skip:
         parser.error("--no-skip does not apply to --context-length max: a search ends at its first failure")
+    if len(set(args.warmup)) > 1:  # a search is a skip group (runner), which warm-up counts share
+        parser.error("--context-length max takes one --warmup value: the warm-up does not change what fits")
     if args.mode == "train" and min(args.warmup) + args.steps < 2:
         parser.error("--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its "
                      "moments in the first step, so only the second reaches the training peak")

@@ -419,6 +419,7 @@ def parse_error(capsys, *argv):
     (["--context-length", "max", "--in-process"], "drop --in-process"),
     (["--context-length", "max", "--no-skip"], "a search ends at its first failure"),
     (["--context-length", "max", "--warmup", "0", "--steps", "1"], "needs --warmup + --steps >= 2"),
+    (["--context-length", "max", "--warmup", "1", "5"], "--context-length max takes one --warmup value"),
     (["--world-size", "8", "--dry-run"], "--world-size only applies to --parallel"),
     (["--parallel", "fsdp", "--world-size", "8"], "--world-size only plans a --parallel run with --dry-run"),
 ])
