@@ -499,10 +499,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "size x dtype x compile x attn x optimizer (x parallel). See "
                         "docs/bench_e2e.md#the-longest-context-that-fits")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
-                   help="with --context-length max: the last context tried (default: "
-                        f"{MAX_CONTEXT_DEFAULT['cuda']} on CUDA; {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, whose memory "
-                        "is rarely the limit: each doubling costs 2-4x the time, so it stops there). Powers of two "
-                        "up to N are tried")
+                   help="with --context-length max: the last context tried, powers of two up to N; when not "
+                        f"given {MAX_CONTEXT_DEFAULT['cuda']} on CUDA and {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, "
+                        "whose memory is rarely the limit (each doubling costs 2-4x the time, so it stops there)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
     p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
@@ -511,9 +510,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
                    help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad scaler)")
-    p.add_argument("--compile", nargs="*", choices=["off", "on"], default=None,
+    p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
                    help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
-                        "Compile time is reported apart from the timed steps (default: off)")
+                        "Compile time is reported apart from the timed steps")
     p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"],
                    help="attention implementation(s): naive = softmax(QK^T)V in the model's own code, sdpa = "
                         "torch's fused scaled_dot_product_attention; both to compare them")
@@ -579,7 +578,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if len(args.optimizer) > 1 and args.mode != "train":
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
-    args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])] if args.compile is not None else [False]
+    args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
     args.attn = list(dict.fromkeys(args.attn))
     device = common.device_or_exit(parser, args.device)
     world_size = check_parallel_args(parser, args, device)
