@@ -790,8 +790,7 @@ def summary_main(args: argparse.Namespace) -> int:
     entries = [load_report_summary(nsys_prefix(source), statuses.get(source)) for source in args.source]
     rows, notes = summary_rows(entries)
     env = next((e.record["environment"] for e in entries if e.record and e.record.get("environment")), None)
-    reports = f"{len(entries)} report{'s' * (len(entries) != 1)}"
-    header = common.environment_header(env, reports=reports) if env else f"reports: {reports}"
+    header = common.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
     files = common.ResultFiles(args.results_dir, "nsys", args.out, "summary")
     for row in rows:
         files.append_record(row)
