@@ -157,7 +157,7 @@ def classify_sdpa_backend(op_names: list[str]) -> str:
 def sdpa_backend(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> str:
     """Run one call under torch.profiler (CPU activity: the aten op names, no CUPTI needed) and classify it.
     What ran, not what a rule predicts: PyTorch picks the kernel per shape, dtype and GPU."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with common.quiet_profiler([torch.profiler.ProfilerActivity.CPU]) as prof:
         out = attention(*inputs)
     del out
     return classify_sdpa_backend([event.name for event in prof.events()])

@@ -76,7 +76,7 @@ def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractCon
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=activities)
+    return common.quiet_profiler(activities)
 
 
 def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import timeit
 from dataclasses import dataclass
@@ -434,6 +435,68 @@ def annotate(name: str) -> contextlib.AbstractContextManager:
     return _active_range(name)
 
 
+# ---- torch.profiler without kineto's trace-marker lines ----
+
+# libkineto (torch.profiler's backend) writes "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
+# profiler_start" and "...profiler_stop" to std::cerr at every profiler start and stop: probe markers for tracing
+# tools, logged at its highest level (USDT = 5, above ERROR = 4, in libkineto's ILoggerObserver.h). The only
+# setting that hides them, KINETO_LOG_LEVEL=6, read once when kineto first starts, would hide kineto's errors too;
+# so instead these two lines, and only they, are filtered out of file descriptor 2 while a profiler runs.
+KINETO_MARKER_PREFIX = b"USDT:"
+
+
+@contextlib.contextmanager
+def without_kineto_markers() -> Iterator[None]:
+    """Route file descriptor 2 (where C++ std::cerr writes) through a pipe whose reader thread forwards every
+    line except kineto's USDT markers; restored on exit. Python's own stderr writes pass through unchanged."""
+    sys.stderr.flush()
+    original = os.dup(2)
+    read_fd, write_fd = os.pipe()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def forward() -> None:
+        with os.fdopen(read_fd, "rb") as pipe:
+            for line in pipe:
+                if not line.startswith(KINETO_MARKER_PREFIX):
+                    os.write(original, line)
+
+    reader = threading.Thread(target=forward, daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # drops the pipe's last write end: the reader sees EOF and ends
+        reader.join()
+        os.close(original)
+
+
+class QuietProfiler(torch.profiler.profile):
+    """torch.profiler.profile with kineto's USDT marker lines kept off the terminal and files while it runs.
+    The object itself is the profiler (export_chrome_trace, events, ...), as with torch.profiler.profile."""
+
+    def __enter__(self) -> "QuietProfiler":
+        self._markers = without_kineto_markers()
+        self._markers.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._markers.__exit__(*sys.exc_info())
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._markers.__exit__(None, None, None)
+
+
+def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> QuietProfiler:
+    """torch.profiler.profile(activities=...) without kineto's USDT marker lines."""
+    return QuietProfiler(activities=activities)
+
+
 # ---- hardware peaks ----
 
 # Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets; where a datasheet quotes only
@@ -752,6 +815,15 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
 # ---- tables and result files ----
 
 TABLE_FORMATS = sorted(tabulate_formats)
+LATEX_FORMATS = ("latex", "latex_raw", "latex_booktabs", "latex_longtable")
+# file suffix for a report in each table format: only markdown goes into a .md file
+REPORT_SUFFIXES = {"github": ".md", "pipe": ".md", "html": ".html", "unsafehtml": ".html", "rst": ".rst",
+                   "tsv": ".tsv", **{fmt: ".tex" for fmt in LATEX_FORMATS}}
+
+
+def report_suffix(fmt: str) -> str:
+    """'.md' for markdown formats, '.tex' for LaTeX ones, '.html', '.rst', '.tsv'; '.txt' for the rest."""
+    return REPORT_SUFFIXES.get(fmt, ".txt")
 
 
 def render_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "github",

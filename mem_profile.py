@@ -428,7 +428,12 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     return text
 
 
-def peak_table(records: list[dict], fmt: str) -> str:
+PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
+                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+
+
+def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """One row of the peak-memory table per configuration (report.py re-renders them)."""
     rows = []
     for rec in records:
         c = rec["config"]
@@ -441,9 +446,11 @@ def peak_table(records: list[dict], fmt: str) -> str:
                         "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB,
                         "step ms": rec["step_ms_mean"]})
         rows.append(row)
-    columns = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
-               "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
-    return render_table(rows, columns, fmt)
+    return rows
+
+
+def peak_table(records: list[dict], fmt: str) -> str:
+    return render_table(peak_rows(records), PEAK_COLUMNS, fmt)
 
 
 def peak_by_context_table(records: list[dict], fmt: str) -> str | None:

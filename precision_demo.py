@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import common
+import report
 from common import ResultFiles, dtype_name, environment, environment_header, render_table
 
 
@@ -54,16 +55,28 @@ COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x
            "abs error", "rel error", "accumulator spacing at result"]
 
 
-def accumulate(case: Case, value: float, count: int) -> torch.Tensor:
+def accumulate(case: Case, value: float, count: int,
+               sample_at: frozenset[int] = frozenset()) -> tuple[torch.Tensor, list[list]]:
     """The study's loop: a 0-dim accumulator of case.accumulator, `count` in-place adds of `value` stored as
-    case.addend (converted to float32 first for case 4). Returns the accumulator tensor."""
+    case.addend (converted to float32 first for case 4). Returns the accumulator tensor and the partial sums
+    [n, sum after n adds] at the counts in `sample_at` (read between adds; the loop is the same)."""
     s = torch.tensor(0, dtype=case.accumulator)
-    for _ in range(count):
+    partial_sums = []
+    for n in range(1, count + 1):
         x = torch.tensor(value, dtype=case.addend)
         if case.convert_to_fp32:
             x = x.type(torch.float32)
         s += x
-    return s
+        if n in sample_at:
+            partial_sums.append([n, s.item()])
+    return s, partial_sums
+
+
+def sample_counts(count: int, per_decade: int = 10) -> frozenset[int]:
+    """Logarithmically spaced addition counts from 1 to `count` (both included), about `per_decade` per factor
+    of ten: where the partial sums are recorded for the plot."""
+    steps = max(1, round(math.log10(count) * per_decade)) if count > 1 else 1
+    return frozenset({1, count} | {round(count ** (i / steps)) for i in range(steps + 1)})
 
 
 def stored_value(value: float, dtype: torch.dtype) -> Decimal:
@@ -80,7 +93,7 @@ def spacing(s: torch.Tensor) -> float:
 
 def run_case(case: Case, value: float, count: int) -> dict[str, Any]:
     """One JSON-ready record: the case, the stored addend, the computed sum and its error against value*count."""
-    result = accumulate(case, value, count)
+    result, partial_sums = accumulate(case, value, count, sample_counts(count))
     target = value * count
     stored = stored_value(value, case.addend)
     result_value = result.item()
@@ -89,7 +102,8 @@ def run_case(case: Case, value: float, count: int) -> dict[str, Any]:
             "result_dtype": dtype_name(result.dtype), "value": value, "count": count,
             "addend_stored_exact": str(stored), "count_times_stored": float(stored) * count,
             "result": result_value, "abs_error": abs(result_value - target),
-            "rel_error": abs(result_value - target) / abs(target), "result_spacing": spacing(result)}
+            "rel_error": abs(result_value - target) / abs(target), "result_spacing": spacing(result),
+            "partial_sums": partial_sums}
 
 
 def exact_fraction(stored: str) -> str:
@@ -162,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--value", type=float, default=0.01, help="the number added each time")
     p.add_argument("--count", type=common.positive_int, default=1000, help="how many times it is added")
+    p.add_argument("--plot", action="store_true",
+                   help="also draw the running sums against the number of additions as a PNG (needs matplotlib)")
     common.add_output_args(p, default_stem="precision_demo")
     return p
 
@@ -178,6 +194,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      f"number), got {args.value} x {args.count}")
     if args.count > 1_000_000:
         parser.error(f"--count must be at most 1000000 (one Python-level add each), got {args.count}")
+    if args.plot and (message := report.matplotlib_missing()):
+        parser.error(message)
     return args
 
 
@@ -191,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                   "environment": env}
         records.append(record)
         files.append_record(record)
-    files.publish(render_report(records, args.fmt))
+    files.publish(render_report(records, args.fmt),
+                  report.write_figures("precision_demo", records, files) if args.plot else [])
     return 0
 
 

@@ -627,3 +627,29 @@ def test_dry_run_printer_numbers_the_plan(capsys):
     out = capsys.readouterr().out
     assert out.startswith("TABLE\n\ndry run: 2 configurations would run")
     assert "  1. a ctx=1\n  2. b ctx=2\n" in out and "nothing was built" in out
+
+
+# ---- kineto's USDT marker lines ----
+
+PROFILE_SNIPPET = """
+import os, sys, torch, common
+profile = common.quiet_profiler if sys.argv[1] == "quiet" else (
+    lambda acts: torch.profiler.profile(activities=acts))
+with profile([torch.profiler.ProfilerActivity.CPU]):
+    torch.ones(3).add_(1)
+    os.write(2, b"a line of our own\\n")
+print("done")
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "quiet"])
+def test_quiet_profiler_drops_kineto_markers_and_nothing_else(mode):
+    out = subprocess.run([sys.executable, "-c", PROFILE_SNIPPET, mode], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "done"
+    assert "a line of our own" in out.stderr
+    if mode == "plain":  # the lines this guards against: torch 2.13's kineto prints them at start and stop
+        assert "profiler_start" in out.stderr and "USDT:" in out.stderr
+    else:
+        assert "USDT:" not in out.stderr and "profiler_start" not in out.stderr
