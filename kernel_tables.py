@@ -8,6 +8,7 @@ from inference to a training step; how softmax compares with the attention matmu
     python kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl
     python bench_e2e.py --size tiny --profile                     # torch.profiler instead, tables printed
     python kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # re-read a saved trace
+    python kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across several nsys reports
 
 Four tables, the same for both sources:
   1. phase times: mean duration of the forward / backward / optimizer ranges per step, beside bench_e2e's own
@@ -16,6 +17,10 @@ Four tables, the same for both sources:
   3. category shares (matrix multiply, elementwise, reduction/softmax, memory copy/set, other) per phase;
   4. inside attention: time per call of "computing attention scores", "computing softmax" and "final matmul"
      beside their FLOPs.
+With --summary (nsys_run.sh runs it after several configurations), one row per size, context and variant across
+nsys reports, forward-only and training runs side by side: the forward pass (Nsight range vs stopwatch, its top
+kernel and calls per forward pass), the matmul share of the forward pass vs the training step, softmax vs the
+attention matmuls in time and in FLOPs.
 
 A kernel belongs to the phase whose time window contains its LAUNCH (the CUDA runtime call), whatever thread
 launched it: PyTorch launches backward kernels from its autograd worker thread, so the launching thread's own
