@@ -239,7 +239,12 @@ plan_action() {  # REPORT SIZE CTX MODE
 if ((MULTI || DRY_RUN)); then
     check=("$PYTHON" "$HERE/bench_e2e.py" --size "${SIZES[@]}" --context-length "${CONTEXTS[@]}" --mode "${MODES[0]}"
            --in-process "${EXTRA[@]}" --handout "$HANDOUT" --dry-run)
-    if ((DRY_RUN)); then "${check[@]}" || exit 2; else "${check[@]}" >/dev/null || exit 2; fi
+    if ((DRY_RUN)); then
+        echo "nsys_run.sh: the arguments, checked by bench_e2e.py --dry-run (its list: mode ${MODES[0]} only):"
+        "${check[@]}" || exit 2
+    else
+        "${check[@]}" >/dev/null || exit 2
+    fi
 fi
 if ((DRY_RUN)); then
     echo
