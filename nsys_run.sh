@@ -361,6 +361,7 @@ profile_one() {  # SIZE CTX MODE REPORT
         if ((status != 0)); then
             echo "nsys_run.sh: the profiled run failed with exit status $status" >&2
             FAILURE="failed: the profiled run's exit status was $status"
+            ((status == 2)) && APP_REFUSED=1  # bench_e2e's usage error: every configuration would fail alike
             return "$status"
         fi
         if [[ ! -f "$report.nsys-rep" ]]; then
@@ -425,6 +426,7 @@ profile_one() {  # SIZE CTX MODE REPORT
 # ---- every configuration, then the summary ----
 mkdir -p "$OUT_DIR" || exit 1
 EXIT_STATUS=0
+APP_REFUSED=0
 SUMMARY_STATUS=()
 declare -A OOM_AT=()  # size|mode -> the smallest context that ran out of memory
 for i in "${!PLAN_REPORT[@]}"; do
@@ -445,7 +447,7 @@ for i in "${!PLAN_REPORT[@]}"; do
         kept) SUMMARY_STATUS+=(--status "$report=kept: made with other arguments (--force replaces it)") ;;
         failed) [[ -n "$FAILURE" ]] && SUMMARY_STATUS+=(--status "$report=$FAILURE") ;;  # else its record says why
     esac
-    if ((status == 2 && MULTI)); then  # bench_e2e refused its arguments: every configuration would fail alike
+    if ((APP_REFUSED && MULTI)); then
         echo "nsys_run.sh: stopping: the profiled run refused its arguments (exit status 2)" >&2
         break
     fi

@@ -393,6 +393,12 @@ def test_a_failing_configuration_loses_none_of_the_others(fake: dict):
     assert rows[0]["runs"] == {"train": "failed: the profiled run's exit status was 7"}
     assert rows[1]["runs"] == {"train": "ok"}
 
+    # a usage error of the profiled run (exit 2) would repeat for every configuration: the loop stops there
+    refused = run_script(fake, "--size", "tiny", "--context-length", "32", "64", "--mode", "train",
+                         FAKE_NSYS_APP_STATUS="2")
+    assert refused.returncode == 2 and "stopping: the profiled run refused its arguments" in refused.stderr
+    assert profiled(fake)[2:] == ["tiny_ctx32_train"]
+
 
 def plan_lines(stdout: str) -> list[str]:
     """The dry run's plan lines, as 'SIZE ctx=N MODE: action'."""
