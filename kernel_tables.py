@@ -774,7 +774,8 @@ def render_summary(rows: list[dict[str, Any]], notes: list[str], fmt: str = "git
              ("top_forward_kernel", "top forward kernel", ""),
              ("top_forward_kernel_calls_per_forward", "calls/fwd", ".1f"),
              ("top_forward_backward_kernel", "top fwd+bwd kernel", ""),
-             ("matmul_pct_forward", "matmul % fwd-only", ".1f"), ("matmul_pct_train_step", "matmul % train step", ".1f"),
+             ("matmul_pct_forward", "matmul % fwd-only", ".1f"),
+             ("matmul_pct_train_step", "matmul % train step", ".1f"),
              ("softmax_matmul_time_ratio", "softmax/matmul time", ".3g"),
              ("softmax_matmul_flop_ratio", "softmax/matmul FLOPs", ".3g"), ("runs", "runs", "")]
     table = common.render_table([{header: row.get(key) for key, header, _ in spec} for row in shown],

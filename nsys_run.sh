@@ -64,7 +64,7 @@ usage() {
 }
 
 die_usage() {
-    echo "nsys_run.sh: error: $1 (see --help)" >&2
+    echo "nsys_run.sh: error: $* (see --help)" >&2
     exit 2
 }
 
@@ -102,7 +102,10 @@ while (($#)); do
         --force) FORCE=1; shift ;;
         --no-skip) NO_SKIP=1; shift ;;
         --dry-run) DRY_RUN=1; shift ;;
-        --pytorch=*) PYTORCH="${1#*=}"; [[ -n "$PYTORCH" ]] || die_usage "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"; shift ;;
+        --pytorch=*)
+            PYTORCH="${1#*=}"
+            [[ -n "$PYTORCH" ]] || die_usage "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"
+            shift ;;
         --pytorch) (($# >= 2)) && [[ "$2" != -* ]] || die_usage "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"
             PYTORCH="$2"; shift 2 ;;
         --cuda-memory-usage|--cuda-memory-usage=true) CUDA_MEMORY=1; shift ;;
@@ -157,7 +160,8 @@ DTYPE=""
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
     case "${EXTRA[i]}" in
         --size|--size=*|--context-length|--context-length=*|--mode|--mode=*)
-            die_usage "give sizes, contexts and modes before -- (SIZE CTX [MODE] or --size ...), not ${EXTRA[i]%%=*} after it" ;;
+            die_usage "give sizes, contexts and modes before -- (SIZE CTX [MODE] or --size ...), not" \
+                "${EXTRA[i]%%=*} after it" ;;
         --handout|--handout=*) die_usage "give --handout before --, not after it (it also names the report)" ;;
         --dtype=*) DTYPE="${EXTRA[i]#*=}" ;;
     esac
@@ -308,7 +312,8 @@ if ((${#PASS_THROUGH[@]})); then
     for flag in "${PASS_THROUGH[@]}"; do
         name="${flag%%=*}"
         grep -Eq "(^|[[:space:],])${name}=" <<<"$PROFILE_HELP" ||
-            die_usage "${NSYS_VERSION:-this nsys} ($NSYS_BIN) does not know $name (not in its nsys profile --help); it needs a newer Nsight Systems"
+            die_usage "${NSYS_VERSION:-this nsys} ($NSYS_BIN) does not know $name (not in its nsys profile" \
+                "--help); it needs a newer Nsight Systems"
     done
 fi
 
