@@ -8,16 +8,20 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
     python bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
     python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
-    python bench_e2e.py --size medium --dtype fp32 bf16           # fp32 vs bf16 autocast
-    python bench_e2e.py --size small --compile                    # eager vs torch.compile (run both)
+    python bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
+    python bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
+    python bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
+    python bench_e2e.py --size xl --context-length max            # the longest power-of-two context that trains
+    python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
 
 Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
 current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
 its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
-record per configuration under results/e2e/.
+record per configuration under results/e2e/. A sweep over dtype, compile, attention, optimizer or parallelism adds a
+comparison table (speed-ups over the first variant); --context-length max adds the longest context of each search.
 """
 from __future__ import annotations
 
@@ -29,8 +33,9 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -55,7 +60,8 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
     peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
     common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
-                               "warmup": run.warmup, "parallel": run.parallel})
+                               "warmup": run.warmup, "parallel": run.parallel, "mode": run.mode,
+                               "compile": run.compile, "attn": run.attn})
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
@@ -181,9 +187,9 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
 
 # ---- the table ----
 
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "optimizer", "parallel", "fwd ms",
-           "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU",
-           "state GiB/rank", "peak mem GiB", "status"]
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "optimizer", "parallel",
+           "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s",
+           "MFU", "state GiB/rank", "peak mem GiB", "status"]
 
 
 def parallel_label(config: dict[str, Any]) -> str | None:
@@ -232,14 +238,215 @@ def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
     return common.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
 
 
+# ---- comparisons: the same configuration in several variants (--dtype, --compile, --attn, ...) ----
+
+# The sweep axes whose values are variants of one configuration, compared side by side; how each names a value.
+VARIANT_AXES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "dtype": lambda c: c["dtype"],
+    "compile": lambda c: "compiled" if c["compile"] else "eager",
+    "attn": lambda c: c["attn"],
+    "optimizer": lambda c: "our AdamW" if c["optimizer"] == "ours" else "torch AdamW",
+    "parallel": lambda c: parallel_label(c) or "1 process",
+}
+VARIANT_FIELDS = ("dtype", "compile", "attn", "optimizer", "parallel", "world_size", "fsdp_mixed_precision",
+                  "reshard_after_forward")  # the config fields behind VARIANT_AXES
+PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
+OK = ("ok", "noisy")
+
+
+def varied_axes(configs: list[dict[str, Any]]) -> list[str]:
+    """The variant axes that take more than one value in these configs ([] = nothing to compare)."""
+    return [axis for axis, name in VARIANT_AXES.items() if len({name(c) for c in configs}) > 1]
+
+
+def variant_label(config: dict[str, Any], axes: list[str]) -> str:
+    """"bf16", "fp32 compiled", "sdpa ddp x2": the values of the varied axes only."""
+    return " ".join(VARIANT_AXES[axis](config) for axis in axes)
+
+
+def variants(configs: list[dict[str, Any]]) -> list[str]:
+    """The variants of a sweep in the order they ran (the first is the baseline of the speed-ups); [] when the sweep
+    has a single variant."""
+    axes = varied_axes(configs)
+    return list(dict.fromkeys(variant_label(c, axes) for c in configs)) if axes else []
+
+
+def config_key(config: dict[str, Any], leave_out: tuple[str, ...] = (), context: bool = True) -> str:
+    """A config as a hashable key, without the fields `leave_out` (and without the context length when
+    context=False): configurations that differ only there share a key."""
+    kept = {k: v for k, v in config.items() if k not in leave_out}
+    if not context:
+        kept["model"] = {k: v for k, v in kept["model"].items() if k != "context_length"}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def short_status(status: str) -> str:
+    """"OOM", "error", "timeout after 900 s", "skipped", "OOM on rank 3": a failed row's status without detail."""
+    return status.split(":")[0]
+
+
+def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
+    """The baseline's summed mean time over these phases divided by the other variant's ("1.93x": the other is
+    1.93 times as fast); a failed or missing row gives its status instead of a number."""
+    if other is None or other["status"] not in OK:
+        return short_status(other["status"]) if other else "not run"
+    if base is None or base["status"] not in OK:
+        return f"baseline {short_status(base['status']) if base else 'not run'}"
+    return f"{sum(base[f'{p}_ms_mean'] for p in phases) / sum(other[f'{p}_ms_mean'] for p in phases):.2f}x"
+
+
+def comparison_table(records: list[dict], fmt: str) -> str | None:
+    """One row per (size, context) with each variant's mean forward, backward, optimizer and step time side by
+    side, then each variant's speed-up over the first (forward, forward+backward, step), computed from the rows'
+    means. None when the sweep has a single variant."""
+    configs = [r["config"] for r in records]
+    names = variants(configs)
+    if not names:
+        return None
+    axes = varied_axes(configs)
+    phases = PHASES_BY_MODE[configs[0]["mode"]] + ("step",)
+    ratios = [("fwd", ("forward",))] + ([("fwd+bwd", ("forward", "backward"))] if "backward" in phases else [])
+    ratios.append(("step", ("step",)))
+    by_row: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        by_row.setdefault(config_key(rec["config"], VARIANT_FIELDS), {})[variant_label(rec["config"], axes)] = rec
+    warmups = len({c["warmup"] for c in configs}) > 1
+    rows = []
+    for cells in by_row.values():
+        config = next(iter(cells.values()))["config"]
+        row: dict[str, Any] = {"size": config["size"], "ctx": config["model"]["context_length"]}
+        if warmups:
+            row["warmup"] = config["warmup"]
+        for phase in phases:
+            for name in names:
+                rec = cells.get(name)
+                ok = rec is not None and rec["status"] in OK
+                # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
+                row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
+                                                           short_status(rec["status"]) if rec else "not run")
+        for name in names[1:]:
+            for label, summed in ratios:
+                row[f"{label} speed-up: {name}"] = speedup_cell(cells.get(names[0]), cells.get(name), summed)
+        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"]
+        row["notes"] = f"noisy: {', '.join(noisy)}" if noisy else None
+        rows.append(row)
+    columns = ["size", "ctx"] + (["warmup"] if warmups else [])
+    columns += [f"{PHASE_SHORT[p]} ms: {n}" for p in phases for n in names]
+    columns += [f"{label} speed-up: {n}" for n in names[1:] for label, _ in ratios]
+    columns += ["notes"] if any(row["notes"] for row in rows) else []
+    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n" + render_table(rows, columns, fmt)
+            + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s mean / the variant's (above 1: "
+            "faster), fwd+bwd sums the two phases. A failed row shows its status, not a number.")
+
+
+# ---- --context-length max: the longest power-of-two context that runs ----
+
+SEARCH_START = 128  # the first probe; the study's contexts are powers of two from 128
+MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last probe, unless --max-context; see build_parser
+
+
+def probe_contexts(max_context: int) -> list[int]:
+    """128, 256, ... up to the largest power of two <= max_context."""
+    out = [SEARCH_START]
+    while out[-1] * 2 <= max_context:
+        out.append(out[-1] * 2)
+    return out
+
+
+def context_searches(records: list[dict]) -> list[dict[str, Any]]:
+    """The answer of every --context-length max search in a sweep's records (one search per configuration but
+    the context: size x dtype x compile x ...), as a record: the longest context that ran, the probe that ended
+    the search and what that means. A search ends at its first failure (runner.run_sweep with search=True)."""
+    groups: dict[str, list[dict]] = {}
+    for rec in records:
+        if "context_search" in rec:
+            groups.setdefault(config_key(rec["config"], context=False), []).append(rec)
+    answers = []
+    for probes in groups.values():
+        probes.sort(key=lambda r: r["config"]["model"]["context_length"])
+        fits = [r for r in probes if r["status"] in OK]
+        failed = next((r for r in probes if r["status"] not in OK), None)
+        best = fits[-1] if fits else None
+        longest = best["config"]["model"]["context_length"] if best else None
+        cap = probes[0]["context_search"]["max_context"]
+        conclusive = False
+        if failed is None:
+            ended = longest >= probe_contexts(cap)[-1]
+            answer = (f"at least this: the search stops at --max-context {cap}" if ended
+                      else "incomplete: the search was interrupted")
+        else:
+            ctx, status = failed["config"]["model"]["context_length"], failed["status"]
+            if status == "OOM" or status.startswith("OOM on rank"):
+                conclusive = True
+                answer = f"the longest that fits: {ctx} runs out of memory" if best else f"none: OOM already at {ctx}"
+            elif status.startswith(("timeout", "process-group timeout")):
+                answer = f"the longest within the time limit: {ctx} timed out, whether it fits is unknown"
+            else:
+                answer = f"inconclusive: {ctx} failed with an error, not an OOM (see its row)"
+        answers.append({
+            "experiment": "bench_e2e", "kind": "longest_context", "label": (best or probes[0])["label"],
+            "config": (best or probes[0])["config"], "longest_context": longest, "max_context": cap,
+            "probes": [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
+                       for r in probes],
+            "conclusive": conclusive, "answer": answer,
+            "status": f"longest context {longest or 'none'}: {answer}"})
+    return answers
+
+
+def search_table(records: list[dict], fmt: str) -> str | None:
+    """The longest context of every search, one row each, beside its step time and peak memory at that context;
+    None when the sweep was not a search."""
+    answers = context_searches(records)
+    if not answers:
+        return None
+    probes = {config_key(r["config"]): r for r in records if "context_search" in r}
+    rows = []
+    for ans in answers:
+        config = ans["config"]
+        best = probes.get(config_key(config)) if ans["longest_context"] else None
+        last = ans["probes"][-1]
+        row = {"size": config["size"], "mode": config["mode"] + (" no-grad" if config["no_grad"] else ""),
+               "dtype": config["dtype"] + (" compiled" if config["compile"] else ""), "attn": config["attn"],
+               "optimizer": config["optimizer"], "parallel": parallel_label(config), "warmup": config["warmup"],
+               "longest ctx": ans["longest_context"],
+               "last probe": f"{last['context_length']}: {short_status(last['status'])}",
+               "answer": ans["answer"]}
+        if best is not None:
+            row["step ms"] = best["step_ms_mean"]
+            if best.get("peak_mem_allocated_bytes") is not None:
+                row["peak mem GiB"] = best["peak_mem_allocated_bytes"] / GIB
+        rows.append(row)
+    columns = ["size", "mode", "dtype", "attn"]
+    columns += [c for c in ("optimizer", "warmup") if len({str(r[c]) for r in rows}) > 1]
+    columns += ["parallel"] if any(r["parallel"] for r in rows) else []
+    columns += ["longest ctx", "step ms"] + (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else [])
+    columns += ["last probe", "answer"]
+    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context "
+            f"{answers[0]['max_context']})\n\n"
+            + render_table(rows, columns, fmt)
+            + "\n\nThe true limit lies between the longest context and twice it: bisect with an explicit "
+              "--context-length list to get closer.")
+
+
+def measured(records: list[dict]) -> list[dict]:
+    """The configurations' own records, without the answers of --context-length max searches that follow them in a
+    JSONL file (context_searches makes those again from the configurations' records)."""
+    return [r for r in records if r.get("kind") != "longest_context"]
+
+
 def results_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    """Environment header, the results table, compile times and the --profile tables, from the records alone."""
+    """Environment header, the results table (with `columns`: report.pick_columns), compile times, the comparison
+    and longest-context tables and the --profile tables, from the records alone."""
+    records = measured(records)
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
+    attns = list(dict.fromkeys(r["config"]["attn"] for r in records))
     settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
                 "batch": config0["batch_size"], "steps": config0["steps"],
-                "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else ""), "attn": config0["attn"]}
+                "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else "")}
+    if len(attns) == 1:
+        settings["attn"] = attns[0]
     if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
     if config0.get("parallel"):  # torchrun: the world, and what the batch means
@@ -248,14 +455,19 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
         settings["ranks"] = f"{config0['world_size']} ({backend}; times: slowest rank per phase)"
     lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
     rows = [table_row(rec) for rec in records]
-    if len(optimizers) > 1:  # an optimizer comparison: one column says which row is which
-        for rec, row in zip(records, rows):
+    for rec, row in zip(records, rows):  # a compared setting: one column says which row is which
+        if len(optimizers) > 1:
             row["optimizer"] = rec["config"]["optimizer"]
+        if len(attns) > 1:
+            row["attn"] = rec["config"]["attn"]
     shown = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
     lines.append(render_table(rows, report.pick_columns(shown, columns, fmt), fmt))
     compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    for table in (comparison_table(records, fmt), search_table(records, fmt)):
+        if table:
+            lines += ["", table]
     profiles = profile_report(records, fmt)
     return "\n".join(lines) + ("\n\n" + profiles if profiles else "")
 
@@ -263,7 +475,8 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
 def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
     """The whole report of a run from its JSONL records: the model configurations, then the results (with
     `columns` in the results table: report.pick_columns)."""
-    return config_table([r["config"] for r in records], fmt) + "\n\n" + results_report(records, fmt, columns)
+    return (config_table([r["config"] for r in measured(records)], fmt) + "\n\n"
+            + results_report(records, fmt, columns))
 
 
 # ---- command line ----
@@ -283,8 +496,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
     p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
-                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025)")
+    p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': search "
+                        f"the longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own "
+                        "child process) until the first OOM, error or timeout, or --max-context; one search per "
+                        "size x dtype x compile x attn x optimizer (x parallel). See "
+                        "docs/bench_e2e.md#the-longest-context-that-fits")
+    p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
+                   help="with --context-length max: the last context tried, powers of two up to N; when not "
+                        f"given {MAX_CONTEXT_DEFAULT['cuda']} on CUDA and {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, "
+                        "whose memory is rarely the limit (each doubling costs 2-4x the time, so it stops there)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
     p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
@@ -293,9 +514,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
                    help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad scaler)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the whole model; compile time is reported apart from the timed steps")
-    p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="attention implementation")
+    p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
+                   help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
+                        "Compile time is reported apart from the timed steps")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"],
+                   help="attention implementation(s): naive = softmax(QK^T)V in the model's own code, sdpa = "
+                        "torch's fused scaled_dot_product_attention; both to compare them")
     p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
                    help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give both "
                         "to compare them in one table (train mode)")
@@ -324,11 +548,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "them again for backward; off = keeps them until backward (more memory, fewer all-gathers)")
     p.add_argument("--pg-timeout", type=positive_float, default=parallel.DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
                    help="--parallel: a collective waiting longer than this for a peer fails its configuration")
+    p.add_argument("--world-size", type=positive_int, default=None, metavar="N",
+                   help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank); a "
+                        "real run takes its world size from torchrun")
     runner.add_sweep_args(p)
     common.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
     common.add_dry_run_arg(p)
     return p
+
+
+def context_length_value(text: str) -> int | str:
+    """--context-length: a positive integer, or 'max' (the search)."""
+    if text == "max":
+        return text
+    try:
+        return positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
@@ -341,15 +578,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
         args.size = common.sizes_or_exit(parser, args, args.size)
-    if args.context_length is None:
-        args.context_length = [handout.default_context_length]
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
     args.optimizer = list(dict.fromkeys(args.optimizer))
     if len(args.optimizer) > 1 and args.mode != "train":
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
+    # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
+    args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
+    args.attn = list(dict.fromkeys(args.attn))
     device = common.device_or_exit(parser, args.device)
-    launch = check_parallel_args(parser, args, device)
+    world_size = check_parallel_args(parser, args, device)
+    args.context_length = context_lengths(parser, args, handout, device)
     if device.type != "cuda":
         # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
         for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
@@ -361,25 +600,30 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             common.nvtx_functions()
         except ValueError as exc:
             parser.error(str(exc))
-    runs = []
+    axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
+            "compile": args.compile, "attn": args.attn, "optimizer": args.optimizer, "warmup": args.warmup,
+            "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+    order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
+    runs = []  # a search's probes in a row, shortest first: runner.run_sweep(search=True) ends it at a failure
     try:
-        for size, kind, ctx, dtype, optimizer, warmup, fsdp_mp, reshard in itertools.product(
-                args.size, args.parallel or [None], args.context_length, args.dtype, args.optimizer, args.warmup,
-                args.fsdp_mixed_precision, args.reshard_after_forward):
+        for values in itertools.product(*(axes[axis] for axis in order)):
+            c = dict(zip(order, values))
+            kind = c["parallel"]
             if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
-                fsdp_mp, reshard = "off", "on"
-            if size == "custom":
-                model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx)
+                c["fsdp_mp"], c["reshard"] = "off", "on"
+            if c["size"] == "custom":
+                model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
-                model = get_config(size, args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx)
-            runs.append(RunConfig(size=size, handout=args.handout, model=model, batch_size=args.batch_size,
-                                  warmup=warmup, steps=args.steps, mode=args.mode, no_grad=args.no_grad, dtype=dtype,
-                                  compile=args.compile, attn=args.attn, optimizer=optimizer,
+                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
+                                   context_length=c["ctx"])
+            runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
+                                  warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
+                                  dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
-                                  parallel=kind, world_size=launch.world_size if kind else 1,
-                                  fsdp_mixed_precision=fsdp_mp, reshard_after_forward=reshard == "on",
+                                  parallel=kind, world_size=world_size if kind else 1,
+                                  fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
                                   pg_timeout_s=args.pg_timeout))
     except common.ConfigError as exc:
         parser.error(str(exc))
@@ -389,34 +633,80 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, runs
 
 
-def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                        device: torch.device) -> parallel.Launch | None:
-    """--parallel and torchrun belong together; a bad combination is a one-line exit 2 (from rank 0 only), too many
-    CPU processes a one-line warning. Fills the FSDP-only flags' defaults. Returns the launch (None without one)."""
+def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: common.Handout,
+                    device: torch.device) -> list[int]:
+    """The contexts to run: those given, the handout's default, or for 'max' the probes of the search (sets
+    args.context_search and args.max_context). A search needs a child per probe and at least the steps that reach
+    the training peak."""
+    given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
+    args.context_search = "max" in given
+    if not args.context_search:
+        if args.max_context is not None:
+            parser.error("--max-context only applies to --context-length max")
+        return given
+    if len(given) > 1:
+        parser.error("--context-length max searches for the longest context on its own: give max or numbers, not "
+                     f"both (got {' '.join(map(str, given))})")
+    args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
+    if args.max_context is None:
+        args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
+        args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
+                                    f"the default on a CPU; on CUDA {MAX_CONTEXT_DEFAULT['cuda']}")
+    if args.max_context < SEARCH_START:
+        parser.error(f"--max-context must be at least {SEARCH_START}, where the search starts; got {args.max_context}")
+    if args.in_process:
+        parser.error("--context-length max runs every probe in its own child process (an OOM must not leave memory "
+                     "behind for the next probe): drop --in-process")
+    if args.no_skip:
+        parser.error("--no-skip does not apply to --context-length max: a search ends at its first failure")
+    if len(set(args.warmup)) > 1:  # a search is a skip group (runner), which warm-up counts share
+        parser.error("--context-length max takes one --warmup value: the warm-up does not change what fits")
+    if args.mode == "train" and min(args.warmup) + args.steps < 2:
+        parser.error("--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its "
+                     "moments in the first step, so only the second reaches the training peak")
+    return probe_contexts(args.max_context)
+
+
+def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> int:
+    """--parallel and torchrun belong together (or --world-size, to plan with --dry-run); a bad combination is a
+    one-line exit 2 (from rank 0 only), too many CPU processes a one-line warning. Fills the FSDP-only flags'
+    defaults. Returns the world size (1 without --parallel)."""
     launch = parallel.torchrun_launch()
     fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
                                  ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
     args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
     args.reshard_after_forward = args.reshard_after_forward or ["on"]
+    if args.world_size is not None:
+        if not args.parallel:
+            parser.error("--world-size only applies to --parallel (with --dry-run)")
+        if not args.dry_run:
+            parser.error("--world-size only plans a --parallel run with --dry-run; a real run takes its world size "
+                         "from torchrun: torchrun --nproc-per-node N bench_e2e.py --parallel ...")
+        if launch is not None:
+            parser.error(f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
+                         f"{launch.world_size})")
     if not args.parallel:
         if launch is not None and launch.world_size > 1:
             parser.error(f"launched by torchrun with WORLD_SIZE={launch.world_size} but without --parallel: every "
                          "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp")
         if fsdp_flags:
             parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
-        return launch
+        return 1
     args.parallel = list(dict.fromkeys(args.parallel))
     if fsdp_flags and "fsdp" not in args.parallel:
         parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
-    if launch is None:
-        parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
-                     "torchrun --nproc-per-node N bench_e2e.py --parallel ...")
     if args.in_process:
         parser.error("--parallel with --in-process is not supported yet: every rank runs each configuration in a "
                      "child process of its own, which joins that configuration's process group")
+    if device.type == "cuda" and device.index is not None:
+        parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
+    if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
+        return args.world_size
+    if launch is None:
+        parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
+                     "torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan without it: --dry-run "
+                     "--world-size N)")
     if device.type == "cuda":
-        if device.index is not None:
-            parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
         if torch.cuda.device_count() < launch.local_world_size:
             parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
                          f"node but {torch.cuda.device_count()} GPU(s) visible")
@@ -425,20 +715,24 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         if launch.local_world_size > cores and launch.rank == 0:
             common.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
                             "ranks share cores and every timing includes the others' work")
-    return launch
+    return launch.world_size
 
 
 # ---- the sweep ----
 
 
-def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None) -> None:
+def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None,
+                  max_context: int | None = None) -> None:
     """The derived figures of a finished configuration; its status says whether a phase was noisy. Under
-    --parallel, every row (failed ones too) gets the predicted state bytes per rank."""
+    --parallel, every row (failed ones too) gets the predicted state bytes per rank; in a --context-length max
+    search, the search's upper bound."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if record["status"] == "ok":
         record.update(derive_figures(run, record, peak_override))
         record["status"] = "noisy" if record["noisy"] else "ok"
+    if max_context is not None:  # a probe of --context-length max: context_searches finds it by this
+        record["context_search"] = {"max_context": max_context}
 
 
 def dry_run_label(run: RunConfig) -> str:
@@ -448,22 +742,48 @@ def dry_run_label(run: RunConfig) -> str:
     return f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
 
 
+def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
+    """What --dry-run adds below the plan: the comparison table's variants and the context searches."""
+    notes = []
+    configs = [dataclasses.asdict(run) for run in runs]
+    names = variants(configs)
+    if names:
+        notes.append(f"then a comparison table: {' vs '.join(names)}, one row per size and context, speed-ups over "
+                     f"{names[0]}.")
+    if args.context_search:
+        searches = len({config_key(c, context=False) for c in configs})
+        contexts = probe_contexts(args.max_context)
+        source = f"; {args.max_context_default}" if args.max_context_default else ""
+        notes.append(f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the "
+                     f"context), each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child "
+                     "process. A search ends at its first OOM (the answer: the context before it), error or timeout "
+                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).")
+    return [textwrap.fill(note, width=116) for note in notes]
+
+
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     rank_zero = parallel.is_rank_zero()  # under torchrun only rank 0 prints and writes files
     configs = config_table([dataclasses.asdict(run) for run in runs], args.fmt)
     if args.dry_run:
-        return common.print_dry_run([dry_run_label(run) for run in runs], preamble=configs) if rank_zero else 0
+        if not rank_zero:
+            return 0
+        return common.print_dry_run([dry_run_label(run) for run in runs], preamble=configs,
+                                    notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     if rank_zero:
         common.emit(configs + "\n")  # people quote the model config first
     experiment = runner.Experiment(
         name="bench_e2e", measure=run_config,
-        finish=lambda run, record: finish_record(run, record, args.peak_tflops),
+        finish=lambda run, record: finish_record(run, record, args.peak_tflops,
+                                                 args.max_context if args.context_search else None),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
         render=lambda records, fmt: render_report(records, fmt, args.columns))
-    records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args)
+    records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
+                                     search=args.context_search)
     if records and rank_zero:
+        for answer in context_searches(records):  # each search's answer as a record of its own, after its probes
+            files.append_record(answer)
         # the saved files also hold the config table, which was printed first
         files.write_report(lambda fmt: render_report(records, fmt, args.columns), args.fmt)
         figures = report.figures_after_run("bench_e2e", records, files) if args.plot else []

@@ -792,14 +792,18 @@ def add_dry_run_arg(parser: argparse.ArgumentParser) -> None:
                              "run or written")
 
 
-def print_dry_run(labels: list[str], preamble: str = "") -> int:
-    """--dry-run: the preamble (the configuration table), then the numbered plan. Returns the exit status."""
+def print_dry_run(labels: list[str], preamble: str = "", notes: list[str] = (), at_most: bool = False) -> int:
+    """--dry-run: the preamble (the configuration table), then the numbered plan, then `notes` (what the run will
+    make of it). `at_most`: the plan is an upper bound (a search stops early). Returns the exit status."""
     if preamble:
         print(preamble + "\n")
-    print(f"dry run: {len(labels)} configuration{'s' if len(labels) != 1 else ''} would run, in this order:")
+    count = f"{'at most ' if at_most else ''}{len(labels)} configuration{'s' if len(labels) != 1 else ''}"
+    print(f"dry run: {count} would run, in this order:")
     width = len(str(len(labels)))
     for i, label in enumerate(labels, 1):
         print(f"  {i:>{width}}. {label}")
+    for note in notes:
+        print("\n" + note)
     print("\nnothing was built, run or written (drop --dry-run to run them)")
     return 0
 
@@ -1079,16 +1083,17 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
     `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
     an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
     --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
-    word). Clauses are separated by ';'. Every configuration also matches `rank=` (torchrun's RANK, 0 without
-    torchrun). Read at call time; child processes get the parent's value."""
+    word). Clauses are separated by ';'. A condition `field>=N` matches a numeric field at least N
+    (`oom:context_length>=1024`: every context from 1024 up runs out of memory, as on a real device). Every
+    configuration also matches `rank=` (torchrun's RANK, 0 without torchrun). Read at call time; child processes get
+    the parent's value."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     fields = {"rank": os.environ.get("RANK", "0"), **fields}  # torchrun's rank: `oom:rank=1,...` fails one rank
     for clause in spec.split(";"):
         kind, _, conditions = clause.partition(":")
-        pairs = [c.split("=", 1) for c in conditions.split(",") if "=" in c]
-        if all(str(fields.get(k)) == v for k, v in pairs):
+        if all(_fault_condition_holds(c, fields) for c in conditions.split(",") if "=" in c):
             if kind == "oom":
                 raise torch.OutOfMemoryError("CUDA out of memory (injected by BENCH_INJECT_FAULT)")
             if kind == "hang":
@@ -1097,6 +1102,16 @@ def maybe_inject_fault(fields: dict[str, Any]) -> None:
             if kind == "kill":
                 os.kill(os.getpid(), 9)  # SIGKILL
             raise RuntimeError(f"injected failure ({clause})")
+
+
+def _fault_condition_holds(condition: str, fields: dict[str, Any]) -> bool:
+    """`field=value` (compared as text) or `field>=N` (compared as numbers) against a configuration's fields."""
+    if ">=" in condition:
+        key, _, bound = condition.partition(">=")
+        value = fields.get(key)
+        return isinstance(value, (int, float)) and value >= float(bound)
+    key, _, value = condition.partition("=")
+    return str(fields.get(key)) == value
 
 
 def progress(message: str) -> None:

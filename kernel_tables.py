@@ -8,6 +8,7 @@ from inference to a training step; how softmax compares with the attention matmu
     python kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl
     python bench_e2e.py --size tiny --profile                     # torch.profiler instead, tables printed
     python kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # re-read a saved trace
+    python kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across several nsys reports
 
 Four tables, the same for both sources:
   1. phase times: mean duration of the forward / backward / optimizer ranges per step, beside bench_e2e's own
@@ -16,6 +17,10 @@ Four tables, the same for both sources:
   3. category shares (matrix multiply, elementwise, reduction/softmax, memory copy/set, other) per phase;
   4. inside attention: time per call of "computing attention scores", "computing softmax" and "final matmul"
      beside their FLOPs.
+With --summary (nsys_run.sh runs it after several configurations), one row per size, context and variant across
+nsys reports, forward-only and training runs side by side: the forward pass (Nsight range vs stopwatch, its top
+kernel and calls per forward pass), the matmul share of the forward pass vs the training step, softmax vs the
+attention matmuls in time and in FLOPs.
 
 A kernel belongs to the phase whose time window contains its LAUNCH (the CUDA runtime call), whatever thread
 launched it: PyTorch launches backward kernels from its autograd worker thread, so the launching thread's own
@@ -523,20 +528,33 @@ def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
     return rows
 
 
-def softmax_vs_matmul(rows: list[dict[str, Any]]) -> str | None:
-    """One line: softmax's time and FLOPs against the mean of the two matmul sub-steps, and their quotient."""
+def softmax_matmul_ratios(rows: list[dict[str, Any]]) -> tuple[float, float | None] | None:
+    """(softmax's time per call / one attention matmul's, softmax's FLOPs / one matmul's) from table 4, the matmul
+    being the mean of the two matmul sub-steps; the FLOP ratio is None without the model's shape, and the whole
+    is None without the sub-steps (sdpa, compiled) or without matmul time."""
     by = {r["sub_step"]: r for r in rows}
     matmuls = [by[s] for s in ("computing attention scores", "final matmul") if s in by]
     softmax = by.get("computing softmax")
     if not (softmax and matmuls):
         return None
     matmul_ms = statistics.fmean(r["ms_per_call"] for r in matmuls)
-    line = f"softmax takes {softmax['ms_per_call'] / matmul_ms:.2f}x the time of one attention matmul" if matmul_ms else None
+    if not matmul_ms:
+        return None
     gflops = [r["gflop_per_call"] for r in matmuls if r.get("gflop_per_call")]
-    if line and softmax.get("gflop_per_call") and gflops:
-        flop_ratio = softmax["gflop_per_call"] / statistics.fmean(gflops)
-        per_flop = softmax["ms_per_call"] / matmul_ms / flop_ratio
-        line += f" for {flop_ratio:.3f}x its FLOPs: {per_flop:.0f}x more time per FLOP"
+    flop_ratio = (softmax["gflop_per_call"] / statistics.fmean(gflops)
+                  if softmax.get("gflop_per_call") and gflops else None)
+    return softmax["ms_per_call"] / matmul_ms, flop_ratio
+
+
+def softmax_vs_matmul(rows: list[dict[str, Any]]) -> str | None:
+    """One line: softmax's time and FLOPs against the mean of the two matmul sub-steps, and their quotient."""
+    ratios = softmax_matmul_ratios(rows)
+    if ratios is None:
+        return None
+    time_ratio, flop_ratio = ratios
+    line = f"softmax takes {time_ratio:.2f}x the time of one attention matmul"
+    if flop_ratio:
+        line += f" for {flop_ratio:.3f}x its FLOPs: {time_ratio / flop_ratio:.0f}x more time per FLOP"
     return line
 
 
@@ -564,7 +582,7 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     if not has_work:
         notes.append(NO_KERNELS if profile.device == "gpu" else "no operator data in this trace")
         return {"device": profile.device, "source": profile.source, "steps": steps, "phases": phase_table,
-                "top": {}, "categories": [], "attention": [], "notes": notes}
+                "top": {}, "top_forward_backward": [], "categories": [], "attention": [], "notes": notes}
     scopes = ["all"] + phases + ([OUTSIDE] if groups.get(OUTSIDE) and phases else [])
     scope_acts = {"all": activities, **{s: groups.get(s, []) for s in scopes[1:]}}
     attention = attention_rows(activities, ranges, steps, shape)
@@ -577,9 +595,12 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
                      "profile an eager run for table 4")
     elif not attention:
         notes.append("no attention sub-step ranges (they come from the naive attention; --attn sdpa has none)")
+    # nsys_profile (b) asks whether the forward pass's top kernel also tops forward and backward together
+    forward_backward = groups.get("forward", []) + groups.get("backward", [])
     return {"device": profile.device, "source": profile.source, "steps": steps, "phases": phase_table,
             "top": {s: top_rows(scope_acts[s], steps, top) for s in scopes  # a phase that is all of it: once
                     if s == "all" or len(scope_acts[s]) < len(activities)},
+            "top_forward_backward": top_rows(forward_backward, steps, 1)[:1] if "backward" in phases else [],
             "categories": [category_row(s, scope_acts[s], steps) for s in scopes],
             "attention": attention, "notes": notes}
 
@@ -623,6 +644,166 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     return "\n".join(out)
 
 
+# ---- one table across several reports (nsys_run.sh with several configurations) ----
+
+# How nsys_run.sh names a report: <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025]
+REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
+                         r"(?:_(?P<variant>.+))?")
+FINISHED = ("ok", "noisy")  # bench_e2e's statuses of a run that measured every step
+
+
+@dataclass
+class ReportSummary:
+    """One configuration of the summary: what its report's name says, and its tables or why it has none."""
+
+    prefix: Path
+    size: str
+    context: int
+    mode: str
+    variant: str  # the name's suffix after the mode: dtype, nsys pass-through flags, handout ("" for none)
+    status: str
+    tables: dict[str, Any] | None = None
+    record: dict[str, Any] | None = None
+
+
+def parse_report_name(prefix: str | Path) -> tuple[str, int, str, str]:
+    """(size, context, mode, variant) from a report name nsys_run.sh wrote; ProfileFormatError otherwise."""
+    match = REPORT_NAME.fullmatch(Path(prefix).name)
+    if not match:
+        raise ProfileFormatError(f"{prefix}: not a report name that nsys_run.sh writes "
+                                 "(<size>_ctx<context>_<mode>[_<variant>])")
+    return match["size"], int(match["context"]), match["mode"], match["variant"] or ""
+
+
+def load_report_summary(prefix: str | Path, status: str | None = None) -> ReportSummary:
+    """A report's tables (from its CSVs and its <report>_e2e.jsonl), or, when it has none, why: `status` as given
+    (nsys_run.sh: skipped after an OOM, kept, failed), the profiled run's own status (OOM before or during the
+    measured steps), or what is missing."""
+    size, context, mode, variant = parse_report_name(prefix)
+    entry = ReportSummary(Path(prefix), size, context, mode, variant, status or "")
+    if status:
+        return entry
+    jsonl = Path(f"{prefix}_e2e.jsonl")
+    try:
+        record = last_e2e_record(jsonl) if jsonl.exists() else None
+        if record is not None and record.get("status") not in FINISHED:
+            entry.status = str(record.get("status"))
+            return entry
+        if not nsys_report_path(prefix, NSYS_TRACE_REPORTS[0]).exists():
+            entry.status = ("not exported: run nsys_run.sh again" if Path(f"{prefix}.nsys-rep").exists()
+                            else "no report")
+            return entry
+        config = (record or {}).get("config") or {}
+        entry.tables = build_tables(load_nsys(prefix), stopwatch_ms(record) if record else None,
+                                    attention_shape(config), top=1, compiled=bool(config.get("compile")))
+        entry.record = record
+        entry.status = record["status"] if record else "ok (no _e2e.jsonl: no stopwatch)"
+    except ProfileFormatError as exc:
+        entry.status = f"error: {exc}"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a record or CSV of another shape
+        entry.status = f"error: {prefix}: malformed: {type(exc).__name__}: {exc}"
+    return entry
+
+
+def _first_kernel(rows: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return rows[0] if rows and not rows[0]["name"].startswith("(") else None
+
+
+def summary_rows(entries: list[ReportSummary]) -> tuple[list[dict[str, Any]], list[str]]:
+    """One row per (size, context, variant), its modes side by side: the forward pass (Nsight range vs
+    stopwatch, top kernel and its calls per forward pass, matmul share, softmax vs the attention matmuls) from
+    the forward-only run, the matmul share of the whole step from the training run, the top kernel of forward +
+    backward from the training (else forward-backward) run. Rows keep the order of the entries. Also the notes
+    the table needs."""
+    groups: dict[tuple[str, int, str], dict[str, ReportSummary]] = {}
+    for entry in entries:
+        groups.setdefault((entry.size, entry.context, entry.variant), {})[entry.mode] = entry
+    rows, borrowed = [], False
+    for (size, context, variant), runs in groups.items():
+        done = {mode: entry for mode, entry in runs.items() if entry.tables is not None}
+        row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
+                               "runs": {mode: entry.status for mode, entry in runs.items()},
+                               "reports": {mode: str(entry.prefix) for mode, entry in runs.items()}}
+        forward = next((done[m] for m in ("forward", "forward-backward", "train") if m in done), None)
+        if forward is not None:
+            tables = forward.tables
+            borrowed |= forward.mode != "forward"
+            row["forward_from"] = forward.mode
+            phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
+            row["forward_nsight_ms"], row["forward_stopwatch_ms"] = phase.get("range_ms"), phase.get("stopwatch_ms")
+            # a forward-only run whose forward range holds all the work has only the "all" table
+            top = _first_kernel(tables["top"].get("forward") or tables["top"].get("all"))
+            if top:
+                row["top_forward_kernel"] = top["name"]
+                row["top_forward_kernel_calls_per_forward"] = top["per_step"]
+            share = next((c for c in tables["categories"] if c["scope"] == "forward"), None)
+            row["matmul_pct_forward"] = share["matrix multiply"] if share else None
+            ratios = softmax_matmul_ratios(tables["attention"])
+            if ratios:
+                row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
+        if "train" in done:
+            share = next((c for c in done["train"].tables["categories"] if c["scope"] == "all"), None)
+            row["matmul_pct_train_step"] = share["matrix multiply"] if share else None
+        backward = done.get("train") or done.get("forward-backward")
+        top = _first_kernel(backward.tables.get("top_forward_backward")) if backward else None
+        if top:
+            row["top_forward_backward_kernel"] = top["name"]
+        rows.append(row)
+    notes = []
+    if borrowed:
+        notes.append("rows without a forward-only report take the forward columns from the forward phase of "
+                     "their training (or forward-backward) run: `forward_from` in the records")
+    finished = [entry for entry in entries if entry.tables is not None]
+    if finished and not any(entry.tables["top"] for entry in finished):
+        notes.append("no CUDA kernel data in these reports (nsys recorded no GPU work, as on a machine without a "
+                     "GPU): the kernel, matmul and softmax columns are empty")
+    if any(entry.tables is not None and entry.tables["device"] == "gpu" and entry.tables["top"] for entry in entries):
+        notes.append("kernel names are shortened; each report's <report>.md has them in full, the JSONL here too")
+    return rows, notes
+
+
+def render_summary(rows: list[dict[str, Any]], notes: list[str], fmt: str = "github") -> str:
+    """The summary table: forward pass (nsys_profile (a)-(c), (e)) and matmul shares (d) side by side."""
+    shown = [{**row, "top_forward_kernel": short_name(row.get("top_forward_kernel") or "", 48) or None,
+              "top_forward_backward_kernel": short_name(row.get("top_forward_backward_kernel") or "", 48) or None,
+              "runs": ", ".join(f"{mode} {status}" for mode, status in row["runs"].items())} for row in rows]
+    spec = [("size", "size", ""), ("context_length", "ctx", "")]
+    if any(row["variant"] for row in rows):
+        spec.append(("variant", "variant", ""))
+    spec += [("forward_nsight_ms", "fwd ms Nsight", ".2f"), ("forward_stopwatch_ms", "fwd ms stopwatch", ".2f"),
+             ("top_forward_kernel", "top forward kernel", ""),
+             ("top_forward_kernel_calls_per_forward", "calls/fwd", ".1f"),
+             ("top_forward_backward_kernel", "top fwd+bwd kernel", ""),
+             ("matmul_pct_forward", "matmul % fwd-only", ".1f"),
+             ("matmul_pct_train_step", "matmul % train step", ".1f"),
+             ("softmax_matmul_time_ratio", "softmax/matmul time", ".3g"),
+             ("softmax_matmul_flop_ratio", "softmax/matmul FLOPs", ".3g"), ("runs", "runs", "")]
+    table = common.render_table([{header: row.get(key) for key, header, _ in spec} for row in shown],
+                                [header for _, header, _ in spec], fmt, [f or "g" for _, _, f in spec])
+    out = ["### nsys_run.sh summary: the forward pass, and the matmul share of inference vs a training step", "",
+           table]
+    if notes:
+        out += [""] + [f"- {note}" for note in notes]
+    return "\n".join(out)
+
+
+def summary_main(args: argparse.Namespace) -> int:
+    """--summary: the table across the given reports, printed and written to results/nsys/summary-<time>."""
+    statuses = {}
+    for given in args.status or []:
+        source = next(s for s in args.source if given.startswith(s + "="))  # parse_args checked there is one
+        statuses[source] = given[len(source) + 1:]
+    entries = [load_report_summary(nsys_prefix(source), statuses.get(source)) for source in args.source]
+    rows, notes = summary_rows(entries)
+    env = next((e.record["environment"] for e in entries if e.record and e.record.get("environment")), None)
+    header = common.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
+    files = common.ResultFiles(args.results_dir, "nsys", args.out, "summary")
+    for row in rows:
+        files.append_record(row)
+    files.publish(header + "\n\n" + render_summary(rows, notes, args.fmt))
+    return 0
+
+
 # ---- command line ----
 
 
@@ -642,8 +823,20 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("source", help="a torch.profiler trace (.json, .json.gz) or an nsys report: X.nsys-rep, "
-                                  "X.sqlite or the prefix X of the CSVs `nsys stats --output X` wrote")
+    p.add_argument("source", nargs="+",
+                   help="a torch.profiler trace (.json, .json.gz) or an nsys report: X.nsys-rep, X.sqlite or the "
+                        "prefix X of the CSVs `nsys stats --output X` wrote; with --summary, several nsys reports")
+    p.add_argument("--summary", action="store_true",
+                   help="one table across several nsys_run.sh reports (one row per size, context and variant, "
+                        "forward-only and training runs side by side), written to <results-dir>/nsys/summary-<time>"
+                        ".{md,jsonl}; each report's stopwatch comes from its own <report>_e2e.jsonl")
+    p.add_argument("--status", action="append", metavar="REPORT=TEXT",
+                   help="--summary: REPORT was not profiled, for this reason (nsys_run.sh: skipped after an OOM, "
+                        "kept, failed); its row says so")
+    p.add_argument("--out", default=None, type=common.result_stem,
+                   help="--summary: result file stem (default: summary-<UTC timestamp>); never overwritten")
+    p.add_argument("--results-dir", default="results", type=common.results_folder,
+                   help="--summary: root folder for the result files (they go to its nsys/ folder)")
     p.add_argument("--e2e-jsonl", default=None,
                    help="bench_e2e's JSONL record of the profiled run: stopwatch times for table 1, model shape "
                         "for the FLOPs of table 4, environment for the header")
@@ -655,6 +848,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.top <= 0:
         p.error(f"--top must be positive, got {args.top}")
+    if args.summary:
+        return check_summary_args(p, args)
+    if args.status or args.out is not None:
+        p.error("--status and --out go with --summary")
+    if len(args.source) != 1:
+        p.error(f"one report or trace at a time ({len(args.source)} given); --summary tabulates several")
+    args.source = args.source[0]
     source = Path(args.source)
     if source.name.endswith((".json", ".json.gz")):
         if not source.exists():
@@ -673,8 +873,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def check_summary_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    if args.e2e_jsonl or args.md:
+        p.error("--summary reads each report's own <report>_e2e.jsonl and writes <results-dir>/nsys/summary-<time>"
+                ".md: no --e2e-jsonl or --md")
+    args.source = [str(nsys_prefix(source)) for source in args.source]
+    for source in args.source:
+        try:
+            parse_report_name(source)
+        except ProfileFormatError as exc:
+            p.error(str(exc))
+    for given in args.status or []:
+        if not any(given.startswith(source + "=") for source in args.source):
+            p.error(f"--status {given!r} names none of the reports (give REPORT=TEXT, REPORT as in the list)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summary:
+        return summary_main(args)
     try:  # a malformed input is one line and exit 2, like any other bad input
         record = last_e2e_record(args.e2e_jsonl) if args.e2e_jsonl else {}
         stopwatch = stopwatch_ms(record) if record else None

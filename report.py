@@ -357,8 +357,9 @@ SECTIONS: dict[str, Callable[[list[dict[str, Any]], str], Sections]] = {
 }
 
 
-# comparison tables report.py adds to a script's own report (the scripts' render_report does not print them)
-COMPARISONS: dict[str, Callable[[list[dict[str, Any]], str], list[str]]] = {"bench_e2e": e2e_speedup_sections}
+# comparison tables report.py adds to a script's own report (when its render_report does not print them; bench_e2e's
+# prints its own comparison table)
+COMPARISONS: dict[str, Callable[[list[dict[str, Any]], str], list[str]]] = {}
 
 
 def render_runs(runs: list[Run], fmt: str, columns: list[str] | None = None) -> str:
@@ -372,8 +373,8 @@ def render_runs(runs: list[Run], fmt: str, columns: list[str] | None = None) -> 
         extra = COMPARISONS.get(experiment, lambda records, fmt: [])(runs[0].records, fmt)
         return "\n\n".join([module.render_report(runs[0].records, fmt)] + extra)
     records = []
-    for run in runs:
-        records += [{**r, "_source": run.stem} for r in run.records]
+    for run in runs:  # a script's measured() leaves out its summary records (bench_e2e's longest-context answers)
+        records += [{**r, "_source": run.stem} for r in getattr(module, "measured", list)(run.records)]
     try:
         sections = SECTIONS[experiment](records, fmt)
     except (KeyError, TypeError, ValueError) as exc:

@@ -413,6 +413,7 @@ def _child_main(result: Any, lifeline: Any, fn: Callable[..., dict], kwargs: dic
             answer = {"ok": True, "value": fn(**kwargs)}
     except BaseException as exc:  # noqa: BLE001 - a failure is data, sent back to the parent
         answer = {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
+    answer["pid"] = os.getpid()  # which process ran it: to match a row with nsys, top or the kernel's OOM log
     try:
         result.send(answer)
         result.close()
@@ -473,7 +474,7 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     with a fresh allocator.
 
     Returns {"ok": True, "value": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s",
-    "traceback" or "detail": ...}. After `timeout_s` the child is stopped. KeyboardInterrupt (Ctrl-C, or SIGTERM
+    "traceback" or "detail": ...}, with the "pid" of the process that ran it when it answered. After `timeout_s` the child is stopped. KeyboardInterrupt (Ctrl-C, or SIGTERM
     through the sweep's handler) stops the child and propagates. `stop_when()`, asked every STOP_POLL_S while the
     child runs, stops it early with the reason it returns as the status (a torchrun peer that failed: see
     parallel.py). `in_process=True` calls `fn` here (no isolation, no time limit) with the same failure handling.
@@ -483,13 +484,14 @@ def run_isolated(fn: Callable[..., dict], kwargs: dict[str, Any], in_process: bo
     if in_process:
         try:
             with heartbeat(on_heartbeat, interval_s):
-                return {"ok": True, "value": fn(**kwargs)}
+                return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc()}
+            return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc(),
+                    "pid": os.getpid()}
     ctx = _fork_server(fn)
     result_r, result_w = ctx.Pipe(duplex=False)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
@@ -639,18 +641,23 @@ def run_on_every_rank(experiment: Experiment, run: Any, index: int, ranks: paral
 
 
 def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None, device: torch.device,
-              args: argparse.Namespace) -> tuple[list[dict], int]:
+              args: argparse.Namespace, search: bool = False) -> tuple[list[dict], int]:
     """Run every configuration (each with label() and skip_key()) as add_sweep_args' flags say, appending its
     record and rewriting the .md as each finishes. Returns (records, exit status: 0, 130 after Ctrl-C, 143 after
     SIGTERM). An interrupted sweep keeps the rows it finished.
+
+    search=True: each skip group's runs are the probes of a search, in increasing size (bench_e2e's
+    --context-length max). The group's first failure of any kind (OOM, error, timeout) ends its search: its later
+    probes are dropped, not run and not recorded, and the progress count shrinks by as many.
 
     Under torchrun (configurations with .parallel set), every rank runs this same sweep, each configuration on
     every rank at once (run_on_every_rank); all ranks get the same records, and only rank 0 (files given, None on
     the others) prints progress and writes files. --quiet: no progress lines and no heartbeat."""
     records: list[dict[str, Any]] = []
     oom_at: dict[tuple, int] = {}  # skip group -> smallest size that ran out of memory
+    ended: set[tuple] = set()  # search=True: the groups whose search has ended
     slowest_s = 0.0
-    total = len(runs)
+    total, done = len(runs), 0
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
     ranks = parallel.RankSweep(launch) if launch else None
     rank_zero = parallel.is_rank_zero()
@@ -658,13 +665,17 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
     with sigterm_as_interrupt():
         try:
             env = sweep_environment(device, args.in_process)
-            for i, run in enumerate(runs, 1):
+            for i, run in enumerate(runs, 1):  # i: the configuration's index, the same on every torchrun rank
+                group, size_name, size = run.skip_key()
+                if group in ended:
+                    continue
+                done += 1
                 label = run.label()
-                say(f"[{i}/{total}] starting {label}")
-                beat = None if args.quiet or not rank_zero else (lambda line, i=i: say(f"[{i}/{total}] {line}"))
+                say(f"[{done}/{total}] starting {label}")
+                beat = None if args.quiet or not rank_zero else (
+                    lambda line, prefix=f"[{done}/{total}]": say(f"{prefix} {line}"))
                 record: dict[str, Any] = {"experiment": experiment.name, "config": dataclasses.asdict(run),
                                           "label": label}
-                group, size_name, size = run.skip_key()
                 start = timeit.default_timer()
                 if not args.no_skip and group in oom_at and size > oom_at[group]:
                     record["status"] = f"skipped: OOM at {size_name}={oom_at[group]}"
@@ -677,6 +688,8 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                     if answer["ok"]:
                         record.update(answer["value"])
                         record.setdefault("status", "ok")
+                        if "pid" in answer:
+                            record["pid"] = answer["pid"]
                     else:
                         record.update({k: v for k, v in answer.items() if k != "ok"})
                 elapsed = timeit.default_timer() - start
@@ -684,6 +697,9 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                     oom_at[group] = min(oom_at.get(group, size), size)
                 elif not record["status"].startswith(("skipped", "timeout")):
                     slowest_s = max(slowest_s, elapsed)
+                if search and record["status"] not in ("ok", "noisy"):  # the search of this group has its answer
+                    ended.add(group)
+                    total -= sum(1 for later in runs[i:] if later.skip_key()[0] == group)
                 record.setdefault("environment", env)
                 experiment.finish(run, record)
                 records.append(record)
@@ -691,7 +707,7 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                     files.append_record(record)
                     files.write_report(lambda fmt: experiment.render(records, fmt), args.fmt)
                 said = experiment.summary(record) if record["status"] in ("ok", "noisy") else record["status"]
-                say(f"[{i}/{total}] {label}: {said} ({elapsed:.1f} s)")
+                say(f"[{done}/{total}] {label}: {said} ({elapsed:.1f} s)")
             if ranks is not None:
                 ranks.finish()
         except KeyboardInterrupt as exc:

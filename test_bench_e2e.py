@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
+import parallel
 import runner
 from common import forward_flops, get_config, read_records
 from model import TransformerLM, cross_entropy
@@ -211,8 +212,11 @@ def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "--in-process", "--dtype", "fp32", "bf16")
     assert [(r["config"]["dtype"], r["config"]["warmup"]) for r in records] == [
         ("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("bf16", 1), ("bf16", 2)]
-    rows = [line for line in table_lines(capsys.readouterr().out) if "| tiny" in line]
+    main, comparison = capsys.readouterr().out.split("## Comparison: fp32 vs bf16")
+    rows = [line for line in table_lines(main) if "| tiny" in line]
     assert len(rows) == 1 + 6  # one config row, six result rows
+    # fp32 beside bf16, one row per warm-up count (the warm-up is not a variant)
+    assert [line.split("|")[3].strip() for line in table_lines(comparison) if "| tiny" in line] == ["0", "1", "2"]
 
 
 def bad(*argv, env=None):
@@ -253,11 +257,18 @@ def test_nvtx_library_that_cannot_load_is_a_usage_error(tmp_path):
 
 
 def test_compile_reports_compile_time_apart(tmp_path, capsys):
-    code, (record,) = run_main(tmp_path, "--compile", "--in-process", "--mode", "forward", "--steps", "2")
-    assert code == 0 and record["compile_s"] > 0
+    # the one compile test: eager and compiled in one sweep (the bare --compile = on is checked at parse time)
+    code, (eager, record) = run_main(tmp_path, "--compile", "off", "on", "--in-process", "--mode", "forward",
+                                     "--steps", "2")
+    assert code == 0 and record["compile_s"] > 0 and "compile_s" not in eager
+    assert (eager["config"]["compile"], record["config"]["compile"]) == (False, True)
     # compilation happens in the compile step, so timed steps are far shorter than the compile step
     assert record["forward_ms_max"] < record["compile_s"] * 1e3
-    assert "compile time (first step, not in the timings)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "compile time (first step, not in the timings)" in out
+    comparison = out.split("## Comparison: eager vs compiled (speed-ups over eager)")[1]
+    (row,) = [line for line in table_lines(comparison) if "| tiny" in line]
+    assert f"{eager['forward_ms_mean'] / record['forward_ms_mean']:.2f}x" in row
 
 
 # ---- handouts and --dry-run ----
@@ -312,6 +323,210 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
     # the training state of 2026's xl: 16 bytes per parameter (fp32 weights, gradients, two AdamW moments)
     assert f"(predicted state {16 * 3_406_809_600 / 2**30:.2f} GiB per rank" in plan[2]
 
+
+# ---- comparisons: --dtype / --compile / --attn ... variants side by side ----
+
+
+def synthetic_record(ctx, dtype, means=None, status="ok"):
+    """A finished record as the sweep makes it, with known phase times (ms): two equal samples per phase, so each
+    mean is exact; `means` None = a failed row with `status`."""
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", context_length=ctx), dtype=dtype, warmup=0)
+    record = {"experiment": "bench_e2e", "config": dataclasses.asdict(run), "label": run.label(), "status": status,
+              "environment": {"device": "cpu", "device_name": "cpu", "torch": torch.__version__, "threads": 2}}
+    if means is not None:
+        for phase, ms in zip(("forward", "backward", "optimizer", "step"), means):
+            record[f"{phase}_ms"] = [ms, ms]
+        record.update(bench_e2e.derive_figures(run, record))
+    return record
+
+
+def test_comparison_speedups_come_from_the_rows_above():
+    records = [synthetic_record(128, "fp32", (10.0, 20.0, 6.0, 36.0)),
+               synthetic_record(128, "bf16", (4.0, 11.0, 5.0, 20.0)),
+               synthetic_record(128, "fp16", status="OOM"),
+               synthetic_record(256, "fp32", status="OOM"),
+               synthetic_record(256, "bf16", (8.0, 16.0, 5.0, 29.0))]  # ctx 256 fp16: never ran
+    report = bench_e2e.render_report(records, "github")
+    main, comparison = report.split("## Comparison: fp32 vs bf16 vs fp16 (speed-ups over fp32)")
+    header, _, *rows = table_lines(comparison)
+    cells = [dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")])) for row in rows]
+    first, second = cells
+    # each variant's means, side by side, as in the results table above
+    results = {(line.split("|")[6].strip(), line.split("|")[7].strip()): line
+               for line in table_lines(main.split("\ndevice: ")[1]) if "| tiny" in line and "OOM" not in line}
+    assert set(results) == {("128", "fp32"), ("128", "bf16"), ("256", "bf16")}
+    assert [first[f"{p} ms: fp32"] for p in ("fwd", "bwd", "opt", "step")] == ["10.00", "20.00", "6.00", "36.00"]
+    assert [first[f"{p} ms: bf16"] for p in ("fwd", "bwd", "opt", "step")] == ["4.00", "11.00", "5.00", "20.00"]
+    assert " 4.00 " in results[("128", "bf16")] and " 36.00 " in results[("128", "fp32")]
+    # speed-ups over the first variant: fwd 10/4, fwd+bwd (10+20)/(4+11), step 36/20
+    assert (first["fwd speed-up: bf16"], first["fwd+bwd speed-up: bf16"], first["step speed-up: bf16"]) == (
+        "2.50x", "2.00x", "1.80x")
+    # a failed variant shows its status, never a number; a missing one says so; no baseline, no ratio
+    assert first["fwd ms: fp16"] == "OOM" and first["step speed-up: fp16"] == "OOM"
+    assert second["fwd ms: fp32"] == "OOM" and second["step ms: bf16"] == "29.00"
+    assert second["fwd speed-up: bf16"] == "baseline OOM" and second["fwd ms: fp16"] == "not run"
+    # one variant: no comparison table, and no error
+    single = [r for r in records if r["config"]["dtype"] == "fp32"]
+    assert bench_e2e.comparison_table(single, "github") is None
+    assert "## Comparison" not in bench_e2e.render_report(single, "github")
+
+
+def test_forward_only_comparison_has_no_backward_columns(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--in-process", "--mode", "forward", "--attn", "naive", "sdpa",
+                             "--steps", "2", "--warmup", "0")
+    out = capsys.readouterr().out
+    assert code == 0 and [r["config"]["attn"] for r in records] == ["naive", "sdpa"]
+    main, comparison = out.split("## Comparison: naive vs sdpa (speed-ups over naive)")
+    header = [line for line in table_lines(main) if "step ms" in line][0]
+    assert " attn " in header  # the compared setting gets a column in the results table
+    comparison_header = table_lines(comparison)[0]
+    assert "fwd speed-up: sdpa" in comparison_header and "step speed-up: sdpa" in comparison_header
+    assert "bwd" not in comparison_header and "fwd+bwd" not in comparison_header
+    (row,) = [line for line in table_lines(comparison) if "| tiny" in line]
+    naive, sdpa = (r["forward_ms_mean"] for r in records)
+    assert f"{naive / sdpa:.2f}x" in row
+
+
+def test_compile_and_attn_are_sweep_axes():
+    def runs(*argv):
+        return bench_e2e.parse_args(["--device", "cpu", *argv])[1]
+
+    assert [r.compile for r in runs()] == [False]
+    assert [r.compile for r in runs("--compile")] == [True]  # the flag alone still means on
+    assert [r.compile for r in runs("--compile", "on")] == [True]
+    assert [r.compile for r in runs("--compile", "off", "on")] == [False, True]
+    assert [r.compile for r in runs("--compile", "on", "off", "on")] == [True, False]  # first given = baseline
+    assert [(r.dtype, r.compile, r.attn) for r in runs("--dtype", "fp32", "bf16", "--compile", "off", "on",
+                                                      "--attn", "naive", "sdpa")][:3] == [
+        ("fp32", False, "naive"), ("fp32", False, "sdpa"), ("fp32", True, "naive")]
+
+
+def parse_error(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.parse_args(["--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1
+    return err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--compile", "maybe"], "argument --compile: invalid choice: 'maybe' (choose from 'off', 'on')"),
+    (["--attn", "flash"], "argument --attn: invalid choice: 'flash' (choose from 'naive', 'sdpa')"),
+    (["--context-length", "max", "512"], "give max or numbers, not both (got max 512)"),
+    (["--context-length", "256", "max"], "give max or numbers, not both (got 256 max)"),
+    (["--context-length", "most"], "must be a positive integer or max, got 'most'"),
+    (["--max-context", "1024"], "--max-context only applies to --context-length max"),
+    (["--context-length", "max", "--max-context", "64"], "--max-context must be at least 128"),
+    (["--context-length", "max", "--in-process"], "drop --in-process"),
+    (["--context-length", "max", "--no-skip"], "a search ends at its first failure"),
+    (["--context-length", "max", "--warmup", "0", "--steps", "1"], "needs --warmup + --steps >= 2"),
+    (["--context-length", "max", "--warmup", "1", "5"], "--context-length max takes one --warmup value"),
+    (["--world-size", "8", "--dry-run"], "--world-size only applies to --parallel"),
+    (["--parallel", "fsdp", "--world-size", "8"], "--world-size only plans a --parallel run with --dry-run"),
+])
+def test_bad_comparison_and_search_input_exits_2_with_one_line(capsys, argv, message):
+    assert message in parse_error(capsys, *argv)
+
+
+def test_world_size_is_refused_under_torchrun(capsys, monkeypatch):
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)
+    assert "--world-size plans without torchrun" in parse_error(capsys, "--parallel", "ddp", "--world-size", "8",
+                                                                "--dry-run")
+
+
+# ---- --context-length max ----
+
+
+def test_context_search_answers_from_the_probe_records():
+    def search(statuses, cap=4096, dtype="fp32"):
+        out = []
+        for i, status in enumerate(statuses):
+            rec = synthetic_record(128 << i, dtype, (1.0, 2.0, 1.0, 4.0) if status == "ok" else None, status)
+            rec["context_search"] = {"max_context": cap}
+            out.append(rec)
+        return out
+
+    cases = {"fp32": search(["ok", "ok", "OOM"]), "bf16": search(["OOM"], dtype="bf16"),
+             "fp16": search(["ok", "error: RuntimeError: boom"], dtype="fp16")}
+    answers = {a["config"]["dtype"]: a for a in bench_e2e.context_searches(
+        cases["fp32"] + cases["bf16"] + cases["fp16"])}
+    assert (answers["fp32"]["longest_context"], answers["fp32"]["conclusive"]) == (256, True)
+    assert answers["fp32"]["answer"] == "the longest that fits: 512 runs out of memory"
+    assert answers["fp32"]["config"]["model"]["context_length"] == 256  # the config that fits
+    assert [p["context_length"] for p in answers["fp32"]["probes"]] == [128, 256, 512]
+    assert (answers["bf16"]["longest_context"], answers["bf16"]["answer"]) == (None, "none: OOM already at 128")
+    assert (answers["fp16"]["longest_context"], answers["fp16"]["conclusive"]) == (128, False)
+    assert answers["fp16"]["answer"].startswith("inconclusive: 256 failed with an error")
+    (capped,) = bench_e2e.context_searches(search(["ok", "ok"], cap=300))  # 256 is the last power of two <= 300
+    assert (capped["longest_context"], capped["conclusive"]) == (256, False)
+    assert capped["answer"] == "at least this: the search stops at --max-context 300"
+    (interrupted,) = bench_e2e.context_searches(search(["ok", "ok"], cap=4096))
+    assert interrupted["answer"] == "incomplete: the search was interrupted"
+    (timed_out,) = bench_e2e.context_searches(search(["ok", "timeout after 900 s"]))
+    assert timed_out["longest_context"] == 128 and "timed out" in timed_out["answer"] and not timed_out["conclusive"]
+    # the table: one row per search, with the step time at the longest context
+    table = bench_e2e.search_table(cases["fp32"] + cases["bf16"], "github")
+    row = [cell.strip() for cell in [line for line in table_lines(table) if "| fp32" in line][0].split("|")]
+    assert row[5:8] == ["256", "4.00", "512: OOM"]  # longest ctx, its step ms, the probe that ended the search
+    assert bench_e2e.search_table([synthetic_record(128, "fp32", (1.0, 1.0, 1.0, 3.0))], "github") is None
+
+
+def test_max_context_search_isolates_each_probe_and_stops_at_the_first_oom(tmp_path, monkeypatch, capsys):
+    # every context from 512 up runs out of memory in train mode; forward runs out from 1024 up
+    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length>=512,mode=train;oom:context_length>=1024,mode=forward")
+    code, records = run_main(tmp_path, "--context-length", "max", "--max-context", "65536", "--warmup", "1",
+                             "--steps", "1")
+    assert code == 0
+    probes, (answer,) = records[:-1], records[-1:]
+    assert [(r["config"]["model"]["context_length"], r["status"]) for r in probes] == [
+        (128, "ok"), (256, "ok"), (512, "OOM")]  # nothing beyond the first OOM ran
+    pids = [r["pid"] for r in probes]
+    assert len(set(pids)) == 3 and os.getpid() not in pids  # each probe in a child process of its own
+    assert (answer["kind"], answer["longest_context"], answer["conclusive"]) == ("longest_context", 256, True)
+    out = capsys.readouterr()
+    assert "## Longest context that runs (powers of two from 128 up to --max-context 65536)" in out.out
+    assert "[3/3]" in out.err  # the progress count shrinks to the probes that ran
+    # the saved run re-renders to the same report, from its records alone (the answer record included)
+    saved = (tmp_path / "e2e" / "t.md").read_text()
+    assert bench_e2e.render_report(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
+    (row,) = [line for line in table_lines(saved.split("## Longest context")[1]) if "| tiny" in line]
+    assert [cell.strip() for cell in row.split("|")][5] == "256"
+
+    code = bench_e2e.main([*SMALL, "--context-length", "max", "--mode", "forward", "--warmup", "0", "--steps", "1",
+                           "--max-context", "4096", "--results-dir", str(tmp_path), "--out", "f"])
+    records = read_records(tmp_path / "e2e" / "f.jsonl")
+    assert [r["config"]["model"]["context_length"] for r in records[:-1]] == [128, 256, 512, 1024]
+    assert records[-1]["longest_context"] == 512 and records[-1]["config"]["mode"] == "forward"
+
+
+def test_dry_run_shows_the_probes_and_the_comparison(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: pytest.fail("--dry-run ran the sweep"))
+    code = bench_e2e.main(["--size", "xl", "--device", "cpu", "--context-length", "max", "--max-context", "1024",
+                           "--dtype", "fp32", "bf16", "--dry-run", "--results-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0 and not (tmp_path / "e2e").exists()
+    assert "dry run: at most 8 configurations would run" in out
+    plan = [line.strip().split(" (predicted")[0] for line in out.splitlines() if line.startswith("  ")]
+    assert plan[:5] == ["1. xl ctx=128 train fp32 naive warmup=5", "2. xl ctx=256 train fp32 naive warmup=5",
+                        "3. xl ctx=512 train fp32 naive warmup=5", "4. xl ctx=1024 train fp32 naive warmup=5",
+                        "5. xl ctx=128 train bf16 naive warmup=5"]
+    flat = " ".join(out.split())
+    assert "then a comparison table: fp32 vs bf16, one row per size and context, speed-ups over fp32" in flat
+    assert "context search: 2 searches" in flat and "each trying ctx 128, 256, 512, 1024 in turn" in flat
+    # the CPU's default cap, and what it would be on CUDA
+    bench_e2e.main(["--size", "tiny", "--device", "cpu", "--context-length", "max", "--dry-run"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "or after 4096 (--max-context 4096; the default on a CPU; on CUDA 131072)" in flat
+
+
+def test_dry_run_plans_a_parallel_run_without_torchrun(capsys):
+    assert bench_e2e.main(["--size", "10B", "--parallel", "fsdp", "--world-size", "8", "--dry-run"]) == 0
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    state = parallel.state_bytes_per_rank(get_config("10B"), "fsdp", 8, "train")["state_bytes"]
+    assert f"{state / 2**30:.2f}" == "23.90"  # docs/bench_e2e.md quotes it
+    assert plan == ["  1. 10B ctx=512 train fp32 naive warmup=5 fsdp x8 (predicted state 23.90 GiB per rank, "
+                    "activations aside)"]
 
 # ---- tables that fit a page, figures after the run ----
 

@@ -277,6 +277,14 @@ def test_injected_fault_matches_only_its_configuration(monkeypatch):
     common.maybe_inject_fault({"context_length": 128, "dtype": "fp32"})
     with pytest.raises(torch.OutOfMemoryError):
         common.maybe_inject_fault({"context_length": 256, "dtype": "fp32"})
+    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length>=512,dtype=bf16")  # every context from 512 up
+    for ctx in (128, 256):
+        common.maybe_inject_fault({"context_length": ctx, "dtype": "bf16"})
+    common.maybe_inject_fault({"context_length": 4096, "dtype": "fp32"})
+    common.maybe_inject_fault({"context_length": None, "dtype": "bf16"})  # not a number: no match
+    for ctx in (512, 4096):
+        with pytest.raises(torch.OutOfMemoryError):
+            common.maybe_inject_fault({"context_length": ctx, "dtype": "bf16"})
 
 
 def test_get_config_overrides():

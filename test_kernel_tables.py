@@ -407,6 +407,78 @@ def test_cli_usage_errors_exit_2(tmp_path: Path):
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
+# ---- --summary: one table across several reports ----
+
+
+def write_report(folder: Path, name: str, **record) -> Path:
+    """A report as nsys_run.sh leaves it: the CSVs and the profiled run's record (<report>_e2e.jsonl)."""
+    prefix = write_nsys_fixture(folder, name)
+    Path(f"{prefix}_e2e.jsonl").write_text(json.dumps(e2e_record(**record)) + "\n")
+    return prefix
+
+
+def summary_records(results: Path) -> list[dict]:
+    (jsonl,) = (results / "nsys").glob("summary-*.jsonl")
+    assert jsonl.with_suffix(".md").read_text().startswith("device: ")
+    return common.read_records(jsonl)
+
+
+def test_summary_puts_the_forward_only_and_training_runs_side_by_side(tmp_path: Path, capsys):
+    forward, train = write_report(tmp_path, "tiny_ctx32_forward"), write_report(tmp_path, "tiny_ctx32_train")
+    oom = tmp_path / "tiny_ctx64_forward"
+    Path(f"{oom}_e2e.jsonl").write_text(json.dumps(e2e_record(status="OOM")) + "\n")  # no report: OOM first
+    skipped = tmp_path / "tiny_ctx64_train"
+    results = tmp_path / "results"
+    assert kt.main(["--summary", f"{forward}.nsys-rep", str(train), str(oom), str(skipped),
+                    "--status", f"{skipped}=skipped: OOM at context_length=64", "--results-dir", str(results)]) == 0
+    row32, row64 = summary_records(results)
+    assert (row32["size"], row32["context_length"], row32["variant"]) == ("tiny", 32, "")
+    assert row32["runs"] == {"forward": "ok", "train": "ok"} and row32["forward_from"] == "forward"
+    # per forward pass (2 measured steps): the forward range lasts 300 µs, as the stopwatch says
+    assert row32["forward_nsight_ms"] == pytest.approx(0.3) and row32["forward_stopwatch_ms"] == pytest.approx(0.3)
+    # the sgemm runs twice per forward pass (scores and final matmul), 40 of the forward's 58 µs of kernels;
+    # a training step has 147 µs, 80 of them matmuls (the sgemms and the backward's xmma gemm)
+    assert row32["top_forward_kernel"] == SGEMM and row32["top_forward_kernel_calls_per_forward"] == 2
+    assert row32["matmul_pct_forward"] == pytest.approx(100 * 40 / 58)
+    assert row32["matmul_pct_train_step"] == pytest.approx(100 * 80 / 147)
+    assert row32["top_forward_backward_kernel"] in (SGEMM, XMMA)  # 80 µs each over forward + backward: a tie
+    # softmax: 10 µs per call against 22 and 20 µs for the two matmuls; FLOPs 5·B·H·S² against 2·B·S²·d_model
+    assert row32["softmax_matmul_time_ratio"] == pytest.approx(10 / 21)
+    assert row32["softmax_matmul_flop_ratio"] == pytest.approx(5 * 4 / (2 * 64))
+    assert row64["runs"] == {"forward": "OOM", "train": "skipped: OOM at context_length=64"}
+    assert "forward_nsight_ms" not in row64
+    out = capsys.readouterr().out
+    assert "fwd ms Nsight" in out and "matmul % train step" in out
+    assert "forward OOM, train skipped: OOM at context_length=64" in out and "ampere_sgemm_128x64_tn" in out
+
+
+def test_summary_without_a_forward_only_run_reads_the_training_runs_forward_phase(tmp_path: Path, capsys):
+    train = write_report(tmp_path, "small_ctx128_train_bf16_h2025")
+    results = tmp_path / "results"
+    assert kt.main(["--summary", str(train), "--results-dir", str(results)]) == 0
+    (row,) = summary_records(results)
+    assert (row["size"], row["context_length"], row["variant"]) == ("small", 128, "bf16_h2025")
+    assert row["forward_from"] == "train" and row["top_forward_kernel"] == SGEMM
+    assert row["matmul_pct_forward"] == pytest.approx(100 * 40 / 58)
+    assert "forward phase of their training" in capsys.readouterr().out
+
+
+def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
+    report = write_report(tmp_path, "tiny_ctx32_train")
+    for argv, message in [
+        (["--summary", str(tmp_path / "renamed")], "not a report name that nsys_run.sh writes"),
+        (["--summary", str(report), "--status", f"{tmp_path / 'tiny_ctx64_train'}=skipped"], "names none of"),
+        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl or --md"),
+        ([str(report), str(report)], "one report or trace at a time"),
+        ([str(report), "--status", f"{report}=x"], "go with --summary"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            kt.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+
+
 # ---- torch.profiler traces ----
 
 

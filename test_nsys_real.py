@@ -101,7 +101,8 @@ def profiled(nsys: Path, nvtx_library: Path, tmp_path_factory) -> dict:
 
 def test_report_csv_and_table_names(profiled: dict):
     report = profiled["report"]
-    expected = {f"{report.name}{suffix}" for suffix in (".nsys-rep", ".sqlite", ".stats.log", ".md", "_e2e.jsonl")}
+    suffixes = (".nsys-rep", ".sqlite", ".stats.log", ".md", "_e2e.jsonl", ".args")
+    expected = {f"{report.name}{suffix}" for suffix in suffixes}
     expected |= {f"{report.name}_{name}.csv" for name in REPORTS}
     assert {p.name for p in profiled["folder"].iterdir()} == expected  # no nvtx_sum, nothing else
     assert f"report: {report}.nsys-rep" in profiled["result"].stdout
@@ -161,3 +162,31 @@ def test_the_csv_fixture_is_what_nsys_stats_writes(nsys: Path, tmp_path: Path):
     for name in FIXTURE_REPORTS:
         real = kt.nsys_report_path(tmp_path / "real", name).read_text()
         assert kt.nsys_report_path(tmp_path / "fixture", name).read_text() == real, name
+
+
+def test_the_summary_of_a_real_report_has_the_forward_pass_and_says_why_the_kernel_columns_are_empty(
+        profiled: dict, tmp_path: Path, capsys):
+    assert kt.main(["--summary", str(profiled["report"]), "--results-dir", str(tmp_path)]) == 0
+    (jsonl,) = (tmp_path / "nsys").glob("summary-*.jsonl")
+    (row,) = read_records(jsonl)
+    assert (row["size"], row["context_length"], row["runs"]) == ("tiny", 16, {"train": row["runs"]["train"]})
+    assert row["runs"]["train"] in ("ok", "noisy") and row["forward_from"] == "train"
+    assert row["forward_nsight_ms"] == pytest.approx(row["forward_stopwatch_ms"], rel=0.1)  # the range is the timer's
+    assert "top_forward_kernel" not in row and row["matmul_pct_forward"] is None  # no CUDA kernels on a CPU
+    assert "no CUDA kernel data in these reports" in capsys.readouterr().out
+
+
+def test_nsys_2023_4_knows_cuda_memory_usage_but_not_pytorch(nsys: Path, tmp_path: Path):
+    """The flags of the 2026 handout's memory_profiling (f), checked against this nsys's own `profile --help`."""
+    known = subprocess.run([str(nsys), "profile", "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "--cuda-memory-usage=" in known
+    if "--pytorch=" in known:
+        pytest.skip(f"this nsys ({nsys}) knows --pytorch; test_nsys.py checks the refusal against a fake")
+    env = {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(HERE / "nsys_run.sh"), "--results-dir", str(tmp_path),
+                             "--cuda-memory-usage=true", "--pytorch=autograd-nvtx", "tiny", "16"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "does not know --pytorch" in result.stderr and "Nsight Systems version" in result.stderr
+    assert "--cuda-memory-usage" not in result.stderr  # that one this nsys knows
+    assert not (tmp_path / "nsys").exists()  # refused before anything was profiled or written

@@ -104,9 +104,9 @@ def test_e2e_rerendered_tables_equal_the_printed_ones(e2e_run, tmp_path, capsys)
     status, out, err = run_report([str(jsonl), "--results-dir", str(tmp_path)], capsys)
     assert status == 0, err
     printed_tables = markdown_tables(printed)
-    assert len(printed_tables) == 2  # the config table and the results table
+    assert len(printed_tables) == 3  # the config table, the results table and the comparison (fp32 vs bf16)
     again = markdown_tables(out)
-    assert again[:2] == printed_tables
+    assert again == printed_tables
     assert any(row["step ms"] not in ("", None) for row in again[1])
     assert (tmp_path / "report" / "sweep.md").read_text().strip() in out  # the .md holds what was printed
     # the table built row by row (what --columns and merges use) is the printed one

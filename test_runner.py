@@ -1,6 +1,7 @@
 """runner.py: the child-process runner (values, failures, time limit, OOM-killer rows) and the sweep through a real
 script's command line: SIGTERM, a hung child, a parent killed with SIGKILL, a closed stdout, one timed step,
 and records that always carry the experiment, the environment and a status. Every run is on the CPU."""
+import dataclasses
 import json
 import os
 import signal
@@ -260,6 +261,49 @@ def test_reports_render_from_the_records_alone(tmp_path, capsys):
     records = json.loads(json.dumps(records))  # nothing but JSON
     assert "step ms" in bench_e2e.render_report(records, "plain")
 
+
+# ---- run_sweep(search=True): a group's first failure of any kind ends its search ----
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """A configuration for run_sweep: a search group and a size (label() and skip_key(), as RunConfig has)."""
+
+    group: str
+    size: int
+
+    def label(self):
+        return f"{self.group} n={self.size}"
+
+    def skip_key(self):
+        return (self.group,), "n", self.size
+
+
+def fails_in_some_groups(run):
+    failures = {("oom", 4): torch.OutOfMemoryError("out of memory"), ("error", 2): ValueError("broken"),
+                ("hang", 4): None}
+    if (run.group, run.size) in failures:
+        if run.group == "hang":
+            time.sleep(60)  # past the sweep's --timeout
+        raise failures[(run.group, run.size)]
+    return {"measured": run.size}
+
+
+def test_a_search_ends_each_group_at_its_first_failure(tmp_path, capsys):
+    experiment = runner.Experiment(name="probe", measure=fails_in_some_groups, finish=lambda run, record: None,
+                                   summary=lambda record: "ok", render=lambda records: "")
+    runs = [Probe(group, n) for group in ("oom", "error", "hang", "fine") for n in (1, 2, 4, 8)]
+    args = type("Args", (), {"in_process": False, "timeout": 5.0, "no_skip": False, "quiet": False})()
+    records, code = runner.run_sweep(experiment, runs, None, torch.device("cpu"), args, search=True)
+    assert code == 0
+    assert [(r["label"], r["status"].split(" ")[0]) for r in records] == [
+        ("oom n=1", "ok"), ("oom n=2", "ok"), ("oom n=4", "OOM"),                  # n=8 never runs
+        ("error n=1", "ok"), ("error n=2", "error:"),                             # nor 4 and 8 after an error
+        ("hang n=1", "ok"), ("hang n=2", "ok"), ("hang n=4", "timeout"),          # nor 8 after a timeout
+        ("fine n=1", "ok"), ("fine n=2", "ok"), ("fine n=4", "ok"), ("fine n=8", "ok")]
+    assert len({r["pid"] for r in records if "pid" in r}) == len([r for r in records if "pid" in r])
+    err = capsys.readouterr().err
+    assert "[3/15] oom n=4: OOM" in err and "[12/12] fine n=8: ok" in err  # the count shrinks as searches end
 
 # ---- progress: the heartbeat ----
 
