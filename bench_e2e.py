@@ -295,7 +295,17 @@ def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phas
     return f"{sum(base[f'{p}_ms_mean'] for p in phases) / sum(other[f'{p}_ms_mean'] for p in phases):.2f}x"
 
 
-def comparison_table(records: list[dict], fmt: str) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """The comparison of a sweep's variants: the table's rows and columns, and what report.py draws from them."""
+
+    variants: list[str]  # in the order they ran; the first is the baseline of the speed-ups
+    ratios: list[str]  # the speed-up columns per variant: "fwd", "fwd+bwd" (with a backward), "step"
+    rows: list[dict[str, Any]]  # one per (size, context[, warm-up]); cells "<label> speed-up: <variant>"
+    columns: list[str]
+
+
+def comparison(records: list[dict]) -> Comparison | None:
     """One row per (size, context) with each variant's mean forward, backward, optimizer and step time side by
     side, then each variant's speed-up over the first (forward, forward+backward, step), computed from the rows'
     means. None when the sweep has a single variant."""
@@ -334,7 +344,17 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     columns += [f"{PHASE_SHORT[p]} ms: {n}" for p in phases for n in names]
     columns += [f"{label} speed-up: {n}" for n in names[1:] for label, _ in ratios]
     columns += ["notes"] if any(row["notes"] for row in rows) else []
-    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n" + render_table(rows, columns, fmt)
+    return Comparison(names, [label for label, _ in ratios], rows, columns)
+
+
+def comparison_table(records: list[dict], fmt: str) -> str | None:
+    """The comparison (see comparison()) as a table with its heading and note; None for a single variant."""
+    found = comparison(records)
+    if found is None:
+        return None
+    names = found.variants
+    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
+            + render_table(found.rows, found.columns, fmt)
             + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s mean / the variant's (above 1: "
             "faster), fwd+bwd sums the two phases. A failed row shows its status, not a number.")
 

@@ -240,65 +240,9 @@ def e2e_sections(records: list[dict[str, Any]], fmt: str) -> Sections:
     if profiles:
         after.append(profiles)
     return Sections([bench_e2e.config_table([r["config"] for r in records], fmt), settings_header(records, settings)],
-                    Table(rows, columns, available=bench_e2e.COLUMNS), after + e2e_speedup_sections(records, fmt))
-
-
-def e2e_speedup_sections(records: list[dict[str, Any]], fmt: str) -> list[str]:
-    """The fp32-vs-bf16 and eager-vs-compiled speed-up tables the records allow (none for a single variant)."""
-    sections = []
-    for axis, title in (("dtype", "fp32 vs bf16"), ("compile", "eager vs torch.compile")):
-        speedups = speedup_rows(records, axis)
-        if speedups:
-            sections.append(f"### Speed-up, {title} (baseline time / variant time)\n\n"
-                            + render_table(speedups, list(speedups[0]), fmt))
-    return sections
-
-
-E2E_PHASES = (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step"))
-# config fields that name a benchmark's variant or only say how it was run: not part of what is compared
-E2E_NOT_COMPARED = ("dtype", "compile", "device", "seed", "nvtx", "profile_results_dir", "steps")
-
-
-def e2e_group_key(record: dict[str, Any], axis: str) -> str:
-    """Everything that must match for two e2e records to be compared along `axis` (dtype or compile)."""
-    config = {k: v for k, v in record["config"].items() if k not in E2E_NOT_COMPARED}
-    config[axis] = None
-    if axis == "dtype":
-        config["compile"] = record["config"]["compile"]
-    else:
-        config["dtype"] = record["config"]["dtype"]
-    return json.dumps(config, sort_keys=True, default=str)
-
-
-def speedup_rows(records: list[dict[str, Any]], axis: str) -> list[dict[str, Any]]:
-    """Per configuration measured in both variants of `axis`: baseline mean / variant mean for each phase.
-    dtype: fp32 is the baseline; compile: eager is. No rows when the records hold one variant only."""
-    baseline_value = "fp32" if axis == "dtype" else False
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        if ok(r):
-            groups.setdefault(e2e_group_key(r, axis), []).append(r)
-    rows = []
-    for group in groups.values():
-        base = next((r for r in group if r["config"][axis] == baseline_value), None)
-        if base is None:
-            continue
-        for r in group:
-            if r is base:
-                continue
-            c = r["config"]
-            row = {"size": c["size"], "ctx": c["model"]["context_length"], "warmup": c["warmup"],
-                   "baseline": e2e_variant(base), "variant": e2e_variant(r)}
-            for phase, short in E2E_PHASES:
-                if f"{phase}_ms_mean" in r and f"{phase}_ms_mean" in base:
-                    row[f"{short} speed-up"] = f"{base[f'{phase}_ms_mean'] / r[f'{phase}_ms_mean']:.2f}x"
-            rows.append(row)
-    return rows
-
-
-def e2e_variant(record: dict[str, Any]) -> str:
-    c = record["config"]
-    return c["dtype"] + (" compiled" if c["compile"] else " eager")
+                    Table(rows, columns, available=bench_e2e.COLUMNS),
+                    after + [t for t in (bench_e2e.comparison_table(records, fmt), bench_e2e.search_table(records, fmt))
+                             if t])
 
 
 # -- bench_attention --
@@ -357,10 +301,6 @@ SECTIONS: dict[str, Callable[[list[dict[str, Any]], str], Sections]] = {
 }
 
 
-# comparison tables report.py adds to a script's own report (when its render_report does not print them; bench_e2e's
-# prints its own comparison table)
-COMPARISONS: dict[str, Callable[[list[dict[str, Any]], str], list[str]]] = {}
-
 
 def render_runs(runs: list[Run], fmt: str, columns: list[str] | None = None) -> str:
     """The report of one run as its script printed it, or of several runs merged into one main table with a
@@ -369,9 +309,7 @@ def render_runs(runs: list[Run], fmt: str, columns: list[str] | None = None) -> 
     module = script(experiment)
     merged = len(runs) > 1
     if not merged and columns is None and fmt not in LATEX_FORMATS:
-        # exactly what the script printed, then the comparisons report.py adds
-        extra = COMPARISONS.get(experiment, lambda records, fmt: [])(runs[0].records, fmt)
-        return "\n\n".join([module.render_report(runs[0].records, fmt)] + extra)
+        return module.render_report(runs[0].records, fmt)  # exactly what the script printed
     records = []
     for run in runs:  # a script's measured() leaves out its summary records (bench_e2e's longest-context answers)
         records += [{**r, "_source": run.stem} for r in getattr(module, "measured", list)(run.records)]
@@ -458,26 +396,30 @@ def plot_e2e_phases(records: list[dict[str, Any]]) -> Any | None:
     return fig
 
 
-def plot_e2e_speedups(records: list[dict[str, Any]], axis: str) -> Any | None:
-    """Speed-up bars (baseline time / variant time) per phase, for each configuration run in both variants."""
-    rows = speedup_rows(records, axis)
-    if not rows:
+def plot_e2e_speedups(records: list[dict[str, Any]]) -> Any | None:
+    """bench_e2e's comparison as bars: each variant's speed-up over the first (forward, forward+backward, step) for
+    each (size, context) row; a variant that failed has no bar, its status is written instead."""
+    bench_e2e = script("bench_e2e")
+    found = bench_e2e.comparison(bench_e2e.measured(records))
+    if found is None:
         return None
-    phases = [short for _, short in E2E_PHASES if any(f"{short} speed-up" in r for r in rows)]
-    fig, (ax,) = new_figure(width=max(6.4, 1.2 * len(rows) + 2))
-    width = 0.8 / len(phases)
-    for i, short in enumerate(phases):
-        values = [float(r[f"{short} speed-up"].rstrip("x")) if f"{short} speed-up" in r else 0.0 for r in rows]
-        ax.bar([j + (i - (len(phases) - 1) / 2) * width for j in range(len(rows))], values, width, label=short)
+    bars = [(row, name) for row in found.rows for name in found.variants[1:]]
+    fig, (ax,) = new_figure(width=max(6.4, 1.2 * len(bars) + 2))
+    width = 0.8 / len(found.ratios)
+    for i, label in enumerate(found.ratios):
+        xs = [j + (i - (len(found.ratios) - 1) / 2) * width for j in range(len(bars))]
+        cells = [row[f"{label} speed-up: {name}"] for row, name in bars]
+        ax.bar(xs, [float(c[:-1]) if c.endswith("x") else math.nan for c in cells], width, label=label)
+        for x, cell in zip(xs, cells):
+            if not cell.endswith("x"):  # OOM, error, not run: said where the bar would be
+                ax.annotate(cell, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    several_warmups = len({r["warmup"] for r in rows}) > 1
-    ax.set_xticks(range(len(rows)), [f"{r['size']} ctx {r['ctx']}" + (f" warm-up {r['warmup']}" if several_warmups
-                                     else "") + f"\n{r['variant']}" for r in rows], fontsize=8)
+    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if "warmup" in row
+                                     else "") + f"\n{name}" for row, name in bars], fontsize=8)
     ax.set_xlabel("configuration and variant")
-    ax.set_ylabel(f"speed-up over {rows[0]['baseline']} (x)")
-    ax.legend(title="phase")
-    what = "fp32 vs bf16 mixed precision" if axis == "dtype" else "eager vs torch.compile"
-    figure_title(fig, f"Speed-up, {what}", records)
+    ax.set_ylabel(f"speed-up over {found.variants[0]} (x)")
+    ax.legend(title="phases")
+    figure_title(fig, f"Speed-up over {found.variants[0]}: {' vs '.join(found.variants)}", records)
     return fig
 
 
@@ -498,7 +440,8 @@ def plot_e2e_warmup(records: list[dict[str, Any]]) -> Any | None:
             samples = r["step_ms"]
             ax.plot(range(1, len(samples) + 1), samples, marker="o", label=f"warm-up {r['config']['warmup']}")
         c = group[0]["config"]
-        ax.set_title(f"{c['size']} ctx {c['model']['context_length']} {e2e_variant(group[0])}", fontsize=9)
+        variant = script("bench_e2e").variant_label(c, ["dtype", "compile"])
+        ax.set_title(f"{c['size']} ctx {c['model']['context_length']} {variant}", fontsize=9)
         ax.set_yscale("log")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("timed step index")
@@ -667,15 +610,14 @@ def plot_precision(records: list[dict[str, Any]]) -> Any | None:
 
 
 FIGURES: dict[str, dict[str, Callable[[list[dict[str, Any]]], Any | None]]] = {
-    "bench_e2e": {"phases": plot_e2e_phases, "speedup_dtype": lambda rs: plot_e2e_speedups(rs, "dtype"),
-                  "speedup_compile": lambda rs: plot_e2e_speedups(rs, "compile"), "warmup": plot_e2e_warmup},
+    "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
     "bench_attention": {"attention": plot_attention},
     "mem_profile": {"memory_context": plot_memory_context, "memory_checkpoint": plot_memory_checkpoint},
     "precision_demo": {"sums": plot_precision},
 }
 FIGURE_NEEDS = {
-    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, --dtype fp32 bf16 or "
-                 "eager and compiled runs merged for the speed-ups)",
+    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants for "
+                 "the speed-ups: --dtype fp32 bf16, --compile off on, --attn naive sdpa, or such runs merged)",
     "bench_attention": "at least one finished configuration",
     "mem_profile": "two or more context lengths, or two or more --checkpoint values",
     "precision_demo": "records with partial sums (precision_demo.py from this version on)",

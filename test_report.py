@@ -165,12 +165,13 @@ def test_merge_of_two_files_has_a_run_column_and_compares_across_them(e2e_run, t
     assert list(main_table[0])[0] == "run"
     assert [row["run"] for row in main_table] == ["monday", "monday", "tuesday", "tuesday"]
     assert "monday: device:" in out and "tuesday: device:" in out
-    speedups = next(t for t in markdown_tables(out) if "step speed-up" in t[0])
+    speedups = next(t for t in markdown_tables(out) if "step speed-up: bf16" in t[0])  # bench_e2e's comparison
     by_run = {(r["run"], r["dtype"], r["warmup"]): float(r["step ms"]) for r in main_table}
+    assert len(speedups) == 2
     for row in speedups:  # baseline time / variant time, from the two files' rows
         expected = by_run[("monday", "fp32", row["warmup"])] / by_run[("tuesday", "bf16", row["warmup"])]
         # both printed to 2 decimals
-        assert float(row["step speed-up"].rstrip("x")) == pytest.approx(expected, rel=0.01, abs=0.006)
+        assert float(row["step speed-up: bf16"].rstrip("x")) == pytest.approx(expected, rel=0.01, abs=0.006)
     assert (tmp_path / "report" / "monday-merged-2.md").is_file()
 
 
@@ -248,7 +249,7 @@ def records_of(jsonl: Path) -> list[dict]:
 
 def test_e2e_figures(e2e_run, tmp_path):
     made = report.figures("bench_e2e", records_of(e2e_run[1]))
-    assert set(made) == {"phases", "speedup_dtype", "warmup"}  # no compiled run: no eager vs compiled figure
+    assert set(made) == {"phases", "speedup", "warmup"}
     for name, fig in made.items():
         check_figure(fig, tmp_path / f"{name}.png")
     phases_ax = made["phases"].axes[0]
@@ -258,23 +259,29 @@ def test_e2e_figures(e2e_run, tmp_path):
     assert all(len(line.get_xdata()) == 2 for line in warmup_ax.get_lines())  # one point per timed step
 
 
-def test_eager_vs_compiled_speedups_from_records():
-    """Speed-ups are baseline / variant per phase; made-up compiled records (a compile costs ~40 s on CPU)."""
-    eager = {"config": {"size": "tiny", "model": {"context_length": 128}, "dtype": "fp32", "compile": False,
-                        "warmup": 5, "mode": "train", "handout": "2026"},
-             "status": "ok", "forward_ms_mean": 30.0, "backward_ms_mean": 60.0, "optimizer_ms_mean": 10.0,
-             "step_ms_mean": 100.0, "environment": {"device": "cuda", "device_name": "H100", "torch": "2.13.0"}}
-    compiled = {**eager, "config": {**eager["config"], "compile": True}, "forward_ms_mean": 15.0,
-                "backward_ms_mean": 40.0, "optimizer_ms_mean": 10.0, "step_ms_mean": 65.0}
-    (row,) = report.speedup_rows([eager, compiled], "compile")
-    assert (row["fwd speed-up"], row["bwd speed-up"], row["opt speed-up"], row["step speed-up"]) == \
-        ("2.00x", "1.50x", "1.00x", "1.54x")
-    assert report.speedup_rows([eager, compiled], "dtype") == []  # one dtype: nothing to compare
-    fig = report.plot_e2e_speedups([eager, compiled], "compile")
+def test_eager_vs_compiled_speedup_bars_are_bench_e2e_comparison():
+    """The bars are bench_e2e's comparison (baseline / variant over forward, forward+backward, step); made-up
+    compiled records (a compile costs ~40 s on CPU), a failed variant has no bar but its status."""
+    import bench_e2e
+    from test_bench_e2e import synthetic_record
+
+    eager = synthetic_record(128, "fp32", (30.0, 60.0, 10.0, 100.0))
+    eager["environment"].update(device="cuda", device_name="H100")
+    compiled = {**synthetic_record(128, "fp32", (15.0, 40.0, 10.0, 65.0)), "environment": eager["environment"]}
+    compiled["config"] = {**compiled["config"], "compile": True}
+    oom = {**synthetic_record(128, "bf16", status="OOM"), "environment": eager["environment"]}
+    found = bench_e2e.comparison([eager, compiled])
+    assert found.variants == ["eager", "compiled"] and found.ratios == ["fwd", "fwd+bwd", "step"]
+    fig = report.plot_e2e_speedups([eager, compiled])
     assert "handout 2026" in fig._suptitle.get_text() and "H100" in fig._suptitle.get_text()
-    assert [round(p.get_height(), 2) for p in fig.axes[0].patches] == [2.0, 1.5, 1.0, 1.54]
-    del eager["config"]["handout"], compiled["config"]["handout"]
-    assert "handout" not in report.plot_e2e_speedups([eager, compiled], "compile")._suptitle.get_text()
+    assert [round(p.get_height(), 2) for p in fig.axes[0].patches] == [2.0, 1.64, 1.54]  # 30/15, 90/55, 100/65
+    assert fig.axes[0].get_ylabel() == "speed-up over eager (x)"
+    fig = report.plot_e2e_speedups([eager, oom])  # fp32 vs bf16, the bf16 row out of memory
+    assert [t.get_text() for t in fig.axes[0].texts] == ["OOM"] * 3
+    assert report.plot_e2e_speedups([eager]) is None  # one variant: nothing to compare
+    for record in (eager, compiled):  # a record without its handout (older runs): the title does not make one up
+        record["config"] = {k: v for k, v in record["config"].items() if k != "handout"}
+    assert "handout" not in report.plot_e2e_speedups([eager, compiled])._suptitle.get_text()
 
 
 def test_attention_figure_marks_the_oom(attention_run, tmp_path):
