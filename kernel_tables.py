@@ -800,7 +800,7 @@ def summary_main(args: argparse.Namespace) -> int:
     files = common.ResultFiles(args.results_dir, "nsys", args.out, "summary")
     for row in rows:
         files.append_record(row)
-    files.publish(header + "\n\n" + render_summary(rows, notes, args.fmt))
+    files.publish(lambda fmt: header + "\n\n" + render_summary(rows, notes, fmt), args.fmt)
     return 0
 
 
