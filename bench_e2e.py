@@ -505,12 +505,7 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
-                   help="model preset(s) of the handout's Table 1 (2026: "
-                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
-                        "or 'all' for its Table 1 (default: tiny, or 'custom' when --d-model, --d-ff, --num-layers "
-                        "and --num-heads are all given)")
-    common.add_handout_arg(p)
+    common.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")

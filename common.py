@@ -740,6 +740,16 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
 
 
+def add_size_args(parser: argparse.ArgumentParser, default_help: str) -> None:
+    """--size (names of either handout's Table 1, or 'all') and --handout, in every script that takes a size;
+    `default_help` says what runs without --size."""
+    parser.add_argument("--size", nargs="+", default=None, metavar="SIZE",
+                        help="model preset(s) of the handout's Table 1 (2026: "
+                             f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
+                             f"or 'all' for its Table 1 (default: {default_help})")
+    add_handout_arg(parser)
+
+
 def add_handout_arg(parser: argparse.ArgumentParser) -> None:
     """--handout, in every script that takes a model size."""
     parser.add_argument("--handout", choices=list(HANDOUTS), default=None,

@@ -540,13 +540,9 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 def build_parser() -> argparse.ArgumentParser:
     p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--size", nargs="+", default=None, metavar="SIZE",
-                   help="model preset(s) of the handout's Table 1 (2026: "
-                        f"{', '.join(HANDOUTS['2026'].presets)}; 2025: {', '.join(HANDOUTS['2025'].presets)}), "
-                        "or 'all' for its Table 1 (default: the handout's memory_profiling size, 2026: xl, 2025: "
-                        "2.7B; with --checkpoint K > 0, the gradient_checkpointing size, 2026: xl)")
-    common.add_handout_arg(p)
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    common.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B; with --checkpoint K > 0, "
+                            "the gradient_checkpointing size, 2026: xl")
     p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
                         "2025: 128 256 512; with --checkpoint K > 0, the gradient_checkpointing context, 2026: 2048)")
