@@ -24,12 +24,14 @@ from typing import Any, Callable
 
 import torch
 
+import cli
 import common
+import model_config
 import report
 import runner
-from common import (DTYPES, ResultFiles, SyncTimer, environment_header, format_bytes, render_table, resolve_device,
-                    saved_tensors, synchronize)
+from common import DTYPES, SyncTimer, resolve_device, saved_tensors, synchronize
 from model import naive_attention, sdpa_attention
+from results import ResultFiles, environment_header, format_bytes, render_table
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
@@ -253,7 +255,7 @@ def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
     out = runner.sample_stats(record, ("forward", "backward"))
     if out["forward_ms_n"] < 2:
         out["note"] = "1 timed iteration: no std"
-    flops = common.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
+    flops = model_config.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
     out["forward_flops"] = flops
     out["forward_tflops"] = flops / (out["forward_ms_mean"] / 1e3) / 1e12
     return out
@@ -367,28 +369,28 @@ def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
                    help="implementations: the model's naive attention, torch.compile of it, fused SDPA")
-    p.add_argument("--d", nargs="+", type=common.positive_int, default=[16, 32, 64, 128],
+    p.add_argument("--d", nargs="+", type=cli.positive_int, default=[16, 32, 64, 128],
                    help="head dimension(s) d (inputs are batch x seq x d, no head axis)")
-    p.add_argument("--seq-len", nargs="+", type=common.positive_int, default=[256, 1024, 4096, 8192, 16384],
+    p.add_argument("--seq-len", nargs="+", type=cli.positive_int, default=[256, 1024, 4096, 8192, 16384],
                    help="sequence length(s)")
-    p.add_argument("--batch-size", type=common.positive_int, default=8, help="batch size")
-    p.add_argument("--iters", type=common.step_count, default=100,
+    p.add_argument("--batch-size", type=cli.positive_int, default=8, help="batch size")
+    p.add_argument("--iters", type=cli.step_count, default=100,
                    help="timed forward passes, then as many timed backward passes")
-    p.add_argument("--warmup", type=common.warmup_count, default=10,
+    p.add_argument("--warmup", type=cli.warmup_count, default=10,
                    help="untimed forward+backward passes before timing")
     p.add_argument("--dtype", choices=BENCH_DTYPES, default="fp32", help="dtype of Q, K and V")
-    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for Q, K, V")
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
-    common.add_device_args(p)
+    cli.add_device_args(p)
     runner.add_sweep_args(p)
-    common.add_output_args(p, default_stem="attention")
+    cli.add_output_args(p, default_stem="attention")
     report.add_columns_and_plot_args(p, "bench_attention")
-    common.add_dry_run_arg(p)
+    cli.add_dry_run_arg(p)
     return p
 
 
@@ -402,7 +404,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
                          warmup=args.warmup, iters=args.iters, device=args.device, seed=args.seed, force=args.force)
             for d, seq, impl in itertools.product(args.d, args.seq_len, args.impl)]
-    common.check_tensor_sizes(parser, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
+    cli.check_tensor_sizes(parser, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                        "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     return args, runs
 
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         settings = (f"settings: batch {args.batch_size}, {args.dtype}, {args.warmup} warm-up, {args.iters} "
                     "iterations, causal")
-        return common.print_dry_run([plan_label(run) for run in runs], preamble=settings)
+        return cli.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
     experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
                                    summary=progress_summary,

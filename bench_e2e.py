@@ -39,15 +39,19 @@ from typing import Any, Callable
 
 import torch
 
+import cli
 import common
 import kernel_tables
+import model_config
 import parallel
 import report
+import results
 import runner
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, DTYPES, GIB, HANDOUTS, ModelConfig, ResultFiles,
-                    environment_header, get_config, matmul_precision_key, peak_tflops,
-                    positive_float, positive_int, render_table, set_ranges)
+from cli import positive_float, positive_int
+from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
 from model import ATTENTION
+from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUTS, ModelConfig, get_config
+from results import FINISHED, GIB, ResultFiles, environment_header, finished, render_table
 from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
@@ -108,8 +112,10 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
             with open(trace) as f:
                 out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
         if keep:
-            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace), runner.stopwatch_ms(record),
-                                                runner.attention_shape(dataclasses.asdict(run)), compiled=run.compile)
+            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
+                                                kernel_tables.stopwatch_ms(record),
+                                                kernel_tables.attention_shape(dataclasses.asdict(run)),
+                                                compiled=run.compile)
             out["profile"] = {"trace": str(trace), "tables": tables}
     finally:
         if not keep:
@@ -168,7 +174,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
     tokens = run.batch_size * run.context_length * run.world_size
-    flops = common.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+    flops = model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     out["tokens_per_s"] = tokens / step_s
     out["step_flops"] = flops
     out["achieved_tflops"] = flops / step_s / 1e12
@@ -213,7 +219,7 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
                            "parallel": parallel_label(config)}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
         row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
-    if record["status"] not in ("ok", "noisy"):
+    if not finished(record):
         return row
     for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step")):
         if f"{phase}_ms_mean" in record:
@@ -235,7 +241,7 @@ def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
     """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts, under the
     handout whose table the names come from."""
     handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
-    return common.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
+    return model_config.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
 
 
 # ---- comparisons: the same configuration in several variants (--dtype, --compile, --attn, ...) ----
@@ -251,7 +257,6 @@ VARIANT_AXES: dict[str, Callable[[dict[str, Any]], str]] = {
 VARIANT_FIELDS = ("dtype", "compile", "attn", "optimizer", "parallel", "world_size", "fsdp_mixed_precision",
                   "reshard_after_forward")  # the config fields behind VARIANT_AXES
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
-OK = ("ok", "noisy")
 
 
 def varied_axes(configs: list[dict[str, Any]]) -> list[str]:
@@ -288,9 +293,9 @@ def short_status(status: str) -> str:
 def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
     """The baseline's summed mean time over these phases divided by the other variant's ("1.93x": the other is
     1.93 times as fast); a failed or missing row gives its status instead of a number."""
-    if other is None or other["status"] not in OK:
+    if other is None or other["status"] not in FINISHED:
         return short_status(other["status"]) if other else "not run"
-    if base is None or base["status"] not in OK:
+    if base is None or base["status"] not in FINISHED:
         return f"baseline {short_status(base['status']) if base else 'not run'}"
     return f"{sum(base[f'{p}_ms_mean'] for p in phases) / sum(other[f'{p}_ms_mean'] for p in phases):.2f}x"
 
@@ -330,7 +335,7 @@ def comparison(records: list[dict]) -> Comparison | None:
         for phase in phases:
             for name in names:
                 rec = cells.get(name)
-                ok = rec is not None and rec["status"] in OK
+                ok = rec is not None and rec["status"] in FINISHED
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
@@ -384,8 +389,8 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     answers = []
     for probes in groups.values():
         probes.sort(key=lambda r: r["config"]["model"]["context_length"])
-        fits = [r for r in probes if r["status"] in OK]
-        failed = next((r for r in probes if r["status"] not in OK), None)
+        fits = [r for r in probes if r["status"] in FINISHED]
+        failed = next((r for r in probes if r["status"] not in FINISHED), None)
         best = fits[-1] if fits else None
         longest = best["config"]["model"]["context_length"] if best else None
         cap = probes[0]["context_search"]["max_context"]
@@ -503,9 +508,9 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    common.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")
     p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
@@ -522,8 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"given {MAX_CONTEXT_DEFAULT['cuda']} on CUDA and {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, "
                         "whose memory is rarely the limit (each doubling costs 2-4x the time, so it stops there)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=common.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
-    p.add_argument("--steps", type=common.step_count, default=10, help="timed steps")
+    p.add_argument("--warmup", type=cli.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
+    p.add_argument("--steps", type=cli.step_count, default=10, help="timed steps")
     p.add_argument("--mode", choices=MODES, default="train",
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
@@ -540,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "to compare them in one table (train mode)")
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
     p.add_argument("--profile", action="store_true",
@@ -549,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(phases, top kernels, categories, attention); the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
-    common.add_device_args(p)
+    cli.add_device_args(p)
     p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
                    help="run under torchrun on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "
                         "on every block and the root); give both to compare them. --batch-size is per rank. See "
@@ -567,9 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank); a "
                         "real run takes its world size from torchrun")
     runner.add_sweep_args(p)
-    common.add_output_args(p, default_stem="e2e")
+    cli.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
-    common.add_dry_run_arg(p)
+    cli.add_dry_run_arg(p)
     return p
 
 
@@ -586,13 +591,13 @@ def context_length_value(text: str) -> int | str:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handout = common.handout_or_exit(parser, args)
+    handout = cli.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, COLUMNS)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
-        args.size = common.sizes_or_exit(parser, args, args.size)
+        args.size = cli.sizes_or_exit(parser, args, args.size)
     if args.no_grad and args.mode != "forward":
         parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
     args.optimizer = list(dict.fromkeys(args.optimizer))
@@ -640,15 +645,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   parallel=kind, world_size=world_size if kind else 1,
                                   fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
                                   pg_timeout_s=args.pg_timeout))
-    except common.ConfigError as exc:
+    except model_config.ConfigError as exc:
         parser.error(str(exc))
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
     for run in runs:
-        common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
+        cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
-def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: common.Handout,
+def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: model_config.Handout,
                     device: torch.device) -> list[int]:
     """The contexts to run: those given, the handout's default, or for 'max' the probes of the search (sets
     args.context_search and args.max_context). A search needs a child per probe and at least the steps that reach
@@ -728,8 +733,8 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         if launch.local_world_size > cores and launch.rank == 0:
-            common.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
-                            "ranks share cores and every timing includes the others' work")
+            results.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
+                             "ranks share cores and every timing includes the others' work")
     return launch.world_size
 
 
@@ -783,11 +788,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         if not rank_zero:
             return 0
-        return common.print_dry_run([dry_run_label(run) for run in runs], preamble=configs,
-                                    notes=plan_notes(runs, args), at_most=args.context_search)
+        return cli.print_dry_run([dry_run_label(run) for run in runs], preamble=configs,
+                                 notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     if rank_zero:
-        common.emit(configs + "\n")  # people quote the model config first
+        results.emit(configs + "\n")  # people quote the model config first
     experiment = runner.Experiment(
         name="bench_e2e", measure=run_config,
         finish=lambda run, record: finish_record(run, record, args.peak_tflops,
@@ -802,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
         # the saved files also hold the config table, which was printed first
         files.write_report(lambda fmt: render_report(records, fmt, args.columns), args.fmt)
         figures = report.figures_after_run("bench_e2e", records, files) if args.plot else []
-        if common.emit(results_report(records, args.fmt, args.columns)):
+        if results.emit(results_report(records, args.fmt, args.columns)):
             files.say_written(args.fmt, figures)
     return code
 

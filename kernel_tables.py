@@ -41,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import common
-from runner import attention_shape, stopwatch_ms  # bench_e2e's record, read where it is written
+import cli
+import model_config
+import results
+from results import FINISHED
 
 PHASES = ("forward", "backward", "optimizer")
 MEASURE = "measure"
@@ -377,6 +379,25 @@ def load_profile(source: str | Path) -> Profile:
     return load_nsys(nsys_prefix(path))
 
 
+# ---- what bench_e2e's record says ----
+
+
+def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
+    """A bench_e2e record's own mean time per phase and per step (ms), from its raw samples."""
+    keys = ("forward", "backward", "optimizer", "step")
+    return {k: statistics.fmean(record[f"{k}_ms"]) for k in keys if record.get(f"{k}_ms")}
+
+
+def attention_shape(config: dict[str, Any] | None) -> dict[str, int] | None:
+    """batch, seq, d_model, heads from a record's "config" (dataclasses.asdict(RunConfig)); None without one."""
+    try:
+        model = config["model"]
+        return {"batch": config["batch_size"], "seq": model["context_length"], "d_model": model["d_model"],
+                "heads": model["num_heads"]}
+    except (KeyError, TypeError):
+        return None
+
+
 # ---- attributing work to ranges ----
 
 
@@ -437,7 +458,7 @@ def softmax_flops(batch: int, heads: int, seq: int) -> int:
 def attention_step_flops(shape: dict[str, int]) -> dict[str, int]:
     """FLOPs of one call (one layer, all heads) of each attention sub-step. The scores range also scales and
     masks, elementwise work not counted here."""
-    matmul = common.attention_matmul_flops(shape["batch"], shape["seq"], shape["d_model"]) // 2  # one of QK^T, PV
+    matmul = model_config.attention_matmul_flops(shape["batch"], shape["seq"], shape["d_model"]) // 2  # one of QK^T, PV
     return {"computing attention scores": matmul, "final matmul": matmul,
             "computing softmax": softmax_flops(shape["batch"], shape["heads"], shape["seq"])}
 
@@ -610,7 +631,7 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
 
 def _render(rows: list[dict[str, Any]], spec: list[tuple[str, str]], fmt: str, floatfmt: str = ".2f") -> str:
     shown = [{header: row.get(key) for key, header in spec} for row in rows]
-    return common.render_table(shown, [header for _, header in spec], fmt, floatfmt)
+    return results.render_table(shown, [header for _, header in spec], fmt, floatfmt)
 
 
 def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
@@ -649,7 +670,6 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
 # How nsys_run.sh names a report: <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025]
 REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
                          r"(?:_(?P<variant>.+))?")
-FINISHED = ("ok", "noisy")  # bench_e2e's statuses of a run that measured every step
 
 
 @dataclass
@@ -778,8 +798,8 @@ def render_summary(rows: list[dict[str, Any]], notes: list[str], fmt: str = "git
              ("matmul_pct_train_step", "matmul % train step", ".1f"),
              ("softmax_matmul_time_ratio", "softmax/matmul time", ".3g"),
              ("softmax_matmul_flop_ratio", "softmax/matmul FLOPs", ".3g"), ("runs", "runs", "")]
-    table = common.render_table([{header: row.get(key) for key, header, _ in spec} for row in shown],
-                                [header for _, header, _ in spec], fmt, [f or "g" for _, _, f in spec])
+    table = results.render_table([{header: row.get(key) for key, header, _ in spec} for row in shown],
+                                 [header for _, header, _ in spec], fmt, [f or "g" for _, _, f in spec])
     out = ["### nsys_run.sh summary: the forward pass, and the matmul share of inference vs a training step", "",
            table]
     if notes:
@@ -796,8 +816,8 @@ def summary_main(args: argparse.Namespace) -> int:
     entries = [load_report_summary(nsys_prefix(source), statuses.get(source)) for source in args.source]
     rows, notes = summary_rows(entries)
     env = next((e.record["environment"] for e in entries if e.record and e.record.get("environment")), None)
-    header = common.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
-    files = common.ResultFiles(args.results_dir, "nsys", args.out, "summary")
+    header = results.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
+    files = results.ResultFiles(args.results_dir, "nsys", args.out, "summary")
     for row in rows:
         files.append_record(row)
     files.publish(lambda fmt: header + "\n\n" + render_summary(rows, notes, fmt), args.fmt)
@@ -810,7 +830,7 @@ def summary_main(args: argparse.Namespace) -> int:
 def last_e2e_record(path: str | Path) -> dict[str, Any]:
     """The record of the profiled configuration in a bench_e2e JSONL file (the last one)."""
     try:
-        records = common.read_records(path)
+        records = results.read_records(path)
     except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8, not JSON lines
         raise ProfileFormatError(f"{path}: not a bench_e2e JSONL file: {exc}") from None
     if not records:
@@ -821,8 +841,8 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("source", nargs="+",
                    help="a torch.profiler trace (.json, .json.gz) or an nsys report: X.nsys-rep, X.sqlite or the "
                         "prefix X of the CSVs `nsys stats --output X` wrote; with --summary, several nsys reports")
@@ -833,15 +853,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--status", action="append", metavar="REPORT=TEXT",
                    help="--summary: REPORT was not profiled, for this reason (nsys_run.sh: skipped after an OOM, "
                         "kept, failed); its row says so")
-    p.add_argument("--out", default=None, type=common.result_stem,
+    p.add_argument("--out", default=None, type=results.result_stem,
                    help="--summary: result file stem (default: summary-<UTC timestamp>); never overwritten")
-    p.add_argument("--results-dir", default="results", type=common.results_folder,
+    p.add_argument("--results-dir", default="results", type=results.results_folder,
                    help="--summary: root folder for the result files (they go to its nsys/ folder)")
     p.add_argument("--e2e-jsonl", default=None,
                    help="bench_e2e's JSONL record of the profiled run: stopwatch times for table 1, model shape "
                         "for the FLOPs of table 4, environment for the header")
-    p.add_argument("--top", type=common.positive_int, default=10, help="kernels per top-kernels table")
-    p.add_argument("--fmt", default="github", choices=common.TABLE_FORMATS, metavar="FMT",
+    p.add_argument("--top", type=cli.positive_int, default=10, help="kernels per top-kernels table")
+    p.add_argument("--fmt", default="github", choices=results.TABLE_FORMATS, metavar="FMT",
                    help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
     p.add_argument("--md", default=None,
                    help="also write the tables to this file, replacing it (nsys_run.sh: beside the report)")
@@ -897,14 +917,14 @@ def main(argv: list[str] | None = None) -> int:
         record = last_e2e_record(args.e2e_jsonl) if args.e2e_jsonl else {}
         stopwatch = stopwatch_ms(record) if record else None
         env = record.get("environment")
-        header = common.environment_header(env, source=args.source) if env else f"source: {args.source}"
+        header = results.environment_header(env, source=args.source) if env else f"source: {args.source}"
     except ProfileFormatError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a JSON object of another shape
         print(f"error: {args.e2e_jsonl}: not a bench_e2e record: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    if record and record.get("status") not in ("ok", "noisy"):
+    if record and record.get("status") not in FINISHED:
         print(f"the profiled run did not finish: status {record.get('status')!r}", file=sys.stderr)
         return 1
     try:

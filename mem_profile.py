@@ -48,14 +48,17 @@ import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+import cli
 import common
 import memory_snapshot
+import model_config
 import report
 import runner
-from common import (DEFAULT_BATCH_SIZE, DTYPES, GIB, HANDOUTS, MIB, ResultFiles, environment_header, format_bytes,
-                    get_config, non_negative_int, positive_int, precision_context, render_table, resolve_device,
-                    saved_tensors, storage_key)
+from cli import non_negative_int, positive_int
+from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from model import ATTENTION, TransformerLM, cross_entropy
+from model_config import DEFAULT_BATCH_SIZE, HANDOUTS, get_config
+from results import GIB, MIB, ResultFiles, environment_header, format_bytes, render_table
 from runner import MODES, RunConfig, Workload, run_step
 
 FP32_BYTES = 4
@@ -67,7 +70,7 @@ CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run
 # ---- accounting from the config ----
 
 
-def static_memory_bytes(cfg: common.ModelConfig, mode: str) -> dict[str, int]:
+def static_memory_bytes(cfg: model_config.ModelConfig, mode: str) -> dict[str, int]:
     """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
     when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
     weights = cfg.num_params * FP32_BYTES
@@ -150,7 +153,7 @@ class ModuleTracker:
         self.produced_by.clear()
 
 
-def saved_for_backward(cfg: common.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
+def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
                        checkpoint_every: int = 0, device: str | torch.device = "cpu",
                        fake: bool = True) -> list[dict[str, Any]]:
     """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
@@ -377,8 +380,8 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
 def config_table(items: list[RunConfig] | list[dict], fmt: str) -> str:
     """The model configurations of the runs (RunConfig) or of their records, naming the handout."""
     configs = [dataclasses.asdict(x) if isinstance(x, RunConfig) else x["config"] for x in items]
-    return common.config_table([(c["size"], common.ModelConfig(**c["model"])) for c in configs],
-                               HANDOUTS[configs[0].get("handout", common.DEFAULT_HANDOUT)], fmt)
+    return model_config.config_table([(c["size"], model_config.ModelConfig(**c["model"])) for c in configs],
+                                     HANDOUTS[configs[0].get("handout", model_config.DEFAULT_HANDOUT)], fmt)
 
 
 def accounting_table(records: list[dict], fmt: str) -> str:
@@ -510,7 +513,7 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
     JSONL records alone."""
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
-    settings = {"sizes from": HANDOUTS[config0.get("handout", common.DEFAULT_HANDOUT)].title,
+    settings = {"sizes from": HANDOUTS[config0.get("handout", model_config.DEFAULT_HANDOUT)].title,
                 "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
     parts = [environment_header(env, **settings) if env else f"settings: {settings}", "", config_table(records, fmt), "",
              "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
@@ -539,9 +542,9 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    common.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B; with --checkpoint K > 0, "
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    cli.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B; with --checkpoint K > 0, "
                             "the gradient_checkpointing size, 2026: xl")
     p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
@@ -557,9 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
                         "--checkpoint K > 0: 4 in 2026)")
-    p.add_argument("--warmup", type=common.warmup_count, default=3,
+    p.add_argument("--warmup", type=cli.warmup_count, default=3,
                    help="warm-up steps before the peak counter is reset")
-    p.add_argument("--steps", type=common.step_count, default=5,
+    p.add_argument("--steps", type=cli.step_count, default=5,
                    help="measured steps (peak over all, mean step time)")
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA only: record the allocator's history around one more step; save the pickle "
@@ -570,12 +573,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
                         "check when its _meta.json is beside it); needs no GPU")
-    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
-    common.add_device_args(p)
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
+    cli.add_device_args(p)
     runner.add_sweep_args(p)
-    common.add_output_args(p, default_stem="memory")
+    cli.add_output_args(p, default_stem="memory")
     report.add_columns_and_plot_args(p, "mem_profile")
-    common.add_dry_run_arg(p)
+    cli.add_dry_run_arg(p)
     return p
 
 
@@ -591,7 +594,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         return args, []
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, PEAK_COLUMNS)
-    handout = common.handout_or_exit(parser, args)
+    handout = cli.handout_or_exit(parser, args)
     # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
     # handout has that question, its memory_profiling question otherwise
     if any(args.checkpoint) and handout.checkpoint_setup is not None:
@@ -601,7 +604,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         default_size, default_batch = handout.memory_size, DEFAULT_BATCH_SIZE
         default_contexts = handout.memory_contexts
     args.batch_size = args.batch_size or default_batch
-    sizes = common.sizes_or_exit(parser, args, args.size or [default_size])
+    sizes = cli.sizes_or_exit(parser, args, args.size or [default_size])
     args.context_length = args.context_length or list(default_contexts)
     runs = []
     try:
@@ -611,10 +614,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   model=get_config(size, args.handout, context_length=ctx),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
-    except common.ConfigError as exc:
+    except model_config.ConfigError as exc:
         parser.error(str(exc))
     for run in runs:
-        common.check_tensor_sizes(parser, common.model_tensor_shapes(run.model, run.batch_size))
+        cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
@@ -643,7 +646,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        return common.print_dry_run([run.label() for run in runs], preamble=config_table(runs, args.fmt))
+        return cli.print_dry_run([run.label() for run in runs], preamble=config_table(runs, args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch.utils.checkpoint import checkpoint
 
-from common import ModelConfig, annotate
+from common import annotate
+from model_config import ModelConfig
 
 
 # ---- numerically stable primitives, written out by hand as in the reference ----

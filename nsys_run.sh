@@ -190,10 +190,10 @@ PASS_THROUGH=()
 if [[ " ${SIZES[*]} " == *" all "* ]]; then  # the handout's Table 1, from the presets themselves
     expanded="$("$PYTHON" -c 'import sys
 sys.path.insert(0, sys.argv[1])
-import common
+import model_config
 try:
-    print(*common.expand_sizes(sys.argv[3:], sys.argv[2]))
-except common.ConfigError as exc:
+    print(*model_config.expand_sizes(sys.argv[3:], sys.argv[2]))
+except model_config.ConfigError as exc:
     sys.exit(f"nsys_run.sh: error: {exc}")' "$HERE" "$HANDOUT" "${SIZES[@]}")" || exit 2
     read -r -a SIZES <<<"$expanded"
 fi

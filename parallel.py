@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common import ModelConfig, resolve_device
+from common import resolve_device
+from model_config import ModelConfig
 
 PARALLEL = ("ddp", "fsdp")
 FSDP_MIXED_PRECISION = ("off", "bf16")

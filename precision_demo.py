@@ -26,9 +26,10 @@ from typing import Any
 
 import torch
 
-import common
+import cli
 import report
-from common import ResultFiles, dtype_name, environment, environment_header, render_table
+from common import dtype_name, environment
+from results import ResultFiles, environment_header, render_table
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,13 @@ def render_report(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--value", type=float, default=0.01, help="the number added each time")
-    p.add_argument("--count", type=common.positive_int, default=1000, help="how many times it is added")
+    p.add_argument("--count", type=cli.positive_int, default=1000, help="how many times it is added")
     p.add_argument("--plot", action="store_true",
                    help="also draw the running sums against the number of additions as a PNG (needs matplotlib)")
-    common.add_output_args(p, default_stem="precision_demo")
+    cli.add_output_args(p, default_stem="precision_demo")
     return p
 
 

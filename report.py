@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import common
-from common import LATEX_FORMATS, ResultFiles, environment_header, render_table
+import cli
+import results
+from results import LATEX_FORMATS, ResultFiles, environment_header, render_table
 
 # results subfolder -> the experiment script that writes it (for records older than the "experiment" field)
 EXPERIMENT_BY_SUBDIR = {"e2e": "bench_e2e", "attention": "bench_attention", "memory": "mem_profile",
@@ -141,7 +142,7 @@ def handout_of(record: dict[str, Any]) -> str | None:
 
 
 def ok(record: dict[str, Any]) -> bool:
-    return record.get("status") in ("ok", "noisy")
+    return results.finished(record)
 
 
 # ---- tables ----
@@ -657,11 +658,11 @@ def figures_after_run(experiment: str, records: list[dict[str, Any]], files: Res
     """An experiment script's --plot, after its results are saved: write_figures, with a missing matplotlib or
     nothing to plot said in one line on stderr instead of an error (the run's results stand either way)."""
     if message := matplotlib_missing():
-        common.progress(f"note: no figures: {message}")
+        results.progress(f"note: no figures: {message}")
         return []
     paths = write_figures(experiment, records, files)
     if not paths:
-        common.progress(f"note: no figures: nothing to plot; the {experiment} figures need {FIGURE_NEEDS[experiment]}")
+        results.progress(f"note: no figures: nothing to plot; the {experiment} figures need {FIGURE_NEEDS[experiment]}")
     return paths
 
 
@@ -678,13 +679,13 @@ def matplotlib_missing() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("jsonl", nargs="+", metavar="JSONL",
                    help="results file(s) of one experiment script; several are merged into one table")
     add_columns_arg(p)
     p.add_argument("--plot", action="store_true", help="also draw the study's figures as PNG (needs matplotlib)")
-    common.add_output_args(p, default_stem="<first input's stem>")
+    cli.add_output_args(p, default_stem="<first input's stem>")
     return p
 
 

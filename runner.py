@@ -14,7 +14,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import statistics
 import threading
 import timeit
 import traceback
@@ -23,14 +22,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-import common
+import cli
 import parallel
-from parallel import DEFAULT_PG_TIMEOUT_S
-from common import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig, ResultFiles, SyncTimer, annotate, environment,
-                    failure_status, peak_memory_bytes, precision_context, progress, reset_peak_memory,
-                    resolve_device, summarize)
+from common import (SyncTimer, annotate, environment, failure_status, peak_memory_bytes, precision_context, reset_peak_memory, resolve_device, summarize)
 from model import TransformerLM, cross_entropy
+from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig
 from optim import AdamW
+from parallel import DEFAULT_PG_TIMEOUT_S
+from results import ResultFiles, SkipAfterOOM, finished, is_oom_status, progress
 
 # ---- the Transformer-LM workload (bench_e2e times it, mem_profile measures its memory) ----
 
@@ -187,22 +186,6 @@ def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> d
 
 
 # The part of bench_e2e's record that kernel_tables reads back (its table 1 and the FLOPs of its table 4).
-
-
-def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
-    """A bench_e2e record's own mean time per phase and per step (ms), from its raw samples."""
-    keys = PHASES_BY_MODE["train"] + ("step",)
-    return {k: statistics.fmean(record[f"{k}_ms"]) for k in keys if record.get(f"{k}_ms")}
-
-
-def attention_shape(config: dict[str, Any] | None) -> dict[str, int] | None:
-    """batch, seq, d_model, heads from a record's "config" (dataclasses.asdict(RunConfig)); None without one."""
-    try:
-        model = config["model"]
-        return {"batch": config["batch_size"], "seq": model["context_length"], "d_model": model["d_model"],
-                "heads": model["num_heads"]}
-    except (KeyError, TypeError):
-        return None
 
 
 # ---- one configuration: the measured steps ----
@@ -597,7 +580,7 @@ def add_sweep_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="run every configuration in this process instead of a fresh child process each "
                              "(no isolation and no --timeout; see docs/running.md)")
-    parser.add_argument("--timeout", type=common.non_negative_float, default=None, metavar="SECONDS",
+    parser.add_argument("--timeout", type=cli.non_negative_float, default=None, metavar="SECONDS",
                         help="time limit of one configuration, after which its child is killed and the row says "
                              f"'timeout after N s'; 0 = none (default: the larger of {TIMEOUT_FLOOR_S // 60} min "
                              f"and {TIMEOUT_FACTOR}x the slowest configuration so far: see docs/running.md)")
@@ -654,7 +637,7 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
     every rank at once (run_on_every_rank); all ranks get the same records, and only rank 0 (files given, None on
     the others) prints progress and writes files. --quiet: no progress lines and no heartbeat."""
     records: list[dict[str, Any]] = []
-    oom_at: dict[tuple, int] = {}  # skip group -> smallest size that ran out of memory
+    skip = SkipAfterOOM(enabled=not args.no_skip)
     ended: set[tuple] = set()  # search=True: the groups whose search has ended
     slowest_s = 0.0
     total, done = len(runs), 0
@@ -677,8 +660,8 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                 record: dict[str, Any] = {"experiment": experiment.name, "config": dataclasses.asdict(run),
                                           "label": label}
                 start = timeit.default_timer()
-                if not args.no_skip and group in oom_at and size > oom_at[group]:
-                    record["status"] = f"skipped: OOM at {size_name}={oom_at[group]}"
+                if reason := skip.reason(group, size_name, size):
+                    record["status"] = reason
                 elif ranks is not None:
                     answer = run_on_every_rank(experiment, run, i, ranks, time_limit(args.timeout, slowest_s), beat)
                 else:
@@ -693,11 +676,10 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                     else:
                         record.update({k: v for k, v in answer.items() if k != "ok"})
                 elapsed = timeit.default_timer() - start
-                if record["status"] == "OOM" or record["status"].startswith("OOM on rank"):
-                    oom_at[group] = min(oom_at.get(group, size), size)
-                elif not record["status"].startswith(("skipped", "timeout")):
+                skip.record(group, size, record["status"])
+                if not is_oom_status(record["status"]) and not record["status"].startswith(("skipped", "timeout")):
                     slowest_s = max(slowest_s, elapsed)
-                if search and record["status"] not in ("ok", "noisy"):  # the search of this group has its answer
+                if search and not finished(record):  # the search of this group has its answer
                     ended.add(group)
                     total -= sum(1 for later in runs[i:] if later.skip_key()[0] == group)
                 record.setdefault("environment", env)
@@ -706,7 +688,7 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
                 if files is not None:
                     files.append_record(record)
                     files.write_report(lambda fmt: experiment.render(records, fmt), args.fmt)
-                said = experiment.summary(record) if record["status"] in ("ok", "noisy") else record["status"]
+                said = experiment.summary(record) if finished(record) else record["status"]
                 say(f"[{done}/{total}] {label}: {said} ({elapsed:.1f} s)")
             if ranks is not None:
                 ranks.finish()

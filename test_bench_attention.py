@@ -9,7 +9,8 @@ import torch
 
 import bench_attention as ba
 import runner
-from common import FAULT_ENV, SyncTimer, read_records
+from common import FAULT_ENV, SyncTimer
+from results import read_records
 
 HERE = Path(__file__).resolve().parent
 # on the CPU on any machine: the tests expect the CPU's sdpa backend and memory figures

@@ -14,10 +14,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
+import model_config
 import parallel
 import runner
-from common import forward_flops, get_config, read_records
 from model import TransformerLM, cross_entropy
+from model_config import forward_flops, get_config
+from results import read_records
 
 HERE = Path(__file__).resolve().parent
 # a tiny model so each configuration takes milliseconds; on the CPU on any machine (the tests expect CPU figures:
@@ -84,7 +86,7 @@ def test_phases_add_up_to_the_step(tmp_path):
 
 
 def test_run_step_calls_phases_in_order_with_synchronisation(monkeypatch):
-    run = runner.RunConfig(size="custom", model=common.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    run = runner.RunConfig(size="custom", model=model_config.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
     work = runner.Workload(run)
     order = []
     monkeypatch.setattr(runner, "SyncTimer", lambda device: _RecordingTimer(order))
@@ -111,7 +113,7 @@ def test_flops_formula_matches_flop_counter():
     formula = forward_flops(cfg, 2, 64)
     assert abs(fwd.get_total_flops() - formula) / formula < 0.01
     step = fwd.get_total_flops() + bwd.get_total_flops()
-    assert abs(step - common.step_flops(cfg, 2, 64, "train")) / step < 0.01
+    assert abs(step - model_config.step_flops(cfg, 2, 64, "train")) / step < 0.01
 
 
 def test_mfu_empty_on_cpu_and_computed_for_a_known_gpu(tmp_path):
@@ -122,7 +124,7 @@ def test_mfu_empty_on_cpu_and_computed_for_a_known_gpu(tmp_path):
             "optimizer_ms": [10.0, 10.0],
             "environment": {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}}
     figures = bench_e2e.derive_figures(run, fake)
-    expected_tflops = common.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
+    expected_tflops = model_config.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
     assert figures["achieved_tflops"] == pytest.approx(expected_tflops)
     assert figures["mfu"] == pytest.approx(expected_tflops / 67.0)  # fp32 without TF32: the fp32 peak
     fake["environment"]["tf32_matmul"] = True
@@ -275,7 +277,7 @@ def test_compile_reports_compile_time_apart(tmp_path, capsys):
 
 
 def test_a_bad_handout_in_the_environment_exits_2_with_one_line():
-    result = bad("--size", "small", env={common.HANDOUT_ENV: "2024"})
+    result = bad("--size", "small", env={model_config.HANDOUT_ENV: "2024"})
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "CS336_HANDOUT='2024' is not a handout; valid handouts: 2026, 2025" in result.stderr
 
@@ -285,7 +287,7 @@ def test_size_names_and_the_default_context_follow_the_handout(monkeypatch):
     assert (run.handout, run.context_length, run.model.d_model, run.model.num_layers) == ("2026", 512, 2560, 32)
     _, (run,) = bench_e2e.parse_args(["--size", "xl", "--handout", "2025", "--device", "cpu"])
     assert (run.handout, run.context_length, run.model.d_model, run.model.num_layers) == ("2025", 128, 1600, 48)
-    monkeypatch.setenv(common.HANDOUT_ENV, "2025")  # read when the arguments are parsed, not at import
+    monkeypatch.setenv(model_config.HANDOUT_ENV, "2025")  # read when the arguments are parsed, not at import
     _, runs = bench_e2e.parse_args(["--size", "all", "--device", "cpu"])
     assert [r.size for r in runs] == ["small", "medium", "large", "xl", "2.7B"]  # Table 1: no tiny, no 10B
     assert {(r.handout, r.context_length) for r in runs} == {("2025", 128)}

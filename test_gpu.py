@@ -17,9 +17,10 @@ import bench_e2e
 import common
 import kernel_tables as kt
 import mem_profile
+import model_config
 import runner
 import toy_autocast
-from common import read_records
+from results import read_records
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -57,7 +58,7 @@ def test_nvtx_ranges_through_torch_on_cuda(tmp_path, monkeypatch):
 
 
 def test_fp16_training_steps_through_the_gradient_scaler():
-    run = runner.RunConfig(size="tiny", model=common.get_config("tiny", context_length=64), batch_size=2,
+    run = runner.RunConfig(size="tiny", model=model_config.get_config("tiny", context_length=64), batch_size=2,
                               dtype="fp16", device="cuda")
     work = runner.Workload(run)
     assert work.scaler is not None and work.scaler.is_enabled()

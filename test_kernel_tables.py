@@ -15,6 +15,7 @@ import pytest
 import bench_e2e
 import common
 import kernel_tables as kt
+import results
 
 HERE = Path(__file__).resolve().parent
 
@@ -417,10 +418,10 @@ def write_report(folder: Path, name: str, **record) -> Path:
     return prefix
 
 
-def summary_records(results: Path) -> list[dict]:
-    (jsonl,) = (results / "nsys").glob("summary-*.jsonl")
+def summary_records(results_dir: Path) -> list[dict]:
+    (jsonl,) = (results_dir / "nsys").glob("summary-*.jsonl")
     assert jsonl.with_suffix(".md").read_text().startswith("device: ")
-    return common.read_records(jsonl)
+    return results.read_records(jsonl)
 
 
 def test_summary_puts_the_forward_only_and_training_runs_side_by_side(tmp_path: Path, capsys):
@@ -671,7 +672,7 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     # runs in the default spawn child: the trace path and the table rows must come back in the record
     assert bench_e2e.main(SMALL_MODEL + ["--profile", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    (record,) = common.read_records(next((tmp_path / "e2e").glob("*.jsonl")))
+    (record,) = results.read_records(next((tmp_path / "e2e").glob("*.jsonl")))
     tables = record["profile"]["tables"]
     assert tables["device"] == "cpu" and tables["steps"] == 2
     assert [row["phase"] for row in tables["phases"]] == ["forward", "backward", "optimizer", "step"]

@@ -15,9 +15,10 @@ import torch
 import mem_profile
 import memory_snapshot
 import runner
-from runner import RunConfig
-from common import ModelConfig, read_records
 from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
+from model_config import ModelConfig
+from results import read_records
+from runner import RunConfig
 
 MIB = 2**20
 SMALL = ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=4, vocab_size=50, context_length=16)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from einops import einsum, rearrange
 
-from common import HANDOUTS, ModelConfig, get_config
 from model import RotaryEmbedding, TransformerLM, cross_entropy, naive_attention, sdpa_attention
+from model_config import HANDOUTS, ModelConfig, get_config
 
 # (handout, size) -> parameters, worked out by hand from the handouts' Table 1 (vocab 10,000, untied lm_head)
 EXPECTED_PARAMS = {("2026", "tiny"): 22_696_448, ("2026", "small"): 128_625_408, ("2026", "medium"): 423_183_360,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common import read_records
+from results import read_records
 from test_kernel_tables import e2e_record, write_nsys_fixture
 
 HERE = Path(__file__).resolve().parent

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import kernel_tables as kt
-from common import NVTX_LIBRARY_ENV, read_records
+from common import NVTX_LIBRARY_ENV
+from results import read_records
 from test_kernel_tables import FIXTURE_REPORTS, write_nsys_fixture, write_nsys_sqlite
 
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,8 @@ import torch
 import bench_e2e
 import parallel
 import runner
-from common import ModelConfig, get_config, read_records
+from model_config import ModelConfig, get_config
+from results import read_records
 
 HERE = Path(__file__).resolve().parent
 TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the CI job

@@ -15,7 +15,7 @@ import torch
 
 import precision_demo
 import toy_autocast
-from common import read_records
+from results import read_records
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,7 +21,7 @@ import common
 import mem_profile
 import precision_demo
 import runner
-from common import read_records
+from results import read_records
 
 HERE = Path(__file__).resolve().parent
 SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4", "--d-ff", "128",

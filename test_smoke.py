@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import ModelConfig
 from model import TransformerLM, cross_entropy
+from model_config import ModelConfig
 from optim import AdamW
 
 HERE = Path(__file__).resolve().parent

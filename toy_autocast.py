@@ -25,8 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import cli
 import common
-from common import DTYPES, ResultFiles, dtype_name, environment, environment_header, render_table
+from common import DTYPES, dtype_name, environment
+from results import ResultFiles, environment_header, progress, render_table
 from runner import run_isolated
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
@@ -97,10 +99,10 @@ def observe_dtypes(device: str, dtype: str, in_features: int, out_features: int,
     return seen
 
 
-def ordered_labels(results: dict[str, dict[str, Any]]) -> list[str]:
+def ordered_labels(observed: dict[str, dict[str, Any]]) -> list[str]:
     """Row labels in the order they were observed: parameters and outputs in forward order, then loss, grads."""
     labels: dict[str, None] = {}
-    for result in results.values():
+    for result in observed.values():
         if result["ok"]:
             labels.update(dict.fromkeys(result["value"]))
     params = [label for label in labels if label.startswith("parameter ")]
@@ -111,14 +113,14 @@ def column_name(dtype: str) -> str:
     return f"{dtype_name(DTYPES[dtype])} autocast"
 
 
-def build_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+def build_rows(observed: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
     """One row per tensor, one column per autocast dtype; a dtype whose run failed shows its status in every
     cell (and in a single row when no run succeeded)."""
-    labels = ordered_labels(results) or ["(run)"]
+    labels = ordered_labels(observed) or ["(run)"]
     rows = []
     for label in labels:
         row = {"tensor": label}
-        for dtype, result in results.items():
+        for dtype, result in observed.items():
             row[column_name(dtype)] = result["value"].get(label) if result["ok"] else result["status"]
         rows.append(row)
     return rows
@@ -128,16 +130,16 @@ def build_rows(results: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = common.ArgParser(description=__doc__.split("\n\n")[0],
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", nargs="+", choices=AUTOCAST_DTYPES, default=list(AUTOCAST_DTYPES),
                    help="autocast dtype(s), one table column each")
-    p.add_argument("--in-features", type=common.positive_int, default=20, help="ToyModel input features")
-    p.add_argument("--out-features", type=common.positive_int, default=5, help="ToyModel output features (classes)")
-    p.add_argument("--batch-size", type=common.positive_int, default=8, help="rows of random input")
-    p.add_argument("--seed", type=common.seed_int, default=0, help="random seed for weights and data")
-    common.add_output_args(p, default_stem="toy_autocast")
+    p.add_argument("--in-features", type=cli.positive_int, default=20, help="ToyModel input features")
+    p.add_argument("--out-features", type=cli.positive_int, default=5, help="ToyModel output features (classes)")
+    p.add_argument("--batch-size", type=cli.positive_int, default=8, help="rows of random input")
+    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
+    cli.add_output_args(p, default_stem="toy_autocast")
     return p
 
 
@@ -146,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = common.device_or_exit(parser, args.device)
     args.dtype = list(dict.fromkeys(args.dtype))  # a dtype given twice is one column
-    common.check_tensor_sizes(parser, {"input": (args.batch_size, args.in_features),
+    cli.check_tensor_sizes(parser, {"input": (args.batch_size, args.in_features),
                                        "fc1 weight": (10, args.in_features),
                                        "logits": (args.batch_size, args.out_features)})
     return args
@@ -156,24 +158,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     files = ResultFiles(args.results_dir, "precision", args.out, "toy_autocast")
     env = environment(args.device)
-    results: dict[str, dict[str, Any]] = {}
+    observed: dict[str, dict[str, Any]] = {}
     for dtype in args.dtype:
         kwargs = {"device": str(args.device), "dtype": dtype, "in_features": args.in_features,
                   "out_features": args.out_features, "batch_size": args.batch_size, "seed": args.seed}
         # in-process: a few tiny tensors, nothing to isolate; the runner still turns a failure into a status
-        results[dtype] = run_isolated(observe_dtypes, kwargs, in_process=True)
-        result = results[dtype]
+        observed[dtype] = run_isolated(observe_dtypes, kwargs, in_process=True)
+        result = observed[dtype]
         files.append_record({"autocast_dtype": dtype_name(DTYPES[dtype]), "device": str(args.device),
                              "status": "ok" if result["ok"] else result["status"],
                              "dtypes": result.get("value"), "traceback": result.get("traceback"),
                              "config": kwargs, "environment": env})
-        common.progress(f"{column_name(dtype)} on {args.device}: {'ok' if result['ok'] else result['status']}")
+        progress(f"{column_name(dtype)} on {args.device}: {'ok' if result['ok'] else result['status']}")
     title = (f"ToyModel dtypes under torch.autocast on {args.device} ({env['device_name']}), "
              f"batch {args.batch_size}, {args.in_features} -> 10 -> {args.out_features}")
     lines = [environment_header(env), "", title, ""]
     if args.device.type != "cuda":
         lines += [CPU_NOTE, ""]
-    rows, columns = build_rows(results), ["tensor"] + [column_name(d) for d in args.dtype]
+    rows, columns = build_rows(observed), ["tensor"] + [column_name(d) for d in args.dtype]
     files.publish(lambda fmt: "\n".join(lines + [render_table(rows, columns, fmt)]), args.fmt)
     return 0
 
