@@ -24,7 +24,8 @@ import torch
 
 import cli
 import parallel
-from common import (SyncTimer, annotate, environment, failure_status, peak_memory_bytes, precision_context, reset_peak_memory, resolve_device, summarize)
+from common import (SyncTimer, annotate, environment, failure_status, peak_memory_bytes, precision_context,
+                    reset_peak_memory, resolve_device, summarize)
 from model import TransformerLM, cross_entropy
 from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig
 from optim import AdamW

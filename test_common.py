@@ -18,7 +18,8 @@ import cli
 import common
 import model_config
 import results
-from common import (SyncTimer, annotate, matmul_precision_key, peak_tflops, precision_context, resolve_device, set_ranges, summarize)
+from common import (SyncTimer, annotate, matmul_precision_key, peak_tflops, precision_context, resolve_device,
+                    set_ranges, summarize)
 from model import naive_attention
 from model_config import get_config
 from results import ResultFiles, render_table
