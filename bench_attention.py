@@ -369,8 +369,7 @@ def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
                    help="implementations: the model's naive attention, torch.compile of it, fused SDPA")
     p.add_argument("--d", nargs="+", type=cli.positive_int, default=[16, 32, 64, 128],

@@ -508,8 +508,7 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     p.add_argument("--d-model", type=positive_int, help="override d_model")
     p.add_argument("--d-ff", type=positive_int, help="override d_ff")

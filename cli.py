@@ -11,9 +11,24 @@ from typing import Any, NoReturn
 from model_config import DEFAULT_HANDOUT, HANDOUT_ENV, HANDOUTS, ConfigError, Handout, ModelConfig, expand_sizes
 from results import TABLE_FORMATS, progress, result_stem, results_folder
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default, said once: argparse's formatter adds "(default: X)" to every help text, so
+    a help that already names its default, or a default of None (its help says what happens then), gets none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class ArgParser(argparse.ArgumentParser):
     """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump. Under
     torchrun every rank parses the same command line and exits; only rank 0 says why (one line, not N)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)

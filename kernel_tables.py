@@ -841,8 +841,7 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("source", nargs="+",
                    help="a torch.profiler trace (.json, .json.gz) or an nsys report: X.nsys-rep, X.sqlite or the "
                         "prefix X of the CSVs `nsys stats --output X` wrote; with --summary, several nsys reports")

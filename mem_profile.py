@@ -542,8 +542,7 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     cli.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B; with --checkpoint K > 0, "
                             "the gradient_checkpointing size, 2026: xl")
     p.add_argument("--context-length", type=positive_int, nargs="+", default=None,

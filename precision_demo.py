@@ -173,8 +173,7 @@ def render_report(records: list[dict[str, Any]], fmt: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--value", type=float, default=0.01, help="the number added each time")
     p.add_argument("--count", type=cli.positive_int, default=1000, help="how many times it is added")
     p.add_argument("--plot", action="store_true",

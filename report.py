@@ -679,8 +679,7 @@ def matplotlib_missing() -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("jsonl", nargs="+", metavar="JSONL",
                    help="results file(s) of one experiment script; several are merged into one table")
     add_columns_arg(p)

@@ -130,8 +130,7 @@ def build_rows(observed: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", nargs="+", choices=AUTOCAST_DTYPES, default=list(AUTOCAST_DTYPES),
                    help="autocast dtype(s), one table column each")
