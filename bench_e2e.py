@@ -127,7 +127,6 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     return out
 
 
-
 # ---- derived figures ----
 
 

@@ -83,7 +83,7 @@ def run_suffix(record: dict[str, Any], records: list[dict[str, Any]]) -> str:
 
 def e2e_label(record: dict[str, Any], keys: list[str]) -> str:
     c = {**record["config"], "ctx": record["config"]["model"]["context_length"], "run": run_of(record)}
-    parts = [c["size"]]
+    parts = [str(c["size"])]
     for key in keys:
         value = c[key]
         parts.append({"ctx": f"ctx {value}", "warmup": f"warm-up {value}", "compile": "compiled" if value else "eager",
@@ -173,7 +173,8 @@ def plot_e2e_warmup(records: list[dict[str, Any]], notes: Notes) -> Any | None:
     configuration (of one run) that was run with several warm-up counts."""
     groups: dict[str, list[dict]] = {}
     for r in e2e_tables.measured(records):
-        if finished(r) and isinstance(r.get("step_ms"), list) and all(map(number, r["step_ms"])):
+        if (finished(r) and isinstance(r.get("step_ms"), list) and all(map(number, r["step_ms"]))
+                and number(r["config"]["warmup"])):
             key = json.dumps([run_of(r), {k: v for k, v in r["config"].items() if k != "warmup"}], sort_keys=True,
                              default=str)
             groups.setdefault(key, []).append(r)
@@ -377,13 +378,15 @@ FIGURES: dict[str, dict[str, Plot]] = {
     "precision_demo": {"sums": plot_precision},
     "toy_autocast": {},  # a table of dtypes: nothing to draw
 }
-FIGURE_NEEDS = {
-    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants for "
-                 "the speed-ups: --dtype fp32 bf16, --compile off on, --attn naive sdpa, or such runs merged)",
-    "bench_attention": "at least one finished configuration",
-    "mem_profile": "two or more context lengths, or two or more --checkpoint values",
-    "precision_demo": "records with partial sums (precision_demo.py from this version on)",
-    "toy_autocast": "nothing: toy_autocast's answer is a table of dtypes",
+FIGURE_NEEDS = {  # what each experiment's figures need, for --help and for a run with nothing to plot
+    "bench_e2e": "the bench_e2e figures need finished configurations (several --warmup values for the warm-up "
+                 "figure, several variants for the speed-ups: --dtype fp32 bf16, --compile off on, --attn naive "
+                 "sdpa, or such runs merged)",
+    "bench_attention": "the bench_attention figure needs at least one finished configuration",
+    "mem_profile": "the mem_profile figures need two or more context lengths, or two or more --checkpoint values",
+    "precision_demo": "the precision_demo figure needs records with partial sums (precision_demo.py from this "
+                      "version on)",
+    "toy_autocast": "toy_autocast has no figure: its answer is a table of dtypes",
 }
 
 
@@ -412,6 +415,25 @@ def save_png(fig: Any, path: Path) -> None:
         raise
 
 
+def plot_what_it_can(plot: Plot, records: list[dict[str, Any]], notes: Notes) -> Any:
+    """plot(records); when records it cannot use make it fail (a field of another type, a value missing), the
+    figure of the others, with a note saying how many were left out and why. Raises when none can be drawn."""
+    try:
+        return plot(records, notes)
+    except Exception as exc:  # noqa: BLE001 - find the records that break it: each one tried alone
+        usable = []
+        for record in records:
+            try:
+                plot([record], [])
+            except Exception:  # noqa: BLE001
+                continue
+            usable.append(record)
+        if not usable or len(usable) == len(records):
+            raise
+        notes.append(f"{len(records) - len(usable)} record(s) it cannot use ({type(exc).__name__}: {exc}): left out")
+        return plot(usable, notes)
+
+
 @dataclass
 class Drawn:
     """What write_figures did: the PNGs written, and whether any figure failed or none had anything to draw."""
@@ -429,7 +451,7 @@ def write_figures(experiment: str, records: list[dict[str, Any]], files: ResultF
     for name, plot in FIGURES[experiment].items():
         notes: Notes = []
         try:
-            fig = plot(records, notes)
+            fig = plot_what_it_can(plot, records, notes)
         except Exception as exc:  # noqa: BLE001 - records a figure cannot use: one line, the other figures go on
             progress(f"error: figure {name} not drawn: {type(exc).__name__}: {exc}")
             drawn.failed = True

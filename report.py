@@ -89,7 +89,8 @@ def render(experiment: str, records: list[dict[str, Any]], fmt: str, columns: li
 class LiveReport:
     """A sweep's report as rows finish: runner.run_sweep calls it (Experiment.render) after every row to rewrite
     the .md and the --fmt file. It keeps the last text it made, so that the script prints what was saved without
-    building the report again (publish)."""
+    building the report again (publish: when the files hold it; a sweep interrupted while saving it is saved
+    again)."""
 
     def __init__(self, experiment: str, columns: list[str] | None = None):
         self.experiment, self.columns = experiment, columns
@@ -119,7 +120,7 @@ def publish(experiment: str, records: list[dict[str, Any]], files: ResultFiles, 
         for record in append:
             files.append_record(record)
         saved = live.saved(records, fmt) if live is not None else None
-        if saved is None:
+        if saved is None or not files.holds_report(lambda f: live.saved(records, f), fmt):
             saved = files.write_report(
                 lambda f: text if text is not None and f == fmt else render(experiment, records, f, columns), fmt)
         shown = emit(saved)
@@ -129,8 +130,8 @@ def publish(experiment: str, records: list[dict[str, Any]], files: ResultFiles, 
         elif plot:
             drawn = figures.write_figures(experiment, records, files)
             if drawn.nothing:
-                said = f"nothing to plot: the {experiment} figures need {figures.FIGURE_NEEDS[experiment]}"
-                progress(f"{Path(sys.argv[0]).name}: error: {said}" if must_plot else f"note: no figures: {said}")
+                said = f"nothing to plot: {figures.FIGURE_NEEDS[experiment]}"
+                progress(f"report.py: error: {said}" if must_plot else f"note: no figures: {said}")
                 code = 2 if must_plot else 0
             code = 1 if drawn.failed else code
         if shown:

@@ -390,6 +390,25 @@ class ResultFiles:
         suffix = report_suffix(fmt)
         return [self.markdown] + ([self.path(suffix)] if suffix != ".md" else [])
 
+    def _report_files(self, render: Callable[[str], str | None], fmt: str) -> dict[Path, str | None]:
+        """The files write_report writes for `fmt` and their text (None where `render` has none)."""
+        if report_suffix(fmt) == ".md":
+            return {self.markdown: render(fmt)}
+        text = render(fmt)
+        return {self.markdown: render("github"),
+                self.path(report_suffix(fmt)): None if text is None else as_report_file(text, fmt)}
+
+    def holds_report(self, render: Callable[[str], str | None], fmt: str) -> bool:
+        """Whether the report files already hold what write_report(render, fmt) would write (a sweep saved them
+        after its last row, and no interrupt cut that short): then there is nothing to write again."""
+        for path, text in self._report_files(render, fmt).items():
+            try:
+                if text is None or path.read_text() != (text if text.endswith("\n") else text + "\n"):
+                    return False
+            except (OSError, UnicodeDecodeError):
+                return False
+        return True
+
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:
         """Save the report that `render(fmt)` makes: the .md always in markdown, and when `fmt` is not markdown
         (LaTeX, plain, html, ...) also in `fmt` beside it (report_paths). Returns the text in `fmt`."""

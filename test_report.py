@@ -580,3 +580,22 @@ def test_ctrl_c_while_the_final_report_is_printed(tmp_path, capsys, monkeypatch)
     assert err[-1] == (f"interrupted by Ctrl-C while the report was written: the 2 finished record(s) are in {jsonl}; "
                        f"python3 report.py {jsonl} renders them again")
     assert len(records_of(jsonl)) == 2 and "| sdpa" in (tmp_path / "e2e" / "c.md").read_text()
+
+
+def test_ctrl_c_while_the_last_row_is_saved_still_saves_and_prints_every_row(tmp_path, capsys, monkeypatch):
+    real_replace, calls = results.ResultFiles._replace, []
+
+    def interrupt_the_second(self, path, text):
+        calls.append(path)
+        if len(calls) == 2:  # the .md after the second (last) configuration
+            raise KeyboardInterrupt
+        real_replace(self, path, text)
+
+    monkeypatch.setattr(results.ResultFiles, "_replace", interrupt_the_second)
+    _, _, argv = SCRIPTS["bench_e2e"]
+    assert bench_e2e.main(argv + ["--results-dir", str(tmp_path), "--out", "s"]) == 130
+    out, err = capsys.readouterr()
+    assert "interrupted by Ctrl-C after 2 of 2 configurations" in err
+    md = (tmp_path / "e2e" / "s.md").read_text()
+    assert "| sdpa" in md and md.strip() in out  # saved again, whole, and printed
+    assert not list((tmp_path / "e2e").glob("*.partial"))
