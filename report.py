@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,8 +326,23 @@ def error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return report_runs(args)
+    except KeyboardInterrupt:  # before publish (which says what it saved): nothing was written, the inputs stand
+        progress("interrupted by Ctrl-C: nothing written; the records are unchanged in " + ", ".join(args.jsonl))
+        return 130
+
+
+def report_runs(args: argparse.Namespace) -> int:
+    """report.py's work: read, check, merge, render, save, print, plot."""
     runs, refused = [], 0
+    first_name: dict[str, str] = {}  # a file named twice, by any path, is one run, read once
     for path in args.jsonl:
+        first_name.setdefault(os.path.realpath(path), path)
+    given = list(first_name.values())
+    if len(given) < len(args.jsonl):
+        progress("note: a file given more than once is read once")
+    for path in given:
         try:
             runs.append(read_run(path))
         except ReportError as exc:

@@ -599,3 +599,11 @@ def test_ctrl_c_while_the_last_row_is_saved_still_saves_and_prints_every_row(tmp
     md = (tmp_path / "e2e" / "s.md").read_text()
     assert "| sdpa" in md and md.strip() in out  # saved again, whole, and printed
     assert not list((tmp_path / "e2e").glob("*.partial"))
+
+
+def test_a_file_given_twice_is_one_run(e2e_run, tmp_path, capsys):
+    jsonl = e2e_run[1]
+    status, out, err = run_report([str(jsonl), str(jsonl.parent / ".." / "e2e" / jsonl.name), "--results-dir",
+                                   str(tmp_path)], capsys)
+    assert status == 0 and "given more than once is read once" in err
+    assert len(markdown_tables(out)[1]) == len(records_of(jsonl)) and "run" not in markdown_tables(out)[1][0]
