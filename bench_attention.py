@@ -11,8 +11,9 @@ length, at what size does it run out of memory and why; and what do torch.compil
     python bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
 
 Inputs are (batch, seq, d): no head dimension, causal masking as in the model. Every configuration runs in
-its own child process (an OOM cannot poison the next one). Tables are printed on stdout and saved, with one
-JSON record per configuration (raw samples and the environment), under results/attention/.
+its own child process (an OOM cannot poison the next one). Tables (attention_tables.py, the code report.py
+re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration (raw samples
+and the environment), under results/attention/.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+import attention_tables
 import cli
 import common
 import model_config
@@ -31,7 +33,7 @@ import report
 import runner
 from common import DTYPES, SyncTimer, resolve_device, saved_tensors, synchronize
 from model import naive_attention, sdpa_attention
-from results import ResultFiles, environment_header, format_bytes, render_table
+from results import ResultFiles, format_bytes
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
@@ -277,94 +279,6 @@ def progress_summary(record: dict[str, Any]) -> str:
     return f"fwd {record['forward_ms_mean']:.3f} ms, bwd {record['backward_ms_mean']:.3f} ms"
 
 
-# ---- tables ----
-
-
-IMPL_COLUMNS = ["d", "seq", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd TFLOP/s", "mem before bwd",
-                "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s", "status"]
-ALWAYS_SHOWN = {"d", "seq", "fwd ms", "bwd ms", "naive predicted", "status"}
-TABLE_COLUMNS = ["impl"] + IMPL_COLUMNS  # what --columns may name (impl: the heading of each table, or a column)
-
-
-def impl_row(record: dict[str, Any]) -> dict[str, Any]:
-    config = record["config"]
-    row = {"impl": config["impl"], "d": config["d"], "seq": config["seq_len"], "status": record["status"],
-           "naive predicted": format_bytes(record["predicted_naive_saved_bytes"])}
-    if record["status"] != "ok":
-        return row
-    if record.get("note"):
-        row["status"] += f" ({record['note']})"
-    row.update({"fwd ms": record["forward_ms_mean"], "fwd std": record["forward_ms_std"],
-                "bwd ms": record["backward_ms_mean"], "bwd std": record["backward_ms_std"],
-                "fwd TFLOP/s": record["forward_tflops"],
-                "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
-                "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
-                "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
-                "backend": record.get("sdpa_backend"), "compile s": record.get("compile_s")})
-    return row
-
-
-def impl_table(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
-    rows = [impl_row(r) for r in records]
-    shown = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
-    return render_table(rows, report.pick_columns(shown, columns, fmt), fmt, floatfmt=".3f")
-
-
-def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
-    """(record key, column label) of the memory to compare: the allocator's figure where there is one (CUDA),
-    else the bytes autograd saved."""
-    if any("mem_before_backward_bytes" in r for r in records):
-        return "mem_before_backward_bytes", "mem before bwd"
-    return "saved_tensor_bytes", "saved"
-
-
-def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
-    """One row per (d, seq): each implementation's forward and backward mean and memory, and the speed-up over
-    naive (naive time / its time). A failed configuration shows its status in place of its times."""
-    mem_key, mem_label = memory_measure(records)
-    by_shape: dict[tuple[int, int], dict[str, dict]] = {}
-    for r in records:
-        by_shape.setdefault((r["config"]["d"], r["config"]["seq_len"]), {})[r["config"]["impl"]] = r
-    columns = ["d", "seq"]
-    for impl in impls:
-        columns += [f"{impl} fwd ms", f"{impl} bwd ms", f"{impl} {mem_label}"]
-        if impl != "naive" and "naive" in impls:
-            columns += [f"{impl} fwd speed-up", f"{impl} bwd speed-up"]
-    rows = []
-    for (d, seq), found in by_shape.items():
-        row: dict[str, Any] = {"d": d, "seq": seq}
-        naive = found.get("naive")
-        for impl, r in found.items():
-            if r["status"] != "ok":
-                row[f"{impl} fwd ms"] = r["status"]
-                continue
-            row[f"{impl} fwd ms"], row[f"{impl} bwd ms"] = r["forward_ms_mean"], r["backward_ms_mean"]
-            row[f"{impl} {mem_label}"] = format_bytes(r.get(mem_key))
-            if impl != "naive" and naive and naive["status"] == "ok":
-                for phase, short in (("forward", "fwd"), ("backward", "bwd")):
-                    row[f"{impl} {short} speed-up"] = f"{naive[f'{phase}_ms_mean'] / r[f'{phase}_ms_mean']:.2f}x"
-        rows.append(row)
-    return render_table(rows, columns, fmt, floatfmt=".3f")
-
-
-def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
-    """Environment header, one table per implementation (with `columns`: report.pick_columns), the comparison
-    table and a note on the memory columns, from the JSONL records alone."""
-    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
-    config0 = records[0]["config"]
-    settings = {"batch": config0["batch_size"], "dtype": config0["dtype"], "iters": config0["iters"],
-                "warmup": config0["warmup"], "causal": "yes"}
-    lines = [environment_header(env, **settings) if env else f"settings: {settings}"]
-    done = list(dict.fromkeys(r["config"]["impl"] for r in records))
-    for impl in done:
-        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt, columns)]
-    lines += ["", "### comparison", "", comparison_table(records, done, fmt), "",
-              "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
-              "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
-              "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)."]
-    return "\n".join(lines)
-
-
 # ---- command line ----
 
 
@@ -397,7 +311,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     common.device_or_exit(parser, args.device)
-    report.columns_or_exit(parser, args.columns, TABLE_COLUMNS)
+    report.columns_or_exit(parser, args.columns, attention_tables.TABLE_COLUMNS)
     # repeated values would only repeat rows; keep the order given
     args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
@@ -421,15 +335,15 @@ def main(argv: list[str] | None = None) -> int:
                     "iterations, causal")
         return cli.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
+    live = report.LiveReport("bench_attention", args.columns)  # the .md and --fmt file, rewritten as rows finish
     experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
-                                   summary=progress_summary,
-                                   render=lambda records, fmt: render_report(records, fmt, args.columns))
+                                   summary=progress_summary, render=live)
     records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
-    if records:  # (the sweep saved the report after each row: the figures come after it)
-        figures = report.figures_after_run("bench_attention", records, files) if args.plot else []
-        files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt, figures)
+    if records:
+        published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot,
+                                   live=live)
+        return code or published  # an interrupted sweep says so first
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())

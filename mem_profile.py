@@ -22,7 +22,8 @@ torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated besi
 (weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
 tables need no GPU: the latter are measured with
 torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
-takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
+takes seconds on a laptop. Tables (memory_tables.py, the code report.py re-renders saved runs with) go to stdout
+and, with one JSON record per configuration, to results/memory/.
 
 Sizes and the default sizes and contexts come from the study's handout: the current one (2026, v26.1.1) unless
 --handout or CS336_HANDOUT says 2025. --dry-run lists the configurations and runs nothing.
@@ -42,7 +43,7 @@ import time
 import traceback
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -51,22 +52,19 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cli
 import common
 import memory_snapshot
+import memory_tables
 import model_config
 import report
 import runner
 from cli import non_negative_int, positive_int
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
+from e2e_tables import config_table
 from model import ATTENTION, TransformerLM, cross_entropy
-from model_config import DEFAULT_BATCH_SIZE, HANDOUTS, get_config
-from results import GIB, MIB, ResultFiles, environment_header, format_bytes, render_table
-from runner import MODES, RunConfig, Workload, run_step
+from model_config import DEFAULT_BATCH_SIZE, MODES, get_config
+from results import ResultFiles, format_bytes
+from runner import RunConfig, Workload, run_step
 
 FP32_BYTES = 4
-CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
-            "accounting and the saved-for-backward tables are printed (those are exact on any device); the peak "
-            "tables, per configuration and per context length, need a GPU run.")
-
-
 # ---- accounting from the config ----
 
 
@@ -359,8 +357,8 @@ def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, to
             record["snapshot_status"] = common.failure_status(exc)
 
 
-def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles,
-                  measure: bool) -> tuple[list[dict], int]:
+def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles, measure: bool,
+                  render: Callable[[list[dict], str], str] | None = None) -> tuple[list[dict], int]:
     """Every configuration through the shared sweep. Without a GPU only fake tensors run: no child processes."""
     experiment = runner.Experiment(
         name="mem_profile",
@@ -368,174 +366,10 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
                                   snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
         finish=lambda run, record: finish_record(run, record, files, args.top),
         summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}",
-        render=lambda records, fmt: render_report(records, fmt, args.columns))
+        render=render or report.LiveReport("mem_profile", args.columns))
     if not measure:
         args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
     return runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
-
-
-# ---- tables ----
-
-
-def config_table(items: list[RunConfig] | list[dict], fmt: str) -> str:
-    """The model configurations of the runs (RunConfig) or of their records, naming the handout."""
-    configs = [dataclasses.asdict(x) if isinstance(x, RunConfig) else x["config"] for x in items]
-    return model_config.config_table([(c["size"], model_config.ModelConfig(**c["model"])) for c in configs],
-                                     HANDOUTS[configs[0].get("handout", model_config.DEFAULT_HANDOUT)], fmt)
-
-
-def accounting_table(records: list[dict], fmt: str) -> str:
-    rows, seen = [], set()
-    for rec in records:
-        c = rec["config"]
-        key = (c["size"], c["model"]["context_length"], c["mode"], c["dtype"])
-        if key in seen:
-            continue
-        seen.add(key)
-        static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
-        rows.append({"size": c["size"], "ctx": key[1], "mode": c["mode"], "dtype": c["dtype"],
-                     "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
-                     "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
-                     "residual stream MiB": rec["residual_stream_bytes"] / MIB,
-                     "= B x S x d_model x 4 B":
-                         f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
-                     "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
-                     "= B x H x S x S x bytes": rec["attention_scores_formula"]})
-    return render_table(rows, list(rows[0]), fmt)
-
-
-def saved_tables(records: list[dict], fmt: str) -> str:
-    summary, ops, seen = [], [], set()
-    for rec in records:
-        c = rec["config"]
-        key = (c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"])
-        if key in seen:
-            continue
-        seen.add(key)
-        ident = dict(zip(["size", "ctx", "dtype", "attn", "ckpt"], key))
-        if rec["saved_status"] != "ok":
-            summary.append({**ident, "status": rec["saved_status"]})
-            continue
-        summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
-                        "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
-                        "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
-                        "total MiB": rec["saved_total_bytes"] / MIB, "status": "ok"})
-        for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
-            for row in rows:
-                ops.append({**ident, "scope": scope, "module": row["module"], "op": row["op"],
-                            "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
-                            "share": f"{row['share']:.1%}"})
-    columns = ["size", "ctx", "dtype", "attn", "ckpt", "per block MiB", "x layers", "blocks MiB",
-               "outside blocks MiB", "total MiB", "status"]
-    text = render_table(summary, columns, fmt)
-    if ops:
-        text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "
-                 "the top 3 outside the blocks (share of the total):\n\n" + render_table(ops, list(ops[0]), fmt))
-    return text
-
-
-PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
-                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
-
-
-def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
-    """One row of the peak-memory table per configuration (report.py re-renders them)."""
-    rows = []
-    for rec in records:
-        c = rec["config"]
-        row = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
-               "attn": c["attn"], "ckpt": c["checkpoint_every"], "status": rec["status"]}
-        if rec["status"] == "ok":
-            row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
-                        "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
-                        "peak reserved MiB": rec["peak_mem_reserved_bytes"] / MIB,
-                        "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB,
-                        "step ms": rec["step_ms_mean"]})
-        rows.append(row)
-    return rows
-
-
-def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    return render_table(peak_rows(records), report.pick_columns(PEAK_COLUMNS, columns, fmt), fmt)
-
-
-def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
-    """The memory_profiling answer as the study asks for it: one row per size and context length, the peak of
-    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn and ckpt
-    get a column only when they vary. A failed configuration shows its status in its cell. None when no
-    configuration was measured (a CPU run: there are no measured peaks to show)."""
-    if all(rec["status"].startswith("skipped") for rec in records):
-        return None
-    configs = [rec["config"] for rec in records]
-    varying = [key for key in ("attn", "checkpoint_every") if len({c[key] for c in configs}) > 1]
-    dtypes = list(dict.fromkeys(c["dtype"] for c in configs))
-    modes = [m for m in MODES if any(c["mode"] == m for c in configs)]
-    columns = ["size", "ctx"] + [{"checkpoint_every": "ckpt"}.get(k, k) for k in varying]
-    columns += [f"{dtype} {mode} GiB" for dtype in dtypes for mode in modes]
-    rows: dict[tuple, dict[str, Any]] = {}
-    for rec, c in zip(records, configs):
-        key = (c["size"], c["model"]["context_length"], *(c[k] for k in varying))
-        row = rows.setdefault(key, dict(zip(columns, key)))
-        ok = rec["status"] == "ok"
-        row[f"{c['dtype']} {c['mode']} GiB"] = rec["peak_mem_allocated_bytes"] / GIB if ok else rec["status"]
-    return render_table(list(rows.values()), columns, fmt, floatfmt=".3f")
-
-
-def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
-    """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
-    check = fields["snapshot_peak_check"]
-
-    def mib(key: str) -> float | None:
-        return check[key] / MIB if check.get(key) is not None else None
-
-    check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
-                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
-                 "diff MiB": mib("diff_bytes"), "status": check["status"],
-                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
-    largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
-                "first frame in this project's code": r["sites"], "phase": r["phases"]}
-               for r in fields["snapshot_largest"]]
-    live = [{"live at the peak, by site": r["site"], "count": r["count"], "MiB": r["bytes"] / MIB,
-             "share of peak": f"{r['share']:.1%}"} for r in fields["snapshot_live_at_peak"]]
-    parts = [f"#### Snapshot: {title}", "", render_table([check_row], list(check_row), fmt), "",
-             "Largest allocations in the recorded step:", "",
-             render_table(largest, list(largest[0]) if largest else ["size MiB"], fmt), "",
-             render_table(live, list(live[0]), fmt)]
-    if "snapshot_png" in fields:
-        parts += ["", f"timeline: {fields['snapshot_png']}"]
-    else:
-        parts += ["", f"no timeline image: {fields['snapshot_png_note']}"]
-    return "\n".join(parts)
-
-
-def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    """The accounting, saved-for-backward, peak (with `columns`: report.pick_columns) and snapshot tables from the
-    JSONL records alone."""
-    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
-    config0 = records[0]["config"]
-    settings = {"sizes from": HANDOUTS[config0.get("handout", model_config.DEFAULT_HANDOUT)].title,
-                "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
-    parts = [environment_header(env, **settings) if env else f"settings: {settings}", "", config_table(records, fmt), "",
-             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
-             accounting_table(records, fmt), "",
-             "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
-             "", saved_tables(records, fmt), ""]
-    devices = {r["environment"].get("device", "") for r in records}
-    if not any(d.startswith("cuda") for d in devices):
-        parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))
-        return "\n".join(parts)
-    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
-              "", peak_table(records, fmt, columns)]
-    by_context = peak_by_context_table(records, fmt)
-    if by_context is not None:
-        parts += ["", "### Peak allocated memory per context length (GiB = 2^30 bytes): forward-only beside a "
-                      "training step", "", by_context]
-    for rec in records:
-        if "snapshot_peak_check" in rec:
-            parts += ["", snapshot_report(rec["label"], rec, fmt)]
-        elif "snapshot_status" in rec:
-            parts += ["", f"snapshot of {rec['label']}: {rec['snapshot_status']}"]
-    return "\n".join(parts)
 
 
 # ---- command line ----
@@ -592,7 +426,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                          f"{args.analyze}")
         return args, []
     common.device_or_exit(parser, args.device)
-    report.columns_or_exit(parser, args.columns, PEAK_COLUMNS)
+    report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
     # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
     # handout has that question, its memory_profiling question otherwise
@@ -637,7 +471,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         files.release()
         return 2
     files.append_record({"snapshot_path": args.analyze, **fields})
-    files.publish(lambda fmt: snapshot_report(args.analyze, fields, fmt), args.fmt,
+    files.publish(lambda fmt: memory_tables.snapshot_report(args.analyze, fields, fmt), args.fmt,
                   [fields["snapshot_png"]] if "snapshot_png" in fields else [])
     return 0
 
@@ -645,17 +479,19 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        return cli.print_dry_run([run.label() for run in runs], preamble=config_table(runs, args.fmt))
+        return cli.print_dry_run([run.label() for run in runs],
+                                 preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)
-    records, code = profile_sweep(runs, args, files, measure=resolve_device(args.device).type == "cuda")
-    if records:  # (the sweep saved the report after each row: the figures come after it)
-        figures = report.figures_after_run("mem_profile", records, files) if args.plot else []
-        files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt,
-                      [r[k] for r in records for k in ("snapshot_path", "snapshot_png") if k in r] + figures)
+    live = report.LiveReport("mem_profile", args.columns)  # the .md and --fmt file, rewritten as rows finish
+    records, code = profile_sweep(runs, args, files, resolve_device(args.device).type == "cuda", live)
+    if records:
+        published = report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot, live=live,
+                                   extra_paths=[r[k] for r in records for k in ("snapshot_path", "snapshot_png")
+                                                if k in r])
+        return code or published  # an interrupted sweep says so first
     return code
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -115,6 +115,11 @@ HANDOUTS: dict[str, Handout] = {
 DEFAULT_HANDOUT = "2026"  # the current handout
 HANDOUT_ENV = "CS336_HANDOUT"  # set once in the shell instead of --handout on every command
 DEFAULT_BATCH_SIZE = 4
+# What one measured step of the LM does in each mode (runner.run_step runs them; reports name their columns after
+# them): here, torch-free, so that the reports read them without the run path.
+MODES = ("forward", "forward-backward", "train")
+PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
+                  "train": ("forward", "backward", "optimizer")}
 
 
 def get_handout(name: str) -> Handout:

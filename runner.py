@@ -27,16 +27,13 @@ import parallel
 from common import (SyncTimer, annotate, environment, failure_status, peak_memory_bytes, precision_context,
                     reset_peak_memory, resolve_device, summarize)
 from model import TransformerLM, cross_entropy
-from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig
+from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig
 from optim import AdamW
 from parallel import DEFAULT_PG_TIMEOUT_S
 from results import ResultFiles, SkipAfterOOM, finished, is_oom_status, progress
 
 # ---- the Transformer-LM workload (bench_e2e times it, mem_profile measures its memory) ----
-
-MODES = ("forward", "forward-backward", "train")
-PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
-                  "train": ("forward", "backward", "optimizer")}
+# (MODES and PHASES_BY_MODE live in model_config.py, torch-free, where the reports read them too)
 
 
 @dataclass(frozen=True)

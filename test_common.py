@@ -406,43 +406,79 @@ def common_parser():
 
 
 class FullDisk:
-    """A file whose writes stop half-way with ENOSPC after `room` whole writes, like a disk that fills up."""
+    """os.write on a disk that fills up: the file whose name ends in `suffix` takes `room` more bytes, then a write
+    stores what still fits (half a record) and the next one fails with ENOSPC. Other files are untouched."""
 
-    def __init__(self, file, room: list[int]):
-        self._file, self._room = file, room
+    def __init__(self, room: int, suffix: str = ".jsonl"):
+        self.room, self.suffix, self._write = room, suffix, os.write
 
-    def write(self, text):
-        if self._room[0] <= 0:
-            self._file.write(text[: len(text) // 2])
-            self._file.flush()
+    def __call__(self, fd, data):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(self.suffix):
+            return self._write(fd, data)
+        if self.room <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._room[0] -= 1
-        return self._file.write(text)
-
-    def __getattr__(self, name):
-        return getattr(self._file, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._file.close()
+        written = self._write(fd, bytes(data[:self.room]))
+        self.room -= written
+        return written
 
 
-def test_a_full_disk_keeps_the_finished_records_and_stops_with_one_line(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_keeps_every_whole_record_and_prints_the_one_it_could_not_write(tmp_path, monkeypatch, capsys):
     import precision_demo
-    room = [2]
-    def open_appends_on_a_full_disk(path, mode="r", *args, **kwargs):
-        file = open(path, mode, *args, **kwargs)
-        return FullDisk(file, room) if "a" in mode else file
-
-    monkeypatch.setattr(results, "open", open_appends_on_a_full_disk, raising=False)
+    precision_demo.main(["--count", "10", "--results-dir", str(tmp_path), "--out", "sizes"])
+    capsys.readouterr()
+    lines = (tmp_path / "precision" / "sizes.jsonl").read_bytes().splitlines(keepends=True)
+    # room for two records and half of the third: the third is cut in the middle, as on a real full disk
+    monkeypatch.setattr(results.os, "write", FullDisk(len(lines[0]) + len(lines[1]) + len(lines[2]) // 2))
     with pytest.raises(SystemExit) as exit_:
         precision_demo.main(["--count", "10", "--results-dir", str(tmp_path), "--out", "full"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert exit_.value.code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1
-    records = results.read_records(tmp_path / "precision" / "full.jsonl")  # the half-written line is cut off
-    assert [r["case"] for r in records] == ["1", "2"]
+    assert "2 record(s) written before it are kept in" in err
+    saved = tmp_path / "precision" / "full.jsonl"
+    assert saved.read_bytes().endswith(b"\n")  # the half-written line is cut off: every line is whole
+    assert [r["case"] for r in results.read_records(saved)] == ["1", "2"]
+    (printed,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert printed["case"] == "3" and printed["result"] > 0  # the measured case that did not fit is on stdout
+    assert not (tmp_path / "precision" / "full.md").exists()
+
+
+def test_a_file_size_limit_cuts_no_record_in_half(tmp_path):
+    """A real short write (RLIMIT_FSIZE: the kernel stores what fits, then refuses with EFBIG), in a child: the
+    record whose write failed is cut back and is on stdout, not half in the file (a buffered file object would
+    write its leftover again when closed, after the cut)."""
+    import resource
+    argv = [sys.executable, str(HERE / "precision_demo.py"), "--count", "10", "--results-dir", str(tmp_path)]
+    subprocess.run([*argv, "--out", "sizes"], check=True, capture_output=True, timeout=120)
+    first, second = (tmp_path / "precision" / "sizes.jsonl").read_bytes().splitlines(keepends=True)[:2]
+    limit = len(first) + len(second) // 2
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([*argv, "--out", "cut"], capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit_file_size)
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "File too large" in proc.stderr
+    saved = tmp_path / "precision" / "cut.jsonl"
+    assert saved.read_bytes().endswith(b"\n")  # whole records only: the first
+    assert [r["case"] for r in results.read_records(saved)] == ["1"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["case"] == "2"
+
+
+def test_an_interrupt_while_a_record_is_written_leaves_whole_lines(tmp_path, monkeypatch):
+    files = ResultFiles(tmp_path, "e2e", "int", "e2e")
+    files.append_record({"a": 1})
+    real_write = os.write
+
+    def write_half_then_interrupt(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "write", write_half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        files.append_record({"a": 2, "b": "x" * 100})
+    monkeypatch.undo()
+    assert results.read_records(files.jsonl) == [{"a": 1}]
 
 
 def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys):
@@ -459,7 +495,8 @@ def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys)
         files.write_markdown("three rows")
     assert exit_.value.code == 1 and "No space left on device" in capsys.readouterr().err
     assert files.markdown.read_text() == "two rows\n"
-    assert sorted(p.name for p in files.folder.iterdir()) == ["md.jsonl", "md.md"]  # no partial file left
+    # no partial file left, and the reserved JSONL, which no record reached, is given back
+    assert sorted(p.name for p in files.folder.iterdir()) == ["md.md"]
 
 
 @dataclasses.dataclass

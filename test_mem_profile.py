@@ -14,6 +14,7 @@ import torch
 
 import mem_profile
 import memory_snapshot
+import memory_tables
 import runner
 from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
 from model_config import ModelConfig
@@ -307,7 +308,7 @@ def test_large_model_rounding_is_no_false_mismatch(tmp_path, monkeypatch):
                                           tmp_path / "t.png", "xl", 5, out["snapshot_requested_peak_bytes"])
     check = fields["snapshot_peak_check"]
     assert check["status"] == "ok (exact)" and check["allocator_rounding_bytes"] == int(24 * MIB * 0.025)
-    report = mem_profile.snapshot_report("xl", fields, "github")
+    report = memory_tables.snapshot_report("xl", fields, "github")
     assert "requested peak MiB" in report and "24.60" in report  # max_memory_allocated beside it
 
 
@@ -329,7 +330,7 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
                                          "--results-dir", str(tmp_path)])
     files = mem_profile.ResultFiles(tmp_path, "memory", "c", "memory")
     records, _ = mem_profile.profile_sweep(runs, args, files, measure=True)
-    text = mem_profile.render_report(records, "github")
+    text = memory_tables.render_report(records, "github")
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
     by_context = text.split("### Peak allocated memory per context length")[1]
     assert "|   fp32 train GiB |" in by_context and "| tiny   |    16 |            3.000 |" in by_context
@@ -456,7 +457,7 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
                peak_record("xl", 2048, "forward", "fp32", 20.0), peak_record("xl", 2048, "forward", "bf16", 18.5),
                peak_record("xl", 2048, "train", "fp32", status="OOM"),
                peak_record("xl", 2048, "train", "bf16", 75.75)]
-    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "fp32 forward GiB", "fp32 train GiB", "bf16 forward GiB", "bf16 train GiB"]
     assert rows == [["xl", "128", "13.500", "52.125", "14.250", "50.000"],
                     ["xl", "2048", "20.000", "OOM", "18.500", "75.750"]]
@@ -465,11 +466,11 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
 def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
     records = [peak_record("tiny", 16, "forward", "fp32", 1.0, ckpt=0), peak_record("tiny", 16, "train", "fp32", 3.0),
                peak_record("tiny", 16, "train", "fp32", 2.0, ckpt=2)]
-    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "ckpt", "fp32 forward GiB", "fp32 train GiB"]
     assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
     skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
-    assert mem_profile.peak_by_context_table(skipped, "github") is None
+    assert memory_tables.peak_by_context_table(skipped, "github") is None
 
 
 def test_unknown_column_is_a_usage_error(tmp_path, capsys):

@@ -20,6 +20,7 @@ import bench_e2e
 import common
 import mem_profile
 import precision_demo
+import report
 import runner
 from results import read_records
 
@@ -254,12 +255,12 @@ def test_failed_and_skipped_records_carry_experiment_environment_and_status(tmp_
 
 
 def test_reports_render_from_the_records_alone(tmp_path, capsys):
-    """What a script printed can be rebuilt from its JSONL: same text from render_report(records, fmt)."""
+    """What a script printed can be rebuilt from its JSONL: same text from report.render(experiment, records, fmt)."""
     bench_e2e.main([*SMALL, "--context-length", "8", "--in-process", "--results-dir", str(tmp_path), "--out", "r"])
     records = read_records(tmp_path / "e2e" / "r.jsonl")
-    assert bench_e2e.render_report(records, "github") + "\n" == (tmp_path / "e2e" / "r.md").read_text()
+    assert report.render("bench_e2e", records, "github") + "\n" == (tmp_path / "e2e" / "r.md").read_text()
     records = json.loads(json.dumps(records))  # nothing but JSON
-    assert "step ms" in bench_e2e.render_report(records, "plain")
+    assert "step ms" in report.render("bench_e2e", records, "plain")
 
 
 # ---- run_sweep(search=True): a group's first failure of any kind ends its search ----

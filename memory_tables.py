@@ -1,0 +1,182 @@
+"""mem_profile's report, from its JSONL records alone: the accounting from the config, what autograd saves for
+backward, the measured peaks (CUDA) per configuration and per context length, and the snapshot sections.
+report.render("mem_profile", ...) is the one caller (report.py's docstring has the layout); mem_profile --analyze
+prints snapshot_report. torch-free; in a merge of several runs (results.RUN_KEY on each record) every table gets
+a `run` column and each run's rows are kept apart.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from e2e_tables import config_section
+from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES
+from results import (GIB, MIB, RUN_COLUMN, environment_lines, is_merged, pick_columns, render_table, run_of,
+                     with_run_column)
+
+CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
+            "accounting and the saved-for-backward tables are printed (those are exact on any device); the peak "
+            "tables, per configuration and per context length, need a GPU run.")
+
+
+def run_cell(record: dict[str, Any], merged: bool) -> dict[str, Any]:
+    """The run column's cell of a row, when the records are a merge."""
+    return {RUN_COLUMN: run_of(record)} if merged else {}
+
+
+def accounting_table(records: list[dict], fmt: str) -> str:
+    rows, seen, merged = [], set(), is_merged(records)
+    for rec in records:
+        c = rec["config"]
+        key = (run_of(rec), c["size"], c["model"]["context_length"], c["mode"], c["dtype"])
+        if key in seen:
+            continue
+        seen.add(key)
+        static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
+        rows.append({**run_cell(rec, merged), "size": c["size"], "ctx": key[2], "mode": c["mode"], "dtype": c["dtype"],
+                     "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
+                     "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
+                     "residual stream MiB": rec["residual_stream_bytes"] / MIB,
+                     "= B x S x d_model x 4 B":
+                         f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
+                     "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
+                     "= B x H x S x S x bytes": rec["attention_scores_formula"]})
+    return render_table(rows, list(rows[0]), fmt)
+
+
+def saved_tables(records: list[dict], fmt: str) -> str:
+    summary, ops, seen, merged = [], [], set(), is_merged(records)
+    for rec in records:
+        c = rec["config"]
+        key = (run_of(rec), c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"])
+        if key in seen:
+            continue
+        seen.add(key)
+        ident = {**run_cell(rec, merged), **dict(zip(["size", "ctx", "dtype", "attn", "ckpt"], key[1:]))}
+        if rec["saved_status"] != "ok":
+            summary.append({**ident, "status": rec["saved_status"]})
+            continue
+        summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
+                        "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
+                        "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
+                        "total MiB": rec["saved_total_bytes"] / MIB, "status": "ok"})
+        for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
+            for row in rows:
+                ops.append({**ident, "scope": scope, "module": row["module"], "op": row["op"],
+                            "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
+                            "share": f"{row['share']:.1%}"})
+    columns = with_run_column(["size", "ctx", "dtype", "attn", "ckpt", "per block MiB", "x layers", "blocks MiB",
+                               "outside blocks MiB", "total MiB", "status"], records)
+    text = render_table(summary, columns, fmt)
+    if ops:
+        text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "
+                 "the top 3 outside the blocks (share of the total):\n\n" + render_table(ops, list(ops[0]), fmt))
+    return text
+
+
+PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
+                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+
+
+def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
+    """One row of the peak-memory table per configuration."""
+    rows = []
+    for rec in records:
+        c = rec["config"]
+        row = {RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
+               "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"], "status": rec["status"]}
+        if rec["status"] == "ok":
+            row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
+                        "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
+                        "peak reserved MiB": rec["peak_mem_reserved_bytes"] / MIB,
+                        "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB,
+                        "step ms": rec["step_ms_mean"]})
+        rows.append(row)
+    return rows
+
+
+def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
+    return render_table(peak_rows(records), pick_columns(with_run_column(PEAK_COLUMNS, records), columns, fmt), fmt)
+
+
+def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
+    """The memory_profiling answer as the study asks for it: one row per size and context length, the peak of
+    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn and ckpt
+    get a column only when they vary. A failed configuration shows its status in its cell. None when no
+    configuration was measured (a CPU run: there are no measured peaks to show). A merge has a row per run."""
+    if all(rec["status"].startswith("skipped") for rec in records):
+        return None
+    configs = [rec["config"] for rec in records]
+    varying = [key for key in ("attn", "checkpoint_every") if len({c[key] for c in configs}) > 1]
+    dtypes = list(dict.fromkeys(c["dtype"] for c in configs))
+    modes = [m for m in MODES if any(c["mode"] == m for c in configs)]
+    keys = with_run_column(["size", "ctx"] + [{"checkpoint_every": "ckpt"}.get(k, k) for k in varying], records)
+    columns = keys + [f"{dtype} {mode} GiB" for dtype in dtypes for mode in modes]
+    rows: dict[tuple, dict[str, Any]] = {}
+    for rec, c in zip(records, configs):
+        key = ((run_of(rec),) if is_merged(records) else ()) + (c["size"], c["model"]["context_length"],
+                                                                *(c[k] for k in varying))
+        row = rows.setdefault(key, dict(zip(keys, key)))
+        ok = rec["status"] == "ok"
+        row[f"{c['dtype']} {c['mode']} GiB"] = rec["peak_mem_allocated_bytes"] / GIB if ok else rec["status"]
+    return render_table(list(rows.values()), columns, fmt, floatfmt=".3f")
+
+
+def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
+    """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
+    check = fields["snapshot_peak_check"]
+
+    def mib(key: str) -> float | None:
+        return check[key] / MIB if check.get(key) is not None else None
+
+    check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
+                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
+                 "diff MiB": mib("diff_bytes"), "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
+    largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
+                "first frame in this project's code": r["sites"], "phase": r["phases"]}
+               for r in fields["snapshot_largest"]]
+    live = [{"live at the peak, by site": r["site"], "count": r["count"], "MiB": r["bytes"] / MIB,
+             "share of peak": f"{r['share']:.1%}"} for r in fields["snapshot_live_at_peak"]]
+    parts = [f"#### Snapshot: {title}", "", render_table([check_row], list(check_row), fmt), "",
+             "Largest allocations in the recorded step:", "",
+             render_table(largest, list(largest[0]) if largest else ["size MiB"], fmt), "",
+             render_table(live, list(live[0]), fmt)]
+    if "snapshot_png" in fields:
+        parts += ["", f"timeline: {fields['snapshot_png']}"]
+    else:
+        parts += ["", f"no timeline image: {fields['snapshot_png_note']}"]
+    return "\n".join(parts)
+
+
+def run_settings(records: list[dict]) -> dict[str, Any]:
+    config0 = records[0]["config"]
+    return {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+            "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
+
+
+def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
+    """The accounting, saved-for-backward, peak (with `columns`: results.pick_columns) and snapshot tables from the
+    JSONL records alone."""
+    merged = is_merged(records)
+    parts = [*environment_lines(records, run_settings), "", config_section(records, fmt), "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
+             accounting_table(records, fmt), "",
+             "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
+             "", saved_tables(records, fmt), ""]
+    devices = {r["environment"].get("device", "") for r in records}
+    if not any(d.startswith("cuda") for d in devices):
+        parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))
+        return "\n".join(parts)
+    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
+              "", peak_table(records, fmt, columns)]
+    by_context = peak_by_context_table(records, fmt)
+    if by_context is not None:
+        parts += ["", "### Peak allocated memory per context length (GiB = 2^30 bytes): forward-only beside a "
+                      "training step", "", by_context]
+    for rec in records:
+        title = rec["label"] + (f" ({run_of(rec)})" if merged else "")
+        if "snapshot_peak_check" in rec:
+            parts += ["", snapshot_report(title, rec, fmt)]
+        elif "snapshot_status" in rec:
+            parts += ["", f"snapshot of {title}: {rec['snapshot_status']}"]
+    return "\n".join(parts)
