@@ -79,12 +79,7 @@ IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
 BASELINE = "naive"  # "PyTorch" in the handout's flash_benchmarking: the speed-ups are over it
 
 
-def impl_choice(text: str) -> str:
-    """--impl: one of IMPLEMENTATIONS, or MODULE:CALLABLE (your own); anything else is a usage error."""
-    if text in IMPLEMENTATIONS or user_code.is_spec(text):
-        return text
-    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(IMPLEMENTATIONS)}, or "
-                                     "MODULE:CALLABLE for your own)")
+impl_choice = user_code.named_or_spec(IMPLEMENTATIONS)  # --impl: ours by name, or MODULE:CALLABLE (yours)
 
 
 def signature_error(target: Callable[..., Any], arguments: tuple[Any, ...]) -> str | None:

@@ -16,6 +16,9 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
+    python bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
+    python bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
+    python bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
 
 Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
 current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
@@ -52,6 +55,7 @@ from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
 from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUTS, ModelConfig, get_config
 from results import FINISHED, GIB, ResultFiles, environment_header, finished, render_table
+import user_code
 from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
@@ -73,7 +77,25 @@ def run_config(run: RunConfig) -> dict[str, Any]:
                                   compile_first=run.compile, profiler=profiler)
     if run.profile_results_dir is not None:
         record.update(profile_tables(run, profiler, record))
+    if run.flops == "counted":
+        runner.phase("counting FLOPs (one untimed step)")
+        record["counted_step_flops"] = counted_step_flops(work)
     return record
+
+
+def counted_step_flops(work: Workload) -> int:
+    """FLOPs of one step of work.run.mode as torch.utils.flop_counter.FlopCounterMode counts them (matmuls,
+    attention kernels, convolutions; 2 per multiply-add, like model_config's formula; elementwise work and the
+    optimizer step not counted), on one more step after the timed ones, untimed, through the model itself (not
+    torch.compile's wrapper, which the counter cannot see into). Works for any model: what --flops counted is for."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss = work.forward(eager=True)
+        if work.run.mode != "forward":
+            loss.backward()
+    work.zero_grad()
+    return counter.get_total_flops()
 
 
 # ---- --profile: torch.profiler over the measured steps ----
@@ -174,9 +196,12 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
     tokens = run.batch_size * run.context_length * run.world_size
-    flops = model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     out["tokens_per_s"] = tokens / step_s
-    out["step_flops"] = flops
+    flops = step_flops(run, record)
+    out["step_flops"], out["flops_source"] = flops, run.flops
+    if flops is None:  # --flops none: no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
+        out.update(achieved_tflops=None, peak_tflops=None, peak_source=None, mfu_precision=None, mfu=None)
+        return out
     out["achieved_tflops"] = flops / step_s / 1e12
     env = record["environment"]
     precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
@@ -191,9 +216,24 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     return out
 
 
+def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
+    """FLOPs of one global step (every rank's): model_config's formula for our architecture (--flops formula: ours,
+    or yours when you confirm it is the same architecture), FlopCounterMode's count (counted), or None (none)."""
+    if run.flops == "formula":
+        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+    if run.flops == "counted":
+        return record["counted_step_flops"] * run.world_size
+    return None
+
+
 # ---- the table ----
 
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "optimizer", "parallel",
+FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
+                 "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
+                 "none": "none (no TFLOP/s, no MFU)"}
+
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "model", "optimizer",
+           "parallel",
            "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s",
            "MFU", "state GiB/rank", "peak mem GiB", "status"]
 
@@ -216,7 +256,7 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
                            "layers": m["num_layers"], "heads": m["num_heads"], "ctx": m["context_length"],
                            "dtype": config["dtype"] + (" compiled" if config["compile"] else ""),
                            "warmup": config["warmup"], "status": record["status"],
-                           "parallel": parallel_label(config)}
+                           "parallel": parallel_label(config), "model": config.get("model_factory")}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
         row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
     if not finished(record):
@@ -226,7 +266,7 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
             row[f"{short} ms"] = record[f"{phase}_ms_mean"]
             row[f"{short} std"] = record[f"{phase}_ms_std"]
     row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
-    row["TFLOP/s"] = record["achieved_tflops"]
+    row["TFLOP/s"] = record.get("achieved_tflops")
     row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
     if record.get("peak_mem_allocated_bytes") is not None:
         row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
@@ -251,11 +291,12 @@ VARIANT_AXES: dict[str, Callable[[dict[str, Any]], str]] = {
     "dtype": lambda c: c["dtype"],
     "compile": lambda c: "compiled" if c["compile"] else "eager",
     "attn": lambda c: c["attn"],
-    "optimizer": lambda c: "our AdamW" if c["optimizer"] == "ours" else "torch AdamW",
+    "model": lambda c: c.get("model_factory") or "our model",
+    "optimizer": lambda c: {"ours": "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], c["optimizer"]),
     "parallel": lambda c: parallel_label(c) or "1 process",
 }
-VARIANT_FIELDS = ("dtype", "compile", "attn", "optimizer", "parallel", "world_size", "fsdp_mixed_precision",
-                  "reshard_after_forward")  # the config fields behind VARIANT_AXES
+VARIANT_FIELDS = ("dtype", "compile", "attn", "model_factory", "flops", "optimizer", "parallel", "world_size",
+                  "fsdp_mixed_precision", "reshard_after_forward")  # the config fields behind VARIANT_AXES
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 
 
@@ -467,10 +508,15 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
     config0 = records[0]["config"]
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
     attns = list(dict.fromkeys(r["config"]["attn"] for r in records))
+    models = list(dict.fromkeys(r["config"].get("model_factory") for r in records))
     settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+                "model": " and ".join(m or "ours (model.TransformerLM)" for m in models),
                 "batch": config0["batch_size"], "steps": config0["steps"],
                 "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else "")}
-    if len(attns) == 1:
+    flops = list(dict.fromkeys(r["config"].get("flops", "formula") for r in records))
+    if flops != ["formula"] or models != [None]:  # whose FLOPs the TFLOP/s and MFU columns divide by
+        settings["FLOPs"] = " and ".join(FLOPS_SOURCES[f] for f in flops)
+    if len(attns) == 1 and None in models:
         settings["attn"] = attns[0]
     if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
@@ -485,6 +531,8 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
             row["optimizer"] = rec["config"]["optimizer"]
         if len(attns) > 1:
             row["attn"] = rec["config"]["attn"]
+        if len(models) > 1:
+            row["model"] = rec["config"].get("model_factory") or "ours"
     shown = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
     lines.append(render_table(rows, report.pick_columns(shown, columns, fmt), fmt))
     compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
@@ -537,12 +585,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
                    help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
                         "Compile time is reported apart from the timed steps")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"],
-                   help="attention implementation(s): naive = softmax(QK^T)V in the model's own code, sdpa = "
-                        "torch's fused scaled_dot_product_attention; both to compare them")
-    p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
-                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give both "
-                        "to compare them in one table (train mode)")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
+                   help="our model's attention implementation(s): naive = softmax(QK^T)V in the model's own code, "
+                        "sdpa = torch's fused scaled_dot_product_attention; both to compare them (default: naive)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
+                                "several to compare them in one table (train mode)", flops=True)
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
@@ -605,7 +652,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    args.attn = list(dict.fromkeys(args.attn))
+    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
     world_size = check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
@@ -621,8 +669,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         except ValueError as exc:
             parser.error(str(exc))
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
-            "compile": args.compile, "attn": args.attn, "optimizer": args.optimizer, "warmup": args.warmup,
-            "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+            "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
+            "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
     runs = []  # a search's probes in a row, shortest first: runner.run_sweep(search=True) ends it at a failure
     try:
@@ -631,6 +679,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             kind = c["parallel"]
             if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
                 c["fsdp_mp"], c["reshard"] = "off", "on"
+            if c["model"] != user_code.OURS:  # nor does our model's attention multiply the rows of yours
+                c["attn"] = "naive"
             if c["size"] == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
@@ -639,6 +689,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
+                                  model_factory=user_code.model_factory(c["model"]),
+                                  flops=user_code.flops_source(c["model"], args.flops),
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
@@ -647,7 +699,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   pg_timeout_s=args.pg_timeout))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
-    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
+    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs

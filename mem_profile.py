@@ -12,6 +12,7 @@ does activation checkpointing buy, and at what cost in step time.
     python mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
     python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
     python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
+    python mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
 
 Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
 reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
@@ -54,9 +55,10 @@ import memory_snapshot
 import model_config
 import report
 import runner
+import user_code
 from cli import non_negative_int, positive_int
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
-from model import ATTENTION, TransformerLM, cross_entropy
+from model import ATTENTION, cross_entropy
 from model_config import DEFAULT_BATCH_SIZE, HANDOUTS, get_config
 from results import GIB, MIB, ResultFiles, environment_header, format_bytes, render_table
 from runner import MODES, RunConfig, Workload, run_step
@@ -70,10 +72,11 @@ CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run
 # ---- accounting from the config ----
 
 
-def static_memory_bytes(cfg: model_config.ModelConfig, mode: str) -> dict[str, int]:
+def static_memory_bytes(cfg: model_config.ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
     """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
-    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
-    weights = cfg.num_params * FP32_BYTES
+    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step.
+    `num_params`: the model's own count (yours); default our architecture's."""
+    weights = (num_params or cfg.num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
 
@@ -90,9 +93,11 @@ def attention_scores_bytes(batch: int, heads: int, ctx: int, dtype: str) -> int:
     return batch * heads * ctx * ctx * DTYPES[dtype].itemsize
 
 
-def accounting(run: RunConfig) -> dict[str, Any]:
+def accounting(run: RunConfig, num_params: int | None = None) -> dict[str, Any]:
+    """The formulas' figures for one configuration; `num_params` (counted on your --model) replaces our
+    architecture's count in the weights, gradients and AdamW state."""
     cfg, batch, ctx = run.model, run.batch_size, run.context_length
-    record: dict[str, Any] = static_memory_bytes(cfg, run.mode)
+    record: dict[str, Any] = static_memory_bytes(cfg, run.mode, num_params)
     record["residual_stream_bytes"] = residual_stream_bytes(batch, ctx, cfg.d_model)
     record["residual_stream_formula"] = f"{batch} x {ctx} x {cfg.d_model} x {FP32_BYTES} B"
     record["attention_scores_layer_bytes"] = attention_scores_bytes(batch, cfg.num_heads, ctx, run.dtype)
@@ -155,23 +160,24 @@ class ModuleTracker:
 
 def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
                        checkpoint_every: int = 0, device: str | torch.device = "cpu",
-                       fake: bool = True) -> list[dict[str, Any]]:
+                       fake: bool = True, model_factory: str | None = None) -> list[dict[str, Any]]:
     """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
     with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
     and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
     copies are not, and are listed).
 
     fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
-    with no memory and no arithmetic. fake=False runs the real model (tests compare the two)."""
+    with no memory and no arithmetic. fake=False runs the real model (tests compare the two). `model_factory`:
+    your model instead of ours (runner.build_model)."""
     device = torch.device(device)
     if fake:
         with torch.device("meta"):
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
         mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
     else:
         with device:
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         mode = contextlib.nullcontext()
     with mode:
         if fake:
@@ -196,7 +202,7 @@ def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "
     return rows
 
 
-BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
+BLOCK_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")  # ours and the staff model's blocks; a wrapper's too
 
 
 def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
@@ -214,7 +220,7 @@ def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int
     in_blocks: Counter = Counter()
     outside: Counter = Counter()
     for s in saved:
-        match = BLOCK_PATH.match(s["module"])
+        match = BLOCK_PATH.search(s["module"])
         if match:
             per_block[int(match.group(1))] += s["bytes"]
             module = s["module"][match.end():] or "(block)"
@@ -242,8 +248,13 @@ def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     common.maybe_inject_fault(fault_fields(run, "saved"))
     runner.phase("saved for backward (fake tensors)")
     saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
-                               resolve_device(run.device))
-    return summarize_saved(saved, run.model.num_layers)
+                               resolve_device(run.device), model_factory=run.model_factory)
+    summary = summarize_saved(saved, run.model.num_layers)
+    if run.model_factory is not None:  # your parameters, counted on meta tensors (no memory)
+        with torch.device("meta"):
+            model = runner.build_model(run.model, factory=run.model_factory)
+        summary["model_num_params"] = sum(p.numel() for p in model.parameters())
+    return summary
 
 
 # ---- measured peaks and snapshots (CUDA only) ----
@@ -346,7 +357,7 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
 def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
     """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
     largest allocations, peak check), added in this process."""
-    record.update(accounting(run))
+    record.update(accounting(run, record.get("model_num_params")))
     if record["status"] == "ok":
         record.update(runner.sample_stats(record, ("step",)))
     if "snapshot_path" in record:
@@ -388,12 +399,13 @@ def accounting_table(records: list[dict], fmt: str) -> str:
     rows, seen = [], set()
     for rec in records:
         c = rec["config"]
-        key = (c["size"], c["model"]["context_length"], c["mode"], c["dtype"])
+        key = (c["size"], c["model"]["context_length"], c["mode"], c["dtype"], model_name(c))
         if key in seen:
             continue
         seen.add(key)
         static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
         rows.append({"size": c["size"], "ctx": key[1], "mode": c["mode"], "dtype": c["dtype"],
+                     **({"model": model_name(c)} if yours(records) else {}),
                      "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
                      "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
                      "residual stream MiB": rec["residual_stream_bytes"] / MIB,
@@ -408,25 +420,28 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     summary, ops, seen = [], [], set()
     for rec in records:
         c = rec["config"]
-        key = (c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"])
+        key = (c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"],
+               model_name(c))
         if key in seen:
             continue
         seen.add(key)
-        ident = dict(zip(["size", "ctx", "dtype", "attn", "ckpt"], key))
+        ident = dict(zip(["size", "ctx", "dtype", "attn", "ckpt", "model"], key))
         if rec["saved_status"] != "ok":
             summary.append({**ident, "status": rec["saved_status"]})
             continue
+        unsplit = not rec["saved_blocks_bytes"] and c.get("model_factory")  # your blocks are not named layers.N
         summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
                         "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
                         "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
-                        "total MiB": rec["saved_total_bytes"] / MIB, "status": "ok"})
+                        "total MiB": rec["saved_total_bytes"] / MIB,
+                        "status": "ok (no module named layers.N: all counted outside)" if unsplit else "ok"})
         for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
             for row in rows:
                 ops.append({**ident, "scope": scope, "module": row["module"], "op": row["op"],
                             "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
                             "share": f"{row['share']:.1%}"})
-    columns = ["size", "ctx", "dtype", "attn", "ckpt", "per block MiB", "x layers", "blocks MiB",
-               "outside blocks MiB", "total MiB", "status"]
+    columns = ["size", "ctx", "dtype", "attn", "ckpt"] + (["model"] if yours(records) else [])
+    columns += ["per block MiB", "x layers", "blocks MiB", "outside blocks MiB", "total MiB", "status"]
     text = render_table(summary, columns, fmt)
     if ops:
         text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "
@@ -434,8 +449,18 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     return text
 
 
-PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
-                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "model", "optimizer", "peak alloc MiB",
+                "peak alloc GiB", "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+
+
+def model_name(config: dict[str, Any]) -> str:
+    """"ours" or your --model's MODULE:CALLABLE."""
+    return config.get("model_factory") or user_code.OURS
+
+
+def yours(records: list[dict]) -> bool:
+    """Whether any configuration ran your model (then the tables name the model of every row)."""
+    return any(r["config"].get("model_factory") for r in records)
 
 
 def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
@@ -444,7 +469,8 @@ def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
     for rec in records:
         c = rec["config"]
         row = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
-               "attn": c["attn"], "ckpt": c["checkpoint_every"], "status": rec["status"]}
+               "attn": c["attn"], "ckpt": c["checkpoint_every"], "model": model_name(c),
+               "optimizer": c.get("optimizer", user_code.OURS), "status": rec["status"]}
         if rec["status"] == "ok":
             row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
                         "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
@@ -456,25 +482,32 @@ def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
 
 
 def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    return render_table(peak_rows(records), report.pick_columns(PEAK_COLUMNS, columns, fmt), fmt)
+    """The peak-memory table; the model and optimizer columns only when the run had yours or several."""
+    configs = [r["config"] for r in records]
+    hidden = {name for name, key in (("model", model_name), ("optimizer", lambda c: c.get("optimizer", "ours")))
+              if len({key(c) for c in configs}) == 1 and {key(c) for c in configs} == {user_code.OURS}}
+    default = [c for c in PEAK_COLUMNS if c not in hidden]
+    return render_table(peak_rows(records), report.pick_columns(default, columns, fmt), fmt)
 
 
 def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
     """The memory_profiling answer as the study asks for it: one row per size and context length, the peak of
-    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn and ckpt
-    get a column only when they vary. A failed configuration shows its status in its cell. None when no
+    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn, ckpt, model
+    and optimizer get a column only when they vary. A failed configuration shows its status in its cell. None when no
     configuration was measured (a CPU run: there are no measured peaks to show)."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     configs = [rec["config"] for rec in records]
-    varying = [key for key in ("attn", "checkpoint_every") if len({c[key] for c in configs}) > 1]
+    fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_name,
+              "optimizer": lambda c: c.get("optimizer", user_code.OURS)}  # (older records have no optimizer)
+    varying = [name for name, value in fields.items() if len({value(c) for c in configs}) > 1]
     dtypes = list(dict.fromkeys(c["dtype"] for c in configs))
     modes = [m for m in MODES if any(c["mode"] == m for c in configs)]
-    columns = ["size", "ctx"] + [{"checkpoint_every": "ckpt"}.get(k, k) for k in varying]
+    columns = ["size", "ctx"] + varying
     columns += [f"{dtype} {mode} GiB" for dtype in dtypes for mode in modes]
     rows: dict[tuple, dict[str, Any]] = {}
     for rec, c in zip(records, configs):
-        key = (c["size"], c["model"]["context_length"], *(c[k] for k in varying))
+        key = (c["size"], c["model"]["context_length"], *(fields[k](c) for k in varying))
         row = rows.setdefault(key, dict(zip(columns, key)))
         ok = rec["status"] == "ok"
         row[f"{c['dtype']} {c['mode']} GiB"] = rec["peak_mem_allocated_bytes"] / GIB if ok else rec["status"]
@@ -514,9 +547,11 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
     env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
     config0 = records[0]["config"]
     settings = {"sizes from": HANDOUTS[config0.get("handout", model_config.DEFAULT_HANDOUT)].title,
+                "model": ", ".join(dict.fromkeys(model_name(r["config"]) for r in records)),
                 "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
     parts = [environment_header(env, **settings) if env else f"settings: {settings}", "", config_table(records, fmt), "",
-             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's parameters as "
+             "counted on it, AdamW's two moments per parameter whatever the optimizer)", "",
              accounting_table(records, fmt), "",
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
              "", saved_tables(records, fmt), ""]
@@ -553,7 +588,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
                    help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights)")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"], help="attention implementation(s)")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
+                   help="our model's attention implementation(s) (default: naive)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU) in a "
+                                "training step; several to compare their peaks", flops=False)
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "several values put their peaks and step times in one table")
@@ -595,6 +633,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
+    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
+    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
+    args.optimizer = list(dict.fromkeys(args.optimizer))
     # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
     # handout has that question, its memory_profiling question otherwise
     if any(args.checkpoint) and handout.checkpoint_setup is not None:
@@ -608,14 +649,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args.context_length = args.context_length or list(default_contexts)
     runs = []
     try:
-        for size, ctx, mode, dtype, attn, k in itertools.product(sizes, args.context_length, args.mode, args.dtype,
-                                                                 args.attn, args.checkpoint):
+        for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
+                sizes, args.context_length, args.mode, args.dtype, args.model, args.attn, args.checkpoint,
+                args.optimizer):
+            if model != user_code.OURS:  # our attention and checkpointing do not multiply the rows of yours
+                attn, k = "naive", 0
+            if mode != "train":  # no optimizer step: the optimizer does not multiply these rows
+                optimizer = user_code.OURS
             runs.append(RunConfig(size=size, handout=args.handout,
                                   model=get_config(size, args.handout, context_length=ctx),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
-                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
+                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k,
+                                  model_factory=user_code.model_factory(model), optimizer=optimizer))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
+    runs = list(dict.fromkeys(runs))  # your model's rows are not multiplied by --attn and --checkpoint
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs

@@ -17,7 +17,7 @@ import importlib
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Callable, Iterable
 
 # dotted Python names on both sides: cs336_basics.model:BasicsTransformerLM, flash:Outer.Inner
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
@@ -38,6 +38,64 @@ def spec_type(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must be MODULE:CALLABLE (e.g. cs336_basics.model:BasicsTransformerLM), "
                                          f"got {text!r}")
     return text
+
+
+def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
+    """argparse type of a flag that takes one of `names` (ours) or a MODULE:CALLABLE (yours)."""
+    names = tuple(names)
+
+    def parse(text: str) -> str:
+        if text in names or is_spec(text):
+            return text
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names)}, or "
+                                         "MODULE:CALLABLE for your own)")
+    return parse
+
+
+# ---- --model, --optimizer and --flops: bench_e2e and mem_profile (runner.build_model and build_optimizer) ----
+
+OURS = "ours"
+
+
+def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: bool) -> None:
+    """--model and --optimizer (and, for bench_e2e, --flops): our model and AdamW, or yours."""
+    parser.add_argument("--model", nargs="+", type=named_or_spec([OURS]), default=[OURS], metavar="MODEL",
+                        help="ours = model.TransformerLM (the staff architecture); or yours as MODULE:CALLABLE, any "
+                             "factory of an nn.Module taking the staff constructor's keywords (vocab_size, "
+                             "context_length, d_model, num_layers, num_heads, d_ff, rope_theta) whose forward maps "
+                             "token ids (batch, seq) to logits (batch, seq, vocab), e.g. "
+                             "cs336_basics.model:BasicsTransformerLM; imported from the current directory or "
+                             "PYTHONPATH; several to compare them (see docs/your_code.md)")
+    parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
+                        metavar="OPTIMIZER", help=optimizer_help + "; or yours as MODULE:CLASS, built as "
+                        "CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
+    if flops:
+        parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
+                            help="the FLOPs behind TFLOP/s and MFU: formula = model_config's for our architecture "
+                                 "(the default for our model; for yours only if you confirm it is the same "
+                                 "architecture, as the staff model is); counted = torch.utils.flop_counter's count "
+                                 "of one more, untimed step; none (the default for yours): no TFLOP/s, no MFU")
+
+
+def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, ours_only: dict[str, bool]) -> None:
+    """--model as a list without repeats; a flag that only changes our model (`ours_only`: flag -> whether it was
+    given) is a usage error when only your models run."""
+    args.model = list(dict.fromkeys(args.model))
+    if OURS not in args.model:
+        for flag, given in ours_only.items():
+            if given:
+                parser.error(f"{flag} changes our model only, and --model runs only yours "
+                             f"({', '.join(args.model)}): drop it, or add ours (--model ours ...)")
+
+
+def model_factory(name: str) -> str | None:
+    """RunConfig.model_factory of a --model value: None for ours, the spec for yours."""
+    return None if name == OURS else name
+
+
+def flops_source(name: str, given: str | None) -> str:
+    """--flops as given, else formula for our model and none for yours (the formula is our architecture's)."""
+    return given or ("formula" if name == OURS else "none")
 
 
 def load(spec: str) -> Any:
