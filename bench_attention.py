@@ -40,7 +40,7 @@ import model_config
 import report
 import runner
 from attention_impls import (BASELINE, IMPLEMENTATIONS, AttentionFn, attention_function, impl_choice,  # noqa: F401
-                             naive_attention, sdpa_attention, sdpa_one_head)  # (tests and report.py read them here)
+                             naive_attention, sdpa_attention, sdpa_one_head)  # (the tests read them here)
 from common import DTYPES, SyncTimer, peak_memory_bytes, reset_peak_memory, resolve_device, saved_tensors, synchronize
 from results import ResultFiles, environment_header, format_bytes, render_table
 
@@ -430,8 +430,9 @@ def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | 
               "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
               "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output); "
               f"max err: {attention_check.METRIC} over the output and the gradients of Q, K and V (the worst named) "
-              "against causal attention in float64 on the same inputs; check: WRONG when it exceeds tol (fp32 1e-02, "
-              "bf16 5e-02: docs/bench_attention.md). A WRONG kernel is still timed: its speed-ups say (wrong)."]
+              "against causal attention in float64 on the same inputs; check: WRONG when it exceeds tol ("
+              + ", ".join(f"{dtype} {tol:.0e}" for dtype, tol in attention_check.TOLERANCE.items())
+              + ": docs/bench_attention.md). A WRONG kernel is still timed: its speed-ups say (wrong)."]
     return "\n".join(lines)
 
 
@@ -454,8 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", choices=list(GRIDS), default="attention",
                    help="the study's grid, the defaults of the flags below: attention = pytorch_attention (batch 8, "
                         "naive compiled sdpa, fp32, d 16..128, seq 256..16384); flash = flash_benchmarking (batch 1, "
-                        "naive sdpa and your --impl, bf16 and fp32, d 16..128, seq 128..65536; naive, the 'PyTorch' "
-                        "of the handout, always runs: the speed-ups are over it)")
+                        "naive and sdpa or your --impl, bf16 and fp32, d 16..128, seq 128..65536; naive, the "
+                        "handout's 'PyTorch', always runs: the speed-ups are over it)")
     p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, default=None, metavar="IMPL",
                    help=f"implementations ({', '.join(IMPLEMENTATIONS)}: the model's naive attention, torch.compile "
                         "of it, fused SDPA), or your own as MODULE:CALLABLE, a function f(q, k, v, is_causal) or a "

@@ -233,9 +233,8 @@ FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
                  "none": "none (no TFLOP/s, no MFU)"}
 
 COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "model", "optimizer",
-           "parallel",
-           "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s",
-           "MFU", "state GiB/rank", "peak mem GiB", "status"]
+           "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s",
+           "TFLOP/s", "MFU", "state GiB/rank", "peak mem GiB", "status"]
 
 
 def parallel_label(config: dict[str, Any]) -> str | None:

@@ -485,7 +485,7 @@ def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) 
     """The peak-memory table; the model and optimizer columns only when the run had yours or several."""
     configs = [r["config"] for r in records]
     hidden = {name for name, key in (("model", model_name), ("optimizer", lambda c: c.get("optimizer", "ours")))
-              if len({key(c) for c in configs}) == 1 and {key(c) for c in configs} == {user_code.OURS}}
+              if {key(c) for c in configs} == {user_code.OURS}}
     default = [c for c in PEAK_COLUMNS if c not in hidden]
     return render_table(peak_rows(records), report.pick_columns(default, columns, fmt), fmt)
 

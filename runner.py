@@ -55,8 +55,8 @@ class RunConfig:
     dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
     compile: bool = False
     attn: str = "naive"
-    # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); yours: MODULE:CLASS (build_optimizer)
-    optimizer: str = "ours"
+    # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); yours = MODULE:CLASS
+    optimizer: str = "ours"  # (build_optimizer)
     model_factory: str | None = None  # your model as MODULE:CALLABLE (build_model); None = ours, model.TransformerLM
     flops: str = "formula"  # bench_e2e's FLOPs: formula (our architecture), counted (FlopCounterMode) or none
     tf32: bool | None = None  # None = leave PyTorch's default

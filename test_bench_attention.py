@@ -508,8 +508,8 @@ def test_your_kernels_beside_ours_checked_then_timed_and_failures_are_rows(stude
         assert all(len(by_impl[name][f"{phase}_ms"]) == 3 for phase in ba.PHASES)
     wrong = by_impl["no_mask"]
     assert wrong["status"] == "ok" and not wrong["check"]["ok"] and wrong["forward_ms_mean"] > 0
-    assert by_impl["raises"]["status"] == ("error: ImplementationError: student_attention:raises raised RuntimeError in "
-                                           "forward: kernel exploded")
+    assert by_impl["raises"]["status"] == ("error: ImplementationError: student_attention:raises raised "
+                                           "RuntimeError in forward: kernel exploded")
     assert by_impl["two_arguments"]["status"].startswith("error: LoadError: student_attention:two_arguments cannot")
     out = capsys.readouterr().out
     assert "| WRONG" in out and "x (wrong)" in out  # its own table and its speed-ups in the comparison

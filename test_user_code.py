@@ -114,15 +114,15 @@ def tiny_lm_train_flops(cfg: model_config.ModelConfig, batch: int) -> int:
 # ---- the spec and the loader ----
 
 
-@pytest.mark.parametrize("text", ["student_lm:TinyLM", "cs336_basics.model:BasicsTransformerLM", "a:B.c"])
+@pytest.mark.parametrize("text", ["student_lm:TinyLM", "cs336_basics.model:BasicsTransformerLM", "a:B.c", "ours"])
 def test_spec_forms_accepted(text):
-    assert user_code.spec_type(text) == text
+    assert user_code.named_or_spec(["ours"])(text) == text
 
 
-@pytest.mark.parametrize("text", ["student_lm", "student_lm:", ":TinyLM", "a:b:c", "a-b:c", "a:1b", "a.:b"])
+@pytest.mark.parametrize("text", ["student_lm", "student_lm:", ":TinyLM", "a:b:c", "a-b:c", "a:1b", "a.:b", "torch"])
 def test_spec_forms_refused_as_usage_errors(text):
-    with pytest.raises(argparse.ArgumentTypeError, match="must be MODULE:CALLABLE"):
-        user_code.spec_type(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(choose from ours, or MODULE:CALLABLE for your own\)"):
+        user_code.named_or_spec(["ours"])(text)
 
 
 def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):

@@ -5,7 +5,7 @@ attention kernel beside ours:
     python bench_attention.py --grid flash --impl flash_triton:FlashAttention2
     python bench_e2e.py --model cs336_basics.model:BasicsTransformerLM --optimizer cs336_basics.optimizer:AdamW
 
-spec_type() checks the form when the command line is parsed (a malformed spec is a usage error, exit 2); load()
+named_or_spec() checks the form when the command line is parsed (a malformed spec is a usage error, exit 2); load()
 imports it where it runs (in the child process of a configuration), and every failure to find or import it is a
 LoadError whose message is one line, so that the row of the configuration can carry it. torch-free.
 Nothing here does work at import time or changes global state on import.
@@ -30,14 +30,6 @@ class LoadError(Exception):
 
 def is_spec(text: str) -> bool:
     return SPEC.match(text) is not None
-
-
-def spec_type(text: str) -> str:
-    """argparse type of a MODULE:CALLABLE argument: the spec unchanged, or a one-line usage error."""
-    if not is_spec(text):
-        raise argparse.ArgumentTypeError(f"must be MODULE:CALLABLE (e.g. cs336_basics.model:BasicsTransformerLM), "
-                                         f"got {text!r}")
-    return text
 
 
 def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
