@@ -256,7 +256,7 @@ def run_config(run: AttentionRun) -> dict[str, Any]:
     record["timing"] = method.describe()
     record.update({f"{phase}_ms": samples
                    for phase, samples in time_phases(attention, inputs, grad_out, method).items()})
-    runner.phase("memory of one forward and backward")
+    runner.phase("after the timed steps")  # memory of one more forward and backward, bytes saved, the backend
     record.update(memory_of_one_step(attention, inputs, grad_out, device))
     record["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
     if run.impl == "sdpa":
