@@ -16,6 +16,9 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
+    python bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
+    python bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
+    python bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
 
 Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
 current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
@@ -49,6 +52,7 @@ import parallel
 import report
 import results
 import runner
+import user_code
 from cli import positive_float, positive_int
 from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
 from e2e_tables import (COLUMNS, SEARCH_START, config_key, config_table, context_searches, probe_contexts,
@@ -77,7 +81,25 @@ def run_config(run: RunConfig) -> dict[str, Any]:
                                   compile_first=run.compile, profiler=profiler)
     if run.profile_results_dir is not None:
         record.update(profile_tables(run, profiler, record))
+    if run.flops == "counted":
+        runner.phase("counting FLOPs (one untimed step)")
+        record["counted_step_flops"] = counted_step_flops(work)
     return record
+
+
+def counted_step_flops(work: Workload) -> int:
+    """FLOPs of one step of work.run.mode as torch.utils.flop_counter.FlopCounterMode counts them (matmuls,
+    attention kernels, convolutions; 2 per multiply-add, like model_config's formula; elementwise work and the
+    optimizer step not counted), on one more step after the timed ones, untimed, through the model itself (not
+    torch.compile's wrapper, which the counter cannot see into). Works for any model: what --flops counted is for."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss = work.forward(eager=True)
+        if work.run.mode != "forward":
+            loss.backward()
+    work.zero_grad()
+    return counter.get_total_flops()
 
 
 # ---- --profile: torch.profiler over the measured steps ----
@@ -141,9 +163,12 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
     tokens = run.batch_size * run.context_length * run.world_size
-    flops = model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     out["tokens_per_s"] = tokens / step_s
-    out["step_flops"] = flops
+    flops = step_flops(run, record)
+    out["step_flops"], out["flops_source"] = flops, run.flops
+    if flops is None:  # --flops none: no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
+        out.update(achieved_tflops=None, peak_tflops=None, peak_source=None, mfu_precision=None, mfu=None)
+        return out
     out["achieved_tflops"] = flops / step_s / 1e12
     env = record["environment"]
     precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
@@ -156,6 +181,16 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     out["peak_tflops"], out["peak_source"], out["mfu_precision"] = peak, label, precision
     out["mfu"] = out["achieved_tflops"] / (peak * run.world_size) if peak else None  # N GPUs: N x the peak
     return out
+
+
+def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
+    """FLOPs of one global step (every rank's): model_config's formula for our architecture (--flops formula: ours,
+    or yours when you confirm it is the same architecture), FlopCounterMode's count (counted), or None (none)."""
+    if run.flops == "formula":
+        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+    if run.flops == "counted":
+        return record["counted_step_flops"] * run.world_size
+    return None
 
 
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last probe, unless --max-context; see build_parser
@@ -192,12 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
                    help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
                         "Compile time is reported apart from the timed steps")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"],
-                   help="attention implementation(s): naive = softmax(QK^T)V in the model's own code, sdpa = "
-                        "torch's fused scaled_dot_product_attention; both to compare them")
-    p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
-                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give both "
-                        "to compare them in one table (train mode)")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
+                   help="our model's attention implementation(s): naive = softmax(QK^T)V in the model's own code, "
+                        "sdpa = torch's fused scaled_dot_product_attention; both to compare them (default: naive)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
+                                "several to compare them in one table (train mode)", flops=True)
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
@@ -260,7 +294,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
     # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    args.attn = list(dict.fromkeys(args.attn))
+    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
     world_size = check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
@@ -276,8 +311,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         except ValueError as exc:
             parser.error(str(exc))
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
-            "compile": args.compile, "attn": args.attn, "optimizer": args.optimizer, "warmup": args.warmup,
-            "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+            "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
+            "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
     runs = []  # a search's probes in a row, shortest first: runner.run_sweep(search=True) ends it at a failure
     try:
@@ -286,6 +321,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             kind = c["parallel"]
             if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
                 c["fsdp_mp"], c["reshard"] = "off", "on"
+            if c["model"] != user_code.OURS:  # nor does our model's attention multiply the rows of yours
+                c["attn"] = "naive"
             if c["size"] == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
@@ -294,6 +331,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
+                                  model_factory=user_code.model_factory(c["model"]),
+                                  flops=user_code.flops_source(c["model"], args.flops),
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
@@ -302,7 +341,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                   pg_timeout_s=args.pg_timeout))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
-    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
+    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs

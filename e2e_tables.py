@@ -21,9 +21,13 @@ from results import (FINISHED, GIB, RUN_COLUMN, by_run, comparison_groups, envir
 
 # ---- the table ----
 
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "optimizer", "parallel",
-           "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s",
-           "MFU", "state GiB/rank", "peak mem GiB", "status"]
+FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
+                 "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
+                 "none": "none (no TFLOP/s, no MFU)"}
+
+COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "model", "optimizer",
+           "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s",
+           "TFLOP/s", "MFU", "state GiB/rank", "peak mem GiB", "status"]
 
 
 def parallel_label(config: dict[str, Any]) -> str | None:
@@ -44,7 +48,7 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
                            "layers": m["num_layers"], "heads": m["num_heads"], "ctx": m["context_length"],
                            "dtype": config["dtype"] + (" compiled" if config["compile"] else ""),
                            "warmup": config["warmup"], "status": record["status"],
-                           "parallel": parallel_label(config)}
+                           "parallel": parallel_label(config), "model": config.get("model_factory")}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
         row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
     if not finished(record):
@@ -54,7 +58,7 @@ def table_row(record: dict[str, Any]) -> dict[str, Any]:
             row[f"{short} ms"] = record[f"{phase}_ms_mean"]
             row[f"{short} std"] = record[f"{phase}_ms_std"]
     row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
-    row["TFLOP/s"] = record["achieved_tflops"]
+    row["TFLOP/s"] = record.get("achieved_tflops")
     row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
     if record.get("peak_mem_allocated_bytes") is not None:
         row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
@@ -98,11 +102,12 @@ VARIANT_AXES: dict[str, Callable[[dict[str, Any]], str]] = {
     "dtype": lambda c: c["dtype"],
     "compile": lambda c: "compiled" if c["compile"] else "eager",
     "attn": lambda c: c["attn"],
-    "optimizer": lambda c: "our AdamW" if c["optimizer"] == "ours" else "torch AdamW",
+    "model": lambda c: c.get("model_factory") or "our model",
+    "optimizer": lambda c: {"ours": "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], c["optimizer"]),
     "parallel": lambda c: parallel_label(c) or "1 process",
 }
-VARIANT_FIELDS = ("dtype", "compile", "attn", "optimizer", "parallel", "world_size", "fsdp_mixed_precision",
-                  "reshard_after_forward")  # the config fields behind VARIANT_AXES
+VARIANT_FIELDS = ("dtype", "compile", "attn", "model_factory", "flops", "optimizer", "parallel", "world_size",
+                  "fsdp_mixed_precision", "reshard_after_forward")  # the config fields behind VARIANT_AXES
 PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 
 
@@ -315,10 +320,15 @@ def run_settings(records: list[dict]) -> dict[str, Any]:
     config0 = records[0]["config"]
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
     attns = list(dict.fromkeys(r["config"]["attn"] for r in records))
+    models = list(dict.fromkeys(r["config"].get("model_factory") for r in records))
     settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+                "model": " and ".join(m or "ours (model.TransformerLM)" for m in models),
                 "batch": config0["batch_size"], "steps": config0["steps"],
                 "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else "")}
-    if len(attns) == 1:
+    flops = list(dict.fromkeys(r["config"].get("flops", "formula") for r in records))
+    if flops != ["formula"] or models != [None]:  # whose FLOPs the TFLOP/s and MFU columns divide by
+        settings["FLOPs"] = " and ".join(FLOPS_SOURCES[f] for f in flops)
+    if len(attns) == 1 and None in models:
         settings["attn"] = attns[0]
     if config0["mode"] == "train" and len(optimizers) == 1:
         settings["optimizer"] = optimizers[0]
@@ -381,6 +391,7 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
     merged = is_merged(records)
     optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
     attns = list(dict.fromkeys(r["config"]["attn"] for r in records))
+    models = list(dict.fromkeys(r["config"].get("model_factory") for r in records))
     lines = environment_lines(records, run_settings) + [""]
     rows = [table_row(rec) for rec in records]
     for rec, row in zip(records, rows):  # a compared setting: one column says which row is which
@@ -388,6 +399,8 @@ def results_report(records: list[dict], fmt: str, columns: list[str] | None = No
             row["optimizer"] = rec["config"]["optimizer"]
         if len(attns) > 1:
             row["attn"] = rec["config"]["attn"]
+        if len(models) > 1:
+            row["model"] = rec["config"].get("model_factory") or "ours"
         row[RUN_COLUMN] = run_of(rec)
     shown = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
     lines.append(render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt))

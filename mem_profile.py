@@ -12,6 +12,7 @@ does activation checkpointing buy, and at what cost in step time.
     python mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
     python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
     python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
+    python mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
 
 Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
 reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
@@ -56,10 +57,11 @@ import memory_tables
 import model_config
 import report
 import runner
+import user_code
 from cli import non_negative_int, positive_int
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from e2e_tables import config_table
-from model import ATTENTION, TransformerLM, cross_entropy
+from model import ATTENTION, cross_entropy
 from model_config import DEFAULT_BATCH_SIZE, MODES, get_config
 from results import ResultFiles, format_bytes
 from runner import RunConfig, Workload, run_step
@@ -68,10 +70,11 @@ FP32_BYTES = 4
 # ---- accounting from the config ----
 
 
-def static_memory_bytes(cfg: model_config.ModelConfig, mode: str) -> dict[str, int]:
+def static_memory_bytes(cfg: model_config.ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
     """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
-    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
-    weights = cfg.num_params * FP32_BYTES
+    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step.
+    `num_params`: the model's own count (yours); default our architecture's."""
+    weights = (num_params or cfg.num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
 
@@ -88,9 +91,11 @@ def attention_scores_bytes(batch: int, heads: int, ctx: int, dtype: str) -> int:
     return batch * heads * ctx * ctx * DTYPES[dtype].itemsize
 
 
-def accounting(run: RunConfig) -> dict[str, Any]:
+def accounting(run: RunConfig, num_params: int | None = None) -> dict[str, Any]:
+    """The formulas' figures for one configuration; `num_params` (counted on your --model) replaces our
+    architecture's count in the weights, gradients and AdamW state."""
     cfg, batch, ctx = run.model, run.batch_size, run.context_length
-    record: dict[str, Any] = static_memory_bytes(cfg, run.mode)
+    record: dict[str, Any] = static_memory_bytes(cfg, run.mode, num_params)
     record["residual_stream_bytes"] = residual_stream_bytes(batch, ctx, cfg.d_model)
     record["residual_stream_formula"] = f"{batch} x {ctx} x {cfg.d_model} x {FP32_BYTES} B"
     record["attention_scores_layer_bytes"] = attention_scores_bytes(batch, cfg.num_heads, ctx, run.dtype)
@@ -153,23 +158,24 @@ class ModuleTracker:
 
 def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
                        checkpoint_every: int = 0, device: str | torch.device = "cpu",
-                       fake: bool = True) -> list[dict[str, Any]]:
+                       fake: bool = True, model_factory: str | None = None) -> list[dict[str, Any]]:
     """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
     with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
     and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
     copies are not, and are listed).
 
     fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
-    with no memory and no arithmetic. fake=False runs the real model (tests compare the two)."""
+    with no memory and no arithmetic. fake=False runs the real model (tests compare the two). `model_factory`:
+    your model instead of ours (runner.build_model)."""
     device = torch.device(device)
     if fake:
         with torch.device("meta"):
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
         mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
     else:
         with device:
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         mode = contextlib.nullcontext()
     with mode:
         if fake:
@@ -194,7 +200,7 @@ def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "
     return rows
 
 
-BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
+BLOCK_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")  # ours and the staff model's blocks; a wrapper's too
 
 
 def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
@@ -212,7 +218,7 @@ def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int
     in_blocks: Counter = Counter()
     outside: Counter = Counter()
     for s in saved:
-        match = BLOCK_PATH.match(s["module"])
+        match = BLOCK_PATH.search(s["module"])
         if match:
             per_block[int(match.group(1))] += s["bytes"]
             module = s["module"][match.end():] or "(block)"
@@ -240,8 +246,13 @@ def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     common.maybe_inject_fault(fault_fields(run, "saved"))
     runner.phase("saved for backward (fake tensors)")
     saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
-                               resolve_device(run.device))
-    return summarize_saved(saved, run.model.num_layers)
+                               resolve_device(run.device), model_factory=run.model_factory)
+    summary = summarize_saved(saved, run.model.num_layers)
+    if run.model_factory is not None:  # your parameters, counted on meta tensors (no memory)
+        with torch.device("meta"):
+            model = runner.build_model(run.model, factory=run.model_factory)
+        summary["model_num_params"] = sum(p.numel() for p in model.parameters())
+    return summary
 
 
 # ---- measured peaks and snapshots (CUDA only) ----
@@ -344,7 +355,7 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
 def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
     """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
     largest allocations, peak check), added in this process."""
-    record.update(accounting(run))
+    record.update(accounting(run, record.get("model_num_params")))
     if record["status"] == "ok":
         record.update(runner.sample_stats(record, ("step",)))
     if "snapshot_path" in record:
@@ -386,7 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
     p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
                    help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights)")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"], help="attention implementation(s)")
+    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
+                   help="our model's attention implementation(s) (default: naive)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU) in a "
+                                "training step; several to compare their peaks", flops=False)
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "several values put their peaks and step times in one table")
@@ -428,6 +442,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
+    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
+    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
+    args.optimizer = list(dict.fromkeys(args.optimizer))
     # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
     # handout has that question, its memory_profiling question otherwise
     if any(args.checkpoint) and handout.checkpoint_setup is not None:
@@ -441,14 +458,21 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args.context_length = args.context_length or list(default_contexts)
     runs = []
     try:
-        for size, ctx, mode, dtype, attn, k in itertools.product(sizes, args.context_length, args.mode, args.dtype,
-                                                                 args.attn, args.checkpoint):
+        for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
+                sizes, args.context_length, args.mode, args.dtype, args.model, args.attn, args.checkpoint,
+                args.optimizer):
+            if model != user_code.OURS:  # our attention and checkpointing do not multiply the rows of yours
+                attn, k = "naive", 0
+            if mode != "train":  # no optimizer step: the optimizer does not multiply these rows
+                optimizer = user_code.OURS
             runs.append(RunConfig(size=size, handout=args.handout,
                                   model=get_config(size, args.handout, context_length=ctx),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
-                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k))
+                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k,
+                                  model_factory=user_code.model_factory(model), optimizer=optimizer))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
+    runs = list(dict.fromkeys(runs))  # your model's rows are not multiplied by --attn and --checkpoint
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs

@@ -18,6 +18,19 @@ CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run
             "tables, per configuration and per context length, need a GPU run.")
 
 
+OURS = "ours"  # user_code.OURS: the model and optimizer of this project, as the records name them
+
+
+def model_name(config: dict[str, Any]) -> str:
+    """"ours" or your --model's MODULE:CALLABLE."""
+    return config.get("model_factory") or OURS
+
+
+def yours(records: list[dict]) -> bool:
+    """Whether any configuration ran your model (then the tables name the model of every row)."""
+    return any(r["config"].get("model_factory") for r in records)
+
+
 def run_cell(record: dict[str, Any], merged: bool) -> dict[str, Any]:
     """The run column's cell of a row, when the records are a merge."""
     return {RUN_COLUMN: run_of(record)} if merged else {}
@@ -27,12 +40,13 @@ def accounting_table(records: list[dict], fmt: str) -> str:
     rows, seen, merged = [], set(), is_merged(records)
     for rec in records:
         c = rec["config"]
-        key = (run_of(rec), c["size"], c["model"]["context_length"], c["mode"], c["dtype"])
+        key = (run_of(rec), c["size"], c["model"]["context_length"], c["mode"], c["dtype"], model_name(c))
         if key in seen:
             continue
         seen.add(key)
         static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
         rows.append({**run_cell(rec, merged), "size": c["size"], "ctx": key[2], "mode": c["mode"], "dtype": c["dtype"],
+                     **({"model": model_name(c)} if yours(records) else {}),
                      "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
                      "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
                      "residual stream MiB": rec["residual_stream_bytes"] / MIB,
@@ -47,25 +61,29 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     summary, ops, seen, merged = [], [], set(), is_merged(records)
     for rec in records:
         c = rec["config"]
-        key = (run_of(rec), c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"])
+        key = (run_of(rec), c["size"], c["model"]["context_length"], c["dtype"], c["attn"], c["checkpoint_every"],
+               model_name(c))
         if key in seen:
             continue
         seen.add(key)
-        ident = {**run_cell(rec, merged), **dict(zip(["size", "ctx", "dtype", "attn", "ckpt"], key[1:]))}
+        ident = {**run_cell(rec, merged), **dict(zip(["size", "ctx", "dtype", "attn", "ckpt", "model"], key[1:]))}
         if rec["saved_status"] != "ok":
             summary.append({**ident, "status": rec["saved_status"]})
             continue
+        unsplit = not rec["saved_blocks_bytes"] and c.get("model_factory")  # your blocks are not named layers.N
         summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
                         "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
                         "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
-                        "total MiB": rec["saved_total_bytes"] / MIB, "status": "ok"})
+                        "total MiB": rec["saved_total_bytes"] / MIB,
+                        "status": "ok (no module named layers.N: all counted outside)" if unsplit else "ok"})
         for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
             for row in rows:
                 ops.append({**ident, "scope": scope, "module": row["module"], "op": row["op"],
                             "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
                             "share": f"{row['share']:.1%}"})
-    columns = with_run_column(["size", "ctx", "dtype", "attn", "ckpt", "per block MiB", "x layers", "blocks MiB",
-                               "outside blocks MiB", "total MiB", "status"], records)
+    columns = ["size", "ctx", "dtype", "attn", "ckpt"] + (["model"] if yours(records) else [])
+    columns = with_run_column(columns + ["per block MiB", "x layers", "blocks MiB", "outside blocks MiB", "total MiB",
+                                         "status"], records)
     text = render_table(summary, columns, fmt)
     if ops:
         text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "
@@ -73,8 +91,8 @@ def saved_tables(records: list[dict], fmt: str) -> str:
     return text
 
 
-PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "peak alloc MiB", "peak alloc GiB",
-                "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "model", "optimizer", "peak alloc MiB",
+                "peak alloc GiB", "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
 
 
 def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
@@ -83,7 +101,8 @@ def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
     for rec in records:
         c = rec["config"]
         row = {RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
-               "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"], "status": rec["status"]}
+               "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"], "model": model_name(c),
+               "optimizer": c.get("optimizer", OURS), "status": rec["status"]}
         if rec["status"] == "ok":
             row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
                         "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
@@ -95,26 +114,33 @@ def peak_rows(records: list[dict]) -> list[dict[str, Any]]:
 
 
 def peak_table(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    return render_table(peak_rows(records), pick_columns(with_run_column(PEAK_COLUMNS, records), columns, fmt), fmt)
+    """The peak-memory table; the model and optimizer columns only when the run had yours or several."""
+    configs = [r["config"] for r in records]
+    hidden = {name for name, key in (("model", model_name), ("optimizer", lambda c: c.get("optimizer", OURS)))
+              if {key(c) for c in configs} == {OURS}}
+    default = [c for c in PEAK_COLUMNS if c not in hidden]
+    return render_table(peak_rows(records), pick_columns(with_run_column(default, records), columns, fmt), fmt)
 
 
 def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
     """The memory_profiling answer as the study asks for it: one row per size and context length, the peak of
-    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn and ckpt
-    get a column only when they vary. A failed configuration shows its status in its cell. None when no
+    each mode side by side (forward, then a training step), for each dtype (fp32 beside bf16). attn, ckpt, model
+    and optimizer get a column only when they vary. A failed configuration shows its status in its cell. None when no
     configuration was measured (a CPU run: there are no measured peaks to show). A merge has a row per run."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     configs = [rec["config"] for rec in records]
-    varying = [key for key in ("attn", "checkpoint_every") if len({c[key] for c in configs}) > 1]
+    fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_name,
+              "optimizer": lambda c: c.get("optimizer", OURS)}  # (older records have no optimizer)
+    varying = [name for name, value in fields.items() if len({value(c) for c in configs}) > 1]
     dtypes = list(dict.fromkeys(c["dtype"] for c in configs))
     modes = [m for m in MODES if any(c["mode"] == m for c in configs)]
-    keys = with_run_column(["size", "ctx"] + [{"checkpoint_every": "ckpt"}.get(k, k) for k in varying], records)
+    keys = with_run_column(["size", "ctx"] + varying, records)
     columns = keys + [f"{dtype} {mode} GiB" for dtype in dtypes for mode in modes]
     rows: dict[tuple, dict[str, Any]] = {}
     for rec, c in zip(records, configs):
         key = ((run_of(rec),) if is_merged(records) else ()) + (c["size"], c["model"]["context_length"],
-                                                                *(c[k] for k in varying))
+                                                                *(fields[k](c) for k in varying))
         row = rows.setdefault(key, dict(zip(keys, key)))
         ok = rec["status"] == "ok"
         row[f"{c['dtype']} {c['mode']} GiB"] = rec["peak_mem_allocated_bytes"] / GIB if ok else rec["status"]
@@ -151,6 +177,7 @@ def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
 def run_settings(records: list[dict]) -> dict[str, Any]:
     config0 = records[0]["config"]
     return {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
+            "model": ", ".join(dict.fromkeys(model_name(r["config"]) for r in records)),
             "batch": config0["batch_size"], "warmup": config0["warmup"], "steps": config0["steps"]}
 
 
@@ -159,7 +186,8 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
     JSONL records alone."""
     merged = is_merged(records)
     parts = [*environment_lines(records, run_settings), "", config_section(records, fmt), "",
-             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes)", "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's parameters as "
+             "counted on it, AdamW's two moments per parameter whatever the optimizer)", "",
              accounting_table(records, fmt), "",
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
              "", saved_tables(records, fmt), ""]

@@ -4,6 +4,7 @@ and records that always carry the experiment, the environment and a status. Ever
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -401,7 +402,10 @@ def test_quiet_prints_no_progress_and_no_heartbeat(tmp_path, monkeypatch, capsys
     assert bench_attention.main(argv + ["--out", "loud"]) == 0
     err = capsys.readouterr().err
     assert "[1/2] starting naive d=8 seq=16" in err and "[2/2] naive d=8 seq=32 fp32: fwd" in err
-    assert "[1/2] after the timed steps... 0 s" in err and "[2/2] after the timed steps... 0 s" in err, err
+    # the heartbeat names the phase; its seconds count from the configuration's start (bench_attention checks its
+    # implementation first, which can take a second on a loaded machine)
+    assert re.search(r"\[1/2\] after the timed steps\.\.\. \d+ s", err) and re.search(
+        r"\[2/2\] after the timed steps\.\.\. \d+ s", err), err
     assert bench_attention.main(argv + ["--out", "quiet", "--quiet"]) == 0
     captured = capsys.readouterr()
     assert "[1/2]" not in captured.err and "..." not in captured.err, captured.err
