@@ -56,29 +56,30 @@ def csv_prefix(source: str | Path, csv_dir: str | Path | None = None) -> Path:
     """Where a report's CSVs are (or go): beside X.nsys-rep / X.sqlite as X_<report>.csv, or in csv_dir; a
     prefix given as such is itself."""
     prefix = nsys_prefix(source)
-    return Path(csv_dir) / prefix.name if csv_dir is not None and Path(source).suffix in NSYS_REPORT_SUFFIXES \
-        else prefix
+    if csv_dir is not None and Path(source).suffix in NSYS_REPORT_SUFFIXES:
+        return Path(csv_dir) / prefix.name
+    return prefix
 
 
 def exported(prefix: str | Path) -> bool:
     return nsys_report_path(prefix, NSYS_TRACE_REPORTS[0]).exists()
 
 
-def export_report(report: Path, prefix: Path, say=results.progress) -> str | None:
+def export_report(report: Path, prefix: Path) -> str | None:
     """`nsys stats` on a .nsys-rep / .sqlite into the CSVs at `prefix` (nsys_tool.export_csvs), its notes said
-    with `say`. Returns a note for the tables when the report came from another nsys version than the one that
+    on stderr. Returns a note for the tables when the report came from another nsys version than the one that
     read it. Without an nsys, CSVs exported earlier are read, and said so; NsysError when there are none."""
     found, why = nsys_tool.find_nsys()
     if found is None:
         if exported(prefix):
-            say(f"note: {why}: reading the CSVs exported earlier ({prefix}_*.csv)")
+            results.progress(f"note: {why}: reading the CSVs exported earlier ({prefix}_*.csv)")
             return None
         raise nsys_tool.NsysError(f"{report} needs nsys stats to be read, and {why}: {nsys_tool.install_hint()}", 2)
     nsys = nsys_tool.Nsys.probe(found)
     nsys.check_reports()
     prefix.parent.mkdir(parents=True, exist_ok=True)
     for note in nsys_tool.export_csvs(nsys, report, prefix, f"{prefix}.stats.log"):
-        say(f"note: {note}")
+        results.progress(f"note: {note}")
     written_by = nsys_tool.report_version(report)
     if written_by and nsys.version and written_by[:3] != nsys.version[:3]:
         return (f"{report.name} comes from Nsight Systems {nsys_tool.version_text(written_by)}; its CSVs were "

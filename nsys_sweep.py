@@ -173,7 +173,7 @@ def check_extra(p: argparse.ArgumentParser, extra: list[str]) -> str:
         if name == "--dtype":
             dtype = value or (extra[i + 1] if i + 1 < len(extra) else "")
         if arg in ONE_VALUE_OPTIONS:
-            values = [v for v in extra[i + 1:i + 3]]
+            values = extra[i + 1:i + 3]
             if len(values) == 2 and not any(v.startswith("-") for v in values):
                 p.error(f"profile one {arg} at a time")
     if dtype not in ("", "fp32", "bf16", "fp16"):
@@ -453,7 +453,11 @@ def profile_one(sweep: Sweep, nsys: nsys_tool.Nsys, config: Configuration, env: 
     if action == "profile":
         remove_files(config)
         config.path(".args").write_text(sweep.args_line(config))
-        status = run_under_nsys(sweep, nsys, config, env)
+        try:
+            status = run_under_nsys(sweep, nsys, config, env)
+        except KeyboardInterrupt:  # what nsys wrote of an interrupted run is partial: not a report to reuse
+            remove_files(config)
+            raise
         said = record_status(config.path("_e2e.jsonl"))
         oom = results.is_oom_status(said)
         if status == 2:  # bench_e2e's usage error: a user mistake, and every configuration would fail alike

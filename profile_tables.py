@@ -429,10 +429,13 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     source = tables.get("stopwatch_source", "bench_e2e's stopwatch")
     phases = tables["phases"] if source else [{**row, "stopwatch_ms": NO_STOPWATCH} for row in tables["phases"]]
     against = f"vs {source}" if source else f"({NO_STOPWATCH}: --e2e-jsonl or --stopwatch PHASE=MS gives one)"
-    out = [f"### 1. Phase times (mean per step over {steps} steps): profiler ranges {against}", ""] + ([tables["ranges_used"], ""] if tables.get("ranges_used") else []) + [
-           _render(phases, [("phase", "phase"), ("range_ms", "range ms"), ("stopwatch_ms", "stopwatch ms"),
-                            ("ratio", "range/stopwatch"), ("agrees", "agrees (±10%)"),
-                            ("work_ms", f"{work} ms/step"), ("work_pct_of_range", f"{work} % of range")], fmt, ".3f")]
+    out = [f"### 1. Phase times (mean per step over {steps} steps): profiler ranges {against}", ""]
+    if tables.get("ranges_used"):
+        out += [tables["ranges_used"], ""]
+    out.append(_render(phases, [("phase", "phase"), ("range_ms", "range ms"), ("stopwatch_ms", "stopwatch ms"),
+                                ("ratio", "range/stopwatch"), ("agrees", "agrees (±10%)"),
+                                ("work_ms", f"{work} ms/step"), ("work_pct_of_range", f"{work} % of range")],
+                       fmt, ".3f"))
     for scope, rows in tables["top"].items():
         what = "kernels by GPU time" if gpu else "operators by self CPU time"
         out += ["", f"### 2. Top {what}: {scope}", "",

@@ -544,3 +544,20 @@ def test_a_cpu_run_without_an_nvtx_library_builds_one_or_says_what_to_do(fake: d
     assert "building the NVTX library" in built.stderr
     again = subprocess.run(base + ["--steps", "3"], capture_output=True, text=True, timeout=60, env=env)
     assert "building" not in again.stderr  # built once, then reused from the cache
+
+
+def test_every_spelling_of_the_options_reaches_nsys_and_bench_e2e(fake: dict):
+    """The forms the bash nsys_run.sh took, now parsed in Python: =-forms, the --python-backtrace alias, a bare
+    --cuda-memory-usage before SIZE (it must not take SIZE as its value), options after the configuration."""
+    newer = NSYS_2023_PROFILE_OPTIONS + " --pytorch"
+    result = subprocess.run(["bash", str(SCRIPT), f"--results-dir={fake['results']}", "--handout=2025",
+                             "--python-backtrace", "--cuda-memory-usage", "small", "32", "--pytorch=autograd-nvtx",
+                             "--", "--dtype=bf16"], capture_output=True, text=True, timeout=60,
+                            env={**fake["env"], "FAKE_NSYS_PROFILE_OPTIONS": newer}, cwd=fake["cwd"])
+    assert result.returncode == 0, result.stderr
+    assert profiled(fake) == ["small_ctx32_train_bf16_pytorch_cudamem_h2025"]
+    argv = calls(fake)[0]["argv"]
+    assert {"--python-backtrace=cuda", "--cudabacktrace=all", "--cuda-memory-usage=true",
+            "--pytorch=autograd-nvtx"} <= set(argv)
+    no_python = run_script(fake, "tiny", "16", PYTHON="/nonexistent/python3")
+    assert no_python.returncode == 2 and "PYTHON=/nonexistent/python3 is not a Python interpreter" in no_python.stderr
