@@ -21,12 +21,13 @@ table of the run (<report>_e2e.jsonl, .md), the arguments it was made with (<rep
 existing report made with the same arguments is reused; one made with others is kept and that configuration fails
 (--force profiles again). After an out-of-memory error the larger contexts of that size and mode are skipped
 (results.SkipAfterOOM, the rule of every sweep here). torch-free: bench_e2e.py runs in its own process under nsys.
+Longer than a script here usually is (~490 lines) because it is a whole command line that used to be 464 lines of
+bash: the options and their checks, the plan, and what happens to each configuration's files.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import re
 import shlex
@@ -287,7 +288,7 @@ def dry_run(sweep: Sweep) -> int:
     print(f"each: nsys profile {' '.join(sweep.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(sweep.app_args(sweep.plan[0]))} ...")
     print(f"NVTX ranges: torch's on a GPU; on a CPU the library named by {NVTX_LIBRARY_ENV}, else one built with gcc "
-          f"into {nvtx_cache_folder()} on the first run")
+          f"into {nsys_tool.nvtx_cache_folder()} on the first run")
     if len(sweep.plan) > 1:
         print(f"then: the summary across them ({sweep.folder}/summary-<time>.md), as kernel_tables.py --summary")
     print("nothing was profiled or written (drop --dry-run to run them)")
@@ -311,79 +312,6 @@ def check_pass_through(nsys: nsys_tool.Nsys, flags: list[str]) -> None:
         if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
             raise NsysError(f"{nsys.described} does not know {name} (not in its nsys profile --help); it needs a "
                             "newer Nsight Systems", 2)
-
-
-# ---- NVTX ranges on a CPU ----
-
-
-def nvtx_cache_folder() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cs336-bench"
-
-
-def nvtx_include_dir(nsys_path: str | Path) -> Path | None:
-    """The NVTX3 headers: inside the nsys package (beside the binary, or in target-linux-x64/ of an installed
-    Nsight Systems), else a CUDA toolkit's."""
-    real = Path(nsys_path).resolve()
-    candidates = (real.parent / "nvtx" / "include", real.parent.parent / "target-linux-x64" / "nvtx" / "include",
-                  Path("/usr/local/cuda/include"))
-    return next((include for include in candidates if (include / "nvtx3" / "nvToolsExt.h").is_file()), None)
-
-
-def build_nvtx_library(include: Path, library: Path, compiler: str = "gcc") -> Path:
-    """libnvtx.so: NVTX3's header-only implementation compiled with its API exported, so that the library exports
-    nvtxRangePushA and nvtxRangePop (what torch binds, and what CUDA's libnvToolsExt.so exports). Under nsys, its
-    calls reach nsys's injection library as torch's do on a GPU machine. Written beside, then renamed into place,
-    so that two runs never load a half-written library. CalledProcessError when the compiler fails."""
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as work:
-        source, built = Path(work) / "nvtx.c", Path(work) / library.name
-        source.write_text("#include <nvtx3/nvToolsExt.h>\n")
-        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-DNVTX_EXPORT_API",
-                        '-DNVTX_DECLSPEC=__attribute__((visibility("default")))', f"-I{include}",
-                        "-o", str(built), str(source), "-ldl"], check=True, capture_output=True, text=True,
-                       timeout=300)
-        os.replace(built, library)
-    return library
-
-
-def runs_on_cpu(extra: list[str]) -> bool:
-    """Whether bench_e2e.py will run on a CPU: its --device when given, else what torch says (common.resolve_device
-    picks CUDA when torch sees a GPU), asked in a child process so that this script stays torch-free."""
-    devices = [arg.partition("=")[2] or (extra[i + 1] if i + 1 < len(extra) else "")
-               for i, arg in enumerate(extra) if arg.partition("=")[0] == "--device"]
-    device = devices[-1] if devices else "auto"
-    if device != "auto":
-        return device == "cpu"
-    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0
-
-
-def nvtx_library_for_cpu(nsys_path: str, extra: list[str]) -> str | None:
-    """The NVTX library a CPU run needs, built once into the cache when none is named; None on a GPU (torch's own
-    NVTX) or when $BENCH_NVTX_LIBRARY names one. NsysError (2) saying what to do when none can be built."""
-    if os.environ.get(NVTX_LIBRARY_ENV) or not runs_on_cpu(extra):
-        return None
-    include = nvtx_include_dir(nsys_path)
-    compiler = os.environ.get("CC") or "gcc"
-    how = (f"set {NVTX_LIBRARY_ENV} to a library exporting nvtxRangePushA and nvtxRangePop, e.g. built with: gcc "
-           f"-shared -fPIC -O1 -DNVTX_EXPORT_API '-DNVTX_DECLSPEC=__attribute__((visibility(\"default\")))' "
-           f"-I<nsys folder>/nvtx/include -o libnvtx.so nvtx.c -ldl (nvtx.c: #include <nvtx3/nvToolsExt.h>; "
-           "docs/nsys_run.md)")
-    why = (f"no C compiler ({compiler} not found)" if shutil.which(compiler) is None
-           else f"no NVTX headers (nvtx3/nvToolsExt.h) beside {nsys_path}" if include is None else None)
-    if why:
-        raise NsysError(f"this run is on a CPU, where torch has no NVTX, and no NVTX library can be built here: "
-                        f"{why}; {how}", 2)
-    # one library per header folder (per nsys installation), named by a stable digest of its path
-    library = nvtx_cache_folder() / f"nvtx-{hashlib.sha1(str(include).encode()).hexdigest()[:12]}" / "libnvtx.so"
-    if not library.is_file():
-        say(f"this run is on a CPU: building the NVTX library it needs, once, into {library}")
-        try:
-            build_nvtx_library(include, library, compiler)
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or str(exc)
-            raise NsysError(f"building the NVTX library for a CPU run failed: {detail.strip()[:300]}; {how}", 2)
-    return str(library)
 
 
 # ---- one configuration ----
@@ -549,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         nsys.check_reports()
         check_pass_through(nsys, sweep.pass_through)
         if any(sweep.action(config) == "profile" for config in sweep.plan):
-            library = nvtx_library_for_cpu(nsys.path, args.extra)
+            library = nsys_tool.nvtx_library_for_cpu(nsys.path, args.extra, say)
             if library:
                 env[NVTX_LIBRARY_ENV] = library
     except NsysError as exc:

@@ -1,18 +1,22 @@
 """Running Nsight Systems' own command line: finding `nsys` and its version, the `nsys stats` reports it knows
 (the names changed in 2023; the older ones are used where the newer are missing), exporting a report's traces to
 the CSVs that profile_readers.py reads, and saying in one line why nsys could not (a report written by a newer
-nsys, a file that is no report). Used by kernel_tables.py (a .nsys-rep or .sqlite given) and nsys_sweep.py.
-torch-free.
+nsys, a file that is no report); and, for a profile on a CPU, the NVTX library built from the headers that ship
+with nsys. Used by kernel_tables.py (a .nsys-rep or .sqlite given) and nsys_sweep.py. torch-free.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from profile_readers import NSYS_TRACE_REPORTS, nsys_report_path
 
@@ -223,3 +227,77 @@ def export_csvs(nsys: Nsys, source: str | Path, prefix: str | Path, log_path: st
     if missing:
         raise NsysError(f"nsys stats wrote no {', '.join(missing)} for {source} (log: {log_path})")
     return notes
+
+
+# ---- NVTX ranges for a profile on a CPU ----
+
+
+def nvtx_cache_folder() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cs336-bench"
+
+
+def nvtx_include_dir(nsys_path: str | Path) -> Path | None:
+    """The NVTX3 headers: inside the nsys package (beside the binary, or in target-linux-x64/ of an installed
+    Nsight Systems), else a CUDA toolkit's."""
+    real = Path(nsys_path).resolve()
+    candidates = (real.parent / "nvtx" / "include", real.parent.parent / "target-linux-x64" / "nvtx" / "include",
+                  Path("/usr/local/cuda/include"))
+    return next((include for include in candidates if (include / "nvtx3" / "nvToolsExt.h").is_file()), None)
+
+
+def build_nvtx_library(include: Path, library: Path, compiler: str = "gcc") -> Path:
+    """libnvtx.so: NVTX3's header-only implementation compiled with its API exported, so that the library exports
+    nvtxRangePushA and nvtxRangePop (what torch binds, and what CUDA's libnvToolsExt.so exports). Under nsys, its
+    calls reach nsys's injection library as torch's do on a GPU machine. Written beside, then renamed into place,
+    so that two runs never load a half-written library. CalledProcessError when the compiler fails."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as work:
+        source, built = Path(work) / "nvtx.c", Path(work) / library.name
+        source.write_text("#include <nvtx3/nvToolsExt.h>\n")
+        subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-DNVTX_EXPORT_API",
+                        '-DNVTX_DECLSPEC=__attribute__((visibility("default")))', f"-I{include}",
+                        "-o", str(built), str(source), "-ldl"], check=True, capture_output=True, text=True,
+                       timeout=300)
+        os.replace(built, library)
+    return library
+
+
+def runs_on_cpu(extra: list[str]) -> bool:
+    """Whether bench_e2e.py will run on a CPU: its --device when given, else what torch says (common.resolve_device
+    picks CUDA when torch sees a GPU), asked in a child process so that the sweep stays torch-free."""
+    devices = [arg.partition("=")[2] or (extra[i + 1] if i + 1 < len(extra) else "")
+               for i, arg in enumerate(extra) if arg.partition("=")[0] == "--device"]
+    device = devices[-1] if devices else "auto"
+    if device != "auto":
+        return device == "cpu"
+    probe = "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0
+
+
+def nvtx_library_for_cpu(nsys_path: str, extra: list[str], say: Callable[[str], None]) -> str | None:
+    """The NVTX library a CPU run of bench_e2e.py (`extra`: its arguments) needs, built once into the cache when
+    none is named; None on a GPU (torch's own NVTX) or when $BENCH_NVTX_LIBRARY names one. `say` tells that it
+    builds one. NsysError (2) saying what to do when none can be built."""
+    if os.environ.get(NVTX_LIBRARY_ENV) or not runs_on_cpu(extra):
+        return None
+    include = nvtx_include_dir(nsys_path)
+    compiler = os.environ.get("CC") or "gcc"
+    how = (f"set {NVTX_LIBRARY_ENV} to a library exporting nvtxRangePushA and nvtxRangePop, e.g. built with: gcc "
+           f"-shared -fPIC -O1 -DNVTX_EXPORT_API '-DNVTX_DECLSPEC=__attribute__((visibility(\"default\")))' "
+           f"-I<nsys folder>/nvtx/include -o libnvtx.so nvtx.c -ldl (nvtx.c: #include <nvtx3/nvToolsExt.h>; "
+           "docs/nsys_run.md)")
+    why = (f"no C compiler ({compiler} not found)" if shutil.which(compiler) is None
+           else f"no NVTX headers (nvtx3/nvToolsExt.h) beside {nsys_path}" if include is None else None)
+    if why:
+        raise NsysError(f"this run is on a CPU, where torch has no NVTX, and no NVTX library can be built here: "
+                        f"{why}; {how}", 2)
+    # one library per header folder (per nsys installation), named by a stable digest of its path
+    library = nvtx_cache_folder() / f"nvtx-{hashlib.sha1(str(include).encode()).hexdigest()[:12]}" / "libnvtx.so"
+    if not library.is_file():
+        say(f"this run is on a CPU: building the NVTX library it needs, once, into {library}")
+        try:
+            build_nvtx_library(include, library, compiler)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or str(exc)
+            raise NsysError(f"building the NVTX library for a CPU run failed: {detail.strip()[:300]}; {how}", 2)
+    return str(library)

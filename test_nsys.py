@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import nsys_sweep
+import nsys_tool
 from nsys_tool import NVTX_LIBRARY_ENV, OLD_REPORT_NAMES
 from results import read_records
 from test_kernel_tables import e2e_record, write_nsys_fixture
@@ -530,7 +530,7 @@ def test_a_cpu_run_without_an_nvtx_library_builds_one_or_says_what_to_do(fake: d
     if shutil.which("gcc") is None:
         return
     # with gcc: the NVTX headers beside nsys (the fake has none), else a CUDA toolkit's
-    headers = nsys_sweep.nvtx_include_dir(fake["cwd"] / "bin" / "nsys")
+    headers = nsys_tool.nvtx_include_dir(fake["cwd"] / "bin" / "nsys")
     built = subprocess.run(base, capture_output=True, text=True, timeout=300, env=env)
     if headers is None:
         assert built.returncode == 2 and "no NVTX headers" in built.stderr and not profiled(fake)

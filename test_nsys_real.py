@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import kernel_tables as kt
-import nsys_sweep
+import nsys_tool
 import profile_readers as pr
 import profile_tables as pt
 from nsys_tool import NVTX_LIBRARY_ENV
@@ -64,7 +64,7 @@ def nvtx_cache(nsys: Path, tmp_path_factory) -> Path:
     one step (BENCH_NVTX_LIBRARY unset)."""
     if shutil.which("gcc") is None:
         pytest.skip("no gcc to build the NVTX library that the CPU build of torch lacks")
-    if nsys_sweep.nvtx_include_dir(nsys) is None:
+    if nsys_tool.nvtx_include_dir(nsys) is None:
         pytest.skip(f"no NVTX3 headers (nvtx3/nvToolsExt.h) found beside {nsys}")
     return tmp_path_factory.mktemp("cache")
 
