@@ -1,5 +1,7 @@
-"""kernel_tables.py: nsys CSV parsing (real report shapes and their quirks), launch-window attribution across
-threads, the four tables, the kernel-name classifier, torch.profiler traces, and bench_e2e.py --profile on CPU."""
+"""kernel_tables.py and profile_readers.py: the scenario fixtures (an nsys capture as `nsys stats` writes its CSVs,
+as an SQLite export, as a torch.profiler trace), nsys CSV parsing (real report shapes and their quirks), the
+command line (--stopwatch, --ranges, no nsys here, malformed input), --summary, and bench_e2e.py --profile on CPU.
+The tables themselves: test_profile_tables.py; the classifier: test_kernel_categories.py."""
 from __future__ import annotations
 
 import csv

@@ -2,8 +2,10 @@
 environment variable, output path, overwrite rules, forced re-export), the tables it writes beside the report,
 the version check, what it says when `nsys stats` quietly writes nothing, the missing-nsys message and exit
 code, and the exit status of a failing profiled run; several configurations in one call (one nsys run each,
-reuse of existing reports, --force, skipping after an OOM, the summary, --dry-run, the handouts' plans), and the
-flags passed through to nsys profile. test_nsys_real.py runs it under the real nsys."""
+reuse of existing reports, --force, skipping after an OOM, the summary, --dry-run, the handouts' plans), the
+flags passed through to nsys profile, an nsys with the old report names, every spelling of the options, arguments
+bench_e2e refuses (exit 2, nothing left behind), the NVTX library of a CPU run, and the run's output naming the
+kept files. test_nsys_real.py runs it under the real nsys."""
 from __future__ import annotations
 
 import ctypes
