@@ -301,10 +301,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args.context_length = context_lengths(parser, args, handout, device)
     if device.type != "cuda":
         # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
-        for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
-                            ("--tf32", args.tf32 is not None)):
-            if given:
-                parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+        if args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV):
+            parser.error(f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set "
+                         f"{common.NVTX_LIBRARY_ENV} to an NVTX library (bash nsys_run.sh builds one with gcc and "
+                         "sets it; by hand: docs/nsys_run.md, 'The NVTX library')")
+        if args.tf32 is not None:
+            parser.error(f"--tf32 needs a CUDA device, and this run is on {device}")
     if args.nvtx:
         try:
             common.nvtx_functions()

@@ -306,15 +306,20 @@ def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries
 
 
 def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, measured_peak: int | None,
-                     png_path: Path, title: str, top: int, requested_peak: int | None = None) -> dict[str, Any]:
-    """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle."""
+                     png_path: Path, title: str, top: int, requested_peak: int | None = None,
+                     code_root: str | Path | None = None) -> dict[str, Any]:
+    """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle. The
+    sites name the user's own lines: frames under `code_root`, else under the snapshot's own most common source
+    root (memory_snapshot.code_root; this project's folder for its own runs)."""
     snapshot = memory_snapshot.load_snapshot(path)
     timeline = memory_snapshot.rebuild_timeline(snapshot)
     spans = memory_snapshot.phase_spans([tuple(m) for m in marks or []])
+    root = Path(code_root) if code_root else memory_snapshot.code_root(snapshot) or memory_snapshot.PROJECT_ROOT
     out: dict[str, Any] = {
         "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, requested_peak, measured_peak),
-        "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans),
-        "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top),
+        "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans, root),
+        "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top, root),
+        "snapshot_code_root": str(root),
         "snapshot_baseline_bytes": timeline.baseline_bytes, "snapshot_events": len(timeline.allocated_bytes)}
     try:
         out["snapshot_png"] = str(memory_snapshot.render_timeline_png(timeline, png_path, title, spans))
@@ -419,7 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=positive_int, default=10, help="rows in the largest-allocations tables")
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
-                        "check when its _meta.json is beside it); needs no GPU")
+                        "check when its _meta.json is beside it); needs no GPU; anyone's snapshot")
+    p.add_argument("--code-root", metavar="DIR", default=None,
+                   help="--analyze: the folder of the code whose lines the tables name (as the snapshot's frames "
+                        "spell it; default: the most common source root of the snapshot's own Python frames)")
     p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     cli.add_device_args(p)
     runner.add_sweep_args(p)
@@ -438,7 +446,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         if not Path(args.analyze).is_file():
             parser.error(f"--analyze: {'not a file' if Path(args.analyze).exists() else 'no such file'}: "
                          f"{args.analyze}")
+        if args.code_root is not None:  # frames hold absolute paths: a relative folder is this machine's
+            args.code_root = str(Path(args.code_root).absolute())
         return args, []
+    if args.code_root is not None:
+        parser.error("--code-root goes with --analyze")
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
@@ -486,7 +498,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     try:
         fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
                                   files.path("_timeline.png"), Path(args.analyze).name, args.top,
-                                  meta.get("requested_bytes_peak"))
+                                  meta.get("requested_bytes_peak"), args.code_root)
     # Not a pickle, truncated, or a pickle of something else (entries lacking fields or of the wrong type): bad
     # input, so one line and exit 2.
     except (OSError, EOFError, ValueError, pickle.UnpicklingError, ImportError, KeyError, TypeError, AttributeError,
@@ -495,6 +507,8 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         files.release()
         return 2
     files.append_record({"snapshot_path": args.analyze, **fields})
+    how = "--code-root" if args.code_root else "the most common source root of its Python frames; --code-root DIR"
+    print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})", file=sys.stderr)
     files.publish(lambda fmt: memory_tables.snapshot_report(args.analyze, fields, fmt), args.fmt,
                   [fields["snapshot_png"]] if "snapshot_png" in fields else [])
     return 0

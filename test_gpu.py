@@ -18,10 +18,11 @@ import torch
 import bench_attention
 import bench_e2e
 import common
-import kernel_tables as kt
 import kernel_timing
 import mem_profile
 import model_config
+import profile_readers as pr
+import profile_tables as pt
 import runner
 import toy_autocast
 from results import read_records
@@ -121,14 +122,14 @@ def test_nsys_run_profiles_real_kernels(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = tmp_path / "nsys" / "tiny_ctx64_train"
     md = Path(f"{report}.md").read_text()
-    assert kt.NO_KERNELS not in md and "### 2. Top kernels by GPU time: forward" in md
-    tables = kt.build_tables(kt.load_nsys(report))
+    assert pt.NO_KERNELS not in md and "### 2. Top kernels by GPU time: forward" in md
+    tables = pt.build_tables(pr.load_nsys(report))
     assert tables["steps"] == 3
     categories = {row["scope"]: row for row in tables["categories"]}
     assert categories["forward"]["matrix multiply"] > 0 and categories["optimizer"]["elementwise"] > 0
     others = [row["name"] for row in tables["top"]["all"] if row["category"] == "other"]
     assert categories["all"]["other"] < 25, f"unclassified kernels: {others}"
-    assert {row["sub_step"] for row in tables["attention"]} == set(kt.ATTENTION_STEPS)
+    assert {row["sub_step"] for row in tables["attention"]} == set(pt.ATTENTION_STEPS)
 
 
 # ---- your own code on the GPU ----

@@ -214,6 +214,55 @@ def test_analyze_writes_png_and_tables(tmp_path, capsys):
     assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
 
 
+def foreign_snapshot() -> dict:
+    """A snapshot recorded on someone else's machine: their model under /home/u/proj (two packages), torch in a
+    .venv inside it, one frame of a notebook elsewhere, and a backward allocation with only C++ frames."""
+    def frame(filename: str, line: int, name: str) -> dict:
+        return {"filename": filename, "line": line, "name": name}
+    model = frame("/home/u/proj/pkg_model/layers/linear.py", 36, "forward")
+    train = frame("/home/u/proj/pkg_train/train.py", 80, "main")
+    torch_frame = frame("/home/u/proj/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1750,
+                        "_call_impl")
+    notebook = frame("/tmp/ipykernel_1/cell.py", 3, "<module>")
+    cpp = [frame("??", 0, "torch::unwind::unwind()"),
+           frame("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::DeviceCachingAllocator::malloc"),
+           frame("??", 0, "at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>)"),
+           frame("??", 0, "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+           frame("??", 0, "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)")]
+    trace = [event("alloc", 0x1000 * i, 1, 1000 + i, model, torch_frame, train) for i in range(1, 20)]
+    trace += [event("alloc", 0x90000, 2, 1100, notebook), event("alloc", 0xA0000, 4, 1200, *cpp)]
+    return {"segments": [], "device_traces": [trace]}
+
+
+def test_a_foreign_snapshots_own_code_is_found_and_named():
+    snapshot = foreign_snapshot()
+    root = memory_snapshot.code_root(snapshot)
+    assert str(root) == "/home/u/proj"  # both packages, not the .venv inside it, not the notebook elsewhere
+    rows = memory_snapshot.largest_allocations(snapshot, top=3, root=root)
+    assert [row["sites"] for row in rows] == ["BmmBackward0 > bmm (no Python frame: autograd's C++ backward) (x1)",
+                                              "cell.py:3 <module> (outside the project) (x1)",
+                                              "pkg_model/layers/linear.py:36 forward (x19)"]
+    narrower = memory_snapshot.largest_allocations(snapshot, top=3, root=root / "pkg_train")
+    assert narrower[-1]["sites"] == "train.py:80 main (x19)"  # --code-root: whose lines are named
+    assert memory_snapshot.code_root({"segments": [], "device_traces": [[event("alloc", 1, 1, 1)]]}) is None
+
+
+def test_cpp_only_stacks_are_named_by_their_first_meaningful_frame():
+    def names(*functions: str) -> list[dict]:
+        return [{"filename": "??", "line": 0, "name": f} for f in functions]
+    assert memory_snapshot.cpp_site(names("at::_ops::sum_dim_IntList::call(at::Tensor const&)")) == \
+        "sum_dim_IntList (no Python frame: C++ operator)"
+    assert memory_snapshot.cpp_site(names("torch::unwind::unwind()", "my_extension::launch(int)")) == \
+        "my_extension::launch (no Python frame: C++)"
+    assert memory_snapshot.cpp_site(names("torch::unwind::unwind()", "??")).startswith("(no Python frame")
+
+
+def test_code_root_goes_with_analyze(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mem_profile.parse_args(["--code-root", "/x"])
+    assert exit_info.value.code == 2 and "--code-root goes with --analyze" in capsys.readouterr().err
+
+
 def test_analyze_rejects_a_pickle_that_is_not_a_snapshot(tmp_path):
     path = tmp_path / "x.pickle"
     path.write_bytes(pickle.dumps({"something": 1}))
