@@ -46,9 +46,10 @@ import torch
 
 import cli
 import common
-import kernel_tables
 import model_config
 import parallel
+import profile_readers
+import profile_tables
 import report
 import results
 import runner
@@ -117,7 +118,7 @@ def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractCon
 
 
 def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
-    """Write the Chrome/Perfetto trace under results/profile/ and build kernel_tables' four tables from it, in
+    """Write the Chrome/Perfetto trace under results/profile/ and build profile_tables' four tables from it, in
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
     ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
@@ -138,10 +139,10 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
             with open(trace) as f:
                 out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
         if keep:
-            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
-                                                kernel_tables.stopwatch_ms(record),
-                                                kernel_tables.attention_shape(dataclasses.asdict(run)),
-                                                compiled=run.compile)
+            tables = profile_tables.build_tables(profile_readers.load_torch_trace(trace),
+                                                 profile_tables.stopwatch_ms(record),
+                                                 profile_tables.attention_shape(dataclasses.asdict(run)),
+                                                 compiled=run.compile)
             out["profile"] = {"trace": str(trace), "tables": tables}
     finally:
         if not keep:

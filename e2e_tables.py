@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-import kernel_tables
+import profile_tables
 from model_config import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
 from model_config import config_table as model_config_table
 from results import (FINISHED, GIB, RUN_COLUMN, by_run, comparison_groups, environment_lines, finished, is_merged,
@@ -433,7 +433,7 @@ def profile_report(records: list[dict], fmt: str) -> str:
         if "profile" in rec:
             whose = " (rank 0)" if rec["config"].get("parallel") else ""
             parts.append(f"## torch.profiler: {label}{whose} (timings above were taken with the profiler on)"
-                         "\n\n" + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
+                         "\n\n" + profile_tables.render_tables(rec["profile"]["tables"], fmt)
                          + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
         collectives = collectives_table(rec, fmt)
         if collectives:
