@@ -81,7 +81,7 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps,
                                   compile_first=run.compile, profiler=profiler)
     if run.profile_results_dir is not None:
-        record.update(profile_tables(run, profiler, record))
+        record.update(trace_tables(run, profiler, record))
     if run.flops == "counted":
         runner.phase("counting FLOPs (one untimed step)")
         record["counted_step_flops"] = counted_step_flops(work)
@@ -117,7 +117,7 @@ def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractCon
     return common.quiet_profiler(activities)
 
 
-def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
+def trace_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
     """Write the Chrome/Perfetto trace under results/profile/ and build profile_tables' four tables from it, in
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
