@@ -419,6 +419,8 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
     if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
         return args.world_size
+    if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
+        parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
     if launch is None:
         parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
                      "torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan without it: --dry-run "

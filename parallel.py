@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from common import resolve_device
+from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
 from model_config import ModelConfig
 
 PARALLEL = ("ddp", "fsdp")
@@ -100,7 +100,8 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
 
     ddp: DistributedDataParallel: full replica on every rank, gradients averaged by all-reduce in buckets during
     backward. gradient_as_bucket_view=True: gradients live in the communication buckets, not in a second copy;
-    forward_sync_buffers=False: the only buffer is the RoPE cos/sin cache, computed identically on every rank.
+    no buffer broadcast before forward (common.ddp_no_forward_buffer_sync): the only buffer is the RoPE cos/sin
+    cache, computed identically on every rank.
 
     fsdp: FSDP2, fully_shard on every TransformerBlock and then on the root (embedding, final norm and lm_head):
     parameters, gradients and optimizer state are sharded across ranks (dim 0 of each parameter); each block's
@@ -113,7 +114,7 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True, forward_sync_buffers=False)
+                                       gradient_as_bucket_view=True, **ddp_no_forward_buffer_sync())
     if parallel != "fsdp":
         raise ValueError(f"unknown parallelism {parallel!r}; choose from {', '.join(PARALLEL)}")
     from torch.distributed.device_mesh import init_device_mesh
@@ -123,7 +124,8 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
               if fsdp_mixed_precision == "bf16" else MixedPrecisionPolicy())
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None if reshard_after_forward else False)
+    fully_shard(model, mesh=mesh, mp_policy=policy,
+                reshard_after_forward=fsdp_root_reshard_after_forward(reshard_after_forward))
     return model
 
 

@@ -431,6 +431,11 @@ def test_bad_comparison_and_search_input_exits_2_with_one_line(capsys, argv, mes
     assert message in parse_error(capsys, *argv)
 
 
+def test_fsdp_on_the_cpu_with_torch_2_6_exits_2_with_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(common, "TORCH_VERSION", (2, 6))
+    assert "--parallel fsdp: FSDP2 on the CPU needs torch 2.7 or later" in parse_error(capsys, "--parallel", "fsdp")
+
+
 def test_world_size_is_refused_under_torchrun(capsys, monkeypatch):
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)

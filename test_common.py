@@ -27,6 +27,37 @@ from results import ResultFiles, render_table
 HERE = Path(__file__).resolve().parent
 
 
+# ---- torch version compatibility: each decision against this torch's own signatures ----
+
+
+def test_torch_release_reads_major_and_minor():
+    assert common.torch_release("2.11.0+cu130") == (2, 11)
+    assert common.torch_release("2.13.0a0+git1234abc") == (2, 13)
+    assert common.torch_release("2.6.0") == (2, 6) and common.TORCH_VERSION >= common.OLDEST_TORCH
+
+
+def test_ddp_keyword_is_one_this_torch_takes():
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel
+    (keyword,) = common.ddp_no_forward_buffer_sync()
+    assert keyword in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def test_tf32_reads_the_legacy_flags_while_no_precision_api_is_set():
+    assert common.tf32_enabled("matmul") == torch.backends.cuda.matmul.allow_tf32
+    assert common.tf32_enabled("cudnn") == torch.backends.cudnn.allow_tf32
+    with pytest.raises(ValueError, match="unknown TF32 setting"):
+        common.tf32_enabled("conv")
+
+
+def test_fsdp_root_reshard_is_none_exactly_where_fully_shard_defaults_to_none():
+    import inspect
+    from torch.distributed.fsdp import fully_shard
+    default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
+    assert (common.fsdp_root_reshard_after_forward(True) is None) == (default is None)
+    assert common.fsdp_root_reshard_after_forward(False) is False
+
+
 def test_timer_synchronises_before_reading_the_clock_at_both_ends(monkeypatch):
     events = []
     clock = iter([10.0, 10.5])
@@ -65,15 +96,16 @@ def test_precision_context_dtypes_on_cpu():
         precision_context(cpu, "fp8")
 
 
-def test_ranges_are_free_no_ops_when_off_and_on_a_cpu_build(monkeypatch):
+def test_ranges_are_free_no_ops_when_off_and_without_cuda(monkeypatch):
     monkeypatch.delenv(common.NVTX_LIBRARY_ENV, raising=False)
     set_ranges(nvtx=False, profiler=False)
     assert annotate("a") is annotate("b")  # one shared null context: no allocation per call
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError):  # what the helper protects us from
-            torch.cuda.nvtx.range_push("x")
+        if torch.version.cuda is None:  # a CPU build has no NVTX binding (a CUDA build without a GPU has one)
+            with pytest.raises(RuntimeError):  # what the helper protects us from
+                torch.cuda.nvtx.range_push("x")
         try:
-            set_ranges(nvtx=True)  # asking for NVTX on a CPU build stays a no-op
+            set_ranges(nvtx=True)  # asking for NVTX without CUDA stays a no-op
             with annotate("forward"):
                 pass
             assert annotate("a") is annotate("b")
@@ -148,6 +180,7 @@ def test_profiler_ranges_show_up_in_torch_profiler():
     assert any(e.name == "my_region" for e in prof.events())
 
 
+@pytest.mark.skipif(common.TORCH_VERSION < (2, 9), reason="the fp32_precision API is new in torch 2.9")
 def test_environment_reads_tf32_through_the_new_precision_api():
     matmul = torch.backends.cuda.matmul
     assert matmul.fp32_precision == "none"  # nothing in the suite sets it: the legacy flag is the truth
@@ -679,7 +712,7 @@ def test_dry_run_printer_numbers_the_plan(capsys):
     assert "  1. a ctx=1\n  2. b ctx=2\n" in out and "nothing was built" in out
 
 
-# ---- kineto's USDT marker lines ----
+# ---- kineto's noise: USDT marker lines, and the failed GPU count of a CUDA build without a GPU ----
 
 PROFILE_SNIPPET = """
 import os, sys, torch, common
@@ -699,7 +732,21 @@ def test_quiet_profiler_drops_kineto_markers_and_nothing_else(mode):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"
     assert "a line of our own" in out.stderr
-    if mode == "plain":  # the lines this guards against: torch 2.13's kineto prints them at start and stop
-        assert "profiler_start" in out.stderr and "USDT:" in out.stderr
-    else:
-        assert "USDT:" not in out.stderr and "profiler_start" not in out.stderr
+    if mode == "plain":  # the lines this guards against, where this torch prints them
+        if common.KINETO_PRINTS_MARKERS:  # at start and stop
+            assert "profiler_start" in out.stderr and "USDT:" in out.stderr
+        if torch.version.cuda and not torch.cuda.is_available():  # a CUDA build on a machine without a GPU
+            assert "gpuGetDeviceCount failed" in out.stderr
+    else:  # nothing but our own line: no marker, no failed GPU count, no warning (torch 2.10-2.12's acc_events)
+        assert out.stderr.splitlines() == ["a line of our own"]
+
+
+def test_kineto_noise_is_the_markers_and_without_a_gpu_the_failed_gpu_count():
+    # as printed by torch 2.13.0+cpu and by torch 2.11.0+cu130 on this machine (no GPU, no driver)
+    marker = b"USDT:2026-11-23 20:31:13 7613:7613 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+    no_gpu = b"ERROR:2026-11-23 20:30:50 7167:7167 DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35\n"
+    other_error = b"ERROR:2026-11-23 20:30:50 7167:7167 CuptiActivityApi.cpp:1] CUPTI initialization failed\n"
+    assert common.is_kineto_noise(marker, gpu=True) and common.is_kineto_noise(marker, gpu=False)
+    assert common.is_kineto_noise(no_gpu, gpu=False) and not common.is_kineto_noise(no_gpu, gpu=True)
+    assert not common.is_kineto_noise(other_error, gpu=False)
+    assert not common.is_kineto_noise(b"a line of our own\n", gpu=False)

@@ -37,6 +37,12 @@ def returns_config(n):
     return {"n": n, "pid": os.getpid(), "fault": os.environ.get(common.FAULT_ENV), "cwd": os.getcwd()}
 
 
+def server_threads():
+    """The OS threads of this child's parent, the fork server (Linux: /proc)."""
+    with open(f"/proc/{os.getppid()}/status") as f:
+        return {"threads": next(int(line.split()[1]) for line in f if line.startswith("Threads:"))}
+
+
 def raises_oom(n):
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
@@ -85,6 +91,16 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(monkeypat
     start = time.monotonic()
     assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the server's threads from Linux's /proc")
+def test_the_fork_server_is_single_threaded_when_it_forks():
+    """fork() copies only the calling thread, so a lock another thread held stays held in the child (Python 3.12+
+    warns: "This process is multi-threaded, use of fork() may lead to deadlocks"). The preload starts one thread,
+    OpenBLAS's (numpy's, imported by torch), which OpenBLAS's own fork handler joins before every fork: nothing
+    else may run beside the server's main thread."""
+    answer = runner.run_isolated(server_threads, {})
+    assert answer["ok"] and answer["value"]["threads"] == 1, answer
 
 
 def test_the_fork_server_preload_never_asks_cuda_anything():
