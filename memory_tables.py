@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from e2e_tables import config_section
-from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES
+from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES, ModelConfig
 from results import (GIB, MIB, RUN_COLUMN, environment_lines, is_merged, pick_columns, render_table, run_of,
                      with_run_column)
 
@@ -18,6 +18,7 @@ CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run
             "tables, per configuration and per context length, need a GPU run.")
 
 
+FP32_BYTES = 4  # gradients are kept in the parameters' dtype: fp32 master weights, also under autocast
 OURS = "ours"  # user_code.OURS: the model and optimizer of this project, as the records name them
 
 
@@ -71,7 +72,9 @@ def saved_tables(records: list[dict], fmt: str) -> str:
             summary.append({**ident, "status": rec["saved_status"]})
             continue
         unsplit = not rec["saved_blocks_bytes"] and c.get("model_factory")  # your blocks are not named layers.N
+        grads = ModelConfig(**c["model"]).block_params * FP32_BYTES if not c.get("model_factory") else None
         summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
+                        "grads per block MiB": grads / MIB if grads is not None else None,
                         "x layers": c["model"]["num_layers"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
                         "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
                         "total MiB": rec["saved_total_bytes"] / MIB,
@@ -82,7 +85,7 @@ def saved_tables(records: list[dict], fmt: str) -> str:
                             "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
                             "share": f"{row['share']:.1%}"})
     columns = ["size", "ctx", "dtype", "attn", "ckpt"] + (["model"] if yours(records) else [])
-    columns = with_run_column(columns + ["per block MiB", "x layers", "blocks MiB", "outside blocks MiB", "total MiB",
+    columns = with_run_column(columns + ["per block MiB", "grads per block MiB", "x layers", "blocks MiB", "outside blocks MiB", "total MiB",
                                          "status"], records)
     text = render_table(summary, columns, fmt)
     if ops:
@@ -189,7 +192,8 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
              "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's parameters as "
              "counted on it, AdamW's two moments per parameter whatever the optimizer)", "",
              accounting_table(records, fmt), "",
-             "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
+             "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once; "
+             "grads per block: the parameter gradients one TransformerBlock holds after backward, fp32)",
              "", saved_tables(records, fmt), ""]
     devices = {r["environment"].get("device", "") for r in records}
     if not any(d.startswith("cuda") for d in devices):
