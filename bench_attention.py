@@ -17,6 +17,8 @@ JSON record per configuration (raw samples and the environment), under results/a
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import itertools
 import sys
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ import common
 import model_config
 import report
 import runner
+import sweep
 from common import DTYPES, SyncTimer, resolve_device, saved_tensors, synchronize
 from model import naive_attention, sdpa_attention
 from results import ResultFiles, environment_header, format_bytes, render_table
@@ -219,35 +222,69 @@ class AttentionRun:
         """(group, size name, size) for the sweep's rule: after an OOM, longer sequences of the group are skipped."""
         return (self.impl, self.d, self.batch_size, self.dtype), "seq", self.seq_len
 
+    def fault_fields(self) -> dict[str, Any]:
+        """What a BENCH_INJECT_FAULT clause can match on (sweep.injected_fault)."""
+        return {"impl": self.impl, "d": self.d, "seq_len": self.seq_len, "dtype": self.dtype,
+                "batch_size": self.batch_size}
 
-def run_config(run: AttentionRun) -> dict[str, Any]:
-    """Fit guard, inputs, then the shared run path (compile step apart, warm-up, timed forward and backward
-    steps, peaks); then memory before backward, bytes saved for backward, and (sdpa) the kernel that ran. Runs in
-    a child process during sweeps; failures propagate as exceptions (the runner turns them into rows)."""
-    common.maybe_inject_fault({"impl": run.impl, "d": run.d, "seq_len": run.seq_len, "dtype": run.dtype,
-                               "batch_size": run.batch_size})
+    def comparison_key(self) -> AttentionRun:
+        """This configuration without its implementation: the runs that share it are compared, measured together."""
+        return dataclasses.replace(self, impl="")
+
+
+def prepare(run: AttentionRun, inputs: tuple[torch.Tensor, ...] | None = None,
+            grad_out: torch.Tensor | None = None) -> runner.Prepared | dict[str, Any]:
+    """Fit guard, inputs (given: shared by the implementations of one comparison), then the step to time: one
+    forward and its backward, timed apart (timed_step). After the timed steps (untimed): memory before backward
+    (CUDA), the bytes saved for backward, and (sdpa) the kernel that ran. A configuration the fit guard skips is
+    its record at once."""
     device = resolve_device(run.device)
     need = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
     free = free_memory_bytes(device)
     skipped = fit_status(need, free, run.force)
     if skipped:
         return {"status": skipped, "free_mem_bytes": free}
+    if inputs is None:
+        inputs, grad_out = make_inputs(run, device)
+    attention = IMPLEMENTATIONS[run.impl]()
+    timer = SyncTimer(device)
+
+    def after(record: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if device.type == "cuda":  # a CPU has no allocator counter; saved_tensor_bytes is measured everywhere
+            out["mem_before_backward_bytes"] = allocated_before_backward(attention, inputs, device)
+        out["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
+        if run.impl == "sdpa":
+            out["sdpa_backend"] = sdpa_backend(attention, inputs)
+        return out
+
+    # the first forward and backward of "compiled" compile both graphs: timed apart as compile_s
+    return runner.Prepared(step=lambda: timed_step(attention, inputs, grad_out, timer), device=device,
+                           warmup=run.warmup, steps=run.iters, compile_first=run.impl == "compiled", after=after,
+                           record={"free_mem_bytes": free})
+
+
+def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Q, K, V (batch, seq, d), requiring grad, and the output's gradient, from the run's seed."""
     torch.manual_seed(run.seed)
     shape = (run.batch_size, run.seq_len, run.d)
     inputs = tuple(torch.randn(shape, device=device, dtype=DTYPES[run.dtype], requires_grad=True) for _ in range(3))
-    grad_out = torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
-    attention = IMPLEMENTATIONS[run.impl]()
-    timer = SyncTimer(device)
-    # the first forward and backward of "compiled" compile both graphs: timed apart as compile_s
-    record = runner.measure_steps(lambda: timed_step(attention, inputs, grad_out, timer), device, run.warmup,
-                                  run.iters, compile_first=run.impl == "compiled")
-    record["free_mem_bytes"] = free
-    if device.type == "cuda":  # a CPU has no allocator counter; saved_tensor_bytes below is measured everywhere
-        record["mem_before_backward_bytes"] = allocated_before_backward(attention, inputs, device)
-    record["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
-    if run.impl == "sdpa":
-        record["sdpa_backend"] = sdpa_backend(attention, inputs)
-    return record
+    return inputs, torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
+
+
+def run_config(run: AttentionRun) -> dict[str, Any]:
+    """One configuration alone (in a child process of the sweep): its record. Failures propagate as exceptions
+    (the sweep turns them into rows)."""
+    return runner.measure(prepare(run))
+
+
+def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:
+    """The implementations of one shape in one process (a child of the sweep), on the same inputs, their timed
+    steps interleaved."""
+    device = resolve_device(runs[0].device)
+    inputs, grad_out = make_inputs(runs[0], device)
+    return runner.measure_interleaved(device, [functools.partial(prepare, run, inputs, grad_out) for run in runs],
+                                      faults)
 
 
 def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
@@ -387,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
     cli.add_device_args(p)
-    runner.add_sweep_args(p)
+    sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="attention")
     report.add_columns_and_plot_args(p, "bench_attention")
     cli.add_dry_run_arg(p)
@@ -399,6 +436,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = parser.parse_args(argv)
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, TABLE_COLUMNS)
+    sweep.check_sweep_args(parser, args)
     # repeated values would only repeat rows; keep the order given
     args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
     runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
@@ -422,10 +460,10 @@ def main(argv: list[str] | None = None) -> int:
                     "iterations, causal")
         return cli.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
-    experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
-                                   summary=progress_summary,
-                                   render=lambda records, fmt: render_report(records, fmt, args.columns))
-    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    experiment = sweep.Experiment(name="bench_attention", measure=run_config, measure_together=measure_together,
+                                  finish=finish_record, summary=progress_summary,
+                                  render=lambda records, fmt: render_report(records, fmt, args.columns))
+    records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
     if records:  # (the sweep saved the report after each row: the figures come after it)
         figures = report.figures_after_run("bench_attention", records, files) if args.plot else []
         files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt, figures)

@@ -12,22 +12,38 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
     python bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
-    python bench_e2e.py --size xl --context-length max            # the longest power-of-two context that trains
+    python bench_e2e.py --size xl --context-length max            # the longest context that trains
     python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
 
+Method. A configuration is built (prepare: runner.Workload makes the model, wraps it in torch.compile when asked,
+the optimizer, and one random batch of token ids, all on the device), then measured (runner.measure_steps): with
+--compile the first step is timed apart as compile_s; --warmup untimed steps; the CUDA peak counter reset; --steps
+timed steps. The timed step is runner.run_step: the forward pass with the loss, loss.backward(), optimizer.step()
+with zero_grad(set_to_none=True), each phase between two device synchronisations (common.SyncTimer: synchronise,
+read timeit.default_timer, run, synchronise, read), and the whole step the same way. Nothing else is inside the
+timers: no data creation (the batch is made once), no .item(), no printing, no compile (its step is timed apart),
+no warm-up. Each raw sample is kept; mean and std (and median, min, max) are derived from them.
+
+Variants of one configuration (--dtype, --compile, --attn, --optimizer values) are compared: by default all of them
+are built in one process and their timed steps alternate in rounds (A B | B A | ..., runner.measure_interleaved),
+each variant with its own compile step, warm-up and memory figures, so that a machine that slows down meanwhile
+slows every variant alike; the speed-up is a paired ratio with a 95% interval (stats.py), and a phase the variants
+run identically (the optimizer step under --compile) is the control that says when the machine drifted anyway.
+
 Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
-current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
+current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) runs in
 its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
-record per configuration under results/e2e/. A sweep over dtype, compile, attention, optimizer or parallelism adds a
-comparison table (speed-ups over the first variant); --context-length max adds the longest context of each search.
+record per configuration under results/e2e/. A sweep over variants adds a comparison table (speed-ups over the
+first variant); --context-length max adds the longest context of each search. docs/bench_e2e.md says more.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -41,39 +57,52 @@ import torch
 
 import cli
 import common
+import isolation
 import kernel_tables
 import model_config
 import parallel
 import report
 import results
 import runner
+import search
+import stats
+import sweep
 from cli import positive_float, positive_int
 from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
 from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUTS, ModelConfig, get_config
 from results import FINISHED, GIB, ResultFiles, environment_header, finished, render_table
 from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
+from search import SEARCH_START
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 
 
-# ---- one configuration ----
+# ---- one configuration: what is timed ----
 
 
-def run_config(run: RunConfig) -> dict[str, Any]:
-    """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
-    peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
-    common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
-                               "warmup": run.warmup, "parallel": run.parallel, "mode": run.mode,
-                               "compile": run.compile, "attn": run.attn})
+def prepare(run: RunConfig) -> runner.Prepared:
+    """The configuration built on its device (runner.Workload) and its step to time, run_step(work): forward with
+    the loss, backward, optimizer step, each between synchronisations. With --profile, torch.profiler around the
+    timed steps and its tables after them."""
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
-    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps,
-                                  compile_first=run.compile, profiler=profiler)
-    if run.profile_results_dir is not None:
-        record.update(profile_tables(run, profiler, record))
-    return record
+    after = None if run.profile_results_dir is None else (lambda record: profile_tables(run, profiler, record))
+    return runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
+                           compile_first=run.compile, profiler=profiler, after=after)
+
+
+def run_config(run: RunConfig) -> dict[str, Any]:
+    """One configuration alone (in a child process of the sweep): its record. Failures propagate as exceptions
+    (the sweep makes them rows)."""
+    return runner.measure(prepare(run))
+
+
+def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]]:
+    """The variants of one comparison in one process (a child of the sweep), their timed steps interleaved."""
+    device = common.resolve_device(runs[0].device)
+    return runner.measure_interleaved(device, [functools.partial(prepare, run) for run in runs], faults)
 
 
 # ---- --profile: torch.profiler over the measured steps ----
@@ -95,7 +124,7 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
     ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
-    runner.phase("writing the profiler trace")
+    isolation.phase("writing the profiler trace")
     keep = parallel.is_rank_zero()
     if keep:
         stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
@@ -291,13 +320,37 @@ def short_status(status: str) -> str:
 
 
 def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
-    """The baseline's summed mean time over these phases divided by the other variant's ("1.93x": the other is
-    1.93 times as fast); a failed or missing row gives its status instead of a number."""
+    """The speed-up of the other variant over the baseline over these phases ("1.93x": 1.93 times as fast),
+    stats.speedup: paired by round when the two were measured together, else the ratio of their summed means; a
+    failed or missing row gives its status instead of a number."""
     if other is None or other["status"] not in FINISHED:
         return short_status(other["status"]) if other else "not run"
     if base is None or base["status"] not in FINISHED:
         return f"baseline {short_status(base['status']) if base else 'not run'}"
-    return f"{sum(base[f'{p}_ms_mean'] for p in phases) / sum(other[f'{p}_ms_mean'] for p in phases):.2f}x"
+    return f"{stats.speedup(base, other, phases).ratio:.2f}x"
+
+
+def speedup_interval(base: dict[str, Any] | None, other: dict[str, Any] | None,
+                     phases: tuple[str, ...]) -> stats.PairedRatio | None:
+    """The paired speed-up with its interval (stats.speedup) when both rows finished, else None."""
+    if base is None or other is None or not finished(base) or not finished(other):
+        return None
+    return stats.speedup(base, other, phases)
+
+
+def control_phase(configs: list[dict[str, Any]]) -> str | None:
+    """The phase every variant of a comparison runs identically, the control for drift (stats.drift): the optimizer
+    step when only the model's settings vary (dtype, compile, attention: the fp32 master weights and gradients are
+    the same; fp16's grad scaler is not), the forward pass when only the optimizer varies; None otherwise (forward
+    mode, or every phase differs). A control that moved says the machine changed between the variants."""
+    varied = {f for f in ("dtype", "compile", "attn", "optimizer", "parallel") if len({str(c[f]) for c in configs}) > 1}
+    if configs[0]["mode"] != "train" or not varied or "parallel" in varied:
+        return None
+    if varied == {"optimizer"}:
+        return "forward"
+    if "optimizer" not in varied and not any(c["dtype"] == "fp16" for c in configs):
+        return "optimizer"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +379,7 @@ def comparison(records: list[dict]) -> Comparison | None:
     for rec in records:
         by_row.setdefault(config_key(rec["config"], VARIANT_FIELDS), {})[variant_label(rec["config"], axes)] = rec
     warmups = len({c["warmup"] for c in configs}) > 1
+    control = control_phase(configs)
     rows = []
     for cells in by_row.values():
         config = next(iter(cells.values()))["config"]
@@ -339,15 +393,32 @@ def comparison(records: list[dict]) -> Comparison | None:
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
+        unresolved, drifts, paired_names = [], [], set()
         for name in names[1:]:
+            base, other = cells.get(names[0]), cells.get(name)
             for label, summed in ratios:
-                row[f"{label} speed-up: {name}"] = speedup_cell(cells.get(names[0]), cells.get(name), summed)
-        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"]
-        row["notes"] = f"noisy: {', '.join(noisy)}" if noisy else None
+                row[f"{label} speed-up: {name}"] = speedup_cell(base, other, summed)
+                found = speedup_interval(base, other, summed)
+                row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
+                if found and found.rounds:
+                    paired_names.update((names[0], name))
+                if found and found.resolved is False:
+                    unresolved.append(f"{label} {name}")
+            both = base is not None and other is not None and finished(base) and finished(other)
+            moved = stats.drift(base, other, control) if control and both else None
+            if moved:
+                drifts.append(f"{moved.text()} ({name})")
+        # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
+        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"
+                 and name not in paired_names]
+        notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
+        row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
+    intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)
     columns = ["size", "ctx"] + (["warmup"] if warmups else [])
     columns += [f"{PHASE_SHORT[p]} ms: {n}" for p in phases for n in names]
-    columns += [f"{label} speed-up: {n}" for n in names[1:] for label, _ in ratios]
+    columns += [c for n in names[1:] for label, _ in ratios
+                for c in [f"{label} speed-up: {n}"] + ([f"{label} 95% CI: {n}"] if intervals else [])]
     columns += ["notes"] if any(row["notes"] for row in rows) else []
     return Comparison(names, [label for label, _ in ratios], rows, columns)
 
@@ -360,28 +431,28 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     names = found.variants
     return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
             + render_table(found.rows, found.columns, fmt)
-            + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s mean / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases. A failed row shows its status, not a number.")
+            + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
+            "faster), fwd+bwd sums the two phases: for variants measured together, the geometric mean over the rounds "
+            "of their interleaved steps (A B B A ...) with a 95% t-interval on the log-ratios (not resolved when it "
+            "contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
+            "changed between them by more than its spread. A failed row shows its status, not a number.")
 
 
-# ---- --context-length max: the longest power-of-two context that runs ----
+# ---- --context-length max: the longest context that runs ----
 
-SEARCH_START = 128  # the first probe; the study's contexts are powers of two from 128
-MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last probe, unless --max-context; see build_parser
+MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last doubling probe, unless --max-context; build_parser
 
 
 def probe_contexts(max_context: int) -> list[int]:
-    """128, 256, ... up to the largest power of two <= max_context."""
-    out = [SEARCH_START]
-    while out[-1] * 2 <= max_context:
-        out.append(out[-1] * 2)
-    return out
+    """The doubling probes: 128, 256, ... up to the largest power of two <= max_context."""
+    return search.doubling_sizes(SEARCH_START, max_context)
 
 
 def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     """The answer of every --context-length max search in a sweep's records (one search per configuration but
-    the context: size x dtype x compile x ...), as a record: the longest context that ran, the probe that ended
-    the search and what that means. A search ends at its first failure (runner.run_sweep with search=True)."""
+    the context: size x dtype x compile x ...), as a record: the longest context that ran (bisected), the longest
+    power of two, the probe that ended the search and what that means (search.answer). A search doubles to its
+    first failure, then bisects after an OOM (sweep.run_sweep with search=True)."""
     groups: dict[str, list[dict]] = {}
     for rec in records:
         if "context_search" in rec:
@@ -389,32 +460,18 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     answers = []
     for probes in groups.values():
         probes.sort(key=lambda r: r["config"]["model"]["context_length"])
-        fits = [r for r in probes if r["status"] in FINISHED]
-        failed = next((r for r in probes if r["status"] not in FINISHED), None)
-        best = fits[-1] if fits else None
-        longest = best["config"]["model"]["context_length"] if best else None
-        cap = probes[0]["context_search"]["max_context"]
-        conclusive = False
-        if failed is None:
-            ended = longest >= probe_contexts(cap)[-1]
-            answer = (f"at least this: the search stops at --max-context {cap}" if ended
-                      else "incomplete: the search was interrupted")
-        else:
-            ctx, status = failed["config"]["model"]["context_length"], failed["status"]
-            if status == "OOM" or status.startswith("OOM on rank"):
-                conclusive = True
-                answer = f"the longest that fits: {ctx} runs out of memory" if best else f"none: OOM already at {ctx}"
-            elif status.startswith(("timeout", "process-group timeout")):
-                answer = f"the longest within the time limit: {ctx} timed out, whether it fits is unknown"
-            else:
-                answer = f"inconclusive: {ctx} failed with an error, not an OOM (see its row)"
+        settings = probes[0]["context_search"]
+        found = search.answer([{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
+                               for r in probes], settings["max_context"], settings.get("resolution"),
+                              settings.get("probe_budget"))
+        longest = found["longest_context"]
+        best = next((r for r in probes if r["config"]["model"]["context_length"] == longest and finished(r)), None)
         answers.append({
             "experiment": "bench_e2e", "kind": "longest_context", "label": (best or probes[0])["label"],
-            "config": (best or probes[0])["config"], "longest_context": longest, "max_context": cap,
+            "config": (best or probes[0])["config"], **found, "max_context": settings["max_context"],
             "probes": [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
                        for r in probes],
-            "conclusive": conclusive, "answer": answer,
-            "status": f"longest context {longest or 'none'}: {answer}"})
+            "status": f"longest context {longest or 'none'}: {found['answer']}"})
     return answers
 
 
@@ -433,7 +490,7 @@ def search_table(records: list[dict], fmt: str) -> str | None:
         row = {"size": config["size"], "mode": config["mode"] + (" no-grad" if config["no_grad"] else ""),
                "dtype": config["dtype"] + (" compiled" if config["compile"] else ""), "attn": config["attn"],
                "optimizer": config["optimizer"], "parallel": parallel_label(config), "warmup": config["warmup"],
-               "longest ctx": ans["longest_context"],
+               "longest ctx": ans["longest_context"], "longest 2^k": ans.get("longest_power_of_two"),
                "last probe": f"{last['context_length']}: {short_status(last['status'])}",
                "answer": ans["answer"]}
         if best is not None:
@@ -444,13 +501,19 @@ def search_table(records: list[dict], fmt: str) -> str | None:
     columns = ["size", "mode", "dtype", "attn"]
     columns += [c for c in ("optimizer", "warmup") if len({str(r[c]) for r in rows}) > 1]
     columns += ["parallel"] if any(r["parallel"] for r in rows) else []
-    columns += ["longest ctx", "step ms"] + (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else [])
-    columns += ["last probe", "answer"]
-    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context "
-            f"{answers[0]['max_context']})\n\n"
-            + render_table(rows, columns, fmt)
-            + "\n\nThe true limit lies between the longest context and twice it: bisect with an explicit "
-              "--context-length list to get closer.")
+    bisected = [a for a in answers if a.get("resolution")]
+    columns += ["longest ctx"] + (["longest 2^k"] if bisected else []) + ["step ms"]
+    columns += (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else []) + ["last probe", "answer"]
+    if bisected:
+        how = (f"powers of two from {SEARCH_START} up to --max-context {answers[0]['max_context']}, then after an OOM "
+               f"a bisection to a multiple of {bisected[0]['resolution']}")
+        note = ("longest ctx: the longest that ran, bisected between the last power of two that ran and the first "
+                "that ran out of memory; longest 2^k: the doubling's answer.")
+    else:
+        how = f"powers of two from {SEARCH_START} up to --max-context {answers[0]['max_context']}"
+        note = ("The true limit lies between the longest context and twice it: bisect with an explicit "
+                "--context-length list to get closer.")
+    return f"## Longest context that runs ({how})\n\n" + render_table(rows, columns, fmt) + "\n\n" + note
 
 
 def measured(records: list[dict]) -> list[dict]:
@@ -508,70 +571,60 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
-    p.add_argument("--d-model", type=positive_int, help="override d_model")
-    p.add_argument("--d-ff", type=positive_int, help="override d_ff")
-    p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
-    p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
+    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
+                       ("--num-heads", "the number of heads")):
+        p.add_argument(flag, type=positive_int, help=f"override {what}")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
     p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
-                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': search "
-                        f"the longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own "
-                        "child process) until the first OOM, error or timeout, or --max-context; one search per "
-                        "size x dtype x compile x attn x optimizer (x parallel). See "
-                        "docs/bench_e2e.md#the-longest-context-that-fits")
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': the "
+                        f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own child "
+                        "process) until the first failure or --max-context, then bisecting after an OOM; one search "
+                        "per variant. See docs/bench_e2e.md#the-longest-context-that-fits")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
-                   help="with --context-length max: the last context tried, powers of two up to N; when not "
-                        f"given {MAX_CONTEXT_DEFAULT['cuda']} on CUDA and {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, "
-                        "whose memory is rarely the limit (each doubling costs 2-4x the time, so it stops there)")
+                   help="--context-length max: the last power of two tried (default: "
+                        f"{MAX_CONTEXT_DEFAULT['cuda']} on CUDA, {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, whose memory "
+                        "is rarely the limit and where each doubling costs 2-4x the time)")
+    p.add_argument("--search-resolution", type=positive_int, default=search.RESOLUTION, metavar="N",
+                   help="--context-length max: after the first OOM, bisect to a multiple of N")
+    p.add_argument("--search-probes", type=cli.non_negative_int, default=search.PROBE_BUDGET, metavar="N",
+                   help="--context-length max: at most N bisection probes per search (0: no bisection)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=cli.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
-    p.add_argument("--steps", type=cli.step_count, default=10, help="timed steps")
-    p.add_argument("--mode", choices=MODES, default="train",
-                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
+                          steps=10)
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
-    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
-                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad scaler)")
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
-                   help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
-                        "Compile time is reported apart from the timed steps")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"],
-                   help="attention implementation(s): naive = softmax(QK^T)V in the model's own code, sdpa = "
-                        "torch's fused scaled_dot_product_attention; both to compare them")
+                   help="torch.compile the whole model (--compile alone = on; 'off on' compares them); the compile "
+                        "step is timed apart")
     p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
-                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give both "
-                        "to compare them in one table (train mode)")
+                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); both to "
+                        "compare them (train mode)")
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
     p.add_argument("--profile", action="store_true",
-                   help="after the warm-up, profile the measured steps with torch.profiler (CPU, and CUDA when "
-                        "present), write a Chrome/Perfetto trace under results/profile/ and print kernel tables "
-                        "(phases, top kernels, categories, attention); the way to profile without nsys")
+                   help="profile the timed steps with torch.profiler (CPU, and CUDA when present): a Perfetto trace "
+                        "under results/profile/ and kernel tables; the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     cli.add_device_args(p)
     p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
-                   help="run under torchrun on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "
-                        "on every block and the root); give both to compare them. --batch-size is per rank. See "
+                   help="under torchrun, on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard on "
+                        "every block and the root); both to compare them. --batch-size is per rank. See "
                         "docs/bench_e2e.md#more-than-one-gpu")
     p.add_argument("--fsdp-mixed-precision", nargs="+", choices=parallel.FSDP_MIXED_PRECISION, default=None,
-                   help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), parameters gathered "
-                        "and used in bf16 with fp32 sharded master weights and gradient reduction; off (default) = "
-                        "fp32. Unlike --dtype bf16 (autocast, any mode), this casts the parameters themselves")
+                   help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters used in "
+                        "bf16, fp32 sharded master weights and reduction; off (default) = fp32")
     p.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
-                   help="fsdp: on (default) = each block frees its gathered parameters after forward and gathers "
-                        "them again for backward; off = keeps them until backward (more memory, fewer all-gathers)")
+                   help="fsdp: on (default) = blocks free their gathered parameters after forward and gather them "
+                        "again for backward; off = keep them (more memory, fewer all-gathers)")
     p.add_argument("--pg-timeout", type=positive_float, default=parallel.DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
                    help="--parallel: a collective waiting longer than this for a peer fails its configuration")
     p.add_argument("--world-size", type=positive_int, default=None, metavar="N",
-                   help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank); a "
-                        "real run takes its world size from torchrun")
-    runner.add_sweep_args(p)
+                   help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank)")
+    sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
     cli.add_dry_run_arg(p)
@@ -588,43 +641,56 @@ def context_length_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
 
 
+def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
+    """The first rule whose condition holds is the user's mistake: one line, exit 2."""
+    for broken, message in rules:
+        if broken:
+            parser.error(message)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     handout = cli.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, COLUMNS)
+    sweep.check_sweep_args(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
         args.size = cli.sizes_or_exit(parser, args, args.size)
-    if args.no_grad and args.mode != "forward":
-        parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
-    args.optimizer = list(dict.fromkeys(args.optimizer))
-    if len(args.optimizer) > 1 and args.mode != "train":
-        parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
-    # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
+    # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
+    args.optimizer, args.attn = list(dict.fromkeys(args.optimizer)), list(dict.fromkeys(args.attn))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    args.attn = list(dict.fromkeys(args.attn))
+    refuse(parser, [
+        (args.no_grad and args.mode != "forward",
+         "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
+        (len(args.optimizer) > 1 and args.mode != "train",
+         "comparing optimizers needs --mode train (other modes take no optimizer step)")])
     device = common.device_or_exit(parser, args.device)
     world_size = check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
-    if device.type != "cuda":
-        # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
-        for flag, given in (("--nvtx", args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV)),
-                            ("--tf32", args.tf32 is not None)):
-            if given:
-                parser.error(f"{flag} needs a CUDA device, and this run is on {device}")
+    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (real-nsys tests)
+        refuse(parser, [(args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
+                         f"--nvtx needs a CUDA device, and this run is on {device}"),
+                        (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
     if args.nvtx:
         try:
             common.nvtx_functions()
         except ValueError as exc:
             parser.error(str(exc))
+    return args, plan_runs(parser, args, dims, world_size)
+
+
+def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
+              world_size: int) -> list[RunConfig]:
+    """Every configuration of the sweep, in order: size x parallel x context x dtype x compile x attn x optimizer x
+    warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context the innermost axis)."""
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "attn": args.attn, "optimizer": args.optimizer, "warmup": args.warmup,
             "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
-    runs = []  # a search's probes in a row, shortest first: runner.run_sweep(search=True) ends it at a failure
+    runs = []
     try:
         for values in itertools.product(*(axes[axis] for axis in order)):
             c = dict(zip(order, values))
@@ -634,8 +700,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if c["size"] == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
-                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
-                                   context_length=c["ctx"])
+                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
@@ -650,40 +715,41 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
-    return args, runs
+    return runs
 
 
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: model_config.Handout,
                     device: torch.device) -> list[int]:
-    """The contexts to run: those given, the handout's default, or for 'max' the probes of the search (sets
-    args.context_search and args.max_context). A search needs a child per probe and at least the steps that reach
-    the training peak."""
+    """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
+    (sets args.context_search, args.max_context and args.max_context_default). A search needs a child per probe
+    and at least the steps that reach the training peak."""
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
+    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", search.RESOLUTION),
+                                               ("--search-probes", search.PROBE_BUDGET))
+                    if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        if args.max_context is not None:
-            parser.error("--max-context only applies to --context-length max")
+        refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
+                                             "--context-length max")])
         return given
-    if len(given) > 1:
-        parser.error("--context-length max searches for the longest context on its own: give max or numbers, not "
-                     f"both (got {' '.join(map(str, given))})")
     args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
     if args.max_context is None:
         args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
         args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
                                     f"the default on a CPU; on CUDA {MAX_CONTEXT_DEFAULT['cuda']}")
-    if args.max_context < SEARCH_START:
-        parser.error(f"--max-context must be at least {SEARCH_START}, where the search starts; got {args.max_context}")
-    if args.in_process:
-        parser.error("--context-length max runs every probe in its own child process (an OOM must not leave memory "
-                     "behind for the next probe): drop --in-process")
-    if args.no_skip:
-        parser.error("--no-skip does not apply to --context-length max: a search ends at its first failure")
-    if len(set(args.warmup)) > 1:  # a search is a skip group (runner), which warm-up counts share
-        parser.error("--context-length max takes one --warmup value: the warm-up does not change what fits")
-    if args.mode == "train" and min(args.warmup) + args.steps < 2:
-        parser.error("--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its "
-                     "moments in the first step, so only the second reaches the training peak")
+    refuse(parser, [
+        (len(given) > 1, "--context-length max searches for the longest context on its own: give max or numbers, "
+                         f"not both (got {' '.join(map(str, given))})"),
+        (args.max_context < SEARCH_START,
+         f"--max-context must be at least {SEARCH_START}, where the search starts; got {args.max_context}"),
+        (args.in_process, "--context-length max runs every probe in its own child process (an OOM must not leave "
+                          "memory behind for the next probe): drop --in-process"),
+        (args.no_skip, "--no-skip does not apply to --context-length max: a search ends at its first failure"),
+        (len(set(args.warmup)) > 1,  # a search is a skip group, which warm-up counts share
+         "--context-length max takes one --warmup value: the warm-up does not change what fits"),
+        (args.mode == "train" and min(args.warmup) + args.steps < 2,
+         "--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its moments in the "
+         "first step, so only the second reaches the training peak")])
     return probe_contexts(args.max_context)
 
 
@@ -696,63 +762,57 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
                                  ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
     args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
     args.reshard_after_forward = args.reshard_after_forward or ["on"]
-    if args.world_size is not None:
-        if not args.parallel:
-            parser.error("--world-size only applies to --parallel (with --dry-run)")
-        if not args.dry_run:
-            parser.error("--world-size only plans a --parallel run with --dry-run; a real run takes its world size "
-                         "from torchrun: torchrun --nproc-per-node N bench_e2e.py --parallel ...")
-        if launch is not None:
-            parser.error(f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
-                         f"{launch.world_size})")
+    refuse(parser, [
+        (args.world_size is not None and not args.parallel, "--world-size only applies to --parallel (with --dry-run)"),
+        (args.world_size is not None and not args.dry_run,
+         "--world-size only plans a --parallel run with --dry-run; a real run takes its world size from torchrun: "
+         "torchrun --nproc-per-node N bench_e2e.py --parallel ..."),
+        (args.world_size is not None and launch is not None,
+         f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
+         f"{launch.world_size if launch else ''})"),
+        (not args.parallel and launch is not None and launch.world_size > 1,
+         f"launched by torchrun with WORLD_SIZE={launch.world_size if launch else ''} but without --parallel: every "
+         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp"),
+        (bool(fsdp_flags) and "fsdp" not in (args.parallel or []),
+         f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")])
     if not args.parallel:
-        if launch is not None and launch.world_size > 1:
-            parser.error(f"launched by torchrun with WORLD_SIZE={launch.world_size} but without --parallel: every "
-                         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp")
-        if fsdp_flags:
-            parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
         return 1
     args.parallel = list(dict.fromkeys(args.parallel))
-    if fsdp_flags and "fsdp" not in args.parallel:
-        parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
-    if args.in_process:
-        parser.error("--parallel with --in-process is not supported yet: every rank runs each configuration in a "
-                     "child process of its own, which joins that configuration's process group")
-    if device.type == "cuda" and device.index is not None:
-        parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
+    refuse(parser, [
+        (args.in_process, "--parallel with --in-process is not supported yet: every rank runs each configuration in "
+                          "a child process of its own, which joins that configuration's process group"),
+        (device.type == "cuda" and device.index is not None,
+         f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")])
     if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
         return args.world_size
-    if launch is None:
-        parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
-                     "torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan without it: --dry-run "
-                     "--world-size N)")
-    if device.type == "cuda":
-        if torch.cuda.device_count() < launch.local_world_size:
-            parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
-                         f"node but {torch.cuda.device_count()} GPU(s) visible")
-    else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if launch.local_world_size > cores and launch.rank == 0:
-            results.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
-                             "ranks share cores and every timing includes the others' work")
+    refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK and "
+                                     "WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan "
+                                     "without it: --dry-run --world-size N)")])
+    if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:
+        parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
+                     f"node but {torch.cuda.device_count()} GPU(s) visible")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device.type != "cuda" and launch.local_world_size > cores and launch.rank == 0:
+        results.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
+                         "ranks share cores and every timing includes the others' work")
     return launch.world_size
 
 
 # ---- the sweep ----
 
 
-def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None,
-                  max_context: int | None = None) -> None:
+def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
     """The derived figures of a finished configuration; its status says whether a phase was noisy. Under
     --parallel, every row (failed ones too) gets the predicted state bytes per rank; in a --context-length max
-    search, the search's upper bound."""
+    search, the search's settings (its upper bound, the bisection's resolution and budget)."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if record["status"] == "ok":
-        record.update(derive_figures(run, record, peak_override))
+        record.update(derive_figures(run, record, args.peak_tflops))
         record["status"] = "noisy" if record["noisy"] else "ok"
-    if max_context is not None:  # a probe of --context-length max: context_searches finds it by this
-        record["context_search"] = {"max_context": max_context}
+    if args.context_search:  # a probe of --context-length max: context_searches finds it by this
+        record["context_search"] = {"max_context": args.max_context, "resolution": args.search_resolution,
+                                    "probe_budget": args.search_probes}
 
 
 def dry_run_label(run: RunConfig) -> str:
@@ -763,21 +823,26 @@ def dry_run_label(run: RunConfig) -> str:
 
 
 def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
-    """What --dry-run adds below the plan: the comparison table's variants and the context searches."""
+    """What --dry-run adds below the plan: the comparison table's variants (and how they are timed) and the
+    context searches."""
     notes = []
     configs = [dataclasses.asdict(run) for run in runs]
     names = variants(configs)
     if names:
+        how = ("each comparison's variants in one process, their timed steps interleaved" if args.interleave == "steps"
+               else f"each variant in its own process, {args.repeats} run(s) each, alternating")
         notes.append(f"then a comparison table: {' vs '.join(names)}, one row per size and context, speed-ups over "
-                     f"{names[0]}.")
+                     f"{names[0]} ({how}).")
     if args.context_search:
         searches = len({config_key(c, context=False) for c in configs})
         contexts = probe_contexts(args.max_context)
         source = f"; {args.max_context_default}" if args.max_context_default else ""
+        bisect = (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
+                  f"multiple of {args.search_resolution}." if args.search_probes else "")
         notes.append(f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the "
                      f"context), each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child "
                      "process. A search ends at its first OOM (the answer: the context before it), error or timeout "
-                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).")
+                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).{bisect}")
     return [textwrap.fill(note, width=116) for note in notes]
 
 
@@ -793,14 +858,13 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     if rank_zero:
         results.emit(configs + "\n")  # people quote the model config first
-    experiment = runner.Experiment(
-        name="bench_e2e", measure=run_config,
-        finish=lambda run, record: finish_record(run, record, args.peak_tflops,
-                                                 args.max_context if args.context_search else None),
+    experiment = sweep.Experiment(
+        name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
+        finish=lambda run, record: finish_record(run, record, args),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
         render=lambda records, fmt: render_report(records, fmt, args.columns))
-    records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
-                                     search=args.context_search)
+    records, code = sweep.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
+                                    search=args.context_search)
     if records and rank_zero:
         for answer in context_searches(records):  # each search's answer as a record of its own, after its probes
             files.append_record(answer)

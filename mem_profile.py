@@ -47,13 +47,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cli
 import common
+import isolation
 import memory_snapshot
 import model_config
 import report
 import runner
+import sweep
 from cli import non_negative_int, positive_int
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from model import ATTENTION, TransformerLM, cross_entropy
@@ -230,20 +234,129 @@ def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int
             "saved_outside_top": _top_groups(outside, top_outside, 1, total)}
 
 
-def fault_fields(run: RunConfig, stage: str) -> dict[str, Any]:
-    """What BENCH_INJECT_FAULT can match on: the configuration and the stage (saved / measure)."""
-    return {"size": run.size, "context_length": run.context_length, "mode": run.mode, "dtype": run.dtype,
-            "checkpoint": run.checkpoint_every, "stage": stage}
-
-
 def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
-    """The saved-for-backward summary of one configuration, on fake tensors of its device (CUDA picks other
-    attention kernels than the CPU, so sdpa's residuals differ)."""
-    common.maybe_inject_fault(fault_fields(run, "saved"))
-    runner.phase("saved for backward (fake tensors)")
-    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
-                               resolve_device(run.device))
-    return summarize_saved(saved, run.model.num_layers)
+    """The saved-for-backward summary of one configuration and its predicted peak (checkpoint_prediction), on fake
+    tensors of its device (CUDA picks other attention kernels than the CPU, so sdpa's residuals differ)."""
+    isolation.phase("saved for backward (fake tensors)")
+    device = resolve_device(run.device)
+    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every, device)
+    record = summarize_saved(saved, run.model.num_layers)
+    isolation.phase("predicting the peak (fake tensors)")
+    record["checkpoint_prediction"] = checkpoint_prediction(run, record["saved_blocks_bytes"],
+                                                            activation_figures(run.model, run.batch_size, run.dtype,
+                                                                               run.attn, str(device),
+                                                                               run.mode != "forward"))
+    return record
+
+
+# ---- activation checkpointing: the predicted peak (any device) ----
+
+
+class OutputsKept(TorchDispatchMode):
+    """Every tensor an op returns while active, kept (on fake tensors that costs nothing, and no storage key can be
+    reused while they live)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.outputs += [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        return out
+
+
+def largest_transient_bytes(cfg: model_config.ModelConfig, batch: int, dtype: str, attn: str,
+                            device: str | torch.device, backward: bool = True) -> int:
+    """The largest storage one forward (and backward) makes that is neither kept for backward, nor a weight, nor a
+    gradient: a temporary such as the logits' gradient or an attention-score matrix's, on top of what is kept
+    when it is made. On fake tensors of `device` (shapes and dtypes only)."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = TransformerLM(cfg, attn=attn)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to_empty(device=device)
+        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
+        outputs = OutputsKept()
+        with torch.enable_grad(), saved_tensors() as saved, outputs, precision_context(device, dtype):
+            loss = cross_entropy(model(tokens), tokens)
+        if backward:
+            with outputs:
+                loss.backward()
+        lasting = set(saved) | {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
+        lasting |= {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
+        sizes = {storage_key(t): t.untyped_storage().nbytes() for t in outputs.outputs}
+        return max((size for key, size in sizes.items() if key not in lasting), default=0)
+
+
+@functools.lru_cache(maxsize=16)
+def activation_figures(cfg: model_config.ModelConfig, batch: int, dtype: str, attn: str, device: str,
+                       backward: bool) -> dict[str, int]:
+    """What the prediction needs from one forward (and backward) without checkpointing, on fake tensors: what one
+    block keeps for backward (the largest block's) and its largest single tensor, what the rest of the model keeps
+    (embedding, final norm, lm_head, loss), the largest transient, and the gradient bytes of one block and of the
+    embedding (fp32, as the parameters). The same for every K: computed once per configuration in a process."""
+    saved = saved_for_backward(cfg, batch, dtype, attn, 0, device)
+    summary = summarize_saved(saved, cfg.num_layers)
+    with torch.device("meta"):
+        model = TransformerLM(cfg, attn=attn)
+    return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
+            "transient_bytes": largest_transient_bytes(cfg, batch, dtype, attn, device, backward),
+            "block_transient_bytes": max((s["bytes"] for s in saved if BLOCK_PATH.match(s["module"])), default=0),
+            "block_grad_bytes": sum(p.numel() for p in model.layers[0].parameters()) * FP32_BYTES,
+            "embedding_grad_bytes": model.token_embeddings.weight.numel() * FP32_BYTES}
+
+
+def peak_moments(k: int, layers: int, boundary_bytes: int, figures: dict[str, int], static: dict[str, int],
+                 mode: str) -> dict[str, int]:
+    """Bytes in use at each moment a step's peak can fall in, with checkpointing every k blocks (0: none); `static`
+    is static_memory_bytes (weights, gradients, AdamW's moments).
+    - backward starts: the state without gradients, what the forward kept (every block's saved tensors with k = 0,
+      else one residual-stream tensor per segment), what the rest keeps, and the largest transient (the logits'
+      gradient); in forward mode this is the end of the forward;
+    - the first segment's backward (k > 0; it runs last): the state, the gradients of everything after it (all but
+      the embedding's and its own blocks'), the segment inputs, its k blocks recomputed (each keeping what a block
+      keeps without checkpointing) and a block's largest tensor again (its gradient);
+    - backward ends: the state with every gradient;
+    - the optimizer step (train): that, and one parameter-sized temporary (our AdamW's denominator,
+      torch._foreach_sqrt of the second moments).
+    A block's own gradients arrive as its activations go, so they are not added to its moment."""
+    state = static["weights_bytes"] + static["adamw_state_bytes"]
+    kept = layers * figures["block_bytes"] if k == 0 else -(-layers // k) * boundary_bytes
+    moments = {"backward starts" if mode != "forward" else "forward ends":
+               state + kept + figures["outside_bytes"] + figures["transient_bytes"]}
+    if mode == "forward":
+        return moments
+    if k:
+        blocks = min(k, layers)
+        later_grads = static["grads_bytes"] - figures["embedding_grad_bytes"] - blocks * figures["block_grad_bytes"]
+        moments["first segment's backward"] = (state + later_grads + kept + blocks * figures["block_bytes"]
+                                               + figures["block_transient_bytes"])
+    moments["backward ends"] = state + static["grads_bytes"]
+    if mode == "train":
+        moments["optimizer step"] = state + static["grads_bytes"] + static["weights_bytes"]
+    return moments
+
+
+def checkpoint_prediction(run: RunConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
+    """The predicted peak of this configuration (the largest of peak_moments) and the curve over every K from 0 to
+    the number of layers, with its minimum: what the plot draws and the table prints beside the measured peak.
+    `kept_bytes`: what this run's blocks keep for backward, measured on fake tensors."""
+    cfg, static = run.model, static_memory_bytes(run.model, run.mode)
+    boundary = residual_stream_bytes(run.batch_size, run.context_length, cfg.d_model)  # a segment's input
+
+    def peak(k: int) -> tuple[int, str]:
+        moments = peak_moments(k, cfg.num_layers, boundary, figures, static, run.mode)
+        moment = max(moments, key=moments.get)
+        return moments[moment], moment
+
+    predicted, moment = peak(run.checkpoint_every)
+    curve = [{"k": k, "predicted_peak_bytes": peak(k)[0]} for k in range(cfg.num_layers + 1)]
+    best = min(curve, key=lambda point: point["predicted_peak_bytes"])  # the smallest K among equals
+    return {**figures, "state_bytes": static["weights_bytes"] + static["adamw_state_bytes"],
+            "grads_bytes": static["grads_bytes"], "boundary_bytes": boundary, "kept_bytes": kept_bytes,
+            "predicted_peak_bytes": predicted, "peak_moment": moment, "curve": curve, "best_k": best["k"],
+            "best_predicted_peak_bytes": best["predicted_peak_bytes"]}
 
 
 # ---- measured peaks and snapshots (CUDA only) ----
@@ -261,7 +374,7 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
     Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
     device = work.device
     marks: list[tuple[str, float]] = []
-    runner.phase("recording a memory snapshot")
+    isolation.phase("recording a memory snapshot")
     common.reset_peak_memory(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
                                              clear_history=True)
@@ -286,11 +399,11 @@ def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries
     """CUDA only: the shared run path (warm-up, peak counter reset, `run.steps` timed steps, peaks): peak
     allocated and reserved bytes and the step times. With snapshot_path, one more step is recorded
     (record_snapshot)."""
-    common.maybe_inject_fault(fault_fields(run, "measure"))
     if resolve_device(run.device).type != "cuda":
         raise ValueError(f"measured peaks need a CUDA device, not {run.device}")
     work = Workload(run)
-    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps)
+    record = runner.measure(runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup,
+                                            steps=run.steps))
     if snapshot_path:
         record.update(record_snapshot(work, snapshot_path, max_entries))
     return record
@@ -329,7 +442,8 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
     which needs no GPU, is kept either way."""
     record: dict[str, Any] = {}
     try:
-        record.update(saved_for_backward_record(run), saved_status="ok")
+        with stage(run, "saved"):
+            record.update(saved_for_backward_record(run), saved_status="ok")
     except Exception as exc:  # noqa: BLE001 - a failure is data
         record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
     if not measure:
@@ -337,16 +451,27 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
         return record
     snapshot_path = f"{snapshot_prefix}_{slug(run)}.pickle" if snapshot_prefix else None
     try:
-        record.update(measure_config(run, snapshot_path, max_entries), status="ok")
+        with stage(run, "measure"):
+            record.update(measure_config(run, snapshot_path, max_entries), status="ok")
     except Exception as exc:  # noqa: BLE001
         record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
     return record
 
 
+@contextlib.contextmanager
+def stage(run: RunConfig, name: str) -> Any:
+    """One of a configuration's two stages, each with its own status: the sweep's fault hook (tests) with the
+    run's fields and `stage=saved|measure`, so either can be made to fail alone."""
+    with sweep.injected_fault({**run.fault_fields(), "stage": name}):
+        yield
+
+
 def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
     """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
-    largest allocations, peak check), added in this process."""
+    largest allocations, peak check), added in this process. A configuration that failed before its stages ran (a
+    child killed or timed out, a fault injected for the whole configuration) has its status as its saved stage's."""
     record.update(accounting(run))
+    record.setdefault("saved_status", record["status"])
     if record["status"] == "ok":
         record.update(runner.sample_stats(record, ("step",)))
     if "snapshot_path" in record:
@@ -362,7 +487,7 @@ def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, to
 def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles,
                   measure: bool) -> tuple[list[dict], int]:
     """Every configuration through the shared sweep. Without a GPU only fake tensors run: no child processes."""
-    experiment = runner.Experiment(
+    experiment = sweep.Experiment(
         name="mem_profile",
         measure=functools.partial(profile_config, measure=measure, max_entries=args.max_entries,
                                   snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
@@ -371,7 +496,7 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
         render=lambda records, fmt: render_report(records, fmt, args.columns))
     if not measure:
         args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
-    return runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    return sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
 
 
 # ---- tables ----
@@ -481,6 +606,47 @@ def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
     return render_table(list(rows.values()), columns, fmt, floatfmt=".3f")
 
 
+CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB", "transient MiB",
+                      "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
+
+
+def checkpoint_table(records: list[dict], fmt: str) -> str | None:
+    """Activation checkpointing, one row per configuration: the parts of its predicted peak (checkpoint_prediction:
+    what the forward kept for backward, one recomputed segment, the largest transient, the model state), the
+    predicted peak and the moment it falls in, beside the measured peak where there is one (CUDA); then the K that
+    minimises the prediction. None when no configuration checkpoints or none was predicted."""
+    predicted = [r for r in records if r.get("checkpoint_prediction")]
+    if not any(r["config"]["checkpoint_every"] for r in predicted):
+        return None
+    rows = []
+    for rec in predicted:
+        c, p = rec["config"], rec["checkpoint_prediction"]
+        k = c["checkpoint_every"]
+        row = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
+               "attn": c["attn"], "K": k, "kept MiB": p["kept_bytes"] / MIB,
+               "recomputed MiB": min(k, c["model"]["num_layers"]) * p["block_bytes"] / MIB if k else None,
+               "transient MiB": p["transient_bytes"] / MIB, "state GiB": p["state_bytes"] / GIB,
+               "predicted GiB": p["predicted_peak_bytes"] / GIB, "at": p["peak_moment"]}
+        if rec["status"] == "ok" and rec.get("peak_mem_allocated_bytes"):
+            row["measured GiB"] = rec["peak_mem_allocated_bytes"] / GIB
+            row["measured / predicted"] = f"{rec['peak_mem_allocated_bytes'] / p['predicted_peak_bytes']:.2f}"
+        rows.append(row)
+    columns = [c for c in CHECKPOINT_COLUMNS if c not in ("measured GiB", "measured / predicted")
+               or any(c in row for row in rows)]
+    best = {(r["config"]["size"], r["config"]["model"]["context_length"], r["config"]["mode"], r["config"]["dtype"],
+             r["config"]["attn"]): r["checkpoint_prediction"] for r in predicted}
+    minima = "; ".join(f"{size} ctx {ctx} {mode} {dtype} {attn}: K = {p['best_k']} "
+                       f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB)"
+                       for (size, ctx, mode, dtype, attn), p in best.items())
+    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments a "
+            "step's peak can fall in (at): backward starts (model state without gradients + what the forward kept + "
+            "what the rest of the model keeps + the largest transient), the first segment's backward with K > 0 (the "
+            "state + the gradients already made + the ceil(N/K) segment inputs + its K blocks recomputed), backward "
+            "ends (state + gradients), the optimizer step (+ one parameter-sized temporary). kept: what the blocks "
+            "keep for backward (with K > 0, one residual-stream tensor per segment); recomputed: one segment's K "
+            f"blocks. Smallest predicted peak over K = 0..N: {minima}.")
+
+
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
@@ -520,6 +686,9 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
              accounting_table(records, fmt), "",
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once)",
              "", saved_tables(records, fmt), ""]
+    checkpointing = checkpoint_table(records, fmt)
+    if checkpointing:
+        parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "", checkpointing, ""]
     devices = {r["environment"].get("device", "") for r in records}
     if not any(d.startswith("cuda") for d in devices):
         parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))
@@ -549,21 +718,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
                         "2025: 128 256 512; with --checkpoint K > 0, the gradient_checkpointing context, 2026: 2048)")
-    p.add_argument("--mode", nargs="+", choices=MODES, default=["forward", "train"],
-                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
-    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
-                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights)")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=["naive"], help="attention implementation(s)")
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
-                        "several values put their peaks and step times in one table")
+                        "each K's predicted peak (any device) beside its measured peak and step time (CUDA)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
                         "--checkpoint K > 0: 4 in 2026)")
-    p.add_argument("--warmup", type=cli.warmup_count, default=3,
-                   help="warm-up steps before the peak counter is reset")
-    p.add_argument("--steps", type=cli.step_count, default=5,
-                   help="measured steps (peak over all, mean step time)")
+    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA only: record the allocator's history around one more step; save the pickle "
                         "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
@@ -573,9 +734,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
                         "check when its _meta.json is beside it); needs no GPU")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     cli.add_device_args(p)
-    runner.add_sweep_args(p)
+    sweep.add_sweep_args(p)
     cli.add_output_args(p, default_stem="memory")
     report.add_columns_and_plot_args(p, "mem_profile")
     cli.add_dry_run_arg(p)

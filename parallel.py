@@ -6,7 +6,7 @@ rank processes' agreement on its outcome, and the merge of every rank's timings 
     torchrun --nproc-per-node 8 bench_e2e.py --parallel fsdp --size 2.7B --dtype bf16          # 8 GPUs, NCCL
 
 How a sweep runs across ranks. torchrun starts one process per rank (a "rank process"). Every rank process runs
-the same sweep; each configuration runs, on every rank, in a fresh child process (runner.run_isolated), and the
+the same sweep; each configuration runs, on every rank, in a fresh child process (isolation.run_isolated), and the
 children of one configuration join a process group of their own, made for it: a PrefixStore with the
 configuration's key prefix on torchrun's TCPStore at MASTER_ADDR:MASTER_PORT (the one torchrun's rendezvous
 already runs). So an OOM, a dead child or a broken NCCL communicator never outlives its configuration. The rank

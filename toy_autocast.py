@@ -29,7 +29,7 @@ import cli
 import common
 from common import DTYPES, dtype_name, environment
 from results import ResultFiles, environment_header, progress, render_table
-from runner import run_isolated
+from isolation import run_isolated
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
 
