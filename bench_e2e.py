@@ -610,20 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     cli.add_device_args(p)
-    p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
-                   help="under torchrun, on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard on "
-                        "every block and the root); both to compare them. --batch-size is per rank. See "
-                        "docs/bench_e2e.md#more-than-one-gpu")
-    p.add_argument("--fsdp-mixed-precision", nargs="+", choices=parallel.FSDP_MIXED_PRECISION, default=None,
-                   help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters used in "
-                        "bf16, fp32 sharded master weights and reduction; off (default) = fp32")
-    p.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
-                   help="fsdp: on (default) = blocks free their gathered parameters after forward and gather them "
-                        "again for backward; off = keep them (more memory, fewer all-gathers)")
-    p.add_argument("--pg-timeout", type=positive_float, default=parallel.DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
-                   help="--parallel: a collective waiting longer than this for a peer fails its configuration")
-    p.add_argument("--world-size", type=positive_int, default=None, metavar="N",
-                   help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank)")
+    parallel.add_parallel_args(p)
     sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
@@ -641,13 +628,6 @@ def context_length_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
 
 
-def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
-    """The first rule whose condition holds is the user's mistake: one line, exit 2."""
-    for broken, message in rules:
-        if broken:
-            parser.error(message)
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -662,16 +642,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer, args.attn = list(dict.fromkeys(args.optimizer)), list(dict.fromkeys(args.attn))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    refuse(parser, [
+    cli.refuse(parser, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)")])
     device = common.device_or_exit(parser, args.device)
-    world_size = check_parallel_args(parser, args, device)
+    world_size = parallel.check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
     if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (real-nsys tests)
-        refuse(parser, [(args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
+        cli.refuse(parser, [(args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
                          f"--nvtx needs a CUDA device, and this run is on {device}"),
                         (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
     if args.nvtx:
@@ -729,7 +709,7 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
                                                ("--search-probes", search.PROBE_BUDGET))
                     if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
+        cli.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
                                              "--context-length max")])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
@@ -737,7 +717,7 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
         args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
         args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
                                     f"the default on a CPU; on CUDA {MAX_CONTEXT_DEFAULT['cuda']}")
-    refuse(parser, [
+    cli.refuse(parser, [
         (len(given) > 1, "--context-length max searches for the longest context on its own: give max or numbers, "
                          f"not both (got {' '.join(map(str, given))})"),
         (args.max_context < SEARCH_START,
@@ -751,51 +731,6 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
          "--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its moments in the "
          "first step, so only the second reaches the training peak")])
     return probe_contexts(args.max_context)
-
-
-def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> int:
-    """--parallel and torchrun belong together (or --world-size, to plan with --dry-run); a bad combination is a
-    one-line exit 2 (from rank 0 only), too many CPU processes a one-line warning. Fills the FSDP-only flags'
-    defaults. Returns the world size (1 without --parallel)."""
-    launch = parallel.torchrun_launch()
-    fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
-                                 ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
-    args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
-    args.reshard_after_forward = args.reshard_after_forward or ["on"]
-    refuse(parser, [
-        (args.world_size is not None and not args.parallel, "--world-size only applies to --parallel (with --dry-run)"),
-        (args.world_size is not None and not args.dry_run,
-         "--world-size only plans a --parallel run with --dry-run; a real run takes its world size from torchrun: "
-         "torchrun --nproc-per-node N bench_e2e.py --parallel ..."),
-        (args.world_size is not None and launch is not None,
-         f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
-         f"{launch.world_size if launch else ''})"),
-        (not args.parallel and launch is not None and launch.world_size > 1,
-         f"launched by torchrun with WORLD_SIZE={launch.world_size if launch else ''} but without --parallel: every "
-         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp"),
-        (bool(fsdp_flags) and "fsdp" not in (args.parallel or []),
-         f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")])
-    if not args.parallel:
-        return 1
-    args.parallel = list(dict.fromkeys(args.parallel))
-    refuse(parser, [
-        (args.in_process, "--parallel with --in-process is not supported yet: every rank runs each configuration in "
-                          "a child process of its own, which joins that configuration's process group"),
-        (device.type == "cuda" and device.index is not None,
-         f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")])
-    if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
-        return args.world_size
-    refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK and "
-                                     "WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan "
-                                     "without it: --dry-run --world-size N)")])
-    if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:
-        parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
-                     f"node but {torch.cuda.device_count()} GPU(s) visible")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if device.type != "cuda" and launch.local_world_size > cores and launch.rank == 0:
-        results.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
-                         "ranks share cores and every timing includes the others' work")
-    return launch.world_size
 
 
 # ---- the sweep ----

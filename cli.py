@@ -74,6 +74,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
+    """The first rule whose condition holds is the user's mistake: one line, exit 2."""
+    for broken, message in rules:
+        if broken:
+            parser.error(message)
+
+
 def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[int, ...]]) -> None:
     """A user mistake if a tensor the run will build has more bytes than torch can count (int64), at 8 bytes per
     element (the widest dtype these scripts allocate: int64 token ids). `shapes` names each tensor's shape."""

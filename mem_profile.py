@@ -18,11 +18,13 @@ reset; reserved memory too), each configuration in its own child process, an OOM
 records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
 a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
 code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting
-(weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
-tables need no GPU: the latter are measured with
-torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
-takes seconds on a laptop. Tables go to stdout and, with one JSON record per configuration, to results/memory/.
+torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). Three things need no GPU
+(lm_memory.py): the accounting (weights, gradients, AdamW state, residual-stream and attention-score tensor
+sizes), the saved-for-backward tables, measured with torch.autograd.graph.saved_tensors_hooks on fake tensors
+(shapes and dtypes without memory, so even 2.7B takes seconds on a laptop), and with --checkpoint K the peak those
+figures predict for each K (the model state, the N/K segment inputs, one segment's K recomputed blocks, the largest
+transient), with the K that minimises it. Tables go to stdout and, with one JSON record per configuration, to
+results/memory/.
 
 Sizes and the default sizes and contexts come from the study's handout: the current one (2026, v26.1.1) unless
 --handout or CS336_HANDOUT says 2025. --dry-run lists the configurations and runs nothing.
@@ -36,19 +38,13 @@ import functools
 import itertools
 import json
 import pickle
-import re
 import sys
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cli
 import common
@@ -59,39 +55,20 @@ import report
 import runner
 import sweep
 from cli import non_negative_int, positive_int
-from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
-from model import ATTENTION, TransformerLM, cross_entropy
+from common import DTYPES, resolve_device
+from lm_memory import (FP32_BYTES, activation_figures, attention_scores_bytes, checkpoint_prediction,
+                       residual_stream_bytes, saved_for_backward, static_memory_bytes, summarize_saved)
+from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, HANDOUTS, get_config
 from results import GIB, MIB, ResultFiles, environment_header, format_bytes, render_table
 from runner import MODES, RunConfig, Workload, run_step
 
-FP32_BYTES = 4
 CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
             "accounting and the saved-for-backward tables are printed (those are exact on any device); the peak "
             "tables, per configuration and per context length, need a GPU run.")
 
 
 # ---- accounting from the config ----
-
-
-def static_memory_bytes(cfg: model_config.ModelConfig, mode: str) -> dict[str, int]:
-    """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
-    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
-    weights = cfg.num_params * FP32_BYTES
-    return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
-            "adamw_state_bytes": 2 * weights if mode == "train" else 0}
-
-
-def residual_stream_bytes(batch: int, ctx: int, d_model: int) -> int:
-    """One (batch, ctx, d_model) residual-stream tensor in fp32. Under bf16/fp16 autocast it stays fp32: the
-    embedding output is fp32 and each residual add (fp32 + low-precision) promotes to fp32."""
-    return batch * ctx * d_model * FP32_BYTES
-
-
-def attention_scores_bytes(batch: int, heads: int, ctx: int, dtype: str) -> int:
-    """One layer's (batch, heads, ctx, ctx) attention-score matrix, in the dtype the QK^T matmul produces
-    (fp32: 4 B; autocast bf16/fp16: 2 B). Naive attention keeps several such matrices per layer for backward."""
-    return batch * heads * ctx * ctx * DTYPES[dtype].itemsize
 
 
 def accounting(run: RunConfig) -> dict[str, Any]:
@@ -108,132 +85,6 @@ def accounting(run: RunConfig) -> dict[str, Any]:
 # ---- saved for backward ----
 
 
-def op_name(t: torch.Tensor) -> str:
-    """The autograd op that produced `t` ('Where' for WhereBackward0); '(no grad_fn)' for an input or a
-    non-differentiable output (the token ids, sdpa's log-sum-exp)."""
-    return re.sub(r"Backward\d*$", "", t.grad_fn.name()) if t.grad_fn is not None else "(no grad_fn)"
-
-
-class ModuleTracker:
-    """Forward pre-/post-hooks on every module: the path of the module running now ('layers.3.ffn.w1') and the
-    module that produced each module output. A module shared between blocks (the RoPE cache) takes the path
-    under its caller, so what it makes is attributed to the right block."""
-
-    def __init__(self, model: nn.Module):
-        self._paths: dict[int, list[str]] = {}
-        for path, module in model.named_modules(remove_duplicate=False):
-            self._paths.setdefault(id(module), []).append(path)
-        self._stack: list[str] = []
-        # storage key -> (producing module path, the output itself: kept so that its key cannot be reused)
-        self.produced_by: dict[int, tuple[str, torch.Tensor]] = {}
-        self._handles = [h for m in model.modules()
-                         for h in (m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit))]
-
-    @property
-    def current(self) -> str:
-        return self._stack[-1] if self._stack else ""
-
-    def producer(self, key: int) -> str:
-        """The module whose output this storage is; else the module running now (a tensor made inside it)."""
-        return self.produced_by[key][0] if key in self.produced_by else self.current
-
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        for t in args:  # an input not yet known as a module output was made by the caller, running now
-            if isinstance(t, torch.Tensor):
-                self.produced_by.setdefault(storage_key(t), (self.current, t))
-        paths = self._paths[id(module)]
-        prefix = self.current + "." if self._stack and self.current else ""
-        self._stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
-
-    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        path = self._stack.pop()
-        for t in output if isinstance(output, (tuple, list)) else (output,):
-            if isinstance(t, torch.Tensor):
-                self.produced_by.setdefault(storage_key(t), (path, t))  # inner modules exit first: they win
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self.produced_by.clear()
-
-
-def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
-                       checkpoint_every: int = 0, device: str | torch.device = "cpu",
-                       fake: bool = True) -> list[dict[str, Any]]:
-    """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
-    with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
-    and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
-    copies are not, and are listed).
-
-    fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
-    with no memory and no arithmetic. fake=False runs the real model (tests compare the two)."""
-    device = torch.device(device)
-    if fake:
-        with torch.device("meta"):
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
-        # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
-        mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
-    else:
-        with device:
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
-        mode = contextlib.nullcontext()
-    with mode:
-        if fake:
-            model = model.to_empty(device=device)
-        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
-        resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-        tracker = ModuleTracker(model)
-
-        def describe(t: torch.Tensor) -> dict[str, Any]:
-            base = t._base if t._base is not None else t  # a view: describe the tensor that owns the storage
-            return {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(storage_key(t)),
-                    "op": op_name(base), "shape": list(base.shape), "dtype": common.dtype_name(base.dtype)}
-
-        try:
-            with torch.enable_grad(), saved_tensors(describe, exclude=resident) as saved, \
-                    precision_context(device, dtype):
-                loss = cross_entropy(model(tokens), tokens)
-            rows = list(saved.values())
-            del loss  # the graph (and every saved storage) stayed alive until now, so no key was reused
-        finally:
-            tracker.remove()
-    return rows
-
-
-BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
-
-
-def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
-    return [{"module": module, "op": op, "shape": "x".join(map(str, shape)), "dtype": dtype,
-             "bytes": total / per, "share": total / denominator if denominator else 0.0}
-            for (module, op, shape, dtype), total in groups.most_common(n)]
-
-
-def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int = 5,
-                    top_outside: int = 3) -> dict[str, Any]:
-    """Saved bytes per TransformerBlock (by the block that produced them), outside the blocks (embedding,
-    final norm, lm_head, loss), in total; the largest contributors per block (averaged over blocks; share of
-    the blocks' total) and outside (share of the grand total)."""
-    per_block = [0] * num_layers
-    in_blocks: Counter = Counter()
-    outside: Counter = Counter()
-    for s in saved:
-        match = BLOCK_PATH.match(s["module"])
-        if match:
-            per_block[int(match.group(1))] += s["bytes"]
-            module = s["module"][match.end():] or "(block)"
-            in_blocks[(module, s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
-        else:
-            outside[(s["module"] or "(model)", s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
-    blocks_total, outside_total = sum(per_block), sum(outside.values())
-    total = blocks_total + outside_total
-    return {"saved_block_bytes_mean": blocks_total / num_layers, "saved_block_bytes_min": min(per_block),
-            "saved_block_bytes_max": max(per_block), "saved_blocks_bytes": blocks_total,
-            "saved_outside_bytes": outside_total, "saved_total_bytes": total, "saved_storages": len(saved),
-            "saved_block_top": _top_groups(in_blocks, top_block, num_layers, blocks_total),
-            "saved_outside_top": _top_groups(outside, top_outside, 1, total)}
-
-
 def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     """The saved-for-backward summary of one configuration and its predicted peak (checkpoint_prediction), on fake
     tensors of its device (CUDA picks other attention kernels than the CPU, so sdpa's residuals differ)."""
@@ -242,121 +93,10 @@ def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every, device)
     record = summarize_saved(saved, run.model.num_layers)
     isolation.phase("predicting the peak (fake tensors)")
-    record["checkpoint_prediction"] = checkpoint_prediction(run, record["saved_blocks_bytes"],
-                                                            activation_figures(run.model, run.batch_size, run.dtype,
-                                                                               run.attn, str(device),
-                                                                               run.mode != "forward"))
+    figures = activation_figures(run.model, run.batch_size, run.dtype, run.attn, str(device), run.mode != "forward")
+    record["checkpoint_prediction"] = checkpoint_prediction(run.model, run.batch_size, run.mode, run.checkpoint_every,
+                                                            record["saved_blocks_bytes"], figures)
     return record
-
-
-# ---- activation checkpointing: the predicted peak (any device) ----
-
-
-class OutputsKept(TorchDispatchMode):
-    """Every tensor an op returns while active, kept (on fake tensors that costs nothing, and no storage key can be
-    reused while they live)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.outputs: list[torch.Tensor] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.outputs += [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
-
-
-def largest_transient_bytes(cfg: model_config.ModelConfig, batch: int, dtype: str, attn: str,
-                            device: str | torch.device, backward: bool = True) -> int:
-    """The largest storage one forward (and backward) makes that is neither kept for backward, nor a weight, nor a
-    gradient: a temporary such as the logits' gradient or an attention-score matrix's, on top of what is kept
-    when it is made. On fake tensors of `device` (shapes and dtypes only)."""
-    device = torch.device(device)
-    with torch.device("meta"):
-        model = TransformerLM(cfg, attn=attn)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        model = model.to_empty(device=device)
-        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
-        outputs = OutputsKept()
-        with torch.enable_grad(), saved_tensors() as saved, outputs, precision_context(device, dtype):
-            loss = cross_entropy(model(tokens), tokens)
-        if backward:
-            with outputs:
-                loss.backward()
-        lasting = set(saved) | {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-        lasting |= {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
-        sizes = {storage_key(t): t.untyped_storage().nbytes() for t in outputs.outputs}
-        return max((size for key, size in sizes.items() if key not in lasting), default=0)
-
-
-@functools.lru_cache(maxsize=16)
-def activation_figures(cfg: model_config.ModelConfig, batch: int, dtype: str, attn: str, device: str,
-                       backward: bool) -> dict[str, int]:
-    """What the prediction needs from one forward (and backward) without checkpointing, on fake tensors: what one
-    block keeps for backward (the largest block's) and its largest single tensor, what the rest of the model keeps
-    (embedding, final norm, lm_head, loss), the largest transient, and the gradient bytes of one block and of the
-    embedding (fp32, as the parameters). The same for every K: computed once per configuration in a process."""
-    saved = saved_for_backward(cfg, batch, dtype, attn, 0, device)
-    summary = summarize_saved(saved, cfg.num_layers)
-    with torch.device("meta"):
-        model = TransformerLM(cfg, attn=attn)
-    return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
-            "transient_bytes": largest_transient_bytes(cfg, batch, dtype, attn, device, backward),
-            "block_transient_bytes": max((s["bytes"] for s in saved if BLOCK_PATH.match(s["module"])), default=0),
-            "block_grad_bytes": sum(p.numel() for p in model.layers[0].parameters()) * FP32_BYTES,
-            "embedding_grad_bytes": model.token_embeddings.weight.numel() * FP32_BYTES}
-
-
-def peak_moments(k: int, layers: int, boundary_bytes: int, figures: dict[str, int], static: dict[str, int],
-                 mode: str) -> dict[str, int]:
-    """Bytes in use at each moment a step's peak can fall in, with checkpointing every k blocks (0: none); `static`
-    is static_memory_bytes (weights, gradients, AdamW's moments).
-    - backward starts: the state without gradients, what the forward kept (every block's saved tensors with k = 0,
-      else one residual-stream tensor per segment), what the rest keeps, and the largest transient (the logits'
-      gradient); in forward mode this is the end of the forward;
-    - the first segment's backward (k > 0; it runs last): the state, the gradients of everything after it (all but
-      the embedding's and its own blocks'), the segment inputs, its k blocks recomputed (each keeping what a block
-      keeps without checkpointing) and a block's largest tensor again (its gradient);
-    - backward ends: the state with every gradient;
-    - the optimizer step (train): that, and one parameter-sized temporary (our AdamW's denominator,
-      torch._foreach_sqrt of the second moments).
-    A block's own gradients arrive as its activations go, so they are not added to its moment."""
-    state = static["weights_bytes"] + static["adamw_state_bytes"]
-    kept = layers * figures["block_bytes"] if k == 0 else -(-layers // k) * boundary_bytes
-    moments = {"backward starts" if mode != "forward" else "forward ends":
-               state + kept + figures["outside_bytes"] + figures["transient_bytes"]}
-    if mode == "forward":
-        return moments
-    if k:
-        blocks = min(k, layers)
-        later_grads = static["grads_bytes"] - figures["embedding_grad_bytes"] - blocks * figures["block_grad_bytes"]
-        moments["first segment's backward"] = (state + later_grads + kept + blocks * figures["block_bytes"]
-                                               + figures["block_transient_bytes"])
-    moments["backward ends"] = state + static["grads_bytes"]
-    if mode == "train":
-        moments["optimizer step"] = state + static["grads_bytes"] + static["weights_bytes"]
-    return moments
-
-
-def checkpoint_prediction(run: RunConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
-    """The predicted peak of this configuration (the largest of peak_moments) and the curve over every K from 0 to
-    the number of layers, with its minimum: what the plot draws and the table prints beside the measured peak.
-    `kept_bytes`: what this run's blocks keep for backward, measured on fake tensors."""
-    cfg, static = run.model, static_memory_bytes(run.model, run.mode)
-    boundary = residual_stream_bytes(run.batch_size, run.context_length, cfg.d_model)  # a segment's input
-
-    def peak(k: int) -> tuple[int, str]:
-        moments = peak_moments(k, cfg.num_layers, boundary, figures, static, run.mode)
-        moment = max(moments, key=moments.get)
-        return moments[moment], moment
-
-    predicted, moment = peak(run.checkpoint_every)
-    curve = [{"k": k, "predicted_peak_bytes": peak(k)[0]} for k in range(cfg.num_layers + 1)]
-    best = min(curve, key=lambda point: point["predicted_peak_bytes"])  # the smallest K among equals
-    return {**figures, "state_bytes": static["weights_bytes"] + static["adamw_state_bytes"],
-            "grads_bytes": static["grads_bytes"], "boundary_bytes": boundary, "kept_bytes": kept_bytes,
-            "predicted_peak_bytes": predicted, "peak_moment": moment, "curve": curve, "best_k": best["k"],
-            "best_predicted_peak_bytes": best["predicted_peak_bytes"]}
 
 
 # ---- measured peaks and snapshots (CUDA only) ----

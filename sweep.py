@@ -64,8 +64,8 @@ def injected_fault(fields: dict[str, Any]) -> contextlib.AbstractContextManager:
     """Test hook, so that failure handling is tested end to end without a real fault: with
     `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` the configuration whose fields all match raises an
     out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for --timeout and
-    signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a word); `slow:` makes
-    its timed steps run under SlowOps (a drift on one side of a comparison). Clauses are separated by ';'. A
+    signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a word); `slow:` runs
+    it under SlowOps (alone: all of it; in an interleaved comparison: its timed blocks), a drift on one side. Clauses are separated by ';'. A
     condition `field>=N` matches a numeric field at least N (`oom:context_length>=1024`: every context from 1024 up
     runs out of memory, as on a real device). Every configuration also matches `rank=` (torchrun's RANK, 0 without
     torchrun). Read at call time; child processes get the parent's value. Returns the context to measure under: a
@@ -349,6 +349,8 @@ class Sweep:
         return answer, timeit.default_timer() - start
 
     def run_unit(self, indices: list[int]) -> None:
+        """One unit of the plan (a comparison's variants, or one run): the ones the skip rule or an ended search
+        leave out are rows or nothing; the rest are measured together (--interleave steps) or in rounds."""
         todo = []
         for i in indices:
             run = self.runs[i]
@@ -391,56 +393,68 @@ class Sweep:
 
     def in_rounds(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
         """Each run in a child of its own, `repeats` rounds in the order stats.round_order gives (A B | B A ...);
-        each run's children merged into one record (merge_repeats), paired with the others by round. A run that
-        fails stops its own repetitions; Ctrl-C keeps what finished. A search's probe (a unit of one) may go on to
-        a bisection (after_probe)."""
+        each run's children merged into one record (merge_repeats), paired with the others by round, and added once
+        its last repetition ended and the runs before it in the plan were added (the first is the comparison's
+        baseline). A run that fails stops its own repetitions; Ctrl-C keeps what finished. A search's probe (a unit
+        of one) may go on to a bisection."""
+        group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
         answers: dict[int, list[tuple[dict, float]]] = {i: [] for i, _ in todo}
         numbers: dict[int, int] = {}
+        ended: set[int] = set()  # runs with every repetition done (or a failure)
+        added: list[int] = []
+
+        def add_in_order(interrupted: bool = False) -> None:
+            for position, (i, run) in enumerate(todo[len(added):], len(added)):
+                if i not in ended and not (interrupted and answers[i]):
+                    return
+                added.append(i)
+                self.add_repeats(run, answers[i], numbers[i], position, group, labels, fallback)
+
         try:
             for r in range(self.repeats):
                 for position in round_order(len(todo), r):
                     i, run = todo[position]
-                    if answers[i] and not answers[i][-1][0]["ok"]:
+                    if i in ended:
                         continue
                     if i not in numbers:
                         self.done += 1
                         numbers[i] = self.done
                     note = f" (repeat {r + 1}/{self.repeats})" if self.repeats > 1 else ""
                     answers[i].append(self.alone(run, i, numbers[i], note))
+                    if r == self.repeats - 1 or not answers[i][-1][0]["ok"]:
+                        ended.add(i)
+                        add_in_order()
         except KeyboardInterrupt:  # the runs that ran are rows
-            self.add_rounds(todo, answers, numbers, fallback)
+            add_in_order(interrupted=True)
             raise
-        self.add_rounds(todo, answers, numbers, fallback)
-        if self.search and len(todo) == 1 and answers[todo[0][0]]:
+        if self.search and len(todo) == 1:
             self.bisect(todo[0][1], self.records[-1])
 
-    def add_rounds(self, todo: list[tuple[int, Any]], answers: dict[int, list[tuple[dict, float]]],
-                   numbers: dict[int, int], fallback: str | None) -> None:
-        group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
-        for position, (i, run) in enumerate(todo):
-            if not answers[i]:
-                continue
-            elapsed = sum(seconds for _, seconds in answers[i])
-            oks = [answer for answer, _ in answers[i] if answer["ok"]]
-            failed = next((answer for answer, _ in answers[i] if not answer["ok"]), None)
-            if failed is not None or any("status" in answer["value"] for answer in oks):
-                record = self.record_of(run, failed or oks[0])  # a failure (or a skip) is the row
-                if failed is not None and oks:
-                    record["repeats_before_failure"] = len(oks)
-            else:
-                value, bounds = merge_repeats([answer["value"] for answer in oks])
-                record = self.record_of(run, {"ok": True, "value": value, "pid": oks[0].get("pid")})
-                if len(oks) > 1:
-                    record["pids"] = [answer.get("pid") for answer in oks]
-                if len(todo) > 1:
-                    record["pairing"] = {"group": group, "mode": "runs", "position": position, "variants": len(todo),
-                                         "rounds": bounds, "labels": labels}
-            if fallback:
-                record["interleave_fallback"] = f"measured alone: the interleaved child failed ({fallback})"
-            if self.search:
-                record["search_probe"] = "doubling"
-                self.note_probe(run, record)
-            self.add(run, record, numbers[i], elapsed)
+    def add_repeats(self, run: Any, answers: list[tuple[dict, float]], number: int, position: int, group: str,
+                    labels: list[str], fallback: str | None) -> None:
+        """A run's row from its children's answers: a failure (or a skip) is the row; else their merged record,
+        paired with the other variants of its unit (`labels`) by repetition."""
+        elapsed = sum(seconds for _, seconds in answers)
+        oks = [answer for answer, _ in answers if answer["ok"]]
+        failed = next((answer for answer, _ in answers if not answer["ok"]), None)
+        if failed is not None or any("status" in answer["value"] for answer in oks):
+            record = self.record_of(run, failed or oks[0])
+            if failed is not None and oks:
+                record["repeats_before_failure"] = len(oks)
+        else:
+            value, bounds = merge_repeats([answer["value"] for answer in oks])
+            record = self.record_of(run, {"ok": True, "value": value, "pid": oks[0].get("pid")})
+            if len(oks) > 1:
+                record["pids"] = [answer.get("pid") for answer in oks]
+            if len(labels) > 1:
+                record["pairing"] = {"group": group, "mode": "runs", "position": position, "variants": len(labels),
+                                     "rounds": bounds, "labels": labels}
+        if fallback:
+            record["interleave_fallback"] = f"measured alone: the interleaved child failed ({fallback})"
+        if self.search:
+            record["search_probe"] = "doubling"
+            self.note_probe(run, record)
+        self.add(run, record, number, elapsed)
 
     def note_probe(self, run: Any, record: dict[str, Any]) -> None:
         """A search's planned probe has its outcome: a fit moves the search on; its first failure ends the group's
@@ -496,7 +510,8 @@ def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None
         try:
             env = sweep_environment(device, args.in_process)
             sweep = Sweep(experiment, runs, files, args, search, ranks, env)
-            for unit in comparison_units(runs, grouped=not search):
+            # comparisons only in the scripts that compare variants (their command line has --interleave)
+            for unit in comparison_units(runs, grouped=not search and hasattr(args, "interleave")):
                 sweep.run_unit(unit)
             if ranks is not None:
                 ranks.finish()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import lm_memory
 import mem_profile
 import memory_snapshot
 import runner
@@ -29,7 +30,7 @@ BATCH = 2
 
 
 def saved(cfg: ModelConfig = SMALL, **kwargs) -> list[dict]:
-    return mem_profile.saved_for_backward(cfg, BATCH, **kwargs)
+    return lm_memory.saved_for_backward(cfg, BATCH, **kwargs)
 
 
 def total(cfg: ModelConfig = SMALL, **kwargs) -> int:
@@ -53,7 +54,7 @@ def test_saved_bytes_grow_linearly_in_layers_and_every_block_saves_the_same():
     per_layer = totals[1] - totals[0]
     assert per_layer > 0
     assert totals == [totals[0] + k * per_layer for k in (0, 1, 2, 4)]
-    summary = mem_profile.summarize_saved(saved(ModelConfig(**{**SMALL.__dict__, "num_layers": 3})), 3)
+    summary = lm_memory.summarize_saved(saved(ModelConfig(**{**SMALL.__dict__, "num_layers": 3})), 3)
     assert summary["saved_block_bytes_min"] == summary["saved_block_bytes_max"] == per_layer
     assert summary["saved_total_bytes"] == summary["saved_blocks_bytes"] + summary["saved_outside_bytes"]
     assert sum(r["share"] for r in summary["saved_block_top"]) <= 1.0
@@ -124,13 +125,13 @@ def test_the_prediction_is_made_of_the_fake_runs_figures():
     p = record["checkpoint_prediction"]
     # with K = 3 the 8 blocks keep 3 segment inputs: 3 residual-stream tensors, as the fake run measured
     assert p["kept_bytes"] == record["saved_blocks_bytes"] == 3 * p["boundary_bytes"] == 3 * 4 * 128 * 64 * 4
-    unchecked = mem_profile.summarize_saved(mem_profile.saved_for_backward(DEEP, 4), 8)  # K = 0's figures
+    unchecked = lm_memory.summarize_saved(lm_memory.saved_for_backward(DEEP, 4), 8)  # K = 0's figures
     assert (p["block_bytes"], p["outside_bytes"]) == (unchecked["saved_block_bytes_max"],
                                                       unchecked["saved_outside_bytes"])
     curve = {point["k"]: point["predicted_peak_bytes"] for point in p["curve"]}
     assert sorted(curve) == list(range(9)) and curve[3] == p["predicted_peak_bytes"]
     assert p["best_k"] == min(curve, key=curve.get) and p["best_predicted_peak_bytes"] == min(curve.values())
-    moments = mem_profile.peak_moments(3, 8, p["boundary_bytes"], p, mem_profile.static_memory_bytes(DEEP, "train"),
+    moments = lm_memory.peak_moments(3, 8, p["boundary_bytes"], p, lm_memory.static_memory_bytes(DEEP, "train"),
                                        "train")
     assert set(moments) == {"backward starts", "first segment's backward", "backward ends", "optimizer step"}
     assert max(moments.values()) == p["predicted_peak_bytes"] and p["peak_moment"] == max(moments, key=moments.get)
@@ -178,7 +179,7 @@ def test_accounting_residual_stream_and_scores():
     assert acc["residual_stream_formula"] == "4 x 512 x 1600 x 4 B"
     assert acc["attention_scores_layer_bytes"] == 4 * 25 * 512 * 512 * 2
     assert acc["grads_bytes"] == acc["weights_bytes"] and acc["adamw_state_bytes"] == 2 * acc["weights_bytes"]
-    forward = mem_profile.static_memory_bytes(run.model, "forward")
+    forward = lm_memory.static_memory_bytes(run.model, "forward")
     assert forward["grads_bytes"] == forward["adamw_state_bytes"] == 0
 
 
@@ -510,8 +511,8 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
     def forbidden(*args, **kwargs):
         raise AssertionError("--dry-run built a model or started a configuration")
 
-    for name in ("TransformerLM", "Workload"):
-        monkeypatch.setattr(mem_profile, name, forbidden)
+    monkeypatch.setattr(mem_profile, "Workload", forbidden)
+    monkeypatch.setattr(lm_memory, "TransformerLM", forbidden)
     for name in ("TransformerLM", "Workload"):
         monkeypatch.setattr(runner, name, forbidden)
     for name in ("run_isolated", "run_sweep"):
