@@ -1,69 +1,57 @@
-"""Attention alone at scale: the model's hand-written attention vs torch.compile of it vs PyTorch's fused
-scaled_dot_product_attention, forward and backward timed apart, with the memory kept for backward.
+"""Attention alone at scale: the model's hand-written attention, torch.compile of it, PyTorch's fused
+scaled_dot_product_attention, and your own kernel (MODULE:CALLABLE), each checked against a float64 reference
+before its forward, backward and forward+backward are timed apart, with the memory kept for backward.
 
 Answers the study's attention questions: how do the time and memory of naive attention grow with the sequence
-length, at what size does it run out of memory and why; and what do torch.compile and the fused kernels buy.
+length, at what size does it run out of memory and why; what do torch.compile and the fused kernels buy
+(pytorch_attention, torch_compile); and how does your FlashAttention-2 compare with PyTorch (flash_benchmarking).
 
     python bench_attention.py --impl naive                  # the eager table: times, memory, OOM rows
     python bench_attention.py --impl naive compiled         # eager vs torch.compile, side by side
     python bench_attention.py                               # naive, compiled and sdpa (the study's full grid)
     python bench_attention.py --dtype bf16 --d 64 --seq-len 4096 16384
     python bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
+    python bench_attention.py --grid flash --impl flash_triton:FlashAttention2  # flash_benchmarking, your kernel
+    python bench_attention.py --grid flash --impl my_attn:attention --seq-len 128 256 --d 16 --dry-run
 
-Inputs are (batch, seq, d): no head dimension, causal masking as in the model. Every configuration runs in
-its own child process (an OOM cannot poison the next one). Tables are printed on stdout and saved, with one
-JSON record per configuration (raw samples and the environment), under results/attention/.
+Inputs are (batch, seq, d): no head dimension, causal masking as in the model. A MODULE:CALLABLE is imported from
+the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function
+subclass (called as .apply(q, k, v, is_causal)). On CUDA the latencies come from triton.testing.do_bench when
+triton is importable, CUDA events otherwise; on a CPU from the synchronised timer. Every configuration runs in
+its own child process (an OOM or a crashing kernel cannot poison the next one). Tables (attention_tables.py, the
+code report.py re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration (raw samples, the check, the timing method and the environment),
+under results/attention/. See docs/bench_attention.md and docs/your_code.md.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import itertools
 import sys
+import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+import attention_check
+import attention_tables
 import cli
 import common
+import isolation
+import kernel_timing
 import model_config
 import report
 import runner
+import stats
 import sweep
-from common import DTYPES, SyncTimer, resolve_device, saved_tensors, synchronize
-from model import naive_attention, sdpa_attention
-from results import ResultFiles, environment_header, format_bytes, render_table
+from attention_impls import (BASELINE, IMPLEMENTATIONS, AttentionFn, attention_function, impl_choice,  # noqa: F401
+                             naive_attention, sdpa_attention, sdpa_one_head)  # (the tests read them here)
+from attention_tables import PHASE_SHORT, PHASES, check_summary
+from common import DTYPES, SyncTimer, peak_memory_bytes, reset_peak_memory, resolve_device, saved_tensors, synchronize
+from results import ResultFiles, format_bytes
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
-
-
-# ---- the three implementations ----
-
-
-def sdpa_one_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """model.sdpa_attention on (batch, seq, d) inputs seen as one head. The fused kernels (flash,
-    memory-efficient, cuDNN) only take (batch, heads, seq, d): 3-D inputs silently fall back to the math kernel,
-    which materialises seq x seq like the naive code (seen with torch.profiler on torch 2.13). The extra
-    dimension is a view, no copy."""
-    return sdpa_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
-
-
-def compiled_naive_attention() -> AttentionFn:
-    """torch.compile of the model's naive attention, after a reset: every shape compiles fresh, so no cache from
-    an earlier shape helps it and the recompilation limit never kicks in."""
-    torch.compiler.reset()
-    return torch.compile(naive_attention)
-
-
-# name -> builder of the attention function (called once per configuration)
-IMPLEMENTATIONS: dict[str, Callable[[], AttentionFn]] = {
-    "naive": lambda: naive_attention,
-    "compiled": compiled_naive_attention,
-    "sdpa": lambda: sdpa_one_head,
-}
 
 
 # ---- memory: predicted, measured, available ----
@@ -94,12 +82,20 @@ PEAK_SEQ2_TENSORS = {"naive": 7.5, "compiled": 4.5}
 
 def predicted_need_bytes(impl: str, batch: int, seq: int, d: int, element_bytes: int) -> int:
     """What the fit guard compares with free memory: the predicted peak of one forward + backward. Quadratic
-    (PEAK_SEQ2_TENSORS) for naive and compiled; for sdpa the fused kernel's saved set. Plus the linear tensors:
-    Q, K, V, output, output gradient and three input gradients."""
+    (PEAK_SEQ2_TENSORS) for naive and compiled; for sdpa, and for your own kernel, a fused kernel's saved set
+    (what a FlashAttention keeps: a lower bound for code we cannot see; one that needs more fails as OOM). Plus the
+    linear tensors: Q, K, V, output, output gradient and three input gradients."""
     linear = 8 * batch * seq * d * element_bytes
-    if impl == "sdpa":
+    if impl not in PEAK_SEQ2_TENSORS:
         return fused_saved_bytes(batch, seq, d, element_bytes) + linear
     return int(PEAK_SEQ2_TENSORS[impl] * batch * seq * seq * element_bytes) + linear
+
+
+def run_need_bytes(run: "AttentionRun") -> int:
+    """The fit guard's figure for a configuration: the implementation's peak with the correctness check's
+    float64 tensors alive beside it (attention_check.reference_bytes)."""
+    return (predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
+            + attention_check.reference_bytes(run.batch_size, run.seq_len, run.d))
 
 
 def mem_available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
@@ -169,30 +165,40 @@ def sdpa_backend(attention: AttentionFn, inputs: tuple[torch.Tensor, ...]) -> st
     return classify_sdpa_backend([event.name for event in prof.events()])
 
 
-# ---- timing ----
+# ---- timing: forward, backward, forward+backward ----
 
 
-def timed_step(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
-               timer: SyncTimer) -> dict[str, float]:
-    """One forward (graph built, as in training) and its backward, each timed alone: seconds of each. Nothing
-    else is inside the timers; the graph is freed after the backward, outside them."""
-    with timer:
-        out = attention(*inputs)
-    forward_s = timer.elapsed_s
-    with timer:
-        grads = torch.autograd.grad(out, inputs, grad_out)
-    del out, grads
-    return {"forward": forward_s, "backward": timer.elapsed_s}
+
+def time_phases(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
+                method: kernel_timing.TimingMethod) -> dict[str, list[float]]:
+    """Milliseconds per call of each phase, by `method` (kernel_timing): the forward (graph built, as in training;
+    freed outside the timer), the backward through one retained graph (retain_graph=True, as triton's and
+    flash-attention's benchmarks time it: the graph is built once, outside), and a forward with its backward."""
+    samples = {"forward": method.samples(lambda: attention(*inputs), label="forward")}
+    isolation.phase("building the graph for the backward")
+    out = attention(*inputs)
+    samples["backward"] = method.samples(lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True),
+                                         label="backward")
+    del out
+    samples["forward_backward"] = method.samples(lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out),
+                                                 label="forward+backward")
+    return samples
 
 
-def allocated_before_backward(attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
-                              device: torch.device) -> int:
-    """CUDA bytes allocated right after a forward, with its graph alive: inputs, output and everything saved."""
+def memory_of_one_step(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
+                       device: torch.device) -> dict[str, int]:
+    """CUDA: bytes allocated right after a forward with its graph alive (inputs, output, everything saved) and
+    the peak of that forward and its backward; {} on a CPU, which has no allocator counter. Measured apart from
+    the timing, whose do_bench allocates its own L2-flush buffer."""
+    if device.type != "cuda":
+        return {}
+    reset_peak_memory(device)
     out = attention(*inputs)
     synchronize(device)
-    allocated = torch.cuda.memory_allocated(device)
-    del out
-    return allocated
+    before_backward = torch.cuda.memory_allocated(device)
+    grads = torch.autograd.grad(out, inputs, grad_out)
+    del out, grads
+    return {"mem_before_backward_bytes": before_backward, **peak_memory_bytes(device)}
 
 
 # ---- one configuration ----
@@ -200,13 +206,15 @@ def allocated_before_backward(attention: AttentionFn, inputs: tuple[torch.Tensor
 
 @dataclass(frozen=True)
 class AttentionRun:
-    impl: str  # key into IMPLEMENTATIONS
+    impl: str  # key into IMPLEMENTATIONS, or your MODULE:CALLABLE
     d: int
     seq_len: int
     batch_size: int = 8
     dtype: str = "fp32"
-    warmup: int = 10
-    iters: int = 100
+    warmup: int = 10  # untimed calls before each phase's timed ones (sync timer, CUDA events)
+    iters: int = 100  # timed calls per phase (sync timer, CUDA events)
+    warmup_ms: float = kernel_timing.DO_BENCH_WARMUP_MS  # do_bench's warm-up, in ms of calls
+    rep_ms: float = kernel_timing.DO_BENCH_REP_MS  # do_bench's timed repetitions, in ms of calls
     device: str = "auto"
     seed: int = 0
     force: bool = False  # run even when the fit guard says it cannot fit
@@ -232,38 +240,6 @@ class AttentionRun:
         return dataclasses.replace(self, impl="")
 
 
-def prepare(run: AttentionRun, inputs: tuple[torch.Tensor, ...] | None = None,
-            grad_out: torch.Tensor | None = None) -> runner.Prepared | dict[str, Any]:
-    """Fit guard, inputs (given: shared by the implementations of one comparison), then the step to time: one
-    forward and its backward, timed apart (timed_step). After the timed steps (untimed): memory before backward
-    (CUDA), the bytes saved for backward, and (sdpa) the kernel that ran. A configuration the fit guard skips is
-    its record at once."""
-    device = resolve_device(run.device)
-    need = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
-    free = free_memory_bytes(device)
-    skipped = fit_status(need, free, run.force)
-    if skipped:
-        return {"status": skipped, "free_mem_bytes": free}
-    if inputs is None:
-        inputs, grad_out = make_inputs(run, device)
-    attention = IMPLEMENTATIONS[run.impl]()
-    timer = SyncTimer(device)
-
-    def after(record: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if device.type == "cuda":  # a CPU has no allocator counter; saved_tensor_bytes is measured everywhere
-            out["mem_before_backward_bytes"] = allocated_before_backward(attention, inputs, device)
-        out["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
-        if run.impl == "sdpa":
-            out["sdpa_backend"] = sdpa_backend(attention, inputs)
-        return out
-
-    # the first forward and backward of "compiled" compile both graphs: timed apart as compile_s
-    return runner.Prepared(step=lambda: timed_step(attention, inputs, grad_out, timer), device=device,
-                           warmup=run.warmup, steps=run.iters, compile_first=run.impl == "compiled", after=after,
-                           record={"free_mem_bytes": free})
-
-
 def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """Q, K, V (batch, seq, d), requiring grad, and the output's gradient, from the run's seed."""
     torch.manual_seed(run.seed)
@@ -272,24 +248,111 @@ def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Te
     return inputs, torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
 
 
+def prepare(run: AttentionRun, device: torch.device, inputs: tuple[torch.Tensor, ...],
+            grad_out: torch.Tensor) -> tuple[AttentionFn, dict[str, Any]] | dict[str, Any]:
+    """Fit guard, the implementation (yours imported here, in the child), (compiled) the first forward and backward
+    timed apart as compile_s, the check against the reference: (the function to time, its record so far), or the
+    record of a configuration the fit guard skips."""
+    free = free_memory_bytes(device)
+    skipped = fit_status(run_need_bytes(run), free, run.force)
+    if skipped:
+        return {"status": skipped, "free_mem_bytes": free}
+    isolation.phase(f"loading {run.impl}")
+    attention = attention_function(run.impl)
+    record: dict[str, Any] = {"environment": common.environment(device), "free_mem_bytes": free,
+                              "load": {"before": common.machine_load(device)}}
+    if run.impl == "compiled":  # the first forward and backward compile both graphs
+        isolation.phase("compiling (first forward and backward)")
+        _, record["compile_s"] = SyncTimer(device).time(
+            lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))
+    isolation.phase("checking against the float64 reference")
+    record["check"] = attention_check.check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
+    return attention, record
+
+
+def after_timing(run: AttentionRun, attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
+                 grad_out: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """Untimed, after the timed calls: memory before backward and the peak (CUDA), bytes saved for backward,
+    (sdpa) the kernel that ran, the load after."""
+    isolation.phase("after the timed steps")
+    out = {**memory_of_one_step(attention, inputs, grad_out, device),
+           "saved_tensor_bytes": saved_tensor_bytes(attention, inputs)}
+    if run.impl == "sdpa":
+        out["sdpa_backend"] = sdpa_backend(attention, inputs)
+    return out
+
+
 def run_config(run: AttentionRun) -> dict[str, Any]:
-    """One configuration alone (in a child process of the sweep): its record. Failures propagate as exceptions
-    (the sweep turns them into rows)."""
-    return runner.measure(prepare(run))
+    """One configuration alone (in a child process of the sweep): prepare, then each phase timed by the device's
+    method (kernel_timing), then the untimed figures. Failures propagate as exceptions (the sweep turns them into
+    rows); a wrong result does not: it is timed and flagged."""
+    device = resolve_device(run.device)
+    inputs, grad_out = make_inputs(run, device)
+    prepared = prepare(run, device, inputs, grad_out)
+    if isinstance(prepared, dict):
+        return prepared
+    attention, record = prepared
+    method = kernel_timing.choose_timing(device, run.warmup, run.iters, run.warmup_ms, run.rep_ms)
+    record["timing"] = method.describe()
+    record.update({f"{phase}_ms": samples
+                   for phase, samples in time_phases(attention, inputs, grad_out, method).items()})
+    record.update(after_timing(run, attention, inputs, grad_out, device))
+    record["load"]["after"] = common.machine_load(device)
+    return record
+
+
+ROUNDS = 10  # an interleaved comparison's rounds: each implementation's timed calls are split into this many blocks
 
 
 def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:
-    """The implementations of one shape in one process (a child of the sweep), on the same inputs, their timed
-    steps interleaved."""
+    """The implementations of one shape in one process (a child of the sweep), on the same inputs, each prepared
+    (and checked) in turn; then their timed calls alternate in rounds, A B | B A | ... (stats.round_order): in each
+    round every implementation times its block of each phase (iters / ROUNDS calls, the device's method; one warm-up
+    call per phase after the first round, where the switch from another implementation left the caches cold; with
+    do_bench, rep_ms / ROUNDS). Each record's `pairing` says which of its samples came from which round, per phase
+    (do_bench decides its own counts)."""
     device = resolve_device(runs[0].device)
     inputs, grad_out = make_inputs(runs[0], device)
-    return runner.measure_interleaved(device, [functools.partial(prepare, run, inputs, grad_out) for run in runs],
-                                      faults)
+    prepared = [prepare(run, device, inputs, grad_out) for run in runs]
+    timed = [i for i, p in enumerate(prepared) if not isinstance(p, dict)]
+    records = [p if isinstance(p, dict) else p[1] for p in prepared]
+    if not timed:
+        return records
+    run0 = runs[timed[0]]
+    sizes = stats.block_sizes(run0.iters, -(-run0.iters // min(ROUNDS, run0.iters)))
+    rounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i in timed}
+    for r, size in enumerate(sizes):
+        method = kernel_timing.choose_timing(device, run0.warmup if r == 0 else 1, size, run0.warmup_ms,
+                                             run0.rep_ms / len(sizes))
+        for position in stats.round_order(len(timed), r):
+            i = timed[position]
+            with faults[i]:
+                samples = time_phases(prepared[i][0], inputs, grad_out, method)
+            for phase, values in samples.items():
+                kept = records[i].setdefault(f"{phase}_ms", [])
+                rounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
+                kept.extend(values)
+            records[i].setdefault("timing", {
+                **kernel_timing.choose_timing(device, run0.warmup, run0.iters, run0.warmup_ms, run0.rep_ms).describe(),
+                "interleaved": {"rounds": len(sizes), "calls_per_round": sizes, "warmup_calls_after_round_1": 1,
+                                "rep_ms_per_round": run0.rep_ms / len(sizes)}})
+    group = uuid.uuid4().hex[:12]
+    for position, i in enumerate(timed):
+        records[i].update(after_timing(runs[i], prepared[i][0], inputs, grad_out, device))
+        records[i]["load"]["after"] = common.machine_load(device)
+        records[i]["pairing"] = {"group": group, "mode": "steps", "position": position, "variants": len(timed),
+                                 "rounds": rounds[i]["forward"], "rounds_by_phase": rounds[i]}
+    return records
 
 
 def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
-    """Statistics of the raw samples and the forward's achieved TFLOP/s (QK^T and PV, full seq x seq)."""
-    out = runner.sample_stats(record, ("forward", "backward"))
+    """Statistics and quantiles (kernel_timing.QUANTILES) of the raw samples of each phase, and the forward's
+    achieved TFLOP/s (QK^T and PV, full seq x seq)."""
+    phases = tuple(phase for phase in PHASES if f"{phase}_ms" in record)  # records before fwd+bwd was timed
+    out = runner.sample_stats(record, phases)
+    for phase in phases:
+        for q in kernel_timing.QUANTILES:
+            out[f"{phase}_ms_p{round(q * 100)}"] = kernel_timing.quantile(record[f"{phase}_ms"], q)
     if out["forward_ms_n"] < 2:
         out["note"] = "1 timed iteration: no std"
     flops = model_config.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
@@ -304,122 +367,58 @@ def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     """The study's predictions on every row; the statistics and TFLOP/s on a finished one."""
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes)
-    record["predicted_need_bytes"] = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d,
-                                                          run.element_bytes)
+    record["predicted_need_bytes"] = run_need_bytes(run)
     if record["status"] == "ok":
         record.update(derive_figures(run, record))
 
 
 def progress_summary(record: dict[str, Any]) -> str:
-    return f"fwd {record['forward_ms_mean']:.3f} ms, bwd {record['backward_ms_mean']:.3f} ms"
-
-
-# ---- tables ----
-
-
-IMPL_COLUMNS = ["d", "seq", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd TFLOP/s", "mem before bwd",
-                "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s", "status"]
-ALWAYS_SHOWN = {"d", "seq", "fwd ms", "bwd ms", "naive predicted", "status"}
-TABLE_COLUMNS = ["impl"] + IMPL_COLUMNS  # what --columns may name (impl: the heading of each table, or a column)
-
-
-def impl_row(record: dict[str, Any]) -> dict[str, Any]:
-    config = record["config"]
-    row = {"impl": config["impl"], "d": config["d"], "seq": config["seq_len"], "status": record["status"],
-           "naive predicted": format_bytes(record["predicted_naive_saved_bytes"])}
-    if record["status"] != "ok":
-        return row
-    if record.get("note"):
-        row["status"] += f" ({record['note']})"
-    row.update({"fwd ms": record["forward_ms_mean"], "fwd std": record["forward_ms_std"],
-                "bwd ms": record["backward_ms_mean"], "bwd std": record["backward_ms_std"],
-                "fwd TFLOP/s": record["forward_tflops"],
-                "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
-                "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
-                "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
-                "backend": record.get("sdpa_backend"), "compile s": record.get("compile_s")})
-    return row
-
-
-def impl_table(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
-    rows = [impl_row(r) for r in records]
-    shown = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
-    return render_table(rows, report.pick_columns(shown, columns, fmt), fmt, floatfmt=".3f")
-
-
-def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
-    """(record key, column label) of the memory to compare: the allocator's figure where there is one (CUDA),
-    else the bytes autograd saved."""
-    if any("mem_before_backward_bytes" in r for r in records):
-        return "mem_before_backward_bytes", "mem before bwd"
-    return "saved_tensor_bytes", "saved"
-
-
-def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
-    """One row per (d, seq): each implementation's forward and backward mean and memory, and the speed-up over
-    naive (naive time / its time). A failed configuration shows its status in place of its times."""
-    mem_key, mem_label = memory_measure(records)
-    by_shape: dict[tuple[int, int], dict[str, dict]] = {}
-    for r in records:
-        by_shape.setdefault((r["config"]["d"], r["config"]["seq_len"]), {})[r["config"]["impl"]] = r
-    columns = ["d", "seq"]
-    for impl in impls:
-        columns += [f"{impl} fwd ms", f"{impl} bwd ms", f"{impl} {mem_label}"]
-        if impl != "naive" and "naive" in impls:
-            columns += [f"{impl} fwd speed-up", f"{impl} bwd speed-up"]
-    rows = []
-    for (d, seq), found in by_shape.items():
-        row: dict[str, Any] = {"d": d, "seq": seq}
-        naive = found.get("naive")
-        for impl, r in found.items():
-            if r["status"] != "ok":
-                row[f"{impl} fwd ms"] = r["status"]
-                continue
-            row[f"{impl} fwd ms"], row[f"{impl} bwd ms"] = r["forward_ms_mean"], r["backward_ms_mean"]
-            row[f"{impl} {mem_label}"] = format_bytes(r.get(mem_key))
-            if impl != "naive" and naive and naive["status"] == "ok":
-                for phase, short in (("forward", "fwd"), ("backward", "bwd")):
-                    row[f"{impl} {short} speed-up"] = f"{naive[f'{phase}_ms_mean'] / r[f'{phase}_ms_mean']:.2f}x"
-        rows.append(row)
-    return render_table(rows, columns, fmt, floatfmt=".3f")
-
-
-def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
-    """Environment header, one table per implementation (with `columns`: report.pick_columns), the comparison
-    table and a note on the memory columns, from the JSONL records alone."""
-    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
-    config0 = records[0]["config"]
-    settings = {"batch": config0["batch_size"], "dtype": config0["dtype"], "iters": config0["iters"],
-                "warmup": config0["warmup"], "causal": "yes"}
-    lines = [environment_header(env, **settings) if env else f"settings: {settings}"]
-    done = list(dict.fromkeys(r["config"]["impl"] for r in records))
-    for impl in done:
-        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt, columns)]
-    lines += ["", "### comparison", "", comparison_table(records, done, fmt), "",
-              "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
-              "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
-              "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)."]
-    return "\n".join(lines)
+    text = ", ".join(f"{PHASE_SHORT[phase]} {record[f'{phase}_ms_mean']:.3f} ms" for phase in PHASES)
+    wrong = check_summary(record["check"])
+    return f"{text}{' (' + wrong + ')' if wrong else ''}"
 
 
 # ---- command line ----
 
+# The study's two grids: the defaults of every flag not given. "attention" is pytorch_attention and torch_compile
+# (batch 8, the model's attention against its compiled and fused forms); "flash" is the handout's
+# flash_benchmarking (batch 1, causal, seq 2^7..2^16, d 2^4..2^7, bf16 and fp32; your kernel against PyTorch).
+GRIDS: dict[str, dict[str, Any]] = {
+    "attention": {"impl": list(IMPLEMENTATIONS), "d": [16, 32, 64, 128], "seq_len": [256, 1024, 4096, 8192, 16384],
+                  "batch_size": 8, "dtype": ["fp32"]},
+    "flash": {"impl": [BASELINE, "sdpa"], "d": [16, 32, 64, 128], "seq_len": [2**i for i in range(7, 17)],
+              "batch_size": 1, "dtype": ["bf16", "fp32"]},
+}
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--impl", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
-                   help="implementations: the model's naive attention, torch.compile of it, fused SDPA")
-    p.add_argument("--d", nargs="+", type=cli.positive_int, default=[16, 32, 64, 128],
-                   help="head dimension(s) d (inputs are batch x seq x d, no head axis)")
-    p.add_argument("--seq-len", nargs="+", type=cli.positive_int, default=[256, 1024, 4096, 8192, 16384],
-                   help="sequence length(s)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=8, help="batch size")
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", choices=list(GRIDS), default="attention",
+                   help="the study's grid, the defaults of the flags below: attention = pytorch_attention (batch 8, "
+                        "naive compiled sdpa, fp32, d 16..128, seq 256..16384); flash = flash_benchmarking (batch 1, "
+                        "naive and sdpa or your --impl, bf16 and fp32, d 16..128, seq 128..65536; naive, the "
+                        "handout's 'PyTorch', always runs: the speed-ups are over it)")
+    p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, default=None, metavar="IMPL",
+                   help=f"implementations ({', '.join(IMPLEMENTATIONS)}: the model's naive attention, torch.compile "
+                        "of it, fused SDPA), or your own as MODULE:CALLABLE, a function f(q, k, v, is_causal) or a "
+                        "torch.autograd.Function subclass, imported from the current directory or PYTHONPATH; "
+                        "repeatable (default: the grid's)")
+    p.add_argument("--d", nargs="+", type=cli.positive_int, default=None,
+                   help="head dimension(s) d (inputs are batch x seq x d, no head axis; default: the grid's)")
+    p.add_argument("--seq-len", nargs="+", type=cli.positive_int, default=None,
+                   help="sequence length(s) (default: the grid's)")
+    p.add_argument("--batch-size", type=cli.positive_int, default=None, help="batch size (default: the grid's)")
     p.add_argument("--iters", type=cli.step_count, default=100,
-                   help="timed forward passes, then as many timed backward passes")
+                   help="timed calls per phase (forward, backward, forward+backward) with the sync timer (CPU) and "
+                        "CUDA events; do_bench sizes its own by --rep-ms")
     p.add_argument("--warmup", type=cli.warmup_count, default=10,
-                   help="untimed forward+backward passes before timing")
-    p.add_argument("--dtype", choices=BENCH_DTYPES, default="fp32", help="dtype of Q, K and V")
+                   help="untimed calls before each phase's timed ones (sync timer, CUDA events)")
+    p.add_argument("--warmup-ms", type=cli.positive_float, default=kernel_timing.DO_BENCH_WARMUP_MS,
+                   help="triton.testing.do_bench's warmup: milliseconds of untimed calls (its default)")
+    p.add_argument("--rep-ms", type=cli.positive_float, default=kernel_timing.DO_BENCH_REP_MS,
+                   help="triton.testing.do_bench's rep: milliseconds of timed calls (its default)")
+    p.add_argument("--dtype", nargs="+", choices=BENCH_DTYPES, default=None,
+                   help="dtype(s) of Q, K and V (default: the grid's)")
     p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
@@ -435,13 +434,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     common.device_or_exit(parser, args.device)
-    report.columns_or_exit(parser, args.columns, TABLE_COLUMNS)
-    sweep.check_sweep_args(parser, args)
+    report.columns_or_exit(parser, args.columns, attention_tables.TABLE_COLUMNS)
+    grid = GRIDS[args.grid]
+    for name in ("impl", "d", "seq_len", "batch_size", "dtype"):
+        if getattr(args, name) is None:
+            setattr(args, name, grid[name])
     # repeated values would only repeat rows; keep the order given
-    args.impl, args.d, args.seq_len = (list(dict.fromkeys(v)) for v in (args.impl, args.d, args.seq_len))
-    runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=args.dtype,
-                         warmup=args.warmup, iters=args.iters, device=args.device, seed=args.seed, force=args.force)
-            for d, seq, impl in itertools.product(args.d, args.seq_len, args.impl)]
+    args.impl, args.d, args.seq_len, args.dtype = (list(dict.fromkeys(v))
+                                                   for v in (args.impl, args.d, args.seq_len, args.dtype))
+    if args.grid == "flash" and BASELINE not in args.impl:  # the table's speed-ups are over it
+        args.impl.insert(0, BASELINE)
+    runs = [AttentionRun(impl=impl, d=d, seq_len=seq, batch_size=args.batch_size, dtype=dtype, warmup=args.warmup,
+                         iters=args.iters, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, device=args.device,
+                         seed=args.seed, force=args.force)
+            for dtype, d, seq, impl in itertools.product(args.dtype, args.d, args.seq_len, args.impl)]
     cli.check_tensor_sizes(parser, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                        "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     return args, runs
@@ -449,24 +455,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def plan_label(run: AttentionRun) -> str:
     """A --dry-run line: the configuration and the memory the fit guard predicts it needs."""
-    need = predicted_need_bytes(run.impl, run.batch_size, run.seq_len, run.d, run.element_bytes)
-    return f"{run.label()} (predicted need {format_bytes(need)})"
+    return f"{run.label()} (predicted need {format_bytes(run_need_bytes(run))})"
 
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        settings = (f"settings: batch {args.batch_size}, {args.dtype}, {args.warmup} warm-up, {args.iters} "
-                    "iterations, causal")
+        settings = (f"settings: grid {args.grid}, batch {args.batch_size}, {' '.join(args.dtype)}, causal; each "
+                    "implementation checked against a float64 reference, then timed (forward, backward, "
+                    "forward+backward)")
         return cli.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
+    live = report.LiveReport("bench_attention", args.columns)  # the .md and --fmt file, rewritten as rows finish
     experiment = sweep.Experiment(name="bench_attention", measure=run_config, measure_together=measure_together,
-                                  finish=finish_record, summary=progress_summary,
-                                  render=lambda records, fmt: render_report(records, fmt, args.columns))
+                                  finish=finish_record, summary=progress_summary, render=live)
     records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
-    if records:  # (the sweep saved the report after each row: the figures come after it)
-        figures = report.figures_after_run("bench_attention", records, files) if args.plot else []
-        files.publish(lambda fmt: render_report(records, fmt, args.columns), args.fmt, figures)
+    if records:
+        published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot,
+                                   live=live)
+        return code or published  # an interrupted sweep says so first
     return code
 
 

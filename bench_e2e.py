@@ -16,6 +16,9 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
+    python bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
+    python bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
+    python bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
 
 Method. A configuration is built (prepare: runner.Workload makes the model, wraps it in torch.compile when asked,
 the optimizer, and one random batch of token ids, all on the device), then measured (runner.measure_steps): with
@@ -24,19 +27,22 @@ timed steps. The timed step is runner.run_step: the forward pass with the loss, 
 with zero_grad(set_to_none=True), each phase between two device synchronisations (common.SyncTimer: synchronise,
 read timeit.default_timer, run, synchronise, read), and the whole step the same way. Nothing else is inside the
 timers: no data creation (the batch is made once), no .item(), no printing, no compile (its step is timed apart),
-no warm-up. Each raw sample is kept; mean and std (and median, min, max) are derived from them.
+no warm-up, no FLOP counting (--flops counted counts one more step, untimed). Each raw sample is kept; mean and std
+(and median, min, max) are derived from them.
 
-Variants of one configuration (--dtype, --compile, --attn, --optimizer values) are compared: by default all of them
+Variants of one configuration (--dtype, --compile, --attn, --model, --optimizer values) are compared: by default they
 are built in one process and their timed steps alternate in rounds (A B | B A | ..., runner.measure_interleaved),
 each variant with its own compile step, warm-up and memory figures, so that a machine that slows down meanwhile
 slows every variant alike; the speed-up is a paired ratio with a 95% interval (stats.py), and a phase the variants
 run identically (the optimizer step under --compile) is the control that says when the machine drifted anyway.
 
 Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
-current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) runs in
-its own child process (an OOM cannot poison the next one). The table is printed on stdout and saved with one JSON
-record per configuration under results/e2e/. A sweep over variants adds a comparison table (speed-ups over the
-first variant); --context-length max adds the longest context of each search. docs/bench_e2e.md says more.
+current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) of a
+sweep runs in its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
+saved after every configuration and printed at the end, with one JSON record per configuration, under results/e2e/.
+A sweep over dtype, compile, attention, optimizer or parallelism adds a comparison table (speed-ups over the first
+variant); --context-length max adds the longest context of each search. The tables are e2e_tables.py's, the same
+code that report.py re-renders a saved run with. docs/bench_e2e.md says more.
 """
 from __future__ import annotations
 
@@ -51,28 +57,29 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 import cli
 import common
 import isolation
-import kernel_tables
 import model_config
 import parallel
+import profile_readers
+import profile_tables
 import report
-import results
 import runner
 import search
-import stats
 import sweep
+import user_code
 from cli import positive_float, positive_int
 from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
+from e2e_tables import COLUMNS, config_key, config_table, context_searches, probe_contexts, variants
 from model import ATTENTION
-from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUTS, ModelConfig, get_config
-from results import FINISHED, GIB, ResultFiles, environment_header, finished, render_table
-from runner import MODES, PHASES_BY_MODE, RunConfig, Workload, run_step
+from model_config import DEFAULT_BATCH_SIZE, MODES, PHASES_BY_MODE, ModelConfig, get_config
+from results import GIB, ResultFiles
+from runner import RunConfig, Workload, run_step
 from search import SEARCH_START
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
@@ -83,12 +90,19 @@ NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote 
 
 def prepare(run: RunConfig) -> runner.Prepared:
     """The configuration built on its device (runner.Workload) and its step to time, run_step(work): forward with
-    the loss, backward, optimizer step, each between synchronisations. With --profile, torch.profiler around the
-    timed steps and its tables after them."""
+    the loss, backward, optimizer step, each between synchronisations. After the timed steps (untimed): with
+    --profile the profiler's tables, with --flops counted one more step under FlopCounterMode."""
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
-    after = None if run.profile_results_dir is None else (lambda record: profile_tables(run, profiler, record))
+
+    def after(record: dict[str, Any]) -> dict[str, Any]:
+        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
+        if run.flops == "counted":
+            isolation.phase("counting FLOPs (one untimed step)")
+            out["counted_step_flops"] = counted_step_flops(work)
+        return out
+
     return runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
                            compile_first=run.compile, profiler=profiler, after=after)
 
@@ -105,6 +119,21 @@ def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]
     return runner.measure_interleaved(device, [functools.partial(prepare, run) for run in runs], faults)
 
 
+def counted_step_flops(work: Workload) -> int:
+    """FLOPs of one step of work.run.mode as torch.utils.flop_counter.FlopCounterMode counts them (matmuls,
+    attention kernels, convolutions; 2 per multiply-add, like model_config's formula; elementwise work and the
+    optimizer step not counted), on one more step after the timed ones, untimed, through the model itself (not
+    torch.compile's wrapper, which the counter cannot see into). Works for any model: what --flops counted is for."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss = work.forward(eager=True)
+        if work.run.mode != "forward":
+            loss.backward()
+    work.zero_grad()
+    return counter.get_total_flops()
+
+
 # ---- --profile: torch.profiler over the measured steps ----
 
 
@@ -119,8 +148,8 @@ def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractCon
     return common.quiet_profiler(activities)
 
 
-def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
-    """Write the Chrome/Perfetto trace under results/profile/ and build kernel_tables' four tables from it, in
+def trace_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
+    """Write the Chrome/Perfetto trace under results/profile/ and build profile_tables' four tables from it, in
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
     ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
@@ -141,52 +170,15 @@ def profile_tables(run: RunConfig, profiler: torch.profiler.profile, record: dic
             with open(trace) as f:
                 out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
         if keep:
-            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
-                                                kernel_tables.stopwatch_ms(record),
-                                                kernel_tables.attention_shape(dataclasses.asdict(run)),
-                                                compiled=run.compile)
+            tables = profile_tables.build_tables(profile_readers.load_torch_trace(trace),
+                                                 profile_tables.stopwatch_ms(record),
+                                                 profile_tables.attention_shape(dataclasses.asdict(run)),
+                                                 compiled=run.compile)
             out["profile"] = {"trace": str(trace), "tables": tables}
     finally:
         if not keep:
             trace.unlink()
     return out
-
-
-def profile_report(records: list[dict], fmt: str) -> str:
-    """The --profile tables of every configuration that has them (rank 0's, under --parallel), and with
-    --parallel the time in collectives per phase on every rank."""
-    parts = []
-    for rec in records:
-        if "profile" in rec:
-            whose = " (rank 0)" if rec["config"].get("parallel") else ""
-            parts.append(f"## torch.profiler: {rec['label']}{whose} (timings above were taken with the profiler on)"
-                         "\n\n" + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
-                         + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
-        collectives = collectives_table(rec, fmt)
-        if collectives:
-            parts.append(f"## Collectives per phase: {rec['label']} (every rank, ms per step)\n\n{collectives}")
-    return "\n\n".join(parts)
-
-
-COLLECTIVE_COLUMNS = [("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms"),
-                      *[(f"{kind}_ms", f"{kind} ms") for kind, _ in parallel.COLLECTIVE_KINDS],
-                      ("other collective_ms", "other ms"), ("collective_ms", "in collectives ms"),
-                      ("share", "share of phase")]
-
-
-def collectives_table(record: dict[str, Any], fmt: str) -> str | None:
-    """Per rank and phase, the milliseconds per step in each kind of collective and the share of the phase's
-    wall time covered by any (parallel.collective_rows), from a --parallel --profile record."""
-    rows = [{**row, "rank": rank["rank"], "share": f"{row['share']:.0%}" if row.get("share") is not None else None}
-            for rank in record.get("ranks", []) for row in rank.get("collectives", [])]
-    if not rows:
-        return None
-    columns = [(key, header) for key, header in COLLECTIVE_COLUMNS
-               if key in ("rank", "phase", "phase_ms", "collective_ms", "share") or any(key in r for r in rows)]
-    shown = [{header: row.get(key) for key, header in columns} for row in rows]
-    return render_table(shown, [header for _, header in columns], fmt, ".3f") + (
-        "\n\nA collective counts for the phase in which it starts; the time is on the wire, and compute may run beside "
-        "it (FSDP2 prefetches the next block's all-gather). gloo runs a reduce-scatter as an all-reduce.")
 
 
 # ---- derived figures ----
@@ -203,9 +195,12 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
     tokens = run.batch_size * run.context_length * run.world_size
-    flops = model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     out["tokens_per_s"] = tokens / step_s
-    out["step_flops"] = flops
+    flops = step_flops(run, record)
+    out["step_flops"], out["flops_source"] = flops, run.flops
+    if flops is None:  # --flops none: no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
+        out.update(achieved_tflops=None, peak_tflops=None, peak_source=None, mfu_precision=None, mfu=None)
+        return out
     out["achieved_tflops"] = flops / step_s / 1e12
     env = record["environment"]
     precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
@@ -220,358 +215,23 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     return out
 
 
-# ---- the table ----
-
-COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "attn", "optimizer", "parallel",
-           "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s",
-           "MFU", "state GiB/rank", "peak mem GiB", "status"]
-
-
-def parallel_label(config: dict[str, Any]) -> str | None:
-    """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
-    if not config.get("parallel"):
-        return None
-    text = f"{config['parallel']} x{config['world_size']}"
-    if config["parallel"] == "fsdp":
-        text += " bf16-params" if config["fsdp_mixed_precision"] == "bf16" else ""
-        text += "" if config["reshard_after_forward"] else " no-reshard"
-    return text
-
-
-def table_row(record: dict[str, Any]) -> dict[str, Any]:
-    """One row of the results table, from a JSONL record alone."""
-    config, m = record["config"], record["config"]["model"]
-    row: dict[str, Any] = {"size": config["size"], "d_model": m["d_model"], "d_ff": m["d_ff"],
-                           "layers": m["num_layers"], "heads": m["num_heads"], "ctx": m["context_length"],
-                           "dtype": config["dtype"] + (" compiled" if config["compile"] else ""),
-                           "warmup": config["warmup"], "status": record["status"],
-                           "parallel": parallel_label(config)}
-    if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
-        row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
-    if not finished(record):
-        return row
-    for phase, short in (("forward", "fwd"), ("backward", "bwd"), ("optimizer", "opt"), ("step", "step")):
-        if f"{phase}_ms_mean" in record:
-            row[f"{short} ms"] = record[f"{phase}_ms_mean"]
-            row[f"{short} std"] = record[f"{phase}_ms_std"]
-    row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
-    row["TFLOP/s"] = record["achieved_tflops"]
-    row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
-    if record.get("peak_mem_allocated_bytes") is not None:
-        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
-    if record["noisy"]:
-        row["status"] = "NOISY cv>10%: " + ", ".join(record["noisy"])
-    if record.get("note"):
-        row["status"] += f" ({record['note']})"
-    return row
-
-
-def config_table(configs: list[dict[str, Any]], fmt: str) -> str:
-    """The model configurations of a sweep (one row per size), from records' or runs' "config" dicts, under the
-    handout whose table the names come from."""
-    handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
-    return model_config.config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
-
-
-# ---- comparisons: the same configuration in several variants (--dtype, --compile, --attn, ...) ----
-
-# The sweep axes whose values are variants of one configuration, compared side by side; how each names a value.
-VARIANT_AXES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "dtype": lambda c: c["dtype"],
-    "compile": lambda c: "compiled" if c["compile"] else "eager",
-    "attn": lambda c: c["attn"],
-    "optimizer": lambda c: "our AdamW" if c["optimizer"] == "ours" else "torch AdamW",
-    "parallel": lambda c: parallel_label(c) or "1 process",
-}
-VARIANT_FIELDS = ("dtype", "compile", "attn", "optimizer", "parallel", "world_size", "fsdp_mixed_precision",
-                  "reshard_after_forward")  # the config fields behind VARIANT_AXES
-PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
-
-
-def varied_axes(configs: list[dict[str, Any]]) -> list[str]:
-    """The variant axes that take more than one value in these configs ([] = nothing to compare)."""
-    return [axis for axis, name in VARIANT_AXES.items() if len({name(c) for c in configs}) > 1]
-
-
-def variant_label(config: dict[str, Any], axes: list[str]) -> str:
-    """"bf16", "fp32 compiled", "sdpa ddp x2": the values of the varied axes only."""
-    return " ".join(VARIANT_AXES[axis](config) for axis in axes)
-
-
-def variants(configs: list[dict[str, Any]]) -> list[str]:
-    """The variants of a sweep in the order they ran (the first is the baseline of the speed-ups); [] when the sweep
-    has a single variant."""
-    axes = varied_axes(configs)
-    return list(dict.fromkeys(variant_label(c, axes) for c in configs)) if axes else []
-
-
-def config_key(config: dict[str, Any], leave_out: tuple[str, ...] = (), context: bool = True) -> str:
-    """A config as a hashable key, without the fields `leave_out` (and without the context length when
-    context=False): configurations that differ only there share a key."""
-    kept = {k: v for k, v in config.items() if k not in leave_out}
-    if not context:
-        kept["model"] = {k: v for k, v in kept["model"].items() if k != "context_length"}
-    return json.dumps(kept, sort_keys=True, default=str)
-
-
-def short_status(status: str) -> str:
-    """"OOM", "error", "timeout after 900 s", "skipped", "OOM on rank 3": a failed row's status without detail."""
-    return status.split(":")[0]
-
-
-def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
-    """The speed-up of the other variant over the baseline over these phases ("1.93x": 1.93 times as fast),
-    stats.speedup: paired by round when the two were measured together, else the ratio of their summed means; a
-    failed or missing row gives its status instead of a number."""
-    if other is None or other["status"] not in FINISHED:
-        return short_status(other["status"]) if other else "not run"
-    if base is None or base["status"] not in FINISHED:
-        return f"baseline {short_status(base['status']) if base else 'not run'}"
-    return f"{stats.speedup(base, other, phases).ratio:.2f}x"
-
-
-def speedup_interval(base: dict[str, Any] | None, other: dict[str, Any] | None,
-                     phases: tuple[str, ...]) -> stats.PairedRatio | None:
-    """The paired speed-up with its interval (stats.speedup) when both rows finished, else None."""
-    if base is None or other is None or not finished(base) or not finished(other):
-        return None
-    return stats.speedup(base, other, phases)
-
-
-def control_phase(configs: list[dict[str, Any]]) -> str | None:
-    """The phase every variant of a comparison runs identically, the control for drift (stats.drift): the optimizer
-    step when only the model's settings vary (dtype, compile, attention: the fp32 master weights and gradients are
-    the same; fp16's grad scaler is not), the forward pass when only the optimizer varies; None otherwise (forward
-    mode, or every phase differs). A control that moved says the machine changed between the variants."""
-    varied = {f for f in ("dtype", "compile", "attn", "optimizer", "parallel") if len({str(c[f]) for c in configs}) > 1}
-    if configs[0]["mode"] != "train" or not varied or "parallel" in varied:
-        return None
-    if varied == {"optimizer"}:
-        return "forward"
-    if "optimizer" not in varied and not any(c["dtype"] == "fp16" for c in configs):
-        return "optimizer"
+def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
+    """FLOPs of one global step (every rank's): model_config's formula for our architecture (--flops formula: ours,
+    or yours when you confirm it is the same architecture), FlopCounterMode's count (counted), or None (none)."""
+    if run.flops == "formula":
+        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+    if run.flops == "counted":
+        return record["counted_step_flops"] * run.world_size
     return None
 
 
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """The comparison of a sweep's variants: the table's rows and columns, and what report.py draws from them."""
-
-    variants: list[str]  # in the order they ran; the first is the baseline of the speed-ups
-    ratios: list[str]  # the speed-up columns per variant: "fwd", "fwd+bwd" (with a backward), "step"
-    rows: list[dict[str, Any]]  # one per (size, context[, warm-up]); cells "<label> speed-up: <variant>"
-    columns: list[str]
-
-
-def comparison(records: list[dict]) -> Comparison | None:
-    """One row per (size, context) with each variant's mean forward, backward, optimizer and step time side by
-    side, then each variant's speed-up over the first (forward, forward+backward, step), computed from the rows'
-    means. None when the sweep has a single variant."""
-    configs = [r["config"] for r in records]
-    names = variants(configs)
-    if not names:
-        return None
-    axes = varied_axes(configs)
-    phases = PHASES_BY_MODE[configs[0]["mode"]] + ("step",)
-    ratios = [("fwd", ("forward",))] + ([("fwd+bwd", ("forward", "backward"))] if "backward" in phases else [])
-    ratios.append(("step", ("step",)))
-    by_row: dict[str, dict[str, dict]] = {}
-    for rec in records:
-        by_row.setdefault(config_key(rec["config"], VARIANT_FIELDS), {})[variant_label(rec["config"], axes)] = rec
-    warmups = len({c["warmup"] for c in configs}) > 1
-    control = control_phase(configs)
-    rows = []
-    for cells in by_row.values():
-        config = next(iter(cells.values()))["config"]
-        row: dict[str, Any] = {"size": config["size"], "ctx": config["model"]["context_length"]}
-        if warmups:
-            row["warmup"] = config["warmup"]
-        for phase in phases:
-            for name in names:
-                rec = cells.get(name)
-                ok = rec is not None and rec["status"] in FINISHED
-                # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
-                row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
-                                                           short_status(rec["status"]) if rec else "not run")
-        unresolved, drifts, paired_names = [], [], set()
-        for name in names[1:]:
-            base, other = cells.get(names[0]), cells.get(name)
-            for label, summed in ratios:
-                row[f"{label} speed-up: {name}"] = speedup_cell(base, other, summed)
-                found = speedup_interval(base, other, summed)
-                row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
-                if found and found.rounds:
-                    paired_names.update((names[0], name))
-                if found and found.resolved is False:
-                    unresolved.append(f"{label} {name}")
-            both = base is not None and other is not None and finished(base) and finished(other)
-            moved = stats.drift(base, other, control) if control and both else None
-            if moved:
-                drifts.append(f"{moved.text()} ({name})")
-        # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
-        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"
-                 and name not in paired_names]
-        notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
-        row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
-        rows.append(row)
-    intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)
-    columns = ["size", "ctx"] + (["warmup"] if warmups else [])
-    columns += [f"{PHASE_SHORT[p]} ms: {n}" for p in phases for n in names]
-    columns += [c for n in names[1:] for label, _ in ratios
-                for c in [f"{label} speed-up: {n}"] + ([f"{label} 95% CI: {n}"] if intervals else [])]
-    columns += ["notes"] if any(row["notes"] for row in rows) else []
-    return Comparison(names, [label for label, _ in ratios], rows, columns)
-
-
-def comparison_table(records: list[dict], fmt: str) -> str | None:
-    """The comparison (see comparison()) as a table with its heading and note; None for a single variant."""
-    found = comparison(records)
-    if found is None:
-        return None
-    names = found.variants
-    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
-            + render_table(found.rows, found.columns, fmt)
-            + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases: for variants measured together, the geometric mean over the rounds "
-            "of their interleaved steps (A B B A ...) with a 95% t-interval on the log-ratios (not resolved when it "
-            "contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
-            "changed between them by more than its spread. A failed row shows its status, not a number.")
-
-
-# ---- --context-length max: the longest context that runs ----
-
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last doubling probe, unless --max-context; build_parser
-
-
-def probe_contexts(max_context: int) -> list[int]:
-    """The doubling probes: 128, 256, ... up to the largest power of two <= max_context."""
-    return search.doubling_sizes(SEARCH_START, max_context)
-
-
-def context_searches(records: list[dict]) -> list[dict[str, Any]]:
-    """The answer of every --context-length max search in a sweep's records (one search per configuration but
-    the context: size x dtype x compile x ...), as a record: the longest context that ran (bisected), the longest
-    power of two, the probe that ended the search and what that means (search.answer). A search doubles to its
-    first failure, then bisects after an OOM (sweep.run_sweep with search=True)."""
-    groups: dict[str, list[dict]] = {}
-    for rec in records:
-        if "context_search" in rec:
-            groups.setdefault(config_key(rec["config"], context=False), []).append(rec)
-    answers = []
-    for probes in groups.values():
-        probes.sort(key=lambda r: r["config"]["model"]["context_length"])
-        settings = probes[0]["context_search"]
-        found = search.answer([{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
-                               for r in probes], settings["max_context"], settings.get("resolution"),
-                              settings.get("probe_budget"))
-        longest = found["longest_context"]
-        best = next((r for r in probes if r["config"]["model"]["context_length"] == longest and finished(r)), None)
-        answers.append({
-            "experiment": "bench_e2e", "kind": "longest_context", "label": (best or probes[0])["label"],
-            "config": (best or probes[0])["config"], **found, "max_context": settings["max_context"],
-            "probes": [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
-                       for r in probes],
-            "status": f"longest context {longest or 'none'}: {found['answer']}"})
-    return answers
-
-
-def search_table(records: list[dict], fmt: str) -> str | None:
-    """The longest context of every search, one row each, beside its step time and peak memory at that context;
-    None when the sweep was not a search."""
-    answers = context_searches(records)
-    if not answers:
-        return None
-    probes = {config_key(r["config"]): r for r in records if "context_search" in r}
-    rows = []
-    for ans in answers:
-        config = ans["config"]
-        best = probes.get(config_key(config)) if ans["longest_context"] else None
-        last = ans["probes"][-1]
-        row = {"size": config["size"], "mode": config["mode"] + (" no-grad" if config["no_grad"] else ""),
-               "dtype": config["dtype"] + (" compiled" if config["compile"] else ""), "attn": config["attn"],
-               "optimizer": config["optimizer"], "parallel": parallel_label(config), "warmup": config["warmup"],
-               "longest ctx": ans["longest_context"], "longest 2^k": ans.get("longest_power_of_two"),
-               "last probe": f"{last['context_length']}: {short_status(last['status'])}",
-               "answer": ans["answer"]}
-        if best is not None:
-            row["step ms"] = best["step_ms_mean"]
-            if best.get("peak_mem_allocated_bytes") is not None:
-                row["peak mem GiB"] = best["peak_mem_allocated_bytes"] / GIB
-        rows.append(row)
-    columns = ["size", "mode", "dtype", "attn"]
-    columns += [c for c in ("optimizer", "warmup") if len({str(r[c]) for r in rows}) > 1]
-    columns += ["parallel"] if any(r["parallel"] for r in rows) else []
-    bisected = [a for a in answers if a.get("resolution")]
-    columns += ["longest ctx"] + (["longest 2^k"] if bisected else []) + ["step ms"]
-    columns += (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else []) + ["last probe", "answer"]
-    if bisected:
-        how = (f"powers of two from {SEARCH_START} up to --max-context {answers[0]['max_context']}, then after an OOM "
-               f"a bisection to a multiple of {bisected[0]['resolution']}")
-        note = ("longest ctx: the longest that ran, bisected between the last power of two that ran and the first "
-                "that ran out of memory; longest 2^k: the doubling's answer.")
-    else:
-        how = f"powers of two from {SEARCH_START} up to --max-context {answers[0]['max_context']}"
-        note = ("The true limit lies between the longest context and twice it: bisect with an explicit "
-                "--context-length list to get closer.")
-    return f"## Longest context that runs ({how})\n\n" + render_table(rows, columns, fmt) + "\n\n" + note
-
-
-def measured(records: list[dict]) -> list[dict]:
-    """The configurations' own records, without the answers of --context-length max searches that follow them in a
-    JSONL file (context_searches makes those again from the configurations' records)."""
-    return [r for r in records if r.get("kind") != "longest_context"]
-
-
-def results_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    """Environment header, the results table (with `columns`: report.pick_columns), compile times, the comparison
-    and longest-context tables and the --profile tables, from the records alone."""
-    records = measured(records)
-    env = next((r["environment"] for r in records if "device_name" in r.get("environment", {})), None)
-    config0 = records[0]["config"]
-    optimizers = list(dict.fromkeys(r["config"]["optimizer"] for r in records))
-    attns = list(dict.fromkeys(r["config"]["attn"] for r in records))
-    settings = {"sizes from": HANDOUTS[config0.get("handout", DEFAULT_HANDOUT)].title,
-                "batch": config0["batch_size"], "steps": config0["steps"],
-                "mode": config0["mode"] + (" no-grad" if config0["no_grad"] else "")}
-    if len(attns) == 1:
-        settings["attn"] = attns[0]
-    if config0["mode"] == "train" and len(optimizers) == 1:
-        settings["optimizer"] = optimizers[0]
-    if config0.get("parallel"):  # torchrun: the world, and what the batch means
-        backend = parallel.backend_for(torch.device(env["device"] if env else "cpu"))
-        settings["batch"] = f"{config0['batch_size']} per rank"
-        settings["ranks"] = f"{config0['world_size']} ({backend}; times: slowest rank per phase)"
-    lines = [environment_header(env, **settings) if env else f"settings: {settings}", ""]
-    rows = [table_row(rec) for rec in records]
-    for rec, row in zip(records, rows):  # a compared setting: one column says which row is which
-        if len(optimizers) > 1:
-            row["optimizer"] = rec["config"]["optimizer"]
-        if len(attns) > 1:
-            row["attn"] = rec["config"]["attn"]
-    shown = [c for c in COLUMNS if any(row.get(c) is not None for row in rows) or c in COLUMNS[:8]]
-    lines.append(render_table(rows, report.pick_columns(shown, columns, fmt), fmt))
-    compile_times = [f"{rec['label']}: {rec['compile_s']:.1f} s" for rec in records if "compile_s" in rec]
-    if compile_times:
-        lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    for table in (comparison_table(records, fmt), search_table(records, fmt)):
-        if table:
-            lines += ["", table]
-    profiles = profile_report(records, fmt)
-    return "\n".join(lines) + ("\n\n" + profiles if profiles else "")
-
-
-def render_report(records: list[dict], fmt: str, columns: list[str] | None = None) -> str:
-    """The whole report of a run from its JSONL records: the model configurations, then the results (with
-    `columns` in the results table: report.pick_columns)."""
-    return (config_table([r["config"] for r in measured(records)], fmt) + "\n\n"
-            + results_report(records, fmt, columns))
-
 
 # ---- command line ----
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
                        ("--num-heads", "the number of heads")):
@@ -597,9 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
                    help="torch.compile the whole model (--compile alone = on; 'off on' compares them); the compile "
                         "step is timed apart")
-    p.add_argument("--optimizer", nargs="+", choices=["ours", "torch"], default=["ours"],
-                   help="ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); both to "
-                        "compare them (train mode)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
+                                "several to compare them in one table (train mode)", flops=True)
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--nvtx", action="store_true",
@@ -640,20 +299,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     else:
         args.size = cli.sizes_or_exit(parser, args, args.size)
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
-    args.optimizer, args.attn = list(dict.fromkeys(args.optimizer)), list(dict.fromkeys(args.attn))
+    args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
     cli.refuse(parser, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)")])
+    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
     world_size = parallel.check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
-    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (real-nsys tests)
-        cli.refuse(parser, [(args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
-                         f"--nvtx needs a CUDA device, and this run is on {device}"),
-                        (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
+    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests)
+        cli.refuse(parser, [
+            (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
+             f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
+             "NVTX library (bash nsys_run.sh builds one with gcc and sets it; by hand: docs/nsys_run.md, 'The NVTX "
+             "library')"),
+            (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
     if args.nvtx:
         try:
             common.nvtx_functions()
@@ -664,11 +328,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
               world_size: int) -> list[RunConfig]:
-    """Every configuration of the sweep, in order: size x parallel x context x dtype x compile x attn x optimizer x
-    warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context the innermost axis)."""
+    """Every configuration of the sweep, in order: size x parallel x context x dtype x compile x model x attn x
+    optimizer x warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
-            "compile": args.compile, "attn": args.attn, "optimizer": args.optimizer, "warmup": args.warmup,
-            "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+            "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
+            "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
     runs = []
     try:
@@ -677,6 +341,8 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
             kind = c["parallel"]
             if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
                 c["fsdp_mp"], c["reshard"] = "off", "on"
+            if c["model"] != user_code.OURS:  # nor does our model's attention multiply the rows of yours
+                c["attn"] = "naive"
             if c["size"] == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
@@ -684,6 +350,8 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
+                                  model_factory=user_code.model_factory(c["model"]),
+                                  flops=user_code.flops_source(c["model"], args.flops),
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
@@ -692,7 +360,7 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
                                   pg_timeout_s=args.pg_timeout))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
-    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes
+    runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return runs
@@ -710,7 +378,7 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
                     if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
         cli.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
-                                             "--context-length max")])
+                                                 "--context-length max")])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
     if args.max_context is None:
@@ -784,30 +452,25 @@ def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     rank_zero = parallel.is_rank_zero()  # under torchrun only rank 0 prints and writes files
-    configs = config_table([dataclasses.asdict(run) for run in runs], args.fmt)
     if args.dry_run:
         if not rank_zero:
             return 0
-        return cli.print_dry_run([dry_run_label(run) for run in runs], preamble=configs,
+        return cli.print_dry_run([dry_run_label(run) for run in runs],
+                                 preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
-    if rank_zero:
-        results.emit(configs + "\n")  # people quote the model config first
+    live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
     experiment = sweep.Experiment(
         name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
         finish=lambda run, record: finish_record(run, record, args),
-        summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
-        render=lambda records, fmt: render_report(records, fmt, args.columns))
+        summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step", render=live)
     records, code = sweep.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
                                     search=args.context_search)
     if records and rank_zero:
-        for answer in context_searches(records):  # each search's answer as a record of its own, after its probes
-            files.append_record(answer)
-        # the saved files also hold the config table, which was printed first
-        files.write_report(lambda fmt: render_report(records, fmt, args.columns), args.fmt)
-        figures = report.figures_after_run("bench_e2e", records, files) if args.plot else []
-        if results.emit(results_report(records, args.fmt, args.columns)):
-            files.say_written(args.fmt, figures)
+        # each search's answer as a record of its own, after its probes; then the report, then the figures
+        published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,
+                                   append=context_searches(records))
+        return code or published  # an interrupted sweep says so first
     return code
 
 

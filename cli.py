@@ -11,9 +11,24 @@ from typing import Any, NoReturn
 from model_config import DEFAULT_HANDOUT, HANDOUT_ENV, HANDOUTS, ConfigError, Handout, ModelConfig, expand_sizes
 from results import TABLE_FORMATS, progress, result_stem, results_folder
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default, said once: argparse's formatter adds "(default: X)" to every help text, so
+    a help that already names its default, or a default of None (its help says what happens then), gets none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 class ArgParser(argparse.ArgumentParser):
     """argparse with a one-line error: `prog: error: message (see --help)` and exit status 2, no usage dump. Under
     torchrun every rank parses the same command line and exits; only rank 0 says why (one line, not N)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
@@ -105,9 +120,9 @@ def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, 
     parser.add_argument("--dtype", nargs="+", choices=list(dtypes), default=["fp32"],
                         help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad "
                              "scaler); several to compare them")
-    parser.add_argument("--attn", nargs="+", choices=list(attentions), default=["naive"],
-                        help="attention: naive = softmax(QK^T)V in the model's own code, sdpa = torch's fused "
-                             "scaled_dot_product_attention; both to compare them")
+    parser.add_argument("--attn", nargs="+", choices=list(attentions), default=None,  # None: not given (--model)
+                        help="our model's attention: naive = softmax(QK^T)V in the model's own code, sdpa = torch's "
+                             "fused scaled_dot_product_attention; both to compare them (default: naive)")
     parser.add_argument("--warmup", type=warmup_count, nargs="+" if several_warmups else None,
                         default=[warmup] if several_warmups else warmup,
                         help="untimed warm-up steps before the peak counter is reset and the timed steps start"

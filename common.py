@@ -27,6 +27,77 @@ import torch
 
 from model_config import ConfigError
 
+# ---- torch version compatibility ----
+# Tested from torch 2.6 (the Spring 2025 course's pin, and the first release with FSDP2's public
+# torch.distributed.fsdp.fully_shard) to 2.13 (docs/compat.md). What differs between those releases is listed and
+# decided here, from each release's own sources:
+# - DDP's "no buffer broadcast before forward" keyword: ddp_no_forward_buffer_sync() (parallel.shard_model);
+# - TF32 settings: read through the fp32_precision API from 2.9 (torch.backends.cudnn.conv exists from then):
+#   tf32_enabled();
+# - FSDP2 on the CPU (gloo), 2.7 and later: fsdp2_unsupported() (bench_e2e's --parallel check, the tests);
+# - FSDP2's reshard_after_forward=None (the root stays gathered after forward), 2.8 and later:
+#   fsdp_root_reshard_after_forward() (parallel.shard_model);
+# - kineto's USDT start/stop markers on stderr, 2.12 and later: KINETO_PRINTS_MARKERS (without_kineto_markers drops
+#   them on every release, as it drops kineto's "gpuGetDeviceCount failed" line on a CUDA build without a GPU);
+# - torch.profiler.profile's warning "Profiler clears events at the end of each cycle" at every first start, 2.10
+#   to 2.12 (2.13 warns from the second cycle only, 2.9 and before never): quiet_profiler passes acc_events=True,
+#   which a single cycle does not otherwise notice.
+
+
+def torch_release(version: str) -> tuple[int, int]:
+    """(major, minor) of a torch version string: "2.11.0+cu130" -> (2, 11), "2.13.0a0+git1234" -> (2, 13)."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(re.match(r"\d+", minor).group())
+
+
+TORCH_VERSION = torch_release(torch.__version__)
+OLDEST_TORCH = (2, 6)  # the oldest release the test suite has passed on
+KINETO_PRINTS_MARKERS = TORCH_VERSION >= (2, 12)  # seen in the 2.12.1 and 2.13.0 binaries, not in 2.6.0 or 2.11.0
+
+
+def ddp_no_forward_buffer_sync() -> dict[str, bool]:
+    """DistributedDataParallel's keyword argument to skip broadcasting buffers before every forward:
+    forward_sync_buffers=False from torch 2.13, where broadcast_buffers is deprecated (a FutureWarning);
+    broadcast_buffers=False before, where forward_sync_buffers does not exist (TypeError). The old keyword also
+    skips the buffers' broadcast at construction, which the new one keeps: for buffers that every rank computes
+    identically (the RoPE cache) both mean the same."""
+    return {"forward_sync_buffers": False} if TORCH_VERSION >= (2, 13) else {"broadcast_buffers": False}
+
+
+def tf32_enabled(kind: str) -> bool:
+    """Whether TF32 is allowed for "matmul" (torch.backends.cuda.matmul) or "cudnn" (cuDNN convolutions). From
+    torch 2.9, read through the fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used),
+    since reading the legacy allow_tf32 flag raises once that API has set the precision; from allow_tf32 when the
+    API is unset, and before 2.9, where it does not exist."""
+    if kind not in ("matmul", "cudnn"):
+        raise ValueError(f"unknown TF32 setting {kind!r}; choose from matmul, cudnn")
+    legacy = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
+    if TORCH_VERSION >= (2, 9):
+        precision = (torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn.conv).fp32_precision
+        if precision != "none":
+            return precision == "tf32"
+    return bool(legacy.allow_tf32)
+
+
+def fsdp2_unsupported(device: torch.device) -> str | None:
+    """Why FSDP2 cannot run on `device` with this torch, or None when it can. On the CPU it needs torch 2.7: 2.6's
+    fully_shard calls record_event() on torch.cpu.Stream, which gained it in 2.7 (AttributeError at the first
+    forward). On CUDA, 2.6's FSDP2 works."""
+    if device.type == "cpu" and TORCH_VERSION < (2, 7):
+        return (f"FSDP2 on the CPU needs torch 2.7 or later (torch.cpu.Stream.record_event); this is torch "
+                f"{torch.__version__}")
+    return None
+
+
+def fsdp_root_reshard_after_forward(reshard_after_forward: bool) -> bool | None:
+    """fully_shard's reshard_after_forward for the root module, given the blocks' choice. From torch 2.8, None
+    means torch's rule (the root stays gathered after forward, since backward begins with it) and a bool is
+    obeyed; before 2.8, None is a ValueError and the root stays gathered whatever it is told (FSDPState._lazy_init
+    clears its post-forward mesh), so the blocks' bool goes through unchanged."""
+    if TORCH_VERSION < (2, 8):
+        return reshard_after_forward
+    return None if reshard_after_forward else False
+
 
 # ---- device and precision ----
 
@@ -216,17 +287,30 @@ def annotate(name: str) -> contextlib.AbstractContextManager:
 # ---- torch.profiler without kineto's trace-marker lines ----
 
 # libkineto (torch.profiler's backend) writes "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
-# profiler_start" and "...profiler_stop" to std::cerr at every profiler start and stop: probe markers for tracing
-# tools, logged at its highest level (USDT = 5, above ERROR = 4, in libkineto's ILoggerObserver.h). The only
-# setting that hides them, KINETO_LOG_LEVEL=6, read once when kineto first starts, would hide kineto's errors too;
-# so instead these two lines, and only they, are filtered out of file descriptor 2 while a profiler runs.
+# profiler_start" and "...profiler_stop" to std::cerr at every profiler start and stop (torch 2.12 and later):
+# probe markers for tracing tools, logged at its highest level (USDT = 5, above ERROR = 4, in libkineto's
+# ILoggerObserver.h). The only setting that hides them, KINETO_LOG_LEVEL=6, read once when kineto first starts,
+# would hide kineto's errors too; so instead these lines, and only they, are filtered out of file descriptor 2
+# while a profiler runs. So is one error that is none: a CUDA build of torch on a machine without a GPU (a login
+# node) logs "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35" (35 =
+# cudaErrorInsufficientDriver: no driver) at the first profiler start of a process, whatever the activities; it
+# is dropped only where torch.cuda.is_available() is False, so a GPU machine still shows it.
 KINETO_MARKER_PREFIX = b"USDT:"
+KINETO_NO_GPU_ERROR = re.compile(rb"ERROR:.*\] gpuGetDeviceCount failed with code \d+$")
+
+
+def is_kineto_noise(line: bytes, gpu: bool) -> bool:
+    """Whether one stderr line (bytes, newline stripped or not) is what without_kineto_markers drops: a USDT
+    marker, or on a machine without a usable GPU (gpu=False) kineto's failed GPU count."""
+    return line.startswith(KINETO_MARKER_PREFIX) or (not gpu and KINETO_NO_GPU_ERROR.match(line.rstrip()) is not None)
 
 
 @contextlib.contextmanager
 def without_kineto_markers() -> Iterator[None]:
     """Route file descriptor 2 (where C++ std::cerr writes) through a pipe whose reader thread forwards every
-    line except kineto's USDT markers; restored on exit. Python's own stderr writes pass through unchanged."""
+    line except kineto's noise (is_kineto_noise); restored on exit. Python's own stderr writes pass through
+    unchanged."""
+    gpu = torch.cuda.is_available()
     sys.stderr.flush()
     original = os.dup(2)
     read_fd, write_fd = os.pipe()
@@ -236,7 +320,7 @@ def without_kineto_markers() -> Iterator[None]:
     def forward() -> None:
         with os.fdopen(read_fd, "rb") as pipe:
             for line in pipe:
-                if not line.startswith(KINETO_MARKER_PREFIX):
+                if not is_kineto_noise(line, gpu):
                     os.write(original, line)
 
     reader = threading.Thread(target=forward, daemon=True)
@@ -251,7 +335,7 @@ def without_kineto_markers() -> Iterator[None]:
 
 
 class QuietProfiler(torch.profiler.profile):
-    """torch.profiler.profile with kineto's USDT marker lines kept off the terminal and files while it runs.
+    """torch.profiler.profile with kineto's noise (is_kineto_noise) kept off the terminal and files while it runs.
     The object itself is the profiler (export_chrome_trace, events, ...), as with torch.profiler.profile."""
 
     def __enter__(self) -> "QuietProfiler":
@@ -271,8 +355,9 @@ class QuietProfiler(torch.profiler.profile):
 
 
 def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> QuietProfiler:
-    """torch.profiler.profile(activities=...) without kineto's USDT marker lines."""
-    return QuietProfiler(activities=activities)
+    """torch.profiler.profile(activities=...) without kineto's noise (is_kineto_noise). acc_events=True only silences
+    torch 2.10-2.12's warning at every first start (see "torch version compatibility"): one cycle, same events."""
+    return QuietProfiler(activities=activities, acc_events=True)
 
 
 # ---- hardware peaks ----
@@ -382,17 +467,6 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def tf32_enabled(backend: Any, legacy: Any = None) -> bool:
-    """Whether TF32 is allowed for `backend` (torch.backends.cuda.matmul or torch.backends.cudnn.conv). Read
-    through torch's fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used), and from
-    the legacy allow_tf32 flag only when that API is unset: in torch 2.9+, reading allow_tf32 raises once the new
-    API has set the precision."""
-    precision = getattr(backend, "fp32_precision", "none")
-    if precision != "none":
-        return precision == "tf32"
-    return bool((legacy or backend).allow_tf32)
-
-
 def float32_matmul_precision() -> str | None:
     """torch.get_float32_matmul_precision(); None when the new fp32_precision API has set the precision, where
     that legacy getter raises (tf32_matmul then says what matters)."""
@@ -410,8 +484,8 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled(torch.backends.cuda.matmul),
-        "tf32_cudnn": tf32_enabled(torch.backends.cudnn.conv, torch.backends.cudnn),
+        "tf32_matmul": tf32_enabled("matmul"),
+        "tf32_cudnn": tf32_enabled("cudnn"),
         "float32_matmul_precision": float32_matmul_precision(),
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

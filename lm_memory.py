@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import common
+import runner
 from common import DTYPES, precision_context, saved_tensors, storage_key
 from model import TransformerLM, cross_entropy
 from model_config import ModelConfig
@@ -32,10 +33,11 @@ FP32_BYTES = 4
 # ---- accounting from the config ----
 
 
-def static_memory_bytes(cfg: ModelConfig, mode: str) -> dict[str, int]:
+def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
     """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
-    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step."""
-    weights = cfg.num_params * FP32_BYTES
+    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step.
+    `num_params`: the model's own count (yours); default our architecture's."""
+    weights = (num_params or cfg.num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
 
@@ -106,23 +108,24 @@ class ModuleTracker:
 
 def saved_for_backward(cfg: ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
                        checkpoint_every: int = 0, device: str | torch.device = "cpu",
-                       fake: bool = True) -> list[dict[str, Any]]:
+                       fake: bool = True, model_factory: str | None = None) -> list[dict[str, Any]]:
     """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
     with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
     and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
     copies are not, and are listed).
 
     fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
-    with no memory and no arithmetic. fake=False runs the real model (tests compare the two)."""
+    with no memory and no arithmetic. fake=False runs the real model (tests compare the two). `model_factory`:
+    your model instead of ours (runner.build_model)."""
     device = torch.device(device)
     if fake:
         with torch.device("meta"):
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
         mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
     else:
         with device:
-            model = TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
         mode = contextlib.nullcontext()
     with mode:
         if fake:
@@ -147,7 +150,7 @@ def saved_for_backward(cfg: ModelConfig, batch: int, dtype: str = "fp32", attn: 
     return rows
 
 
-BLOCK_PATH = re.compile(r"layers\.(\d+)(?:\.|$)")
+BLOCK_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")  # ours and the staff model's blocks; a wrapper's too
 
 
 def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
@@ -165,7 +168,7 @@ def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int
     in_blocks: Counter = Counter()
     outside: Counter = Counter()
     for s in saved:
-        match = BLOCK_PATH.match(s["module"])
+        match = BLOCK_PATH.search(s["module"])
         if match:
             per_block[int(match.group(1))] += s["bytes"]
             module = s["module"][match.end():] or "(block)"
@@ -230,13 +233,11 @@ def activation_figures(cfg: ModelConfig, batch: int, dtype: str, attn: str, devi
     embedding (fp32, as the parameters). The same for every K: computed once per configuration in a process."""
     saved = saved_for_backward(cfg, batch, dtype, attn, 0, device)
     summary = summarize_saved(saved, cfg.num_layers)
-    with torch.device("meta"):
-        model = TransformerLM(cfg, attn=attn)
     return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
             "transient_bytes": largest_transient_bytes(cfg, batch, dtype, attn, device, backward),
-            "block_transient_bytes": max((s["bytes"] for s in saved if BLOCK_PATH.match(s["module"])), default=0),
-            "block_grad_bytes": sum(p.numel() for p in model.layers[0].parameters()) * FP32_BYTES,
-            "embedding_grad_bytes": model.token_embeddings.weight.numel() * FP32_BYTES}
+            "block_transient_bytes": max((s["bytes"] for s in saved if BLOCK_PATH.search(s["module"])), default=0),
+            "block_grad_bytes": cfg.block_params * FP32_BYTES,
+            "embedding_grad_bytes": cfg.vocab_size * cfg.d_model * FP32_BYTES}
 
 
 def peak_moments(k: int, layers: int, boundary_bytes: int, figures: dict[str, int], static: dict[str, int],

@@ -1,6 +1,7 @@
 """Reading a CUDA caching-allocator snapshot without a GPU: the allocated-memory timeline rebuilt from the trace
-and its peak, the largest allocations with the line of this project's code that made them, what was live at
-the peak, and a timeline PNG. Used by mem_profile.py (`--snapshot`, `--analyze`).
+and its peak, the largest allocations with the line of the user's own code that made them (this project's, or,
+for anyone's snapshot, the code under the most common source root of its Python frames), what was live at the
+peak, and a timeline PNG. Used by mem_profile.py (`--snapshot`, `--analyze`).
 
 The snapshot is the dict torch.cuda.memory._snapshot() returns (the pickle pytorch.org/memory_viz loads); field
 names as in torch/cuda/memory.py (`_snapshot` docstring) and torch/csrc/cuda/memory_snapshot.cpp:
@@ -26,9 +27,10 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterable
 
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -171,21 +173,90 @@ def rebuild_timeline(snapshot: dict[str, Any], device: int | None = None) -> Tim
 
 # ---- who allocated what ----
 
+# Python frames that are nobody's own code: installed packages (torch itself, numpy, ...) and the standard
+# library (/usr/lib/python3.11/..., a venv's lib/python3.12/...), wherever they sit, even inside a project folder
+# (a .venv beside the code).
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|^<")
+# Frames of a C++ stack that say nothing about who asked for the memory: unwinding, the snapshot's own recorder,
+# the caching allocator, tensor creation, dispatch and TensorIterator plumbing.
+_CPP_NOISE = re.compile(r"unwind|CapturedTraceback|gather_with_cpp|CachingAllocator|Allocator::|empty_|_empty|"
+                        r"TensorImpl|TensorBase|TensorIterator|create_out|set_output|wrap_kernel_functor|"
+                        r"c10::impl::|c10::Dispatcher|boxed|redispatch|^\?\?$|^$")
+_AUTOGRAD_NODE = re.compile(r"torch::autograd::(?:generated::)?(\w+)::apply\(")
+_ATEN_OP = re.compile(r"at::_ops::(\w+)::call\(")
+_CREATION_OP = re.compile(r"(new_)?(empty|zeros)(_|$)")
+NEAR_ALL = 0.9  # code_root descends into a folder that holds at least this share of the own frames below it
+
+
+def is_library_file(filename: str) -> bool:
+    return not filename.endswith(".py") or bool(_LIBRARY.search(filename))
+
+
+def code_root(snapshot: dict[str, Any], device: int | None = None) -> PurePosixPath | None:
+    """The most common source root of the snapshot's own Python frames (every frame of every allocation, library
+    files left out): from '/', descend into the folder that holds nearly all (NEAR_ALL) of the frames below, and
+    stop where they part: a student's /home/u/assignment2-systems, whose cs336_basics/ and cs336_systems/ share
+    its frames, or this project's folder. None when the snapshot has no such frame. A snapshot is often read on
+    another machine than the one that recorded it: paths are compared as text, never looked up here."""
+    _, trace = device_trace(snapshot, device)
+    files: Counter = Counter()
+    for entry in trace:
+        if entry.get("action") == "alloc":
+            files.update(f["filename"] for f in entry.get("frames", []) if not is_library_file(f["filename"]))
+    parts = [(PurePosixPath(name).parts, n) for name, n in files.items() if PurePosixPath(name).is_absolute()]
+    node: tuple[str, ...] = ()
+    while True:
+        below = [(p, n) for p, n in parts if p[:len(node)] == node]
+        folders = Counter({p[len(node)]: 0 for p, _ in below if len(p) > len(node) + 1})
+        for p, n in below:
+            if len(p) > len(node) + 1:
+                folders[p[len(node)]] += n
+        if not folders:
+            break
+        folder, count = folders.most_common(1)[0]
+        if count < NEAR_ALL * sum(n for _, n in below):
+            break
+        node += (folder,)
+    return PurePosixPath(*node) if len(node) > 1 else None
+
 
 @functools.lru_cache(maxsize=4096)
-def _project_file(filename: str, root: Path) -> str | None:
-    """`filename` relative to `root` if it is a Python file under it, else None. Cached: a trace repeats the
-    same few files in millions of frames."""
-    path = Path(filename)
-    if path.suffix != ".py" or not path.resolve().is_relative_to(root):
+def _project_file(filename: str, root: PurePosixPath | Path) -> str | None:
+    """`filename` relative to `root` if it is a Python file of the user's own under it, else None. Compared as
+    text first (a snapshot from another machine), then resolved (this project's own runs, through symlinks).
+    Cached: a trace repeats the same few files in millions of frames."""
+    if is_library_file(filename):
         return None
-    return str(path.resolve().relative_to(root))
+    path = PurePosixPath(filename)
+    if path.is_relative_to(PurePosixPath(root)):
+        return str(path.relative_to(PurePosixPath(root)))
+    resolved = Path(filename).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else None
 
 
-def allocation_site(frames: Iterable[dict[str, Any]], root: Path = PROJECT_ROOT) -> str:
-    """'file.py:line function' of the innermost frame in this project's code (under `root`); else of the
-    innermost Python frame; else a note that the stack has no Python frame (autograd's backward threads and
-    C++-only stacks)."""
+def cpp_site(frames: list[dict[str, Any]]) -> str:
+    """A stack without a Python frame (autograd's backward threads, C++ callers), named by its first meaningful
+    C++ frame: the autograd node that allocated ('DivBackward0') and its operator ('div_Tensor'), else the
+    operator, else the first frame that is not allocator, dispatch or unwinding plumbing."""
+    names = [frame.get("name", "") for frame in frames]
+    node = next((m.group(1) for name in names if (m := _AUTOGRAD_NODE.search(name))), None)
+    ops = [m.group(1) for name in names if (m := _ATEN_OP.search(name))]
+    # the operator that asked for the memory, not the empty() it made it with
+    op = next((op for op in ops if not _CREATION_OP.match(op)), ops[0] if ops else None)
+    if node:
+        return f"{node}{f' > {op}' if op else ''} (no Python frame: autograd's C++ backward)"
+    if op:
+        return f"{op} (no Python frame: C++ operator)"
+    meaningful = next((name for name in names if not _CPP_NOISE.search(name)), None)
+    if meaningful:
+        return f"{re.sub(r'[(<].*', '', meaningful)} (no Python frame: C++)"
+    return "(no Python frame: C++ allocator frames only)"
+
+
+def allocation_site(frames: Iterable[dict[str, Any]], root: Path | PurePosixPath = PROJECT_ROOT) -> str:
+    """'file.py:line function' of the innermost frame in the user's own code (under `root`: this project's folder,
+    or a snapshot's code_root); else of the innermost Python frame; else the first meaningful C++ frame
+    (cpp_site)."""
     frames = list(frames)
     for frame in frames:
         relative = _project_file(frame["filename"], root)
@@ -194,7 +265,7 @@ def allocation_site(frames: Iterable[dict[str, Any]], root: Path = PROJECT_ROOT)
     for frame in frames:
         if frame["filename"].endswith(".py"):
             return f"{Path(frame['filename']).name}:{frame['line']} {frame['name']} (outside the project)"
-    return "(no Python frame: autograd backward or C++)"
+    return cpp_site(frames)
 
 
 def phase_spans(marks: list[tuple[str, float]]) -> list[tuple[str, float, float]]:
@@ -215,7 +286,7 @@ def _top_sites(counter: Counter, limit: int = 2) -> str:
 
 def largest_allocations(snapshot: dict[str, Any], top: int = 10, device: int | None = None,
                         spans: list[tuple[str, float, float]] | None = None,
-                        root: Path = PROJECT_ROOT) -> list[dict[str, Any]]:
+                        root: Path | PurePosixPath = PROJECT_ROOT) -> list[dict[str, Any]]:
     """The `top` largest allocation sizes in the trace: how many allocations of each size, the sites (first
     project frame) that made them and the step phases they fell in, largest first."""
     _, trace = device_trace(snapshot, device)
@@ -238,7 +309,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int = 10, device: int | N
 
 
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int = 10,
-                 root: Path = PROJECT_ROOT) -> list[dict[str, Any]]:
+                 root: Path | PurePosixPath = PROJECT_ROOT) -> list[dict[str, Any]]:
     """What made up the peak: bytes live at the peak grouped by allocation site, largest first (`top` sites),
     with the blocks allocated before recording as one row. Shares are of the peak."""
     _, trace = device_trace(snapshot, timeline.device)

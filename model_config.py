@@ -55,6 +55,13 @@ class ModelConfig:
         return self.num_layers * per_layer + self.d_model * self.vocab_size
 
     @property
+    def block_params(self) -> int:
+        """Parameters of one TransformerBlock: Q, K, V and output projections (4 d^2), the SwiGLU's three
+        matrices (3 d d_ff) and the two RMSNorm gains (2 d). Its gradients are as many numbers again, in the
+        parameters' dtype (fp32 master weights, also under autocast)."""
+        return 4 * self.d_model * self.d_model + 3 * self.d_model * self.d_ff + 2 * self.d_model
+
+    @property
     def num_params(self) -> int:
         """Exact parameter count of model.py's TransformerLM (untied embedding and lm_head)."""
         norms = (2 * self.num_layers + 1) * self.d_model
@@ -115,6 +122,11 @@ HANDOUTS: dict[str, Handout] = {
 DEFAULT_HANDOUT = "2026"  # the current handout
 HANDOUT_ENV = "CS336_HANDOUT"  # set once in the shell instead of --handout on every command
 DEFAULT_BATCH_SIZE = 4
+# What one measured step of the LM does in each mode (runner.run_step runs them; reports name their columns after
+# them): here, torch-free, so that the reports read them without the run path.
+MODES = ("forward", "forward-backward", "train")
+PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
+                  "train": ("forward", "backward", "optimizer")}
 
 
 def get_handout(name: str) -> Handout:

@@ -39,7 +39,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import cli
-from common import resolve_device
+import common
+from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
 from model_config import ModelConfig
 from results import progress
 
@@ -147,6 +148,8 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
          f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")])
     if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
         return args.world_size
+    if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
+        parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
     cli.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK and "
                                      "WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan "
                                      "without it: --dry-run --world-size N)")])
@@ -170,7 +173,8 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
 
     ddp: DistributedDataParallel: full replica on every rank, gradients averaged by all-reduce in buckets during
     backward. gradient_as_bucket_view=True: gradients live in the communication buckets, not in a second copy;
-    forward_sync_buffers=False: the only buffer is the RoPE cos/sin cache, computed identically on every rank.
+    no buffer broadcast before forward (common.ddp_no_forward_buffer_sync): the only buffer is the RoPE cos/sin
+    cache, computed identically on every rank.
 
     fsdp: FSDP2, fully_shard on every TransformerBlock and then on the root (embedding, final norm and lm_head):
     parameters, gradients and optimizer state are sharded across ranks (dim 0 of each parameter); each block's
@@ -183,7 +187,7 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                       gradient_as_bucket_view=True, forward_sync_buffers=False)
+                                       gradient_as_bucket_view=True, **ddp_no_forward_buffer_sync())
     if parallel != "fsdp":
         raise ValueError(f"unknown parallelism {parallel!r}; choose from {', '.join(PARALLEL)}")
     from torch.distributed.device_mesh import init_device_mesh
@@ -193,7 +197,8 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
               if fsdp_mixed_precision == "bf16" else MixedPrecisionPolicy())
     for block in model.layers:
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None if reshard_after_forward else False)
+    fully_shard(model, mesh=mesh, mp_policy=policy,
+                reshard_after_forward=fsdp_root_reshard_after_forward(reshard_after_forward))
     return model
 
 

@@ -13,7 +13,8 @@ and the table shows what 0.01 becomes in the addend's dtype, so the errors can b
     python precision_demo.py --fmt latex_booktabs      # the same table for a LaTeX writeup
     python precision_demo.py --value 0.1 --count 100   # another sum
 
-The table is printed on stdout and saved, with one JSON record per case, under results/precision/.
+The table (precision_tables.py, the code report.py re-renders saved runs with) is printed on stdout and saved, with
+one JSON record per case, under results/precision/.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from typing import Any
 import torch
 
 import cli
+import figures
 import report
 from common import dtype_name, environment
-from results import ResultFiles, environment_header, render_table
+from results import ResultFiles
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,6 @@ CASES = [
 ]
 
 FLOAT16_MAX = torch.finfo(torch.float16).max  # 65504
-
-COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x stored (float64)", "result",
-           "abs error", "rel error", "accumulator spacing at result"]
-
 
 def accumulate(case: Case, value: float, count: int,
                sample_at: frozenset[int] = frozenset()) -> tuple[torch.Tensor, list[list]]:
@@ -98,8 +96,11 @@ def run_case(case: Case, value: float, count: int) -> dict[str, Any]:
     target = value * count
     stored = stored_value(value, case.addend)
     result_value = result.item()
+    # what PyTorch converts both operands to before adding (torch.result_type), for the note on cases 3 and 4
+    promoted = torch.result_type(torch.tensor(0, dtype=case.accumulator), torch.tensor(0, dtype=case.addend))
     return {"case": case.name, "accumulator_dtype": dtype_name(case.accumulator),
             "addend_dtype": dtype_name(case.addend), "addend_converted_to_float32": case.convert_to_fp32,
+            "promoted_dtype": dtype_name(promoted),
             "result_dtype": dtype_name(result.dtype), "value": value, "count": count,
             "addend_stored_exact": str(stored), "count_times_stored": float(stored) * count,
             "result": result_value, "abs_error": abs(result_value - target),
@@ -107,74 +108,11 @@ def run_case(case: Case, value: float, count: int) -> dict[str, Any]:
             "partial_sums": partial_sums}
 
 
-def exact_fraction(stored: str) -> str:
-    """'0.01000213623046875' -> '0.01000213623046875 = 1311/2^17': every float is an integer over a power of two,
-    and seeing that integer shows how few bits the dtype kept."""
-    numerator, denominator = float(stored).as_integer_ratio()
-    return f"{stored} = {numerator}/2^{denominator.bit_length() - 1}"
-
-
-def three_digits(x: float) -> float:
-    return float(f"{x:.3g}")
-
-
-def table_row(record: dict[str, Any]) -> dict[str, Any]:
-    """Floats are printed in full (shortest repr that round-trips: floatfmt=""), errors to three digits."""
-    addend = record["addend_dtype"] + (" -> float32" if record["addend_converted_to_float32"] else "")
-    return {"case": record["case"], "accumulator": record["accumulator_dtype"], "addend": addend,
-            "addend as stored (exact)": exact_fraction(record["addend_stored_exact"]),
-            "count x stored (float64)": record["count_times_stored"], "result": record["result"],
-            "abs error": three_digits(record["abs_error"]), "rel error": three_digits(record["rel_error"]),
-            "accumulator spacing at result": record["result_spacing"]}
-
-
-def promotion_note(records: list[dict[str, Any]]) -> str:
-    """Why case 3 equals case 4, from the computed values and torch's own type-promotion rule."""
-    by_case = {r["case"]: r for r in records}
-    r3, r4 = by_case["3"], by_case["4"]
-    promoted = dtype_name(torch.result_type(torch.tensor(0, dtype=torch.float32), torch.tensor(0, dtype=torch.float16)))
-    relation = "equal" if r3["result"] == r4["result"] else "NOT equal"
-    matches = "exactly" if r3["result"] == r3["count_times_stored"] else "close to"
-    return (f"Cases 3 and 4 are {relation} ({r3['result']!r} and {r4['result']!r}): for float32 += float16 "
-            f"PyTorch promotes the float16 addend to {promoted} before adding (torch.result_type), so the explicit "
-            f".type(torch.float32) of case 4 changes nothing. Their error comes from the addend itself: "
-            f"{r3['value']} stored in float16 is {r3['addend_stored_exact']}, and {r3['count']} x that is "
-            f"{r3['count_times_stored']!r}, {matches} what both cases print. Case 1 stores {r3['value']} as "
-            f"{by_case['1']['addend_stored_exact']}; what is left of its error is float32 rounding in the "
-            "accumulator.")
-
-
-def accumulator_note(record: dict[str, Any]) -> str:
-    """How a low-precision accumulator loses the sum, read off its spacing at the result."""
-    half_spacing = record["result_spacing"] / 2
-    if half_spacing >= abs(float(record["addend_stored_exact"])):
-        return (f"The {record['accumulator_dtype']} accumulator (case {record['case']}) stops at {record['result']!r}: "
-                f"half its spacing there ({half_spacing!r}) is at least the addend, so every later add rounds away.")
-    return (f"The {record['accumulator_dtype']} accumulator (case {record['case']}) ends at {record['result']!r}: "
-            f"near there it can only move in steps of {record['result_spacing']!r}, so each add of the addend is "
-            "rounded to a multiple of that step.")
-
-
-def notes(records: list[dict[str, Any]]) -> list[str]:
-    low_precision = [r for r in records if r["accumulator_dtype"] != "float32"]
-    return [promotion_note(records)] + [accumulator_note(r) for r in low_precision]
-
-
-def render_report(records: list[dict[str, Any]], fmt: str) -> str:
-    """The environment, the table and the notes, from the JSONL records alone."""
-    value, count = records[0]["value"], records[0]["count"]
-    title = f"Sum of {value} added {count} times (exact answer {value * count!r})"
-    return "\n".join([environment_header(records[0]["environment"]), "", title, "",
-                      render_table([table_row(r) for r in records], COLUMNS, fmt, floatfmt=""), "",
-                      "\n\n".join(notes(records))])
-
-
 # ---- command line ----
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--value", type=float, default=0.01, help="the number added each time")
     p.add_argument("--count", type=cli.positive_int, default=1000, help="how many times it is added")
     p.add_argument("--plot", action="store_true",
@@ -195,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      f"number), got {args.value} x {args.count}")
     if args.count > 1_000_000:
         parser.error(f"--count must be at most 1000000 (one Python-level add each), got {args.count}")
-    if args.plot and (message := report.matplotlib_missing()):
+    if args.plot and (message := figures.matplotlib_missing()):
         parser.error(message)
     return args
 
@@ -210,10 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                   "environment": env}
         records.append(record)
         files.append_record(record)
-    files.publish(lambda fmt: render_report(records, fmt), args.fmt,
-                  report.write_figures("precision_demo", records, files) if args.plot else [])
-    return 0
-
+    return report.publish("precision_demo", records, files, args.fmt, plot=args.plot)
 
 if __name__ == "__main__":
     sys.exit(main())

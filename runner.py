@@ -15,27 +15,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch.nn as nn
 
 import parallel
+import user_code
 from common import (SyncTimer, annotate, environment, machine_load, peak_memory_bytes, precision_context,
                     reset_peak_memory, resolve_device)
 from isolation import phase, timed_phase
 from model import TransformerLM, cross_entropy
-from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, ModelConfig
+from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig
 from optim import AdamW
 from parallel import DEFAULT_PG_TIMEOUT_S
 from stats import block_sizes, round_order, steps_per_block, summarize
 
 # ---- the Transformer-LM workload (bench_e2e times it, mem_profile measures its memory) ----
-
-MODES = ("forward", "forward-backward", "train")
-PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
-                  "train": ("forward", "backward", "optimizer")}
+# (MODES and PHASES_BY_MODE live in model_config.py, torch-free, where the reports read them too)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,10 @@ class RunConfig:
     dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
     compile: bool = False
     attn: str = "naive"
-    optimizer: str = "ours"  # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)
+    # ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); yours = MODULE:CLASS
+    optimizer: str = "ours"  # (build_optimizer)
+    model_factory: str | None = None  # your model as MODULE:CALLABLE (build_model); None = ours, model.TransformerLM
+    flops: str = "formula"  # bench_e2e's FLOPs: formula (our architecture), counted (FlopCounterMode) or none
     tf32: bool | None = None  # None = leave PyTorch's default
     device: str = "auto"
     seed: int = 0
@@ -73,7 +76,7 @@ class RunConfig:
         """The configuration as progress lines, snapshot titles and file names name it; settings at their
         default (no checkpointing, our AdamW, eager) are left out."""
         parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
-                 self.dtype, self.attn, f"warmup={self.warmup}"]
+                 self.dtype, self.model_factory or self.attn, f"warmup={self.warmup}"]
         if self.checkpoint_every:
             parts.append(f"ckpt={self.checkpoint_every}")
         if self.optimizer != "ours":
@@ -92,7 +95,7 @@ class RunConfig:
         m = self.model
         group = (self.size, m.d_model, m.d_ff, m.num_layers, m.num_heads, m.vocab_size, self.batch_size, self.mode,
                  self.dtype, self.attn, self.checkpoint_every, self.optimizer, self.compile, self.parallel,
-                 self.world_size, self.fsdp_mixed_precision, self.reshard_after_forward)
+                 self.world_size, self.fsdp_mixed_precision, self.reshard_after_forward, self.model_factory)
         return group, "ctx", self.context_length
 
     def fault_fields(self) -> dict[str, Any]:
@@ -115,6 +118,67 @@ class RunConfig:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
 
 
+# The staff model's constructor keywords (cs336_basics.model.BasicsTransformerLM), each a ModelConfig field: what
+# --model MODULE:CALLABLE is called with.
+STAFF_MODEL_KEYWORDS = ("vocab_size", "context_length", "d_model", "num_layers", "num_heads", "d_ff", "rope_theta")
+
+
+def build_model(cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0,
+                factory: str | None = None) -> nn.Module:
+    """Ours (model.TransformerLM, with its attention and checkpointing), or yours: `factory` (MODULE:CALLABLE)
+    called with the staff constructor's keywords, so cs336_basics.model:BasicsTransformerLM works unchanged. Built
+    on the current default device (Workload: the run's; mem_profile: meta). A factory that cannot take those
+    keywords, or returns something that is not an nn.Module, is a LoadError (one line, the row's status)."""
+    if factory is None:
+        return TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
+    make = user_code.load(factory)
+    keywords = {name: getattr(cfg, name) for name in STAFF_MODEL_KEYWORDS}
+    try:
+        inspect.signature(make).bind(**keywords)
+    except TypeError as exc:
+        raise user_code.LoadError(f"{factory} cannot be called with the staff model's keywords "
+                                  f"({', '.join(STAFF_MODEL_KEYWORDS)}): {exc}") from None
+    except ValueError:  # no signature to read (a builtin): let the call say
+        pass
+    model = make(**keywords)
+    if not isinstance(model, nn.Module):
+        raise user_code.LoadError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def check_logits(logits: Any, run: RunConfig) -> None:
+    """Your model must map token ids (batch, seq) to logits (batch, seq, vocab): the loss and every figure assume
+    it. A ValueError naming the model otherwise (checked once, on the first forward)."""
+    expected = (run.batch_size, run.context_length, run.model.vocab_size)
+    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
+        return
+    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
+    raise ValueError(f"{run.model_factory or 'the model'} returned {got} for token ids {expected[:2]}; expected "
+                     f"floating-point logits (batch, seq, vocab) = {expected}")
+
+
+USER_OPTIMIZER_LR = 1e-3  # what ours and torch's AdamW default to: the step's cost does not depend on it
+
+
+def build_optimizer(name: str, params: Any, device: torch.device) -> torch.optim.Optimizer:
+    """ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); else yours, MODULE:CLASS,
+    constructed as CLASS(params, lr=1e-3) (or CLASS(params) when it takes no lr)."""
+    if name == "ours":
+        return AdamW(params)
+    if name == "torch":
+        return (torch.optim.AdamW(params, fused=True) if device.type == "cuda"
+                else torch.optim.AdamW(params, foreach=True))
+    make = user_code.load(name)
+    try:
+        takes_lr = "lr" in inspect.signature(make).parameters
+    except (TypeError, ValueError):
+        takes_lr = True
+    optimizer = make(params, lr=USER_OPTIMIZER_LR) if takes_lr else make(params)
+    if not (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))):
+        raise user_code.LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
+    return optimizer
+
+
 class Workload:
     """Model, optimizer, one random batch and the three phases of a training step, set up on a device.
 
@@ -135,7 +199,7 @@ class Workload:
             torch.backends.cudnn.allow_tf32 = run.tf32
         torch.manual_seed(run.seed)
         with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
-            self.model = TransformerLM(run.model, attn=run.attn, checkpoint_every=run.checkpoint_every)
+            self.model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
         wrapped = self.model
         if run.parallel:
             wrapped = parallel.shard_model(self.model, run.parallel, self.device, run.fsdp_mixed_precision,
@@ -144,21 +208,20 @@ class Workload:
         self.callable_model = torch.compile(wrapped) if run.compile else wrapped
         self.tokens = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
         self.targets = torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=self.device)
-        self.optimizer = None
-        if run.mode == "train":
-            if run.optimizer == "ours":
-                self.optimizer = AdamW(self.model.parameters())
-            elif self.device.type == "cuda":
-                self.optimizer = torch.optim.AdamW(self.model.parameters(), fused=True)
-            else:
-                self.optimizer = torch.optim.AdamW(self.model.parameters(), foreach=True)
+        self.optimizer = (build_optimizer(run.optimizer, self.model.parameters(), self.device)
+                          if run.mode == "train" else None)
+        self.logits_checked = run.model_factory is None  # ours is known to be right; yours is checked once
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
         self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
 
-    def forward(self) -> torch.Tensor:
+    def forward(self, eager: bool = False) -> torch.Tensor:
+        """The loss of the batch; `eager`: through the model itself, not torch.compile's or DDP's wrapper."""
         grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
         with grad_mode, precision_context(self.device, self.run.dtype):
-            logits = self.callable_model(self.tokens)
+            logits = (self.model if eager else self.callable_model)(self.tokens)
+            if not self.logits_checked:  # a shape and a dtype, no synchronisation
+                check_logits(logits, self.run)
+                self.logits_checked = True
             return cross_entropy(logits, self.targets)
 
     def backward(self, loss: torch.Tensor) -> None:

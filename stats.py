@@ -166,13 +166,16 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
 
 
 def round_times(record: dict[str, Any], phases: tuple[str, ...]) -> list[float] | None:
-    """Per round of a record's pairing, the mean over the round's steps of the summed time of `phases` (ms); None
-    when the record was not measured in rounds (an older run, or a configuration measured alone)."""
+    """Per round of a record's pairing, the summed mean time of `phases` over the round's samples (ms); None when
+    the record was not measured in rounds (an older run). `pairing["rounds"]` holds each round's [start, stop) in
+    the `<phase>_ms` lists; `rounds_by_phase` overrides it per phase where the phases' samples are not aligned
+    (bench_attention under do_bench, which decides its own counts)."""
     pairing = record.get("pairing")
     if not pairing or not all(f"{p}_ms" in record for p in phases):
         return None
-    times = [sum(step) for step in zip(*(record[f"{p}_ms"] for p in phases))]
-    return [statistics.fmean(times[start:stop]) for start, stop in pairing["rounds"]]
+    bounds = {p: pairing.get("rounds_by_phase", {}).get(p, pairing["rounds"]) for p in phases}
+    return [sum(statistics.fmean(record[f"{p}_ms"][slice(*bounds[p][r])]) for p in phases)
+            for r in range(len(pairing["rounds"]))]
 
 
 def paired(baseline: dict[str, Any], variant: dict[str, Any]) -> bool:

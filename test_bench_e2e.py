@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
+import e2e_tables
 import model_config
 import isolation
 import parallel
@@ -156,7 +157,7 @@ def test_noisy_rows_are_flagged():
     record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy",
               "config": dataclasses.asdict(run)}
     assert record["noisy"] == ["forward 69%", "step 69%"]
-    assert bench_e2e.table_row(record)["status"].startswith("NOISY")
+    assert e2e_tables.table_row(record)["status"].startswith("NOISY")
 
 
 def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, capsys):
@@ -363,7 +364,7 @@ def test_comparison_speedups_come_from_the_rows_above():
                synthetic_record(128, "fp16", status="OOM"),
                synthetic_record(256, "fp32", status="OOM"),
                synthetic_record(256, "bf16", (8.0, 16.0, 5.0, 29.0))]  # ctx 256 fp16: never ran
-    report = bench_e2e.render_report(records, "github")
+    report = e2e_tables.render_report(records, "github")
     main, comparison = report.split("## Comparison: fp32 vs bf16 vs fp16 (speed-ups over fp32)")
     header, _, *rows = table_lines(comparison)
     cells = [dict(zip([h.strip() for h in header.split("|")], [c.strip() for c in row.split("|")])) for row in rows]
@@ -384,8 +385,8 @@ def test_comparison_speedups_come_from_the_rows_above():
     assert second["fwd speed-up: bf16"] == "baseline OOM" and second["fwd ms: fp16"] == "not run"
     # one variant: no comparison table, and no error
     single = [r for r in records if r["config"]["dtype"] == "fp32"]
-    assert bench_e2e.comparison_table(single, "github") is None
-    assert "## Comparison" not in bench_e2e.render_report(single, "github")
+    assert e2e_tables.comparison_table(single, "github") is None
+    assert "## Comparison" not in e2e_tables.render_report(single, "github")
 
 
 def test_forward_only_comparison_has_no_backward_columns(tmp_path, capsys):
@@ -479,6 +480,11 @@ def test_bad_comparison_and_search_input_exits_2_with_one_line(capsys, argv, mes
     assert message in parse_error(capsys, *argv)
 
 
+def test_fsdp_on_the_cpu_with_torch_2_6_exits_2_with_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(common, "TORCH_VERSION", (2, 6))
+    assert "--parallel fsdp: FSDP2 on the CPU needs torch 2.7 or later" in parse_error(capsys, "--parallel", "fsdp")
+
+
 def test_world_size_is_refused_under_torchrun(capsys, monkeypatch):
     for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
@@ -500,7 +506,7 @@ def test_context_search_answers_from_the_probe_records():
 
     cases = {"fp32": search(["ok", "ok", "OOM"]), "bf16": search(["OOM"], dtype="bf16"),
              "fp16": search(["ok", "error: RuntimeError: boom"], dtype="fp16")}
-    answers = {a["config"]["dtype"]: a for a in bench_e2e.context_searches(
+    answers = {a["config"]["dtype"]: a for a in e2e_tables.context_searches(
         cases["fp32"] + cases["bf16"] + cases["fp16"])}
     assert (answers["fp32"]["longest_context"], answers["fp32"]["conclusive"]) == (256, True)
     assert answers["fp32"]["answer"] == "the longest that fits: 512 runs out of memory"
@@ -509,18 +515,18 @@ def test_context_search_answers_from_the_probe_records():
     assert (answers["bf16"]["longest_context"], answers["bf16"]["answer"]) == (None, "none: OOM already at 128")
     assert (answers["fp16"]["longest_context"], answers["fp16"]["conclusive"]) == (128, False)
     assert answers["fp16"]["answer"].startswith("inconclusive: 256 failed with an error")
-    (capped,) = bench_e2e.context_searches(search(["ok", "ok"], cap=300))  # 256 is the last power of two <= 300
+    (capped,) = e2e_tables.context_searches(search(["ok", "ok"], cap=300))  # 256 is the last power of two <= 300
     assert (capped["longest_context"], capped["conclusive"]) == (256, False)
     assert capped["answer"] == "at least this: the search stops at --max-context 300"
-    (interrupted,) = bench_e2e.context_searches(search(["ok", "ok"], cap=4096))
+    (interrupted,) = e2e_tables.context_searches(search(["ok", "ok"], cap=4096))
     assert interrupted["answer"] == "incomplete: the search was interrupted"
-    (timed_out,) = bench_e2e.context_searches(search(["ok", "timeout after 900 s"]))
+    (timed_out,) = e2e_tables.context_searches(search(["ok", "timeout after 900 s"]))
     assert timed_out["longest_context"] == 128 and "timed out" in timed_out["answer"] and not timed_out["conclusive"]
     # the table: one row per search, with the step time at the longest context
-    table = bench_e2e.search_table(cases["fp32"] + cases["bf16"], "github")
+    table = e2e_tables.search_table(cases["fp32"] + cases["bf16"], "github")
     row = [cell.strip() for cell in [line for line in table_lines(table) if "| fp32" in line][0].split("|")]
     assert row[5:8] == ["256", "4.00", "512: OOM"]  # longest ctx, its step ms, the probe that ended the search
-    assert bench_e2e.search_table([synthetic_record(128, "fp32", (1.0, 1.0, 1.0, 3.0))], "github") is None
+    assert e2e_tables.search_table([synthetic_record(128, "fp32", (1.0, 1.0, 1.0, 3.0))], "github") is None
 
 
 def test_max_context_search_doubles_to_the_first_oom_then_bisects_to_the_resolution(tmp_path, monkeypatch, capsys):
@@ -546,7 +552,7 @@ def test_max_context_search_doubles_to_the_first_oom_then_bisects_to_the_resolut
     assert "[3/3] tiny ctx=512" in out.err and "[5/5] tiny ctx=320" in out.err  # the count follows the search
     # the saved run re-renders to the same report, from its records alone (the answer record included)
     saved = (tmp_path / "e2e" / "t.md").read_text()
-    assert bench_e2e.render_report(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
+    assert e2e_tables.render_report(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
     (row,) = [line for line in table_lines(saved.split("## Longest context")[1]) if "| tiny" in line]
     assert [cell.strip() for cell in row.split("|")][5:7] == ["320", "256"]  # the bisected answer and the doubling's
 
@@ -651,8 +657,8 @@ def test_plot_after_the_run_and_a_clear_note_without_matplotlib(tmp_path, capsys
     assert code == 0
     png = tmp_path / "e2e" / "t_phases.png"
     assert png.stat().st_size > 10_000 and f"and {png}" in capsys.readouterr().out
-    import report
-    monkeypatch.setattr(report, "matplotlib_missing", lambda: "--plot needs matplotlib, which is not installed")
+    import figures
+    monkeypatch.setattr(figures, "matplotlib_missing", lambda: "--plot needs matplotlib, which is not installed")
     code = bench_e2e.main([*SMALL, "--results-dir", str(tmp_path), "--out", "u", "--in-process", "--plot"])
     captured = capsys.readouterr()
     assert code == 0 and "note: no figures: --plot needs matplotlib" in captured.err

@@ -27,6 +27,37 @@ from results import ResultFiles, render_table
 HERE = Path(__file__).resolve().parent
 
 
+# ---- torch version compatibility: each decision against this torch's own signatures ----
+
+
+def test_torch_release_reads_major_and_minor():
+    assert common.torch_release("2.11.0+cu130") == (2, 11)
+    assert common.torch_release("2.13.0a0+git1234abc") == (2, 13)
+    assert common.torch_release("2.6.0") == (2, 6) and common.TORCH_VERSION >= common.OLDEST_TORCH
+
+
+def test_ddp_keyword_is_one_this_torch_takes():
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel
+    (keyword,) = common.ddp_no_forward_buffer_sync()
+    assert keyword in inspect.signature(DistributedDataParallel.__init__).parameters
+
+
+def test_tf32_reads_the_legacy_flags_while_no_precision_api_is_set():
+    assert common.tf32_enabled("matmul") == torch.backends.cuda.matmul.allow_tf32
+    assert common.tf32_enabled("cudnn") == torch.backends.cudnn.allow_tf32
+    with pytest.raises(ValueError, match="unknown TF32 setting"):
+        common.tf32_enabled("conv")
+
+
+def test_fsdp_root_reshard_is_none_exactly_where_fully_shard_defaults_to_none():
+    import inspect
+    from torch.distributed.fsdp import fully_shard
+    default = inspect.signature(fully_shard).parameters["reshard_after_forward"].default
+    assert (common.fsdp_root_reshard_after_forward(True) is None) == (default is None)
+    assert common.fsdp_root_reshard_after_forward(False) is False
+
+
 def test_timer_synchronises_before_reading_the_clock_at_both_ends(monkeypatch):
     events = []
     clock = iter([10.0, 10.5])
@@ -65,15 +96,16 @@ def test_precision_context_dtypes_on_cpu():
         precision_context(cpu, "fp8")
 
 
-def test_ranges_are_free_no_ops_when_off_and_on_a_cpu_build(monkeypatch):
+def test_ranges_are_free_no_ops_when_off_and_without_cuda(monkeypatch):
     monkeypatch.delenv(common.NVTX_LIBRARY_ENV, raising=False)
     set_ranges(nvtx=False, profiler=False)
     assert annotate("a") is annotate("b")  # one shared null context: no allocation per call
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError):  # what the helper protects us from
-            torch.cuda.nvtx.range_push("x")
+        if torch.version.cuda is None:  # a CPU build has no NVTX binding (a CUDA build without a GPU has one)
+            with pytest.raises(RuntimeError):  # what the helper protects us from
+                torch.cuda.nvtx.range_push("x")
         try:
-            set_ranges(nvtx=True)  # asking for NVTX on a CPU build stays a no-op
+            set_ranges(nvtx=True)  # asking for NVTX without CUDA stays a no-op
             with annotate("forward"):
                 pass
             assert annotate("a") is annotate("b")
@@ -148,6 +180,7 @@ def test_profiler_ranges_show_up_in_torch_profiler():
     assert any(e.name == "my_region" for e in prof.events())
 
 
+@pytest.mark.skipif(common.TORCH_VERSION < (2, 9), reason="the fp32_precision API is new in torch 2.9")
 def test_environment_reads_tf32_through_the_new_precision_api():
     matmul = torch.backends.cuda.matmul
     assert matmul.fp32_precision == "none"  # nothing in the suite sets it: the legacy flag is the truth
@@ -413,43 +446,79 @@ def common_parser():
 
 
 class FullDisk:
-    """A file whose writes stop half-way with ENOSPC after `room` whole writes, like a disk that fills up."""
+    """os.write on a disk that fills up: the file whose name ends in `suffix` takes `room` more bytes, then a write
+    stores what still fits (half a record) and the next one fails with ENOSPC. Other files are untouched."""
 
-    def __init__(self, file, room: list[int]):
-        self._file, self._room = file, room
+    def __init__(self, room: int, suffix: str = ".jsonl"):
+        self.room, self.suffix, self._write = room, suffix, os.write
 
-    def write(self, text):
-        if self._room[0] <= 0:
-            self._file.write(text[: len(text) // 2])
-            self._file.flush()
+    def __call__(self, fd, data):
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(self.suffix):
+            return self._write(fd, data)
+        if self.room <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._room[0] -= 1
-        return self._file.write(text)
-
-    def __getattr__(self, name):
-        return getattr(self._file, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._file.close()
+        written = self._write(fd, bytes(data[:self.room]))
+        self.room -= written
+        return written
 
 
-def test_a_full_disk_keeps_the_finished_records_and_stops_with_one_line(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_keeps_every_whole_record_and_prints_the_one_it_could_not_write(tmp_path, monkeypatch, capsys):
     import precision_demo
-    room = [2]
-    def open_appends_on_a_full_disk(path, mode="r", *args, **kwargs):
-        file = open(path, mode, *args, **kwargs)
-        return FullDisk(file, room) if "a" in mode else file
-
-    monkeypatch.setattr(results, "open", open_appends_on_a_full_disk, raising=False)
+    precision_demo.main(["--count", "10", "--results-dir", str(tmp_path), "--out", "sizes"])
+    capsys.readouterr()
+    lines = (tmp_path / "precision" / "sizes.jsonl").read_bytes().splitlines(keepends=True)
+    # room for two records and half of the third: the third is cut in the middle, as on a real full disk
+    monkeypatch.setattr(results.os, "write", FullDisk(len(lines[0]) + len(lines[1]) + len(lines[2]) // 2))
     with pytest.raises(SystemExit) as exit_:
         precision_demo.main(["--count", "10", "--results-dir", str(tmp_path), "--out", "full"])
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert exit_.value.code == 1 and "No space left on device" in err and len(err.strip().splitlines()) == 1
-    records = results.read_records(tmp_path / "precision" / "full.jsonl")  # the half-written line is cut off
-    assert [r["case"] for r in records] == ["1", "2"]
+    assert "2 record(s) written before it are kept in" in err
+    saved = tmp_path / "precision" / "full.jsonl"
+    assert saved.read_bytes().endswith(b"\n")  # the half-written line is cut off: every line is whole
+    assert [r["case"] for r in results.read_records(saved)] == ["1", "2"]
+    (printed,) = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert printed["case"] == "3" and printed["result"] > 0  # the measured case that did not fit is on stdout
+    assert not (tmp_path / "precision" / "full.md").exists()
+
+
+def test_a_file_size_limit_cuts_no_record_in_half(tmp_path):
+    """A real short write (RLIMIT_FSIZE: the kernel stores what fits, then refuses with EFBIG), in a child: the
+    record whose write failed is cut back and is on stdout, not half in the file (a buffered file object would
+    write its leftover again when closed, after the cut)."""
+    import resource
+    argv = [sys.executable, str(HERE / "precision_demo.py"), "--count", "10", "--results-dir", str(tmp_path)]
+    subprocess.run([*argv, "--out", "sizes"], check=True, capture_output=True, timeout=120)
+    first, second = (tmp_path / "precision" / "sizes.jsonl").read_bytes().splitlines(keepends=True)[:2]
+    limit = len(first) + len(second) // 2
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([*argv, "--out", "cut"], capture_output=True, text=True, timeout=120,
+                          preexec_fn=limit_file_size)
+    assert proc.returncode == 1, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "File too large" in proc.stderr
+    saved = tmp_path / "precision" / "cut.jsonl"
+    assert saved.read_bytes().endswith(b"\n")  # whole records only: the first
+    assert [r["case"] for r in results.read_records(saved)] == ["1"]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["case"] == "2"
+
+
+def test_an_interrupt_while_a_record_is_written_leaves_whole_lines(tmp_path, monkeypatch):
+    files = ResultFiles(tmp_path, "e2e", "int", "e2e")
+    files.append_record({"a": 1})
+    real_write = os.write
+
+    def write_half_then_interrupt(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "write", write_half_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        files.append_record({"a": 2, "b": "x" * 100})
+    monkeypatch.undo()
+    assert results.read_records(files.jsonl) == [{"a": 1}]
 
 
 def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys):
@@ -466,7 +535,8 @@ def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys)
         files.write_markdown("three rows")
     assert exit_.value.code == 1 and "No space left on device" in capsys.readouterr().err
     assert files.markdown.read_text() == "two rows\n"
-    assert sorted(p.name for p in files.folder.iterdir()) == ["md.jsonl", "md.md"]  # no partial file left
+    # no partial file left, and the reserved JSONL, which no record reached, is given back
+    assert sorted(p.name for p in files.folder.iterdir()) == ["md.md"]
 
 
 @dataclasses.dataclass
@@ -649,7 +719,7 @@ def test_dry_run_printer_numbers_the_plan(capsys):
     assert "  1. a ctx=1\n  2. b ctx=2\n" in out and "nothing was built" in out
 
 
-# ---- kineto's USDT marker lines ----
+# ---- kineto's noise: USDT marker lines, and the failed GPU count of a CUDA build without a GPU ----
 
 PROFILE_SNIPPET = """
 import os, sys, torch, common
@@ -669,7 +739,21 @@ def test_quiet_profiler_drops_kineto_markers_and_nothing_else(mode):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"
     assert "a line of our own" in out.stderr
-    if mode == "plain":  # the lines this guards against: torch 2.13's kineto prints them at start and stop
-        assert "profiler_start" in out.stderr and "USDT:" in out.stderr
-    else:
-        assert "USDT:" not in out.stderr and "profiler_start" not in out.stderr
+    if mode == "plain":  # the lines this guards against, where this torch prints them
+        if common.KINETO_PRINTS_MARKERS:  # at start and stop
+            assert "profiler_start" in out.stderr and "USDT:" in out.stderr
+        if torch.version.cuda and not torch.cuda.is_available():  # a CUDA build on a machine without a GPU
+            assert "gpuGetDeviceCount failed" in out.stderr
+    else:  # nothing but our own line: no marker, no failed GPU count, no warning (torch 2.10-2.12's acc_events)
+        assert out.stderr.splitlines() == ["a line of our own"]
+
+
+def test_kineto_noise_is_the_markers_and_without_a_gpu_the_failed_gpu_count():
+    # as printed by torch 2.13.0+cpu and by torch 2.11.0+cu130 on this machine (no GPU, no driver)
+    marker = b"USDT:2026-11-23 20:31:13 7613:7613 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+    no_gpu = b"ERROR:2026-11-23 20:30:50 7167:7167 DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35\n"
+    other_error = b"ERROR:2026-11-23 20:30:50 7167:7167 CuptiActivityApi.cpp:1] CUPTI initialization failed\n"
+    assert common.is_kineto_noise(marker, gpu=True) and common.is_kineto_noise(marker, gpu=False)
+    assert common.is_kineto_noise(no_gpu, gpu=False) and not common.is_kineto_noise(no_gpu, gpu=True)
+    assert not common.is_kineto_noise(other_error, gpu=False)
+    assert not common.is_kineto_noise(b"a line of our own\n", gpu=False)

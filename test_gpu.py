@@ -1,8 +1,11 @@
 """GPU smoke tests: the CUDA paths for real, on the first GPU machine that runs the suite (skipped elsewhere).
 Tiny shapes, a few seconds each: MFU and peak memory, NVTX, fp16 with the gradient scaler, the snapshot's peak
-check, the sdpa backend, CUDA autocast dtypes, and nsys_run.sh with real kernels when nsys is present."""
+check, the sdpa backend, CUDA autocast dtypes, nsys_run.sh with real kernels when nsys is present, and your own
+code on the GPU: the flash_benchmarking grid with a stand-in kernel (checked, then timed by do_bench when triton
+imports, CUDA events otherwise), both timing methods on real kernels, and a stand-in model with counted FLOPs."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -15,12 +18,16 @@ import torch
 import bench_attention
 import bench_e2e
 import common
-import kernel_tables as kt
+import kernel_timing
 import mem_profile
 import model_config
+import profile_readers as pr
+import profile_tables as pt
 import runner
 import toy_autocast
 from results import read_records
+from test_bench_attention import student  # noqa: F401 - a fixture: the stand-in attention in the current directory
+from test_user_code import STUDENT_LM, tiny_lm_train_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -115,11 +122,65 @@ def test_nsys_run_profiles_real_kernels(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = tmp_path / "nsys" / "tiny_ctx64_train"
     md = Path(f"{report}.md").read_text()
-    assert kt.NO_KERNELS not in md and "### 2. Top kernels by GPU time: forward" in md
-    tables = kt.build_tables(kt.load_nsys(report))
+    assert pt.NO_KERNELS not in md and "### 2. Top kernels by GPU time: forward" in md
+    tables = pt.build_tables(pr.load_nsys(report))
     assert tables["steps"] == 3
     categories = {row["scope"]: row for row in tables["categories"]}
     assert categories["forward"]["matrix multiply"] > 0 and categories["optimizer"]["elementwise"] > 0
     others = [row["name"] for row in tables["top"]["all"] if row["category"] == "other"]
     assert categories["all"]["other"] < 25, f"unclassified kernels: {others}"
-    assert {row["sub_step"] for row in tables["attention"]} == set(kt.ATTENTION_STEPS)
+    assert {row["sub_step"] for row in tables["attention"]} == set(pt.ATTENTION_STEPS)
+
+
+# ---- your own code on the GPU ----
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def test_flash_grid_on_cuda_checks_then_times_your_kernel(student, tmp_path):  # noqa: F811
+    yours = "student_attention:FlashAttentionPytorch"
+    argv = ["--grid", "flash", "--device", "cuda", "--impl", yours, "sdpa", "--seq-len", "128", "256", "--d", "16",
+            "64", "--rep-ms", "20", "--warmup-ms", "5", "--in-process", "--results-dir", str(tmp_path)]
+    assert bench_attention.main(argv) == 0
+    (jsonl,) = (tmp_path / "attention").glob("*.jsonl")
+    records = read_records(jsonl)
+    assert len(records) == 2 * 2 * 2 * 3  # dtype x d x seq x (naive first, yours, sdpa)
+    method = "triton.testing.do_bench" if HAS_TRITON else "cuda events"
+    for r in records:
+        assert r["status"] == "ok" and r["config"]["batch_size"] == 1, r["label"]
+        assert r["check"]["ok"], (r["label"], r["check"])  # bf16 and fp32, on the GPU's kernels
+        assert r["timing"]["method"] == method
+        assert all(min(r[f"{phase}_ms"]) > 0 for phase in bench_attention.PHASES)
+        assert 0 < r["mem_before_backward_bytes"] <= r["peak_mem_allocated_bytes"]
+
+
+def test_cuda_events_time_real_kernels(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without triton
+    method = kernel_timing.choose_timing(torch.device("cuda"), warmup=2, iters=5)
+    assert method.name == "cuda events"
+    a = torch.randn(1024, 1024, device="cuda")
+    samples = method.samples(lambda: a @ a)
+    assert len(samples) == 5 and all(0 < ms < 1000 for ms in samples)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_do_bench_times_real_kernels():
+    method = kernel_timing.choose_timing(torch.device("cuda"), warmup=2, iters=5, warmup_ms=5, rep_ms=20)
+    assert method.name == "triton.testing.do_bench", method.describe()
+    a = torch.randn(1024, 1024, device="cuda")
+    samples = method.samples(lambda: a @ a)
+    assert len(samples) >= 1 and all(0 < ms < 1000 for ms in samples)
+
+
+def test_your_model_on_cuda_with_counted_flops_and_mfu(tmp_path, monkeypatch):
+    (tmp_path / "student_lm.py").write_text(STUDENT_LM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    argv = [*E2E_SMALL, "--model", "student_lm:TinyLM", "--flops", "counted", "--results-dir", str(tmp_path)]
+    assert bench_e2e.main(argv) == 0
+    record = only_record(tmp_path / "e2e")
+    assert record["status"] in ("ok", "noisy") and record["peak_mem_allocated_bytes"] > 0
+    cfg = model_config.ModelConfig(**record["config"]["model"])
+    assert record["step_flops"] == tiny_lm_train_flops(cfg, record["config"]["batch_size"])
+    if record["peak_tflops"] is not None:
+        assert 0 < record["mfu"] < 1

@@ -1,5 +1,7 @@
-"""kernel_tables.py: nsys CSV parsing (real report shapes and their quirks), launch-window attribution across
-threads, the four tables, the kernel-name classifier, torch.profiler traces, and bench_e2e.py --profile on CPU."""
+"""kernel_tables.py and profile_readers.py: the scenario fixtures (an nsys capture as `nsys stats` writes its CSVs,
+as an SQLite export, as a torch.profiler trace), nsys CSV parsing (real report shapes and their quirks), the
+command line (--stopwatch, --ranges, no nsys here, malformed input), --summary, and bench_e2e.py --profile on CPU.
+The tables themselves: test_profile_tables.py; the classifier: test_kernel_categories.py."""
 from __future__ import annotations
 
 import csv
@@ -14,7 +16,10 @@ import pytest
 
 import bench_e2e
 import common
+import kernel_categories as kc
 import kernel_tables as kt
+import profile_readers as pr
+import profile_tables as pt
 import results
 
 HERE = Path(__file__).resolve().parent
@@ -176,7 +181,7 @@ def write_nsys_fixture(folder: Path, stem: str = "report", name_prefix: str = ""
              "cuda_gpu_kern_sum": nsys_csv(KERN_SUM_HEADER, kernel_summary_rows(launches))}
     prefix = folder / stem
     for report, text in texts.items():
-        kt.nsys_report_path(prefix, report).write_text(text)
+        pr.nsys_report_path(prefix, report).write_text(text)
     return prefix
 
 
@@ -243,6 +248,25 @@ def write_nsys_sqlite(path: Path) -> Path:
     return path
 
 
+def torch_gpu_trace(path: Path) -> Path:
+    """The fixture's scenario as a torch.profiler Chrome trace (µs): runtime calls on the launching threads,
+    kernels on a stream, correlation ids joining them."""
+    ranges, launches = scenario()
+    events = [{"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": tid, "ts": a / 1e3,
+               "dur": (b - a) / 1e3, "args": {}} for name, a, b, tid, _ in ranges]
+    for corr, at, tid, name, start, dur in launches:
+        memset = name == MEMSET
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemsetAsync" if memset else "cudaLaunchKernel",
+                       "pid": PID, "tid": tid, "ts": at / 1e3, "dur": 3.0, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "gpu_memset" if memset else "kernel", "name": name, "pid": 0, "tid": 7,
+                       "ts": start / 1e3, "dur": dur / 1e3, "args": {"correlation": corr, "stream": 7}})
+    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "forward", "pid": 0, "tid": 7, "ts": 1.0,
+                   "dur": 5e3, "args": {}})  # the GPU-side projection of a range: not a range to attribute by
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+
 def e2e_record(**overrides) -> dict:
     """A bench_e2e JSONL record for the fixture's run: 2 steps whose stopwatch agrees with the ranges."""
     record = {"config": {"size": "tiny", "batch_size": 2, "attn": "naive",
@@ -263,130 +287,65 @@ def nsys_prefix(tmp_path: Path) -> Path:
 
 
 def test_reader_keeps_commas_and_the_quotes_nsys_does_not_escape(nsys_prefix: Path):
-    trace = kt.nsys_report_path(nsys_prefix, "cuda_gpu_trace")
+    trace = pr.nsys_report_path(nsys_prefix, "cuda_gpu_trace")
     assert trace.read_text().startswith("Start (ns),Duration (ns),CorrId,")  # the file starts at its header
-    rows = kt.read_nsys_csv(trace, ("Start (ns)", "CorrId", "Name"))
+    rows = pr.read_nsys_csv(trace, ("Start (ns)", "CorrId", "Name"))
     names = {row["name"] for row in rows}
     assert COMMA_KERNEL in names and QUOTE_KERNEL in names
     assert len(rows) == 1 + 2 * len(STEP_LAUNCHES)
-    kern_sum = kt.read_nsys_csv(kt.nsys_report_path(nsys_prefix, "cuda_gpu_kern_sum"), ("Total Time (ns)", "Name"))
+    kern_sum = pr.read_nsys_csv(pr.nsys_report_path(nsys_prefix, "cuda_gpu_kern_sum"), ("Total Time (ns)", "Name"))
     assert QUOTE_KERNEL in {r["name"] for r in kern_sum}
     # nsys writes that name as "void my_kernel<"a, b">(int)", which the csv module splits in the wrong places
     quoted_line = next(line for line in trace.read_text().splitlines() if "my_kernel" in line)
     assert next(csv.reader([quoted_line]))[-1] != QUOTE_KERNEL
-    assert kt.split_nsys_csv_line(quoted_line)[-1] == QUOTE_KERNEL
-    assert kt.split_nsys_csv_line('"a ""b"", c",,x') == ['a "b", c', "", "x"]  # escaped quotes, should nsys
+    assert pr.split_nsys_csv_line(quoted_line)[-1] == QUOTE_KERNEL
+    assert pr.split_nsys_csv_line('"a ""b"", c",,x') == ['a "b", c', "", "x"]  # escaped quotes, should nsys
 
 
 @pytest.mark.parametrize("name_prefix", ["", ":"])  # nsys 2023.4 writes 'forward', newer report scripts ':forward'
 def test_range_names_with_and_without_the_default_domain_prefix(tmp_path: Path, name_prefix: str):
     prefix = write_nsys_fixture(tmp_path, name_prefix=name_prefix)
-    first = kt.read_nsys_csv(kt.nsys_report_path(prefix, "nvtx_pushpop_trace"), ("Name",))[0]["name"]
+    first = pr.read_nsys_csv(pr.nsys_report_path(prefix, "nvtx_pushpop_trace"), ("Name",))[0]["name"]
     assert first == name_prefix + "forward"  # the warm-up forward, the earliest range
-    profile = kt.load_nsys(prefix)
+    profile = pr.load_nsys(prefix)
     assert {r.name for r in profile.ranges} == {"measure", "forward", "backward", "optimizer", "final matmul",
                                                 "scaled dot product attention", "computing attention scores",
                                                 "computing softmax"}
-    assert kt.strip_domain("aten::mm") == "aten::mm"  # only the empty default domain's leading colon goes
+    assert pr.strip_domain("aten::mm") == "aten::mm"  # only the empty default domain's leading colon goes
 
 
 def test_reader_errors_name_the_missing_columns_and_empty_reports_have_no_rows(tmp_path: Path):
     bad = tmp_path / "x_cuda_gpu_trace.csv"
     bad.write_text("Start (us),Duration (us),CorrId,Name\n1,2,3,k\n")
-    with pytest.raises(kt.ProfileFormatError, match="start \\(ns\\)"):
-        kt.read_nsys_csv(bad, ("Start (ns)", "Name"))
+    with pytest.raises(pr.ProfileFormatError, match="start \\(ns\\)"):
+        pr.read_nsys_csv(bad, ("Start (ns)", "Name"))
     console = tmp_path / "console.csv"  # what the old fake fixtures had: console lines inside the file
     console.write_text("Generating SQLite file r.sqlite from r.nsys-rep\nStart (ns),Name\n1,k\n")
-    with pytest.raises(kt.ProfileFormatError, match="no column"):
-        kt.read_nsys_csv(console, ("Start (ns)", "Name"))
+    with pytest.raises(pr.ProfileFormatError, match="no column"):
+        pr.read_nsys_csv(console, ("Start (ns)", "Name"))
     shifted = tmp_path / "shifted.csv"
     shifted.write_text('Start (ns),Name\n1,"a",b"\n')
-    with pytest.raises(kt.ProfileFormatError, match="3 fields where the header has 2"):
-        kt.read_nsys_csv(shifted, ("Name",))
+    with pytest.raises(pr.ProfileFormatError, match="3 fields where the header has 2"):
+        pr.read_nsys_csv(shifted, ("Name",))
     empty = tmp_path / "y_cuda_gpu_trace.csv"
     empty.write_text("")  # nsys: "SKIPPED: y.sqlite does not contain CUDA kernel data." on the console
-    assert kt.read_nsys_csv(empty, ("Name",)) == []
+    assert pr.read_nsys_csv(empty, ("Name",)) == []
 
 
 def test_a_report_without_kernels_gives_the_phase_ranges_and_says_why_there_is_nothing_else(nsys_prefix: Path):
     for report in ("cuda_gpu_trace", "cuda_api_trace", "cuda_gpu_kern_sum"):  # as nsys writes them on a CPU
-        kt.nsys_report_path(nsys_prefix, report).write_text("")
-    profile = kt.load_nsys(nsys_prefix)
-    assert profile.activities == [] and kt.nsys_kernel_total_check(nsys_prefix, profile) is None
-    tables = kt.build_tables(profile, kt.stopwatch_ms(e2e_record()), kt.attention_shape(e2e_record()["config"]))
+        pr.nsys_report_path(nsys_prefix, report).write_text("")
+    profile = pr.load_nsys(nsys_prefix)
+    assert profile.activities == [] and pr.nsys_kernel_total_check(nsys_prefix, profile) is None
+    tables = pt.build_tables(profile, pt.stopwatch_ms(e2e_record()), pt.attention_shape(e2e_record()["config"]))
     phases = {row["phase"]: row for row in tables["phases"]}
     assert phases["forward"]["range_ms"] == pytest.approx(0.3) and phases["forward"]["agrees"] == "yes"
     assert all(row["work_ms"] is None for row in tables["phases"])  # unknown, not zero
     assert tables["top"] == {} and tables["categories"] == [] and tables["attention"] == []
-    assert kt.NO_KERNELS in tables["notes"]
-    text = kt.render_tables(tables)
+    assert pt.NO_KERNELS in tables["notes"]
+    text = pt.render_tables(tables)
     assert "### 1. Phase times" in text and "### 2." not in text and "### 3." not in text
     assert "no CUDA kernel data in this report" in text
-
-
-# ---- attribution and the tables on the nsys fixture ----
-
-
-def test_kernels_go_to_the_phase_whose_window_holds_their_launch(nsys_prefix: Path):
-    activities, ranges = kt.measured(kt.load_nsys(nsys_prefix))
-    groups = kt.attribute(activities, ranges, kt.PHASES)
-    backward = [a.name for a in groups["backward"]]
-    # launched by the autograd thread, which never opened "backward"; the copy ran after the range closed
-    assert sorted(backward) == sorted([XMMA, SUM_REDUCE, DIRECT_COPY] * 2)
-    assert [a.name for a in groups["optimizer"]] == [FOREACH] * 2
-    assert [a.name for a in groups[kt.OUTSIDE]] == [MEMSET] * 2
-    assert all(a.duration_ns != WARMUP_KERNEL_NS for a in activities)  # warm-up is outside "measure"
-
-
-def test_tables_from_nsys_fixture(nsys_prefix: Path):
-    tables = kt.build_tables(kt.load_nsys(nsys_prefix), kt.stopwatch_ms(e2e_record()),
-                             kt.attention_shape(e2e_record()["config"]), top=3)
-    assert tables["steps"] == 2 and tables["device"] == "gpu"
-    phases = {row["phase"]: row for row in tables["phases"]}
-    assert phases["forward"]["range_ms"] == pytest.approx(0.3) and phases["forward"]["ratio"] == pytest.approx(1.0)
-    assert phases["backward"]["work_ms"] == pytest.approx(0.058)  # 40 + 8 + 10 µs per step
-    assert phases["step"]["range_ms"] == pytest.approx(1.0)  # the 2 ms measure range over 2 steps
-    top_forward = tables["top"]["forward"]
-    assert top_forward[0]["name"] == SGEMM and top_forward[0]["per_step"] == 2  # scores + final matmul
-    assert top_forward[-1]["name"] == "(3 others)"  # 6 distinct forward kernels, top 3 shown
-    assert sum(r["share_pct"] for r in top_forward) == pytest.approx(100)
-    categories = {row["scope"]: row for row in tables["categories"]}
-    for row in categories.values():
-        assert sum(row[c] for c in kt.CATEGORIES) == pytest.approx(100)
-    # nothing counted twice, nothing lost: the phases and the gap between them make up the whole
-    parts = sum(categories[s]["ms_per_step"] for s in ("forward", "backward", "optimizer", kt.OUTSIDE))
-    assert parts == pytest.approx(categories["all"]["ms_per_step"]) == pytest.approx(0.147)
-    assert categories["optimizer"]["elementwise"] == pytest.approx(100)
-    attention = {row["sub_step"]: row for row in tables["attention"]}
-    assert attention["computing softmax"]["ms_per_call"] == pytest.approx(0.010)  # reduce + softmax kernels
-    assert attention["final matmul"]["calls_per_step"] == 1
-    assert attention["final matmul"]["gflop_per_call"] == pytest.approx(2 * 2 * 32 * 32 * 64 / 1e9)
-    assert attention["computing softmax"]["gflop_per_call"] == pytest.approx(5 * 2 * 4 * 32 * 32 / 1e9)
-    assert any(note.startswith("softmax takes") for note in tables["notes"])
-    text = kt.render_tables(tables)
-    assert "### 4. Inside attention" in text and "ampere_sgemm_128x64_tn" in text
-
-
-def test_a_report_without_nvtx_ranges_says_so(nsys_prefix: Path):
-    kt.nsys_report_path(nsys_prefix, "nvtx_pushpop_trace").write_text("")  # nsys's file when no range was recorded
-    tables = kt.build_tables(kt.load_nsys(nsys_prefix))
-    assert tables["phases"] == [] and any("no forward/backward/optimizer ranges" in n for n in tables["notes"])
-    assert tables["top"]["all"]  # the kernels are still tabulated, as one scope
-
-
-def test_compiled_runs_say_why_the_attention_table_is_absent(nsys_prefix: Path):
-    profile = kt.load_nsys(nsys_prefix)
-    profile.ranges = [r for r in profile.ranges if r.name not in kt.ATTENTION_STEPS]  # what --compile records
-    compiled = kt.build_tables(profile, compiled=True)
-    assert compiled["attention"] == [] and any("torch.compile" in note for note in compiled["notes"])
-    assert not any("torch.compile" in note for note in kt.build_tables(profile)["notes"])
-
-
-def test_kernel_summary_cross_check(nsys_prefix: Path):
-    profile = kt.load_nsys(nsys_prefix)
-    assert kt.nsys_kernel_total_check(nsys_prefix, profile) is None
-    truncated = kt.Profile(profile.activities[:5], profile.ranges, "gpu", "x")
-    assert "do not match" in kt.nsys_kernel_total_check(nsys_prefix, truncated)
 
 
 def test_cli_on_nsys_report_writes_markdown(nsys_prefix: Path, tmp_path: Path, capsys):
@@ -406,6 +365,66 @@ def test_cli_usage_errors_exit_2(tmp_path: Path):
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "cuda_gpu_trace.csv" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_a_report_without_an_nsys_here_reads_its_earlier_csvs_or_says_what_to_install(nsys_prefix: Path,
+                                                                                      monkeypatch, capsys):
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.setenv("PATH", str(nsys_prefix.parent))  # no nsys on it
+    report = Path(f"{nsys_prefix}.nsys-rep")
+    report.write_bytes(b"NVIDIA Tegra Profiler Report 2023@4@4@54-234433681190v0.\n")
+    assert kt.main([str(report)]) == 0
+    captured = capsys.readouterr()
+    assert "nsys (Nsight Systems) is not on PATH: reading the CSVs exported earlier" in captured.err
+    assert "### 2. Top kernels by GPU time" in captured.out
+    for csv in nsys_prefix.parent.glob("*.csv"):
+        csv.unlink()
+    assert kt.main([str(report)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "needs nsys stats to be read" in err and "install" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stopwatch", "forward"], "give KEY=MS with KEY one of forward, backward, optimizer, step"),
+    (["--stopwatch", "fwd=3"], "got 'fwd=3'"),
+    (["--stopwatch", "forward=fast"], "times are milliseconds"),
+    (["--stopwatch", "forward=-1"], "positive finite"),
+    (["--stopwatch", "forward=1,forward=2"], "forward given twice"),
+    (["--ranges", "forward"], "give KEY=NAME with KEY one of forward, backward, optimizer, step, measure"),
+    (["--ranges", "warmup=x"], "got 'warmup=x'"),
+])
+def test_stopwatch_and_ranges_usage_errors_exit_2(nsys_prefix: Path, capsys, args: list[str], message: str):
+    with pytest.raises(SystemExit) as exit_info:
+        kt.parse_args([str(nsys_prefix), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_stopwatch_given_by_hand_fills_table_1(nsys_prefix: Path, capsys):
+    assert kt.main([str(nsys_prefix), "--stopwatch", "forward=0.3,backward=0.4", "optimizer=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "profiler ranges vs your stopwatch (--stopwatch)" in out
+    table_1 = out[out.index("### 1."):out.index("### 2.")]
+    rows = {line.split("|")[1].strip(): line for line in table_1.splitlines() if line.startswith("| ")}
+    assert "| yes" in rows["forward"] and "| NO" in rows["optimizer"]  # the range is 0.2 ms: 0.4x of 0.5
+    with pytest.raises(SystemExit):
+        kt.parse_args([str(nsys_prefix), "--stopwatch", "forward=1", "--e2e-jsonl", str(nsys_prefix)])
+    assert "not both" in capsys.readouterr().err
+
+
+def test_help_starts_without_torch():
+    """A reader of traces and records: `kernel_tables.py --help` (and nsys_run.sh's Python side) never import
+    torch (docs/nsys_run.md has its start time)."""
+    probe = ("import sys; sys.argv = [sys.argv[0], '--help']\n"
+             "import {module}\n"
+             "try:\n    {module}.main()\nexcept SystemExit as exc:\n    assert exc.code == 0\n"
+             "print('torch' in sys.modules, sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
+    for module in ("kernel_tables", "nsys_sweep"):
+        result = subprocess.run([sys.executable, "-c", probe.format(module=module)], capture_output=True, text=True,
+                                cwd=HERE, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip().splitlines()[-1] == "False []", module
+        assert "usage:" in result.stdout
 
 
 # ---- --summary: one table across several reports ----
@@ -469,7 +488,7 @@ def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
     for argv, message in [
         (["--summary", str(tmp_path / "renamed")], "not a report name that nsys_run.sh writes"),
         (["--summary", str(report), "--status", f"{tmp_path / 'tiny_ctx64_train'}=skipped"], "names none of"),
-        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl or --md"),
+        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl, --md"),
         ([str(report), str(report)], "one report or trace at a time"),
         ([str(report), "--status", f"{report}=x"], "go with --summary"),
     ]:
@@ -478,135 +497,6 @@ def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
-
-
-# ---- torch.profiler traces ----
-
-
-def torch_gpu_trace(path: Path) -> Path:
-    """The fixture's scenario as a torch.profiler Chrome trace (µs): runtime calls on the launching threads,
-    kernels on a stream, correlation ids joining them."""
-    ranges, launches = scenario()
-    events = [{"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": tid, "ts": a / 1e3,
-               "dur": (b - a) / 1e3, "args": {}} for name, a, b, tid, _ in ranges]
-    for corr, at, tid, name, start, dur in launches:
-        memset = name == MEMSET
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemsetAsync" if memset else "cudaLaunchKernel",
-                       "pid": PID, "tid": tid, "ts": at / 1e3, "dur": 3.0, "args": {"correlation": corr}})
-        events.append({"ph": "X", "cat": "gpu_memset" if memset else "kernel", "name": name, "pid": 0, "tid": 7,
-                       "ts": start / 1e3, "dur": dur / 1e3, "args": {"correlation": corr, "stream": 7}})
-    events.append({"ph": "X", "cat": "gpu_user_annotation", "name": "forward", "pid": 0, "tid": 7, "ts": 1.0,
-                   "dur": 5e3, "args": {}})  # the GPU-side projection of a range: not a range to attribute by
-    path.write_text(json.dumps({"traceEvents": events}))
-    return path
-
-
-def test_torch_gpu_trace_gives_the_same_tables_as_nsys(nsys_prefix: Path, tmp_path: Path):
-    from_torch = kt.build_tables(kt.load_torch_trace(torch_gpu_trace(tmp_path / "t.json")))
-    from_nsys = kt.build_tables(kt.load_nsys(nsys_prefix))
-    assert from_torch["device"] == "gpu"
-    for key in ("categories", "attention"):
-        assert from_torch[key] == pytest.approx(from_nsys[key])
-    assert from_torch["top"]["backward"] == pytest.approx(from_nsys["top"]["backward"])
-
-
-def test_cpu_self_time_subtracts_direct_children_per_thread():
-    def op(name, ts, dur, tid=1):
-        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
-    events = [op("aten::linear", 0, 100), op("aten::matmul", 5, 90), op("aten::mm", 10, 80),
-              op("aten::add", 0, 50, tid=2), op("aten::t", 96, 2)]
-    self_us = {a.name: a.duration_ns / 1e3 for a in kt.cpu_self_times(events)}
-    assert self_us == {"aten::linear": 8, "aten::matmul": 10, "aten::mm": 80, "aten::add": 50, "aten::t": 2}
-
-
-# ---- the classifier ----
-
-REAL_NAMES = {
-    "matrix multiply": [
-        "ampere_sgemm_128x64_tn", "volta_sgemm_128x64_nn", XMMA,
-        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_"
-        "kernel__5x_cublas",
-        "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_64x64_32x6_nn_align4>(T1::Params)",
-        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_TNT", "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn",
-        "void splitKreduce_kernel<32, 16, int, float, float, float, float, true, false, false>(cublasSplitKParams<T6>, "
-        "const T4 *, const T5 *, T5 *, const T6 *, const T6 *, const T7 *, const T4 *, T7 *, void *, long, T6 *, "
-        "int *)",
-        "triton_tem_fused_mm_0", "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, "
-        "false, false, cutlass::bfloat16_t>, false, true, false, false, false, true, false>(Flash_fwd_params)",
-        # fused attention of every kind: cuDNN's (sm80/sm90/sm100, forward and backward), FlashAttention for
-        # Hopper/Blackwell, memory-efficient (CUTLASS fmha): their time is their two matmuls
-        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_kernel0_0",
-        "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x128_1x1x1_kernel0_0",
-        "cudnn_generated_fort_native_sdpa_sm80_flash_fprop_wmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
-        "cudnn_generated_fort_native_sdpa_sm100_flash_fprop_f16_knob_1_128x128x128_4x1x1_kernel0_0",
-        "flash::FlashAttentionForwardSm100<cute::tuple<cute::C<128>, cute::C<128>, cute::C<128>>>",
-        "fmha_cutlassF_f16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::half_t, "
-        "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)",
-        "fmha_cutlassB_f16_aligned_128x128_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::"
-        "Sm80, cutlass::half_t, true, false, false, 128, 128, 128, false>::Params)",
-        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"],
-    "elementwise": [
-        COMMA_KERNEL, WHERE_KERNEL, FOREACH, "triton_poi_fused_add_mul_silu_0",
-        "void at::native::unrolled_elementwise_kernel<at::native::exp_kernel_cuda(at::TensorIteratorBase &)::"
-        "{lambda()#2}::operator ()() const::{lambda()#2}::operator ()() const::{lambda(float)#1}, "
-        "at::detail::Array<char *, 2>, TrivialOffsetCalculator<1, unsigned int>>(int, T1, T2, T3)",
-        "triton_for_fused_0",  # inductor's foreach (the compiled optimizer step)
-        "void at::native::amp_update_scale_cuda_kernel(float *, int *, const float *, double, double, int)",
-        "void at::native::<unnamed>::multi_tensor_apply_kernel<at::native::<unnamed>::TensorListMetadata<1>, "
-        "at::native::<unnamed>::UnaryOpFunctor<float, 1, 1, 0>, at::native::_amp_foreach_non_finite_check_and_"
-        "unscale_cuda_(c10::ArrayRef<at::Tensor>, at::Tensor &, const at::Tensor &)::{lambda()#1}::operator ()() "
-        "const::{lambda()#2}::operator ()() const::{lambda(float)#1}>(int, T1, T2, T3)",
-        "aten::mul", "aten::add_", "aten::_foreach_mul_", "aten::addcdiv_"],
-    "reduction/softmax": [
-        MAX_REDUCE, SUM_REDUCE, SOFTMAX, "triton_red_fused__softmax_0", "triton_per_fused_mean_pow_rsqrt_0",
-        "void <unnamed>::softmax_warp_forward<float, float, float, 9, false, false>(T2 *, const T1 *, int, int, int, "
-        "const bool *, int, bool)", "aten::_softmax", "aten::amax", "aten::sum",
-        # scans (cumsum): ATen's, cub's, inductor's
-        "void at::native::tensor_kernel_scan_innermost_dim<float, std::plus<float>>(T1 *, const T1 *, unsigned int, "
-        "unsigned int, unsigned int, T1, T2)",
-        "void at_cuda_detail::cub::DeviceScanKernel<at_cuda_detail::cub::DeviceScanPolicy<long, std::plus<long>>::"
-        "Policy900, const long *, long *, at_cuda_detail::cub::ScanTileState<long, true>, std::plus<long>, "
-        "at_cuda_detail::cub::NullType, int, long>(T2, T3, T4, int, T5, T6, T7)",
-        "triton_spl_fused_cumsum_0", "aten::cumsum"],
-    "memory copy/set": [
-        DIRECT_COPY, MEMSET, "[CUDA memcpy Device-to-Device]", "Memcpy DtoD (Device -> Device)",
-        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char *, "
-        "1>>(int, T2, T3)", "void at::native::<unnamed>::CatArrayBatchedCopy<at::native::<unnamed>::OpaqueType<4>, "
-        "unsigned int, 3, 64, 64>(T1 *, CatArrInputTensorMetadata<T1, T2, T4, T5>, TensorSizeStride<T2, 4>, int, T2)",
-        "aten::copy_", "aten::zero_", "aten::clone",
-        # indexing moves data and computes nothing: the embedding lookup and its backward, cross_entropy's gather
-        "void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_kernel_"
-        "impl<at::native::OpaqueType<4>>(at::TensorIteratorBase &, c10::ArrayRef<long>, c10::ArrayRef<long>)::"
-        "{lambda(char *, const char *, long)#1}>(at::TensorIteratorBase &, c10::ArrayRef<long>, c10::ArrayRef<long>, "
-        "const T1 &, bool)::{lambda(int)#1}>(long, T3)",
-        "void at::native::<unnamed>::indexing_backward_kernel<float, 4>(const long *, const long *, "
-        "const T1 *, T1 *, long, long, long, long, bool)",
-        "void at::native::_scatter_gather_elementwise_kernel<128, 4, at::native::_cuda_scatter_gather_internal_kernel"
-        "<false, float>::operator ()<at::native::TensorAssign>(at::TensorIterator &, long, long, long, const T1 &)::"
-        "{lambda(int)#1}>(int, T3)",
-        "void at::native::vectorized_gather_kernel<16, long>(char *, char *, T2 *, int, long, long, long, long, bool)",
-        "aten::index", "aten::gather", "aten::embedding", "aten::index_select"],
-    "other": [
-        QUOTE_KERNEL, "autograd::engine::evaluate_function: MmBackward0", "triton_unk_fused_0",
-        "void at::native::<unnamed>::distribution_elementwise_grid_stride_kernel<float, 4, at::native::templates::"
-        "cuda::uniform_and_transform<float, float, at::CUDAGeneratorImpl *, at::native::templates::cuda::"
-        "normal_kernel<at::CUDAGeneratorImpl *>(const at::TensorBase &, double, double, T1)::{lambda()#1}::operator ()"
-        "() const::{lambda()#2}::operator ()() const::{lambda(float)#1}>(at::TensorIteratorBase &, T3, T4)::{lambda"
-        "(curandStatePhilox4_32_10 *)#2}, at::native::<unnamed>::distribution_nullary_kernel<float, float, float4, "
-        "at::CUDAGeneratorImpl *, >(long, at::PhiloxCudaState, T3, T4)",
-        "aten::randint"],
-}
-
-
-@pytest.mark.parametrize("category", list(REAL_NAMES))
-def test_classifier_knows_the_real_families(category: str):
-    assert {name: kt.classify_kernel(name) for name in REAL_NAMES[category]} == dict.fromkeys(REAL_NAMES[category],
-                                                                                             category)
-
-
-def test_short_name_drops_parameters_and_truncates():
-    assert kt.short_name("void foo<int, 4>(float *, int)") == "foo<int, 4>"
-    assert kt.short_name(XMMA, width=20) == XMMA[:19] + "…"
 
 
 # ---- malformed input: one line, exit 2 ----
@@ -682,10 +572,10 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
         assert tables["top"][scope], scope
         assert sum(r["share_pct"] for r in tables["top"][scope]) == pytest.approx(100)
     for row in tables["categories"]:
-        assert sum(row[c] for c in kt.CATEGORIES) == pytest.approx(100)
+        assert sum(row[c] for c in kc.CATEGORIES) == pytest.approx(100)
     assert {row["scope"]: row["matrix multiply"] for row in tables["categories"]}["forward"] > 0
     attention = {row["sub_step"]: row for row in tables["attention"]}
-    assert set(attention) == set(kt.ATTENTION_STEPS)
+    assert set(attention) == set(pt.ATTENTION_STEPS)
     assert all(row["calls_per_step"] == 2 and row["ms_per_call"] > 0 for row in attention.values())  # 2 layers
     trace = Path(record["profile"]["trace"])
     assert trace.parent == tmp_path / "profile"

@@ -15,6 +15,7 @@ import torch
 import lm_memory
 import mem_profile
 import memory_snapshot
+import memory_tables
 import runner
 import sweep
 from memory_snapshot import BEFORE_RECORDING, PROJECT_ROOT
@@ -302,6 +303,55 @@ def test_analyze_writes_png_and_tables(tmp_path, capsys):
     assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
 
 
+def foreign_snapshot() -> dict:
+    """A snapshot recorded on someone else's machine: their model under /home/u/proj (two packages), torch in a
+    .venv inside it, one frame of a notebook elsewhere, and a backward allocation with only C++ frames."""
+    def frame(filename: str, line: int, name: str) -> dict:
+        return {"filename": filename, "line": line, "name": name}
+    model = frame("/home/u/proj/pkg_model/layers/linear.py", 36, "forward")
+    train = frame("/home/u/proj/pkg_train/train.py", 80, "main")
+    torch_frame = frame("/home/u/proj/.venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1750,
+                        "_call_impl")
+    notebook = frame("/tmp/ipykernel_1/cell.py", 3, "<module>")
+    cpp = [frame("??", 0, "torch::unwind::unwind()"),
+           frame("CUDACachingAllocator.cpp", 0, "c10::cuda::CUDACachingAllocator::DeviceCachingAllocator::malloc"),
+           frame("??", 0, "at::_ops::empty_memory_format::call(c10::ArrayRef<c10::SymInt>)"),
+           frame("??", 0, "at::_ops::bmm::call(at::Tensor const&, at::Tensor const&)"),
+           frame("??", 0, "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor>&&)")]
+    trace = [event("alloc", 0x1000 * i, 1, 1000 + i, model, torch_frame, train) for i in range(1, 20)]
+    trace += [event("alloc", 0x90000, 2, 1100, notebook), event("alloc", 0xA0000, 4, 1200, *cpp)]
+    return {"segments": [], "device_traces": [trace]}
+
+
+def test_a_foreign_snapshots_own_code_is_found_and_named():
+    snapshot = foreign_snapshot()
+    root = memory_snapshot.code_root(snapshot)
+    assert str(root) == "/home/u/proj"  # both packages, not the .venv inside it, not the notebook elsewhere
+    rows = memory_snapshot.largest_allocations(snapshot, top=3, root=root)
+    assert [row["sites"] for row in rows] == ["BmmBackward0 > bmm (no Python frame: autograd's C++ backward) (x1)",
+                                              "cell.py:3 <module> (outside the project) (x1)",
+                                              "pkg_model/layers/linear.py:36 forward (x19)"]
+    narrower = memory_snapshot.largest_allocations(snapshot, top=3, root=root / "pkg_train")
+    assert narrower[-1]["sites"] == "train.py:80 main (x19)"  # --code-root: whose lines are named
+    assert memory_snapshot.code_root({"segments": [], "device_traces": [[event("alloc", 1, 1, 1)]]}) is None
+
+
+def test_cpp_only_stacks_are_named_by_their_first_meaningful_frame():
+    def names(*functions: str) -> list[dict]:
+        return [{"filename": "??", "line": 0, "name": f} for f in functions]
+    assert memory_snapshot.cpp_site(names("at::_ops::sum_dim_IntList::call(at::Tensor const&)")) == \
+        "sum_dim_IntList (no Python frame: C++ operator)"
+    assert memory_snapshot.cpp_site(names("torch::unwind::unwind()", "my_extension::launch(int)")) == \
+        "my_extension::launch (no Python frame: C++)"
+    assert memory_snapshot.cpp_site(names("torch::unwind::unwind()", "??")).startswith("(no Python frame")
+
+
+def test_code_root_goes_with_analyze(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mem_profile.parse_args(["--code-root", "/x"])
+    assert exit_info.value.code == 2 and "--code-root goes with --analyze" in capsys.readouterr().err
+
+
 def test_analyze_rejects_a_pickle_that_is_not_a_snapshot(tmp_path):
     path = tmp_path / "x.pickle"
     path.write_bytes(pickle.dumps({"something": 1}))
@@ -396,7 +446,7 @@ def test_large_model_rounding_is_no_false_mismatch(tmp_path, monkeypatch):
                                           tmp_path / "t.png", "xl", 5, out["snapshot_requested_peak_bytes"])
     check = fields["snapshot_peak_check"]
     assert check["status"] == "ok (exact)" and check["allocator_rounding_bytes"] == int(24 * MIB * 0.025)
-    report = mem_profile.snapshot_report("xl", fields, "github")
+    report = memory_tables.snapshot_report("xl", fields, "github")
     assert "requested peak MiB" in report and "24.60" in report  # max_memory_allocated beside it
 
 
@@ -418,7 +468,7 @@ def test_cuda_report_has_peak_table_and_snapshot_section(tmp_path, monkeypatch):
                                          "--results-dir", str(tmp_path)])
     files = mem_profile.ResultFiles(tmp_path, "memory", "c", "memory")
     records, _ = mem_profile.profile_sweep(runs, args, files, measure=True)
-    text = mem_profile.render_report(records, "github")
+    text = memory_tables.render_report(records, "github")
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
     by_context = text.split("### Peak allocated memory per context length")[1]
     assert "|   fp32 train GiB |" in by_context and "| tiny   |    16 |            3.000 |" in by_context
@@ -511,7 +561,7 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
     def forbidden(*args, **kwargs):
         raise AssertionError("--dry-run built a model or started a configuration")
 
-    monkeypatch.setattr(mem_profile, "Workload", forbidden)
+    monkeypatch.setattr(mem_profile, "Workload", forbidden)  # models are built by runner.build_model, below
     monkeypatch.setattr(lm_memory, "TransformerLM", forbidden)
     for name in ("TransformerLM", "Workload"):
         monkeypatch.setattr(runner, name, forbidden)
@@ -547,7 +597,7 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
                peak_record("xl", 2048, "forward", "fp32", 20.0), peak_record("xl", 2048, "forward", "bf16", 18.5),
                peak_record("xl", 2048, "train", "fp32", status="OOM"),
                peak_record("xl", 2048, "train", "bf16", 75.75)]
-    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "fp32 forward GiB", "fp32 train GiB", "bf16 forward GiB", "bf16 train GiB"]
     assert rows == [["xl", "128", "13.500", "52.125", "14.250", "50.000"],
                     ["xl", "2048", "20.000", "OOM", "18.500", "75.750"]]
@@ -556,11 +606,11 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
 def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
     records = [peak_record("tiny", 16, "forward", "fp32", 1.0, ckpt=0), peak_record("tiny", 16, "train", "fp32", 3.0),
                peak_record("tiny", 16, "train", "fp32", 2.0, ckpt=2)]
-    header, *rows = table_cells(mem_profile.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "ckpt", "fp32 forward GiB", "fp32 train GiB"]
     assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
     skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
-    assert mem_profile.peak_by_context_table(skipped, "github") is None
+    assert memory_tables.peak_by_context_table(skipped, "github") is None
 
 
 def test_unknown_column_is_a_usage_error(tmp_path, capsys):

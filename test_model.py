@@ -26,6 +26,8 @@ def test_parameter_counts_on_meta_device(handout, name):
         model = TransformerLM(get_config(name, handout))
     assert count_params(model) == EXPECTED_PARAMS[handout, name]
     assert HANDOUTS[handout].presets[name].num_params == EXPECTED_PARAMS[handout, name]
+    # the gradient memory per TransformerBlock (memory_profiling (f)) counts exactly one block's parameters
+    assert count_params(model.layers[0]) == HANDOUTS[handout].presets[name].block_params
 
 
 def test_every_preset_of_both_handouts_has_an_expected_count():

@@ -2,10 +2,13 @@
 environment variable, output path, overwrite rules, forced re-export), the tables it writes beside the report,
 the version check, what it says when `nsys stats` quietly writes nothing, the missing-nsys message and exit
 code, and the exit status of a failing profiled run; several configurations in one call (one nsys run each,
-reuse of existing reports, --force, skipping after an OOM, the summary, --dry-run, the handouts' plans), and the
-flags passed through to nsys profile. test_nsys_real.py runs it under the real nsys."""
+reuse of existing reports, --force, skipping after an OOM, the summary, --dry-run, the handouts' plans), the
+flags passed through to nsys profile, an nsys with the old report names, every spelling of the options, arguments
+bench_e2e refuses (exit 2, nothing left behind), the NVTX library of a CPU run, and the run's output naming the
+kept files. test_nsys_real.py runs it under the real nsys."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -16,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+import nsys_tool
+from nsys_tool import NVTX_LIBRARY_ENV, OLD_REPORT_NAMES
 from results import read_records
 from test_kernel_tables import e2e_record, write_nsys_fixture
 
@@ -39,7 +44,8 @@ from pathlib import Path
 
 argv = sys.argv[1:]
 with open(os.environ["FAKE_NSYS_LOG"], "a") as log:
-    log.write(json.dumps({{"argv": argv, "register_only": os.environ.get("NSYS_NVTX_PROFILER_REGISTER_ONLY")}}) + "\n")
+    log.write(json.dumps({{"argv": argv, "register_only": os.environ.get("NSYS_NVTX_PROFILER_REGISTER_ONLY"),
+                          "nvtx_library": os.environ.get("BENCH_NVTX_LIBRARY")}}) + "\n")
 
 def option(name):
     return next(a.split("=", 1)[1] for a in argv if a.startswith(name + "="))
@@ -74,7 +80,9 @@ elif argv[0] == "profile":
 elif argv[0] == "stats":
     prefix = argv[argv.index("--output") + 1]
     fixtures = Path(os.environ["FAKE_NSYS_FIXTURES"])
-    print(f"Generating SQLite file {{prefix}}.sqlite from {{prefix}}.nsys-rep")
+    if "--sqlite" in argv:  # the export, as nsys writes it before running the reports
+        print(f"Generating SQLite file {{prefix}}.sqlite from {{prefix}}.nsys-rep")
+        Path(argv[argv.index("--sqlite") + 1]).write_text("fake export")
     for i, arg in enumerate(argv):
         if arg == "--report":
             report, csv = argv[i + 1], f"{{prefix}}_{{argv[i + 1]}}.csv"
@@ -113,9 +121,13 @@ def fake(tmp_path: Path) -> dict:
     fixtures = tmp_path / "fixtures"
     fixtures.mkdir()
     write_nsys_fixture(fixtures)
+    for new_name, old_name in OLD_REPORT_NAMES.items():  # what an nsys of before 2023 writes for the same reports
+        if (fixtures / f"report_{new_name}.csv").exists():
+            shutil.copy(fixtures / f"report_{new_name}.csv", fixtures / f"report_{old_name}.csv")
+    # BENCH_NVTX_LIBRARY set: the fake runs no NVTX, and a CPU run would otherwise build the library first
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHON": sys.executable,
            "FAKE_NSYS_LOG": str(tmp_path / "calls.jsonl"), "FAKE_NSYS_FIXTURES": str(fixtures),
-           "FAKE_NSYS_RECORD": json.dumps(e2e_record())}
+           "FAKE_NSYS_RECORD": json.dumps(e2e_record()), NVTX_LIBRARY_ENV: str(tmp_path / "libnvtx-unused.so")}
     env.pop("NSYS", None)
     env.pop("NSYS_NVTX_PROFILER_REGISTER_ONLY", None)
     return {"env": env, "log": tmp_path / "calls.jsonl", "results": tmp_path / "results", "cwd": tmp_path}
@@ -200,7 +212,10 @@ def test_the_handout_reaches_bench_e2e_and_names_a_2025_report(fake: dict):
                        + [f"--output={nsys_dir / 'xl_ctx64_train'}"])
     assert [argv[argv.index("--handout") + 1] for argv in profiles] == ["2025", "2025", "2026"]
     bad = run_script(fake, "xl", "64", CS336_HANDOUT="2024")
-    assert bad.returncode == 2 and "got '2024'" in bad.stderr
+    assert bad.returncode == 2 and "CS336_HANDOUT='2024' is not a handout" in bad.stderr
+    # the variable is read as every script reads it (cli.handout_or_exit): surrounding spaces do not matter
+    assert run_script(fake, "--force", "xl", "64", CS336_HANDOUT=" 2025").returncode == 0
+    assert profiled(fake)[-1] == "xl_ctx64_train_h2025"
 
 
 def test_only_this_report_is_replaced(fake: dict):
@@ -255,15 +270,20 @@ def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
     (["tiny", "64", "inference"], "MODE"),
     (["tiny", "64", "--", "--context-length", "128"], "before --"),
     (["tiny", "64", "--", "--dtype", "fp32", "bf16"], "one --dtype"),
-    (["--handout", "2024", "tiny", "64"], "must be 2026 or 2025, got '2024'"),
+    (["--handout", "2024", "tiny", "64"], "invalid choice: '2024'"),
     (["tiny", "64", "--", "--handout", "2025"], "give --handout before --"),
     (["tiny", "64", "--mode", "forward"], "not both"),
-    (["--size", "--context-length", "64"], "--size needs at least one value"),
+    (["--size", "--context-length", "64"], "--size: expected at least one argument"),
     (["--size", "tiny", "--context-length", "64", "0"], "CTX must be a positive integer, got '0'"),
     (["--size", "tiny", "--mode", "forward", "inference"], "got 'inference'"),
     (["--size", "tiny", "--", "--compile", "off", "on"], "one --compile at a time"),
-    (["--cuda-memory-usage=maybe", "tiny", "64"], "must be true or false, got 'maybe'"),
-    (["tiny", "64", "--pytorch"], "--pytorch needs a value"),
+    (["--cuda-memory-usage=maybe", "tiny", "64"], "--cuda-memory-usage: invalid choice: 'maybe'"),
+    (["tiny", "64", "--pytorch"], "--pytorch: expected one argument"),
+    (["tiny", "64", "--pytorch="], "--pytorch needs a value"),
+    (["tiny", "64", "--", "--dry-run"], "give --dry-run before --"),
+    (["tiny", "64", "--", "--results-dir", "x"], "give --results-dir before --"),
+    (["tiny", "64", "--", "--out=x"], "no --out after --"),
+    (["huge", "64"], "unknown preset 'huge'"),
 ])
 def test_usage_errors_exit_2(fake: dict, args: list[str], message: str):
     result = run_script(fake, *args)
@@ -281,11 +301,24 @@ def test_names_that_would_leave_the_results_folder_are_refused_first(fake: dict,
     assert not nsys_dir.exists() and not list(fake["cwd"].glob("**/escaped*")) and not fake["log"].exists()
 
 
-def test_an_nsys_without_the_reports_is_refused_up_front_with_its_version(fake: dict):
+def test_an_nsys_of_before_2023_is_asked_for_its_own_report_names(fake: dict):
     result = run_script(fake, "tiny", "64", FAKE_NSYS_VERSION="2022.4.2.1-df9881f",
                         FAKE_NSYS_REPORTS=NSYS_2022_REPORTS)
-    assert result.returncode == 2
-    assert "2022.4.2" in result.stderr and "cuda_gpu_trace" in result.stderr and "2023.4 or newer" in result.stderr
+    assert result.returncode == 0, result.stderr
+    (stats,) = [c["argv"] for c in calls(fake) if c["argv"][0] == "stats"]
+    asked = {stats[i + 1] for i, arg in enumerate(stats) if arg == "--report"}
+    assert asked == {"gputrace", "cudaapitrace", "nvtxpptrace", "gpukernsum", "nvtxkernsum"}
+    report = fake["results"] / "nsys" / "tiny_ctx64_train"
+    assert Path(f"{report}_cuda_gpu_trace.csv").exists() and not Path(f"{report}_gputrace.csv").exists()
+    assert "### 2. Top kernels by GPU time: backward" in Path(f"{report}.md").read_text()
+
+
+def test_an_nsys_without_the_reports_under_either_name_is_refused_up_front_with_its_version(fake: dict):
+    result = run_script(fake, "tiny", "64", FAKE_NSYS_VERSION="2021.1.1.66-6c5c5cb",
+                        FAKE_NSYS_REPORTS="cudaapisum gpusum nvtxsum")
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "2021.1.1" in result.stderr and "cuda_gpu_trace (or gputrace)" in result.stderr
+    assert "2023.4.4 or newer" in result.stderr
     assert not calls(fake)  # nothing profiled that could not be read
 
 
@@ -393,11 +426,13 @@ def test_a_failing_configuration_loses_none_of_the_others(fake: dict):
     assert rows[0]["runs"] == {"train": "failed: the profiled run's exit status was 7"}
     assert rows[1]["runs"] == {"train": "ok"}
 
-    # a usage error of the profiled run (exit 2) would repeat for every configuration: the loop stops there
-    refused = run_script(fake, "--size", "tiny", "--context-length", "32", "64", "--mode", "train",
+    # a usage error of the profiled run (exit 2) would repeat for every configuration: the loop stops there, and
+    # nothing of the refused configuration is left behind (no .args that would make its next run "kept")
+    refused = run_script(fake, "--force", "--size", "tiny", "--context-length", "32", "64", "--mode", "train",
                          FAKE_NSYS_APP_STATUS="2")
-    assert refused.returncode == 2 and "stopping: the profiled run refused its arguments" in refused.stderr
+    assert refused.returncode == 2 and "refused its arguments" in refused.stderr
     assert profiled(fake)[2:] == ["tiny_ctx32_train"]
+    assert not list((fake["results"] / "nsys").glob("tiny_ctx32_train*")) and len(summaries(fake)) == 1
 
 
 def plan_lines(stdout: str) -> list[str]:
@@ -457,3 +492,74 @@ def test_an_nsys_that_does_not_know_a_passed_flag_refuses_it_in_one_line(fake: d
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "2023.4.4" in result.stderr and "does not know --pytorch" in result.stderr
     assert not calls(fake)
+
+
+# ---- the profiled run's arguments, its output, and NVTX on a CPU ----
+
+
+def test_arguments_that_bench_e2e_refuses_exit_2_and_leave_nothing_behind(fake: dict):
+    # the real bench_e2e under the fake nsys refuses --steps 0 (exit 2), as it would under the real one
+    result = run_script(fake, "tiny", "16", "--", *TINY_APP, "--steps", "0", FAKE_NSYS_RUN_APP="1")
+    assert result.returncode == 2 and "bench_e2e.py: error: argument --steps" in result.stderr
+    assert "refused its arguments" in result.stderr
+    assert not fake["results"].exists()  # no stray .args (the next run would call the report "kept"), no folder
+    # several configurations: bench_e2e --dry-run checks every mode before the first nsys run
+    several = run_script(fake, "--size", "tiny", "--context-length", "16", "32", "--", "--no-such-option")
+    assert several.returncode == 2 and "--no-such-option" in several.stderr
+    assert not calls(fake) or profiled(fake) == ["tiny_ctx16_train"]  # the single run above only
+    assert not fake["results"].exists()
+
+
+def test_the_run_names_where_its_files_are_kept_never_a_temporary_folder(fake: dict):
+    result = run_script(fake, "tiny", "16", "forward", "--", *TINY_APP, FAKE_NSYS_RUN_APP="1")
+    assert result.returncode == 0, result.stderr
+    report = fake["results"] / "nsys" / "tiny_ctx16_forward"
+    assert f"wrote {report}_e2e.md and {report}_e2e.jsonl" in result.stdout  # bench_e2e's own line, re-pointed
+    assert "nsys_run-" not in result.stdout + result.stderr  # the prefix of the temporary folder it ran in
+    assert read_records(f"{report}_e2e.jsonl")[-1]["status"] in ("ok", "noisy")
+    assert "fwd ms" in Path(f"{report}_e2e.md").read_text()  # bench_e2e's results table, kept beside
+
+
+def test_a_cpu_run_without_an_nvtx_library_builds_one_or_says_what_to_do(fake: dict, tmp_path: Path):
+    env = {**fake["env"], "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env.pop(NVTX_LIBRARY_ENV)
+    base = ["bash", str(SCRIPT), "--results-dir", str(fake["results"]), "tiny", "16", "--", "--device", "cpu"]
+    no_compiler = subprocess.run(base, capture_output=True, text=True, timeout=60,
+                                 env={**env, "CC": str(tmp_path / "no-such-gcc")})
+    assert no_compiler.returncode == 2 and len(no_compiler.stderr.strip().splitlines()) == 1
+    assert NVTX_LIBRARY_ENV in no_compiler.stderr and "gcc -shared" in no_compiler.stderr
+    assert "no C compiler" in no_compiler.stderr and not profiled(fake)  # refused before profiling
+    if shutil.which("gcc") is None:
+        return
+    # with gcc: the NVTX headers beside nsys (the fake has none), else a CUDA toolkit's
+    headers = nsys_tool.nvtx_include_dir(fake["cwd"] / "bin" / "nsys")
+    built = subprocess.run(base, capture_output=True, text=True, timeout=300, env=env)
+    if headers is None:
+        assert built.returncode == 2 and "no NVTX headers" in built.stderr and not profiled(fake)
+        return
+    assert built.returncode == 0, built.stderr
+    (library,) = (tmp_path / "cache" / "cs336-bench").glob("nvtx-*/libnvtx.so")
+    (profile,) = [c for c in calls(fake) if c["argv"][0] == "profile"]
+    assert profile["nvtx_library"] == str(library)  # handed to the profiled run
+    exported = ctypes.CDLL(str(library))
+    assert exported.nvtxRangePushA and exported.nvtxRangePop  # what common.nvtx_functions binds
+    assert "building the NVTX library" in built.stderr
+    again = subprocess.run(base + ["--steps", "3"], capture_output=True, text=True, timeout=60, env=env)
+    assert "building" not in again.stderr  # built once, then reused from the cache
+
+
+def test_every_spelling_of_the_options_reaches_nsys_and_bench_e2e(fake: dict):
+    """The forms the bash nsys_run.sh took, now parsed in Python: =-forms, the --python-backtrace alias, a bare
+    --cuda-memory-usage before SIZE (it must not take SIZE as its value), options after the configuration."""
+    newer = NSYS_2023_PROFILE_OPTIONS + " --pytorch"
+    result = subprocess.run(["bash", str(SCRIPT), f"--results-dir={fake['results']}", "--handout=2025",
+                             "--python-backtrace", "--cuda-memory-usage", "small", "32", "--pytorch=autograd-nvtx",
+                             "--", "--dtype=bf16"], capture_output=True, text=True, timeout=60,
+                            env={**fake["env"], "FAKE_NSYS_PROFILE_OPTIONS": newer}, cwd=fake["cwd"])
+    assert result.returncode == 0, result.stderr
+    assert profiled(fake) == ["small_ctx32_train_bf16_pytorch_cudamem_h2025"]
+    argv = calls(fake)[0]["argv"]
+    assert {"--python-backtrace=cuda", "--cudabacktrace=all", "--cuda-memory-usage=true",
+            "--pytorch=autograd-nvtx"} <= set(argv)
+    no_python = run_script(fake, "tiny", "16", PYTHON="/nonexistent/python3")
+    assert no_python.returncode == 2 and "PYTHON=/nonexistent/python3 is not a Python interpreter" in no_python.stderr

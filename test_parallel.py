@@ -19,10 +19,13 @@ import torch
 import bench_e2e
 import parallel
 import isolation
+from common import fsdp2_unsupported
 from model_config import ModelConfig, get_config
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
+FSDP2_ON_CPU_UNSUPPORTED = fsdp2_unsupported(torch.device("cpu"))  # the reason with torch 2.6, else None
+PARALLEL_ON_CPU = [k for k in parallel.PARALLEL if k != "fsdp" or not FSDP2_ON_CPU_UNSUPPORTED]
 TORCHRUN_TIMEOUT_S = 240  # a hang fails the test instead of the CI job
 
 
@@ -189,6 +192,7 @@ def test_fewer_gpus_than_local_ranks_is_an_error(monkeypatch, capsys):
 def test_more_cpu_processes_than_cores_is_a_one_line_warning(monkeypatch, capsys):
     for key, value in {**TORCHRUN_ENV, "LOCAL_WORLD_SIZE": "4096"}.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setattr(bench_e2e.common, "fsdp2_unsupported", lambda device: None)  # parsing only, on any torch
     args, runs = bench_e2e.parse_args(["--device", "cpu", "--parallel", "ddp", "fsdp",
                                        "--fsdp-mixed-precision", "off", "bf16"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -233,7 +237,7 @@ def numerics_worker(out_path: str) -> None:
                                      generator=gen))
     tokens, targets = batches[rank]
     results = {}
-    for kind in parallel.PARALLEL:
+    for kind in PARALLEL_ON_CPU:
         for opt_name, make_opt in optimizers.items():
             torch.manual_seed(0)
             reference = TransformerLM(NUMERICS_MODEL)
@@ -275,15 +279,15 @@ def test_ddp_and_fsdp2_match_one_process_on_the_global_batch_with_both_optimizer
     proc = torchrun([str(HERE / "test_parallel.py"), "numerics", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
-    assert set(results) == {"ddp/ours", "ddp/torch", "fsdp/ours", "fsdp/torch"}
+    assert set(results) == {f"{kind}/{opt}" for kind in PARALLEL_ON_CPU for opt in ("ours", "torch")}
     for name, r in results.items():
         assert r["names"], name
         assert r["grad_rel_diff"] < 1e-5, (name, r)  # the gradient of the global batch's mean loss
         assert r["max_abs_diff"] < 1e-5, (name, r)  # fp32: the same arithmetic up to summation order
         assert r["moved"] > 1e-3, (name, r)  # it trained: a difference below 1e-5 means something
-    # FSDP2's parameters and our AdamW's moments are DTensors: torch._foreach_* ran on them
-    assert results["fsdp/ours"]["param_type"] == "DTensor" and results["fsdp/ours"]["state_type"] == "DTensor"
     assert results["ddp/ours"]["param_type"] == "Parameter"
+    if "fsdp" in PARALLEL_ON_CPU:  # FSDP2's parameters and our AdamW's moments are DTensors: _foreach_* ran on them
+        assert results["fsdp/ours"]["param_type"] == "DTensor" and results["fsdp/ours"]["state_type"] == "DTensor"
 
 
 if __name__ == "__main__":
@@ -298,6 +302,7 @@ E2E_ARGS = ["bench_e2e.py", "--device", "cpu", "--parallel", "ddp", "fsdp", "--d
             "--context-length", "16", "32", "48", "--warmup", "1", "--steps", "2", "--profile", "--out", "t"]
 
 
+@pytest.mark.skipif(bool(FSDP2_ON_CPU_UNSUPPORTED), reason=str(FSDP2_ON_CPU_UNSUPPORTED))
 def test_bench_e2e_ddp_and_fsdp2_through_torchrun_with_an_oom_on_rank_1_only(tmp_path):
     proc = torchrun([*E2E_ARGS, "--results-dir", str(tmp_path)],
                     env={"BENCH_INJECT_FAULT": "oom:parallel=fsdp,rank=1,context_length=32"})

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import precision_demo
+import precision_tables
 import toy_autocast
 from results import read_records
 
@@ -112,10 +113,10 @@ def test_toy_table_has_both_columns_and_the_cpu_note(tmp_path, capsys):
     toy_autocast.main(["--device", "cpu", "--results-dir", str(tmp_path), "--fmt", "latex_booktabs"])
     out = capsys.readouterr().out
     assert "torch.autocast on cpu" in out
-    assert toy_autocast.CPU_NOTE in out
+    assert precision_tables.TOY_CPU_NOTE in out
     assert "float16 autocast" in out and "bfloat16 autocast" in out and "\\toprule" in out
     md = only_file(tmp_path / "precision", "toy_autocast-*.md").read_text()
-    assert toy_autocast.CPU_NOTE in md
+    assert precision_tables.TOY_CPU_NOTE in md
     assert len(read_records(only_file(tmp_path / "precision", "toy_autocast-*.jsonl"))) == 2
 
 
@@ -135,7 +136,7 @@ def test_toy_on_cuda_has_no_cpu_note_and_keeps_failures_as_data(tmp_path, capsys
     toy_autocast.main(["--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "torch.autocast on cuda (Fake GPU)" in out
-    assert toy_autocast.CPU_NOTE not in out
+    assert precision_tables.TOY_CPU_NOTE not in out
     assert re.search(r"\|\s*LayerNorm output\s*\|\s*float32\s*\|", out)
     records = read_records(only_file(tmp_path / "precision", "toy_autocast-*.jsonl"))
     assert records[0]["status"] == "ok"

@@ -13,13 +13,13 @@ float32, CPU autocast does not. Run it on the device your answer is about.
     python toy_autocast.py --dtype bf16             # one autocast dtype only
     python toy_autocast.py --fmt latex_booktabs     # the table for a LaTeX writeup
 
-The table is printed on stdout and saved, with one JSON record per autocast dtype, under results/precision/.
+The table (precision_tables.py, the code report.py re-renders saved runs with) is printed on stdout and saved,
+with one JSON record per autocast dtype, under results/precision/.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -27,18 +27,12 @@ import torch.nn.functional as F
 
 import cli
 import common
+import report
 from common import DTYPES, dtype_name, environment
-from results import ResultFiles, environment_header, progress, render_table
 from isolation import run_isolated
+from results import ResultFiles, progress
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
-
-# The note printed with CPU results: CPU and CUDA autocast follow different op lists (torch.amp docs,
-# "Autocast Op Reference"), so a CPU table must not be quoted as the CUDA answer.
-CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast follows a different, documented policy: it runs "
-            "layer_norm (and softmax, log_softmax, cross_entropy) in float32, so on a GPU the LayerNorm output is "
-            "float32, not the low-precision dtype shown here. Do not copy these CPU dtypes into an answer about "
-            "CUDA; run with --device cuda on a GPU for that.")
 
 
 class ToyModel(nn.Module):
@@ -99,39 +93,11 @@ def observe_dtypes(device: str, dtype: str, in_features: int, out_features: int,
     return seen
 
 
-def ordered_labels(observed: dict[str, dict[str, Any]]) -> list[str]:
-    """Row labels in the order they were observed: parameters and outputs in forward order, then loss, grads."""
-    labels: dict[str, None] = {}
-    for result in observed.values():
-        if result["ok"]:
-            labels.update(dict.fromkeys(result["value"]))
-    params = [label for label in labels if label.startswith("parameter ")]
-    return params + [label for label in labels if label not in params]
-
-
-def column_name(dtype: str) -> str:
-    return f"{dtype_name(DTYPES[dtype])} autocast"
-
-
-def build_rows(observed: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
-    """One row per tensor, one column per autocast dtype; a dtype whose run failed shows its status in every
-    cell (and in a single row when no run succeeded)."""
-    labels = ordered_labels(observed) or ["(run)"]
-    rows = []
-    for label in labels:
-        row = {"tensor": label}
-        for dtype, result in observed.items():
-            row[column_name(dtype)] = result["value"].get(label) if result["ok"] else result["status"]
-        rows.append(row)
-    return rows
-
-
 # ---- command line ----
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", nargs="+", choices=AUTOCAST_DTYPES, default=list(AUTOCAST_DTYPES),
                    help="autocast dtype(s), one table column each")
@@ -158,27 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     files = ResultFiles(args.results_dir, "precision", args.out, "toy_autocast")
     env = environment(args.device)
-    observed: dict[str, dict[str, Any]] = {}
+    records = []
     for dtype in args.dtype:
         kwargs = {"device": str(args.device), "dtype": dtype, "in_features": args.in_features,
                   "out_features": args.out_features, "batch_size": args.batch_size, "seed": args.seed}
         # in-process: a few tiny tensors, nothing to isolate; the runner still turns a failure into a status
-        observed[dtype] = run_isolated(observe_dtypes, kwargs, in_process=True)
-        result = observed[dtype]
-        files.append_record({"autocast_dtype": dtype_name(DTYPES[dtype]), "device": str(args.device),
-                             "status": "ok" if result["ok"] else result["status"],
-                             "dtypes": result.get("value"), "traceback": result.get("traceback"),
-                             "config": kwargs, "environment": env})
-        progress(f"{column_name(dtype)} on {args.device}: {'ok' if result['ok'] else result['status']}")
-    title = (f"ToyModel dtypes under torch.autocast on {args.device} ({env['device_name']}), "
-             f"batch {args.batch_size}, {args.in_features} -> 10 -> {args.out_features}")
-    lines = [environment_header(env), "", title, ""]
-    if args.device.type != "cuda":
-        lines += [CPU_NOTE, ""]
-    rows, columns = build_rows(observed), ["tensor"] + [column_name(d) for d in args.dtype]
-    files.publish(lambda fmt: "\n".join(lines + [render_table(rows, columns, fmt)]), args.fmt)
-    return 0
-
+        result = run_isolated(observe_dtypes, kwargs, in_process=True)
+        status = "ok" if result["ok"] else result["status"]
+        records.append({"experiment": "toy_autocast", "autocast_dtype": dtype_name(DTYPES[dtype]),
+                        "device": str(args.device), "status": status, "dtypes": result.get("value"),
+                        "traceback": result.get("traceback"), "config": kwargs, "environment": env})
+        files.append_record(records[-1])
+        progress(f"{dtype_name(DTYPES[dtype])} autocast on {args.device}: {status}")
+    return report.publish("toy_autocast", records, files, args.fmt)
 
 if __name__ == "__main__":
     sys.exit(main())
