@@ -36,9 +36,9 @@ each variant with its own compile step, warm-up and memory figures, so that a ma
 slows every variant alike; the speed-up is a paired ratio with a 95% interval (stats.py), and a phase the variants
 run identically (the optimizer step under --compile) is the control that says when the machine drifted anyway.
 
-Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
-current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) of a
-sweep runs in its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
+Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the current
+one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) of a sweep runs
+in its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
 saved after every configuration and printed at the end, with one JSON record per configuration, under results/e2e/.
 A sweep over dtype, compile, attention, optimizer or parallelism adds a comparison table (speed-ups over the first
 variant); --context-length max adds the longest context of each search. The tables are e2e_tables.py's, the same

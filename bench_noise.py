@@ -3,14 +3,15 @@ one after the other (each in its own process, as every sweep did before issue #2
 times interleaved (one process, their timed steps alternating A B B A: --interleave steps, the default), while a
 background load switches on and off; then the spread of the speed-ups each way.
 
-    python bench_noise.py                                  # naive vs sdpa, 5 runs each way, load 5 s on / 5 s off
+    python bench_noise.py                                  # fp32 vs bf16, 5 runs each way, load 5 s on / 5 s off
     python bench_noise.py --runs 3 --on 10 --off 10        # fewer runs, a slower load cycle
     python bench_noise.py -- --size small --attn naive sdpa --steps 20   # any bench_e2e comparison after --
 
 The load: --burners processes (default: one per CPU) spinning Python, stopped and continued together (SIGSTOP,
 SIGCONT) every --on / --off seconds, started before the first run and killed after the last. Each run is a
-bench_e2e.py subprocess; its step speed-up is read from its JSONL records (stats.speedup: paired by round when
-interleaved, the ratio of the means when not). The figures of a run on this machine are in docs/running.md.
+bench_e2e.py subprocess writing its own files beside this script's (results/noise/<stem>_runs/: re-render them with
+report.py); its step speed-up is read from its JSONL records (stats.speedup: paired by round when interleaved, the
+ratio of the means when not). The figures of a run on this machine are in docs/running.md.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,11 +32,9 @@ import stats
 from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
-# the comparison run by default: naive against fused (SDPA) attention in a 2-layer model at context 256, a speed-up
-# that comes from the algorithm (no seq x seq matrices), not from the hardware; 20 rounds per run (~0.3 s per step
-# pair on an idle 2-core CPU)
-DEFAULT_COMPARISON = ["--size", "tiny", "--num-layers", "2", "--d-model", "256", "--num-heads", "4", "--d-ff", "512",
-                      "--vocab-size", "1000", "--context-length", "256", "--attn", "naive", "sdpa", "--warmup", "2",
+# the comparison run by default: the study's mixed-precision question, fp32 against bf16 autocast, on the smallest
+# preset at context 128 (matmul-bound, ~0.8 s per pair of steps on an idle 2-core CPU), 20 rounds per run
+DEFAULT_COMPARISON = ["--size", "tiny", "--context-length", "128", "--dtype", "fp32", "bf16", "--warmup", "2",
                       "--steps", "20", "--device", "cpu"]
 TARGET = 0.10  # the issue's target: the interleaved speed-ups agree within +-10%
 
@@ -96,7 +94,8 @@ def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: s
         raise RuntimeError(f"expected one comparison of two finished variants, got {len(records)} finished rows")
     found = stats.speedup(records[0], records[1], ("step",))
     loads = [r["load"][when]["loadavg_1m"] for r in records for when in ("before", "after") if "load" in r]
-    return {"interleave": interleave, "speedup": found.ratio, "low": found.low, "high": found.high,
+    return {"interleave": interleave, "jsonl": str(folder / "e2e" / f"{stem}.jsonl"), "speedup": found.ratio,
+            "low": found.low, "high": found.high,
             "rounds": found.rounds, "seconds": time.monotonic() - start, "loadavg_1m_min": min(loads),
             "loadavg_1m_max": max(loads), "variants": [r["label"] for r in records]}
 
@@ -134,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     bench_args = args.bench_args or DEFAULT_COMPARISON
     files = ResultFiles(args.results_dir, "noise", args.out, "noise")
+    runs_folder = files.path("_runs")  # bench_e2e's own files of every run: <results>/noise/<stem>_runs/e2e/
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as scratch, SwitchedLoad(args.burners, args.on, args.off) as load:
+    with SwitchedLoad(args.burners, args.on, args.off) as load:
         for i in range(args.runs):  # the two ways alternate, so the load's history is the same for both
             for interleave in ("runs", "steps"):
-                run = run_comparison(bench_args, interleave, Path(scratch), f"{interleave}-{i}")
+                run = run_comparison(bench_args, interleave, runs_folder, f"{interleave}-{i + 1}")
                 run.update(index=i + 1, burners=args.burners, on_s=args.on, off_s=args.off, bench_args=bench_args)
                 runs.append(run)
                 files.append_record({"experiment": "bench_noise", "status": "ok", **run})

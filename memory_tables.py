@@ -166,7 +166,8 @@ def checkpoint_table(records: list[dict], fmt: str) -> str | None:
     for rec in predicted:
         c, p = rec["config"], rec["checkpoint_prediction"]
         k = c["checkpoint_every"]
-        row = {**run_cell(rec, merged), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
+        row = {**run_cell(rec, merged), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
+               "dtype": c["dtype"],
                "attn": c["attn"], "K": k, "kept MiB": p["kept_bytes"] / MIB,
                "recomputed MiB": min(k, c["model"]["num_layers"]) * p["block_bytes"] / MIB if k else None,
                "transient MiB": p["transient_bytes"] / MIB, "state GiB": p["state_bytes"] / GIB,
@@ -177,8 +178,8 @@ def checkpoint_table(records: list[dict], fmt: str) -> str | None:
         rows.append(row)
     columns = with_run_column([c for c in CHECKPOINT_COLUMNS if c not in ("measured GiB", "measured / predicted")
                                or any(c in row for row in rows)], records)
-    best = {(run_of(r), r["config"]["size"], r["config"]["model"]["context_length"], r["config"]["mode"], r["config"]["dtype"],
-             r["config"]["attn"]): r["checkpoint_prediction"] for r in predicted}
+    best = {(run_of(r), r["config"]["size"], r["config"]["model"]["context_length"], r["config"]["mode"],
+             r["config"]["dtype"], r["config"]["attn"]): r["checkpoint_prediction"] for r in predicted}
     minima = "; ".join(f"{f'{run}: ' if merged else ''}{size} ctx {ctx} {mode} {dtype} {attn}: K = {p['best_k']} "
                        f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB)"
                        for (run, size, ctx, mode, dtype, attn), p in best.items())

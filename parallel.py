@@ -150,9 +150,9 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         return args.world_size
     if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
         parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
-    cli.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK and "
-                                     "WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan "
-                                     "without it: --dry-run --world-size N)")])
+    cli.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK "
+                                         "and WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to "
+                                         "plan without it: --dry-run --world-size N)")])
     if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:
         parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
                      f"node but {torch.cuda.device_count()} GPU(s) visible")

@@ -64,12 +64,12 @@ def injected_fault(fields: dict[str, Any]) -> contextlib.AbstractContextManager:
     """Test hook, so that failure handling is tested end to end without a real fault: with
     `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` the configuration whose fields all match raises an
     out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for --timeout and
-    signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a word); `slow:` runs
-    it under SlowOps (alone: all of it; in an interleaved comparison: its timed blocks), a drift on one side. Clauses are separated by ';'. A
-    condition `field>=N` matches a numeric field at least N (`oom:context_length>=1024`: every context from 1024 up
-    runs out of memory, as on a real device). Every configuration also matches `rank=` (torchrun's RANK, 0 without
-    torchrun). Read at call time; child processes get the parent's value. Returns the context to measure under: a
-    SlowOps for `slow:`, else a null context."""
+    signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a word); `slow:`
+    runs it under SlowOps (alone: all of it; in an interleaved comparison: its timed blocks), a drift on one side.
+    Clauses are separated by ';'. A condition `field>=N` matches a numeric field at least N
+    (`oom:context_length>=1024`: every context from 1024 up runs out of memory, as on a real device). Every
+    configuration also matches `rank=` (torchrun's RANK, 0 without torchrun). Read at call time; child processes get
+    the parent's value. Returns the context to measure under: a SlowOps for `slow:`, else a null context."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return contextlib.nullcontext()

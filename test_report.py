@@ -382,8 +382,12 @@ def test_memory_figures(memory_run, tmp_path):
         check_figure(fig, tmp_path / f"{name}.png")
     (line,) = made["memory_context"].axes[0].get_lines()  # CPU: saved for backward only, fp32, no checkpointing
     assert list(line.get_xdata()) == [16, 32] and line.get_ydata()[1] > line.get_ydata()[0]
-    for line in made["memory_checkpoint"].axes[0].get_lines():  # checkpointing keeps less for backward
-        assert line.get_ydata()[1] < line.get_ydata()[0]
+    lines = {line.get_label(): line for line in made["memory_checkpoint"].axes[0].get_lines()}
+    for label, line in lines.items():  # checkpointing keeps less for backward...
+        if label.startswith("saved for backward"):
+            assert line.get_ydata()[1] < line.get_ydata()[0]
+    # ...and the predicted peak is drawn beside it (lm_memory.checkpoint_prediction), its smallest K named
+    assert any(label.startswith("predicted peak") and "smallest at K = " in label for label in lines)
 
 
 def test_precision_partial_sums_and_figure(precision_run, tmp_path):
