@@ -115,15 +115,16 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
                 for phase in phases:
                     if f"{phase}_ms_mean" in r and f"{phase}_ms_mean" in naive:
                         # paired by round when the two were timed interleaved, else the ratio of the means
-                        found = stats.speedup(naive, r, (phase,))
-                        row[f"{impl} {PHASE_SHORT[phase]} speed-up"] = f"{found.ratio:.2f}x{flag}"
-                        row[f"{impl} {PHASE_SHORT[phase]} 95% CI"] = found.interval_text()
-                        if found.resolved is False:
+                        speedup = stats.speedup(naive, r, (phase,))
+                        row[f"{impl} {PHASE_SHORT[phase]} speed-up"] = f"{speedup.ratio:.2f}x{flag}"
+                        row[f"{impl} {PHASE_SHORT[phase]} 95% CI"] = speedup.interval_text()
+                        if speedup.resolved is False:
                             unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
         if checked:
             row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
         row["notes"] = f"not resolved (the interval contains 1): {', '.join(unresolved)}" if unresolved else None
         rows.append(row)
+
     def interval(column: str) -> str:
         return column.replace(" speed-up", " 95% CI")
 

@@ -15,12 +15,16 @@ length, at what size does it run out of memory and why; what do torch.compile an
     python bench_attention.py --grid flash --impl my_attn:attention --seq-len 128 256 --d 16 --dry-run
 
 Inputs are (batch, seq, d): no head dimension, causal masking as in the model. A MODULE:CALLABLE is imported from
-the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function
-subclass (called as .apply(q, k, v, is_causal)). On CUDA the latencies come from triton.testing.do_bench when
-triton is importable, CUDA events otherwise; on a CPU from the synchronised timer. Every configuration runs in
-its own child process (an OOM or a crashing kernel cannot poison the next one). Tables (attention_tables.py, the
-code report.py re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration (raw samples, the check, the timing method and the environment),
-under results/attention/. See docs/bench_attention.md and docs/your_code.md.
+the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function subclass
+(called as .apply(q, k, v, is_causal)). On CUDA the latencies come from triton.testing.do_bench when triton is
+importable, CUDA events otherwise; on a CPU from the synchronised timer. The implementations of one shape run in one
+child process (an OOM or a crashing kernel cannot poison the next shape; if that child fails, each runs alone), on
+the same inputs, and their timed calls alternate in rounds (A B | B A ...: measure_together), so that the speed-ups,
+paired by round, carry a 95% interval (--interleave runs: each in its own process). Tables (attention_tables.py, the
+code report.py re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration
+(raw samples, the check, the timing method, the pairing and the environment), under results/attention/. See
+docs/bench_attention.md and docs/your_code.md. (About 480 lines: four kinds of implementation, each checked, timed
+three ways alone or interleaved, with a fit guard and memory figures.)
 """
 from __future__ import annotations
 
@@ -49,7 +53,7 @@ from attention_impls import (BASELINE, IMPLEMENTATIONS, AttentionFn, attention_f
                              naive_attention, sdpa_attention, sdpa_one_head)  # (the tests read them here)
 from attention_tables import PHASE_SHORT, PHASES, check_summary
 from common import DTYPES, SyncTimer, peak_memory_bytes, reset_peak_memory, resolve_device, saved_tensors, synchronize
-from results import ResultFiles, format_bytes
+from results import ResultFiles, finished, format_bytes
 
 BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
 
@@ -321,6 +325,9 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
     run0 = runs[timed[0]]
     sizes = stats.block_sizes(run0.iters, -(-run0.iters // min(ROUNDS, run0.iters)))
     rounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i in timed}
+    timing = {**kernel_timing.choose_timing(device, run0.warmup, run0.iters, run0.warmup_ms, run0.rep_ms).describe(),
+              "interleaved": {"rounds": len(sizes), "calls_per_round": sizes, "warmup_calls_after_round_1": 1,
+                              "rep_ms_per_round": run0.rep_ms / len(sizes)}}
     for r, size in enumerate(sizes):
         method = kernel_timing.choose_timing(device, run0.warmup if r == 0 else 1, size, run0.warmup_ms,
                                              run0.rep_ms / len(sizes))
@@ -332,10 +339,7 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
                 kept = records[i].setdefault(f"{phase}_ms", [])
                 rounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
                 kept.extend(values)
-            records[i].setdefault("timing", {
-                **kernel_timing.choose_timing(device, run0.warmup, run0.iters, run0.warmup_ms, run0.rep_ms).describe(),
-                "interleaved": {"rounds": len(sizes), "calls_per_round": sizes, "warmup_calls_after_round_1": 1,
-                                "rep_ms_per_round": run0.rep_ms / len(sizes)}})
+            records[i]["timing"] = timing
     group = uuid.uuid4().hex[:12]
     for position, i in enumerate(timed):
         records[i].update(after_timing(runs[i], prepared[i][0], inputs, grad_out, device))
@@ -368,7 +372,7 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     """The study's predictions on every row; the statistics and TFLOP/s on a finished one."""
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes)
     record["predicted_need_bytes"] = run_need_bytes(run)
-    if record["status"] == "ok":
+    if finished(record):
         record.update(derive_figures(run, record))
 
 

@@ -42,7 +42,9 @@ in its own child process (an OOM cannot poison the next one). The report (model 
 saved after every configuration and printed at the end, with one JSON record per configuration, under results/e2e/.
 A sweep over dtype, compile, attention, optimizer or parallelism adds a comparison table (speed-ups over the first
 variant); --context-length max adds the longest context of each search. The tables are e2e_tables.py's, the same
-code that report.py re-renders a saved run with. docs/bench_e2e.md says more.
+code that report.py re-renders a saved run with. docs/bench_e2e.md says more. (About 480 lines: three experiments
+share this command line, the step timing with its comparisons, the longest-context search and torchrun parallelism;
+the machinery is in runner.py, sweep.py and parallel.py, the tables in e2e_tables.py.)
 """
 from __future__ import annotations
 
@@ -78,7 +80,7 @@ from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
 from e2e_tables import COLUMNS, config_key, config_table, context_searches, probe_contexts, variants
 from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, MODES, PHASES_BY_MODE, ModelConfig, get_config
-from results import GIB, ResultFiles
+from results import GIB, ResultFiles, finished
 from runner import RunConfig, Workload, run_step
 from search import SEARCH_START
 
@@ -410,7 +412,7 @@ def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespa
     search, the search's settings (its upper bound, the bisection's resolution and budget)."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
-    if record["status"] == "ok":
+    if finished(record):  # measured (the status says "ok" until the noisy check)
         record.update(derive_figures(run, record, args.peak_tflops))
         record["status"] = "noisy" if record["noisy"] else "ok"
     if args.context_search:  # a probe of --context-length max: context_searches finds it by this

@@ -64,7 +64,7 @@ from lm_memory import (FP32_BYTES, activation_figures, attention_scores_bytes, c
                        residual_stream_bytes, saved_for_backward, static_memory_bytes, summarize_saved)
 from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, MODES, get_config
-from results import ResultFiles, format_bytes
+from results import ResultFiles, finished, format_bytes
 from runner import RunConfig, Workload, run_step
 
 # ---- accounting from the config ----
@@ -225,7 +225,7 @@ def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, to
     child killed or timed out, a fault injected for the whole configuration) has its status as its saved stage's."""
     record.update(accounting(run, record.get("model_num_params")))
     record.setdefault("saved_status", record["status"])
-    if record["status"] == "ok":
+    if finished(record):
         record.update(runner.sample_stats(record, ("step",)))
     if "snapshot_path" in record:
         try:
