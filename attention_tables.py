@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import stats
 from results import (RUN_COLUMN, comparison_groups, environment_lines, format_bytes, is_merged, pick_columns,
                      render_table, run_of, runs_cell, with_run_column)
 
@@ -99,7 +100,7 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     for (_, d, seq, dtype), found in by_shape.items():
         row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, RUN_COLUMN: runs_cell(list(found.values()))}
         naive = found.get(BASELINE)
-        wrong = []
+        wrong, unresolved = [], []
         for impl, r in found.items():
             if r["status"] != "ok":
                 row[f"{impl} fwd ms"] = r["status"]
@@ -113,11 +114,24 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
                 flag = " (wrong)" if r.get("check") and not r["check"]["ok"] else ""
                 for phase in phases:
                     if f"{phase}_ms_mean" in r and f"{phase}_ms_mean" in naive:
-                        ratio = naive[f"{phase}_ms_mean"] / r[f"{phase}_ms_mean"]
-                        row[f"{impl} {PHASE_SHORT[phase]} speed-up"] = f"{ratio:.2f}x{flag}"
+                        # paired by round when the two were timed interleaved, else the ratio of the means
+                        speedup = stats.speedup(naive, r, (phase,))
+                        row[f"{impl} {PHASE_SHORT[phase]} speed-up"] = f"{speedup.ratio:.2f}x{flag}"
+                        row[f"{impl} {PHASE_SHORT[phase]} 95% CI"] = speedup.interval_text()
+                        if speedup.resolved is False:
+                            unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
         if checked:
             row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
+        row["notes"] = f"not resolved (the interval contains 1): {', '.join(unresolved)}" if unresolved else None
         rows.append(row)
+
+    def interval(column: str) -> str:
+        return column.replace(" speed-up", " 95% CI")
+
+    if any(row.get(interval(c)) for row in rows for c in columns if c.endswith(" speed-up")):  # paired: beside them
+        columns = [x for c in columns for x in ([c, interval(c)] if c.endswith(" speed-up") else [c])]
+    if any(row["notes"] for row in rows):  # before the check, which stays the last column
+        columns.insert(len(columns) - checked, "notes")
     return render_table(rows, columns, fmt, floatfmt=".3f")
 
 

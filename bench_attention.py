@@ -15,18 +15,24 @@ length, at what size does it run out of memory and why; what do torch.compile an
     python bench_attention.py --grid flash --impl my_attn:attention --seq-len 128 256 --d 16 --dry-run
 
 Inputs are (batch, seq, d): no head dimension, causal masking as in the model. A MODULE:CALLABLE is imported from
-the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function
-subclass (called as .apply(q, k, v, is_causal)). On CUDA the latencies come from triton.testing.do_bench when
-triton is importable, CUDA events otherwise; on a CPU from the synchronised timer. Every configuration runs in
-its own child process (an OOM or a crashing kernel cannot poison the next one). Tables (attention_tables.py, the
-code report.py re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration (raw samples, the check, the timing method and the environment),
-under results/attention/. See docs/bench_attention.md and docs/your_code.md.
+the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function subclass
+(called as .apply(q, k, v, is_causal)). On CUDA the latencies come from triton.testing.do_bench when triton is
+importable, CUDA events otherwise; on a CPU from the synchronised timer. The implementations of one shape run in one
+child process (an OOM or a crashing kernel cannot poison the next shape; if that child fails, each runs alone), on
+the same inputs, and their timed calls alternate in rounds (A B | B A ...: measure_together), so that the speed-ups,
+paired by round, carry a 95% interval (--interleave runs: each in its own process). Tables (attention_tables.py, the
+code report.py re-renders saved runs with) are printed on stdout and saved, with one JSON record per configuration
+(raw samples, the check, the timing method, the pairing and the environment), under results/attention/. See
+docs/bench_attention.md and docs/your_code.md. (About 480 lines: four kinds of implementation, each checked, timed
+three ways alone or interleaved, with a fit guard and memory figures.)
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,15 +42,18 @@ import attention_check
 import attention_tables
 import cli
 import common
+import isolation
 import kernel_timing
 import model_config
 import report
 import runner
+import stats
+import sweep
 from attention_impls import (BASELINE, IMPLEMENTATIONS, AttentionFn, attention_function, impl_choice,  # noqa: F401
                              naive_attention, sdpa_attention, sdpa_one_head)  # (the tests read them here)
 from attention_tables import PHASE_SHORT, PHASES, check_summary
 from common import DTYPES, SyncTimer, peak_memory_bytes, reset_peak_memory, resolve_device, saved_tensors, synchronize
-from results import ResultFiles, format_bytes
+from results import ResultFiles, finished, format_bytes
 
 BENCH_DTYPES = ("fp32", "bf16")  # inputs are created in this dtype (no autocast: there are no weights)
 
@@ -170,7 +179,7 @@ def time_phases(attention: AttentionFn, inputs: tuple[torch.Tensor, ...], grad_o
     freed outside the timer), the backward through one retained graph (retain_graph=True, as triton's and
     flash-attention's benchmarks time it: the graph is built once, outside), and a forward with its backward."""
     samples = {"forward": method.samples(lambda: attention(*inputs), label="forward")}
-    runner.phase("building the graph for the backward")
+    isolation.phase("building the graph for the backward")
     out = attention(*inputs)
     samples["backward"] = method.samples(lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True),
                                          label="backward")
@@ -225,43 +234,119 @@ class AttentionRun:
         """(group, size name, size) for the sweep's rule: after an OOM, longer sequences of the group are skipped."""
         return (self.impl, self.d, self.batch_size, self.dtype), "seq", self.seq_len
 
+    def fault_fields(self) -> dict[str, Any]:
+        """What a BENCH_INJECT_FAULT clause can match on (sweep.injected_fault)."""
+        return {"impl": self.impl, "d": self.d, "seq_len": self.seq_len, "dtype": self.dtype,
+                "batch_size": self.batch_size}
 
-def run_config(run: AttentionRun) -> dict[str, Any]:
-    """Fit guard, inputs, the implementation (yours imported here, in the child), (compiled) the first forward and
-    backward timed apart as compile_s, the check against the reference, then each phase timed by the device's
-    method; then memory before backward and the peak (CUDA), bytes saved for backward, and (sdpa) the kernel that
-    ran. Runs in a child process during sweeps; failures propagate as exceptions (the runner turns them into rows),
-    a wrong result does not: it is timed and flagged."""
-    common.maybe_inject_fault({"impl": run.impl, "d": run.d, "seq_len": run.seq_len, "dtype": run.dtype,
-                               "batch_size": run.batch_size})
-    device = resolve_device(run.device)
+    def comparison_key(self) -> AttentionRun:
+        """This configuration without its implementation: the runs that share it are compared, measured together."""
+        return dataclasses.replace(self, impl="")
+
+
+def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """Q, K, V (batch, seq, d), requiring grad, and the output's gradient, from the run's seed."""
+    torch.manual_seed(run.seed)
+    shape = (run.batch_size, run.seq_len, run.d)
+    inputs = tuple(torch.randn(shape, device=device, dtype=DTYPES[run.dtype], requires_grad=True) for _ in range(3))
+    return inputs, torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
+
+
+def prepare(run: AttentionRun, device: torch.device, inputs: tuple[torch.Tensor, ...],
+            grad_out: torch.Tensor) -> tuple[AttentionFn, dict[str, Any]] | dict[str, Any]:
+    """Fit guard, the implementation (yours imported here, in the child), (compiled) the first forward and backward
+    timed apart as compile_s, the check against the reference: (the function to time, its record so far), or the
+    record of a configuration the fit guard skips."""
     free = free_memory_bytes(device)
     skipped = fit_status(run_need_bytes(run), free, run.force)
     if skipped:
         return {"status": skipped, "free_mem_bytes": free}
-    runner.phase(f"loading {run.impl}")
+    isolation.phase(f"loading {run.impl}")
     attention = attention_function(run.impl)
-    torch.manual_seed(run.seed)
-    shape = (run.batch_size, run.seq_len, run.d)
-    inputs = tuple(torch.randn(shape, device=device, dtype=DTYPES[run.dtype], requires_grad=True) for _ in range(3))
-    grad_out = torch.randn(shape, device=device, dtype=DTYPES[run.dtype])
-    record: dict[str, Any] = {"environment": common.environment(device), "free_mem_bytes": free}
+    record: dict[str, Any] = {"environment": common.environment(device), "free_mem_bytes": free,
+                              "load": {"before": common.machine_load(device)}}
     if run.impl == "compiled":  # the first forward and backward compile both graphs
-        runner.phase("compiling (first forward and backward)")
+        isolation.phase("compiling (first forward and backward)")
         _, record["compile_s"] = SyncTimer(device).time(
             lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))
-    runner.phase("checking against the float64 reference")
+    isolation.phase("checking against the float64 reference")
     record["check"] = attention_check.check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
+    return attention, record
+
+
+def after_timing(run: AttentionRun, attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
+                 grad_out: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """Untimed, after the timed calls: memory before backward and the peak (CUDA), bytes saved for backward,
+    (sdpa) the kernel that ran, the load after."""
+    isolation.phase("after the timed steps")
+    out = {**memory_of_one_step(attention, inputs, grad_out, device),
+           "saved_tensor_bytes": saved_tensor_bytes(attention, inputs)}
+    if run.impl == "sdpa":
+        out["sdpa_backend"] = sdpa_backend(attention, inputs)
+    return out
+
+
+def run_config(run: AttentionRun) -> dict[str, Any]:
+    """One configuration alone (in a child process of the sweep): prepare, then each phase timed by the device's
+    method (kernel_timing), then the untimed figures. Failures propagate as exceptions (the sweep turns them into
+    rows); a wrong result does not: it is timed and flagged."""
+    device = resolve_device(run.device)
+    inputs, grad_out = make_inputs(run, device)
+    prepared = prepare(run, device, inputs, grad_out)
+    if isinstance(prepared, dict):
+        return prepared
+    attention, record = prepared
     method = kernel_timing.choose_timing(device, run.warmup, run.iters, run.warmup_ms, run.rep_ms)
     record["timing"] = method.describe()
     record.update({f"{phase}_ms": samples
                    for phase, samples in time_phases(attention, inputs, grad_out, method).items()})
-    runner.phase("after the timed steps")  # memory of one more forward and backward, bytes saved, the backend
-    record.update(memory_of_one_step(attention, inputs, grad_out, device))
-    record["saved_tensor_bytes"] = saved_tensor_bytes(attention, inputs)
-    if run.impl == "sdpa":
-        record["sdpa_backend"] = sdpa_backend(attention, inputs)
+    record.update(after_timing(run, attention, inputs, grad_out, device))
+    record["load"]["after"] = common.machine_load(device)
     return record
+
+
+ROUNDS = 10  # an interleaved comparison's rounds: each implementation's timed calls are split into this many blocks
+
+
+def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:
+    """The implementations of one shape in one process (a child of the sweep), on the same inputs, each prepared
+    (and checked) in turn; then their timed calls alternate in rounds, A B | B A | ... (stats.round_order): in each
+    round every implementation times its block of each phase (iters / ROUNDS calls, the device's method; one warm-up
+    call per phase after the first round, where the switch from another implementation left the caches cold; with
+    do_bench, rep_ms / ROUNDS). Each record's `pairing` says which of its samples came from which round, per phase
+    (do_bench decides its own counts)."""
+    device = resolve_device(runs[0].device)
+    inputs, grad_out = make_inputs(runs[0], device)
+    prepared = [prepare(run, device, inputs, grad_out) for run in runs]
+    timed = [i for i, p in enumerate(prepared) if not isinstance(p, dict)]
+    records = [p if isinstance(p, dict) else p[1] for p in prepared]
+    if not timed:
+        return records
+    run0 = runs[timed[0]]
+    sizes = stats.block_sizes(run0.iters, -(-run0.iters // min(ROUNDS, run0.iters)))
+    rounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i in timed}
+    timing = {**kernel_timing.choose_timing(device, run0.warmup, run0.iters, run0.warmup_ms, run0.rep_ms).describe(),
+              "interleaved": {"rounds": len(sizes), "calls_per_round": sizes, "warmup_calls_after_round_1": 1,
+                              "rep_ms_per_round": run0.rep_ms / len(sizes)}}
+    for r, size in enumerate(sizes):
+        method = kernel_timing.choose_timing(device, run0.warmup if r == 0 else 1, size, run0.warmup_ms,
+                                             run0.rep_ms / len(sizes))
+        for position in stats.round_order(len(timed), r):
+            i = timed[position]
+            with faults[i]:
+                samples = time_phases(prepared[i][0], inputs, grad_out, method)
+            for phase, values in samples.items():
+                kept = records[i].setdefault(f"{phase}_ms", [])
+                rounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
+                kept.extend(values)
+            records[i]["timing"] = timing
+    group = uuid.uuid4().hex[:12]
+    for position, i in enumerate(timed):
+        records[i].update(after_timing(runs[i], prepared[i][0], inputs, grad_out, device))
+        records[i]["load"]["after"] = common.machine_load(device)
+        records[i]["pairing"] = {"group": group, "mode": "steps", "position": position, "variants": len(timed),
+                                 "rounds": rounds[i]["forward"], "rounds_by_phase": rounds[i]}
+    return records
 
 
 def derive_figures(run: AttentionRun, record: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +372,7 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     """The study's predictions on every row; the statistics and TFLOP/s on a finished one."""
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, run.element_bytes)
     record["predicted_need_bytes"] = run_need_bytes(run)
-    if record["status"] == "ok":
+    if finished(record):
         record.update(derive_figures(run, record))
 
 
@@ -342,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="run configurations whose predicted memory exceeds free memory (default: skip them)")
     cli.add_device_args(p)
-    runner.add_sweep_args(p)
+    sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="attention")
     report.add_columns_and_plot_args(p, "bench_attention")
     cli.add_dry_run_arg(p)
@@ -386,9 +471,9 @@ def main(argv: list[str] | None = None) -> int:
         return cli.print_dry_run([plan_label(run) for run in runs], preamble=settings)
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
     live = report.LiveReport("bench_attention", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = runner.Experiment(name="bench_attention", measure=run_config, finish=finish_record,
-                                   summary=progress_summary, render=live)
-    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    experiment = sweep.Experiment(name="bench_attention", measure=run_config, measure_together=measure_together,
+                                  finish=finish_record, summary=progress_summary, render=live)
+    records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
     if records:
         published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot,
                                    live=live)

@@ -12,7 +12,7 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
     python bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
     python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
-    python bench_e2e.py --size xl --context-length max            # the longest power-of-two context that trains
+    python bench_e2e.py --size xl --context-length max            # the longest context that trains
     python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
@@ -20,19 +20,38 @@ do, what do bf16 mixed precision and torch.compile buy.
     python bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
     python bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
 
-Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the
-current one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration of a sweep runs in
-its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
+Method. A configuration is built (prepare: runner.Workload makes the model, wraps it in torch.compile when asked,
+the optimizer, and one random batch of token ids, all on the device), then measured (runner.measure_steps): with
+--compile the first step is timed apart as compile_s; --warmup untimed steps; the CUDA peak counter reset; --steps
+timed steps. The timed step is runner.run_step: the forward pass with the loss, loss.backward(), optimizer.step()
+with zero_grad(set_to_none=True), each phase between two device synchronisations (common.SyncTimer: synchronise,
+read timeit.default_timer, run, synchronise, read), and the whole step the same way. Nothing else is inside the
+timers: no data creation (the batch is made once), no .item(), no printing, no compile (its step is timed apart),
+no warm-up, no FLOP counting (--flops counted counts one more step, untimed). Each raw sample is kept; mean and std
+(and median, min, max) are derived from them.
+
+Variants of one configuration (--dtype, --compile, --attn, --model, --optimizer values) are compared: by default they
+are built in one process and their timed steps alternate in rounds (A B | B A | ..., runner.measure_interleaved),
+each variant with its own compile step, warm-up and memory figures, so that a machine that slows down meanwhile
+slows every variant alike; the speed-up is a paired ratio with a 95% interval (stats.py), and a phase the variants
+run identically (the optimizer step under --compile) is the control that says when the machine drifted anyway.
+
+Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the current
+one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) of a sweep runs
+in its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
 saved after every configuration and printed at the end, with one JSON record per configuration, under results/e2e/.
 A sweep over dtype, compile, attention, optimizer or parallelism adds a comparison table (speed-ups over the first
 variant); --context-length max adds the longest context of each search. The tables are e2e_tables.py's, the same
-code that report.py re-renders a saved run with.
+code that report.py re-renders a saved run with. docs/bench_e2e.md says more. (About 480 lines: three experiments
+share this command line, the step timing with its comparisons, the longest-context search and torchrun parallelism;
+the machinery is in runner.py, sweep.py and parallel.py, the tables in e2e_tables.py.)
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -46,46 +65,60 @@ import torch
 
 import cli
 import common
+import isolation
 import model_config
 import parallel
 import profile_readers
 import profile_tables
 import report
-import results
 import runner
+import search
+import sweep
 import user_code
 from cli import positive_float, positive_int
 from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
-from e2e_tables import (COLUMNS, SEARCH_START, config_key, config_table, context_searches, probe_contexts,
-                        variants)
+from e2e_tables import COLUMNS, config_key, config_table, context_searches, probe_contexts, variants
 from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, MODES, PHASES_BY_MODE, ModelConfig, get_config
-from results import GIB, ResultFiles
+from results import GIB, ResultFiles, finished
 from runner import RunConfig, Workload, run_step
+from search import SEARCH_START
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 
 
-# ---- one configuration ----
+# ---- one configuration: what is timed ----
 
 
-def run_config(run: RunConfig) -> dict[str, Any]:
-    """Build the workload and measure it on the shared run path (compile step apart, warm-up, timed steps,
-    peaks). Runs in a child process during sweeps; failures propagate as exceptions (the runner makes them rows)."""
-    common.maybe_inject_fault({"size": run.size, "context_length": run.context_length, "dtype": run.dtype,
-                               "warmup": run.warmup, "parallel": run.parallel, "mode": run.mode,
-                               "compile": run.compile, "attn": run.attn})
+def prepare(run: RunConfig) -> runner.Prepared:
+    """The configuration built on its device (runner.Workload) and its step to time, run_step(work): forward with
+    the loss, backward, optimizer step, each between synchronisations. After the timed steps (untimed): with
+    --profile the profiler's tables, with --flops counted one more step under FlopCounterMode."""
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
     profiler = profiler_for(run, work.device)
-    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps,
-                                  compile_first=run.compile, profiler=profiler)
-    if run.profile_results_dir is not None:
-        record.update(trace_tables(run, profiler, record))
-    if run.flops == "counted":
-        runner.phase("counting FLOPs (one untimed step)")
-        record["counted_step_flops"] = counted_step_flops(work)
-    return record
+
+    def after(record: dict[str, Any]) -> dict[str, Any]:
+        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
+        if run.flops == "counted":
+            isolation.phase("counting FLOPs (one untimed step)")
+            out["counted_step_flops"] = counted_step_flops(work)
+        return out
+
+    return runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
+                           compile_first=run.compile, profiler=profiler, after=after)
+
+
+def run_config(run: RunConfig) -> dict[str, Any]:
+    """One configuration alone (in a child process of the sweep): its record. Failures propagate as exceptions
+    (the sweep makes them rows)."""
+    return runner.measure(prepare(run))
+
+
+def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]]:
+    """The variants of one comparison in one process (a child of the sweep), their timed steps interleaved."""
+    device = common.resolve_device(runs[0].device)
+    return runner.measure_interleaved(device, [functools.partial(prepare, run) for run in runs], faults)
 
 
 def counted_step_flops(work: Workload) -> int:
@@ -122,7 +155,7 @@ def trace_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[
     the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
     profiler object. With --parallel, every rank also measures its time in collectives per phase
     ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
-    runner.phase("writing the profiler trace")
+    isolation.phase("writing the profiler trace")
     keep = parallel.is_rank_zero()
     if keep:
         stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
@@ -194,7 +227,7 @@ def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
     return None
 
 
-MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last probe, unless --max-context; see build_parser
+MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last doubling probe, unless --max-context; build_parser
 
 # ---- command line ----
 
@@ -202,66 +235,44 @@ MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last probe, unless --
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
-    p.add_argument("--d-model", type=positive_int, help="override d_model")
-    p.add_argument("--d-ff", type=positive_int, help="override d_ff")
-    p.add_argument("--num-layers", type=positive_int, help="override the number of layers")
-    p.add_argument("--num-heads", type=positive_int, help="override the number of heads")
+    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
+                       ("--num-heads", "the number of heads")):
+        p.add_argument(flag, type=positive_int, help=f"override {what}")
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
     p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
-                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': search "
-                        f"the longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own "
-                        "child process) until the first OOM, error or timeout, or --max-context; one search per "
-                        "size x dtype x compile x attn x optimizer (x parallel). See "
-                        "docs/bench_e2e.md#the-longest-context-that-fits")
+                   help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': the "
+                        f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own child "
+                        "process) until the first failure or --max-context, then bisecting after an OOM; one search "
+                        "per variant. See docs/bench_e2e.md#the-longest-context-that-fits")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
-                   help="with --context-length max: the last context tried, powers of two up to N; when not "
-                        f"given {MAX_CONTEXT_DEFAULT['cuda']} on CUDA and {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, "
-                        "whose memory is rarely the limit (each doubling costs 2-4x the time, so it stops there)")
+                   help="--context-length max: the last power of two tried (default: "
+                        f"{MAX_CONTEXT_DEFAULT['cuda']} on CUDA, {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, whose memory "
+                        "is rarely the limit and where each doubling costs 2-4x the time)")
+    p.add_argument("--search-resolution", type=positive_int, default=search.RESOLUTION, metavar="N",
+                   help="--context-length max: after the first OOM, bisect to a multiple of N")
+    p.add_argument("--search-probes", type=cli.non_negative_int, default=search.PROBE_BUDGET, metavar="N",
+                   help="--context-length max: at most N bisection probes per search (0: no bisection)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    p.add_argument("--warmup", type=cli.warmup_count, nargs="+", default=[5], help="warm-up step count(s)")
-    p.add_argument("--steps", type=cli.step_count, default=10, help="timed steps")
-    p.add_argument("--mode", choices=MODES, default="train",
-                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
+                          steps=10)
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
-    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
-                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad scaler)")
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
-                   help="torch.compile the whole model (--compile alone = on); 'off on' runs both and compares them. "
-                        "Compile time is reported apart from the timed steps")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
-                   help="our model's attention implementation(s): naive = softmax(QK^T)V in the model's own code, "
-                        "sdpa = torch's fused scaled_dot_product_attention; both to compare them (default: naive)")
+                   help="torch.compile the whole model (--compile alone = on; 'off on' compares them); the compile "
+                        "step is timed apart")
     user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
                                 "several to compare them in one table (train mode)", flops=True)
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     p.add_argument("--nvtx", action="store_true",
                    help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
     p.add_argument("--profile", action="store_true",
-                   help="after the warm-up, profile the measured steps with torch.profiler (CPU, and CUDA when "
-                        "present), write a Chrome/Perfetto trace under results/profile/ and print kernel tables "
-                        "(phases, top kernels, categories, attention); the way to profile without nsys")
+                   help="profile the timed steps with torch.profiler (CPU, and CUDA when present): a Perfetto trace "
+                        "under results/profile/ and kernel tables; the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     cli.add_device_args(p)
-    p.add_argument("--parallel", nargs="+", choices=parallel.PARALLEL, default=None,
-                   help="run under torchrun on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "
-                        "on every block and the root); give both to compare them. --batch-size is per rank. See "
-                        "docs/bench_e2e.md#more-than-one-gpu")
-    p.add_argument("--fsdp-mixed-precision", nargs="+", choices=parallel.FSDP_MIXED_PRECISION, default=None,
-                   help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), parameters gathered "
-                        "and used in bf16 with fp32 sharded master weights and gradient reduction; off (default) = "
-                        "fp32. Unlike --dtype bf16 (autocast, any mode), this casts the parameters themselves")
-    p.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
-                   help="fsdp: on (default) = each block frees its gathered parameters after forward and gathers "
-                        "them again for backward; off = keeps them until backward (more memory, fewer all-gathers)")
-    p.add_argument("--pg-timeout", type=positive_float, default=parallel.DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
-                   help="--parallel: a collective waiting longer than this for a peer fails its configuration")
-    p.add_argument("--world-size", type=positive_int, default=None, metavar="N",
-                   help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank); a "
-                        "real run takes its world size from torchrun")
-    runner.add_sweep_args(p)
+    parallel.add_parallel_args(p)
+    sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
     cli.add_dry_run_arg(p)
@@ -283,41 +294,49 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = parser.parse_args(argv)
     handout = cli.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, COLUMNS)
+    sweep.check_sweep_args(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
         args.size = cli.sizes_or_exit(parser, args, args.size)
-    if args.no_grad and args.mode != "forward":
-        parser.error("--no-grad only applies to --mode forward (backward needs the autograd graph)")
+    # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
-    if len(args.optimizer) > 1 and args.mode != "train":
-        parser.error("comparing optimizers needs --mode train (other modes take no optimizer step)")
-    # --compile alone means on; sweep values in the order given (the first is the comparison's baseline)
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
+    cli.refuse(parser, [
+        (args.no_grad and args.mode != "forward",
+         "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
+        (len(args.optimizer) > 1 and args.mode != "train",
+         "comparing optimizers needs --mode train (other modes take no optimizer step)")])
     user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
-    world_size = check_parallel_args(parser, args, device)
+    world_size = parallel.check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
-    if device.type != "cuda":
-        # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests use one)
-        if args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV):
-            parser.error(f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set "
-                         f"{common.NVTX_LIBRARY_ENV} to an NVTX library (bash nsys_run.sh builds one with gcc and "
-                         "sets it; by hand: docs/nsys_run.md, 'The NVTX library')")
-        if args.tf32 is not None:
-            parser.error(f"--tf32 needs a CUDA device, and this run is on {device}")
+    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests)
+        cli.refuse(parser, [
+            (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
+             f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
+             "NVTX library (bash nsys_run.sh builds one with gcc and sets it; by hand: docs/nsys_run.md, 'The NVTX "
+             "library')"),
+            (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
     if args.nvtx:
         try:
             common.nvtx_functions()
         except ValueError as exc:
             parser.error(str(exc))
+    return args, plan_runs(parser, args, dims, world_size)
+
+
+def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
+              world_size: int) -> list[RunConfig]:
+    """Every configuration of the sweep, in order: size x parallel x context x dtype x compile x model x attn x
+    optimizer x warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
             "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
-    runs = []  # a search's probes in a row, shortest first: runner.run_sweep(search=True) ends it at a failure
+    runs = []
     try:
         for values in itertools.product(*(axes[axis] for axis in order)):
             c = dict(zip(order, values))
@@ -329,8 +348,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if c["size"] == "custom":
                 model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             else:
-                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
-                                   context_length=c["ctx"])
+                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size, context_length=c["ctx"])
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
@@ -347,111 +365,59 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
-    return args, runs
+    return runs
 
 
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: model_config.Handout,
                     device: torch.device) -> list[int]:
-    """The contexts to run: those given, the handout's default, or for 'max' the probes of the search (sets
-    args.context_search and args.max_context). A search needs a child per probe and at least the steps that reach
-    the training peak."""
+    """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
+    (sets args.context_search, args.max_context and args.max_context_default). A search needs a child per probe
+    and at least the steps that reach the training peak."""
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
+    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", search.RESOLUTION),
+                                               ("--search-probes", search.PROBE_BUDGET))
+                    if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        if args.max_context is not None:
-            parser.error("--max-context only applies to --context-length max")
+        cli.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
+                                                 "--context-length max")])
         return given
-    if len(given) > 1:
-        parser.error("--context-length max searches for the longest context on its own: give max or numbers, not "
-                     f"both (got {' '.join(map(str, given))})")
     args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
     if args.max_context is None:
         args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
         args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
                                     f"the default on a CPU; on CUDA {MAX_CONTEXT_DEFAULT['cuda']}")
-    if args.max_context < SEARCH_START:
-        parser.error(f"--max-context must be at least {SEARCH_START}, where the search starts; got {args.max_context}")
-    if args.in_process:
-        parser.error("--context-length max runs every probe in its own child process (an OOM must not leave memory "
-                     "behind for the next probe): drop --in-process")
-    if args.no_skip:
-        parser.error("--no-skip does not apply to --context-length max: a search ends at its first failure")
-    if len(set(args.warmup)) > 1:  # a search is a skip group (runner), which warm-up counts share
-        parser.error("--context-length max takes one --warmup value: the warm-up does not change what fits")
-    if args.mode == "train" and min(args.warmup) + args.steps < 2:
-        parser.error("--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its "
-                     "moments in the first step, so only the second reaches the training peak")
+    cli.refuse(parser, [
+        (len(given) > 1, "--context-length max searches for the longest context on its own: give max or numbers, "
+                         f"not both (got {' '.join(map(str, given))})"),
+        (args.max_context < SEARCH_START,
+         f"--max-context must be at least {SEARCH_START}, where the search starts; got {args.max_context}"),
+        (args.in_process, "--context-length max runs every probe in its own child process (an OOM must not leave "
+                          "memory behind for the next probe): drop --in-process"),
+        (args.no_skip, "--no-skip does not apply to --context-length max: a search ends at its first failure"),
+        (len(set(args.warmup)) > 1,  # a search is a skip group, which warm-up counts share
+         "--context-length max takes one --warmup value: the warm-up does not change what fits"),
+        (args.mode == "train" and min(args.warmup) + args.steps < 2,
+         "--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its moments in the "
+         "first step, so only the second reaches the training peak")])
     return probe_contexts(args.max_context)
-
-
-def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> int:
-    """--parallel and torchrun belong together (or --world-size, to plan with --dry-run); a bad combination is a
-    one-line exit 2 (from rank 0 only), too many CPU processes a one-line warning. Fills the FSDP-only flags'
-    defaults. Returns the world size (1 without --parallel)."""
-    launch = parallel.torchrun_launch()
-    fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
-                                 ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
-    args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
-    args.reshard_after_forward = args.reshard_after_forward or ["on"]
-    if args.world_size is not None:
-        if not args.parallel:
-            parser.error("--world-size only applies to --parallel (with --dry-run)")
-        if not args.dry_run:
-            parser.error("--world-size only plans a --parallel run with --dry-run; a real run takes its world size "
-                         "from torchrun: torchrun --nproc-per-node N bench_e2e.py --parallel ...")
-        if launch is not None:
-            parser.error(f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
-                         f"{launch.world_size})")
-    if not args.parallel:
-        if launch is not None and launch.world_size > 1:
-            parser.error(f"launched by torchrun with WORLD_SIZE={launch.world_size} but without --parallel: every "
-                         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp")
-        if fsdp_flags:
-            parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
-        return 1
-    args.parallel = list(dict.fromkeys(args.parallel))
-    if fsdp_flags and "fsdp" not in args.parallel:
-        parser.error(f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")
-    if args.in_process:
-        parser.error("--parallel with --in-process is not supported yet: every rank runs each configuration in a "
-                     "child process of its own, which joins that configuration's process group")
-    if device.type == "cuda" and device.index is not None:
-        parser.error(f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")
-    if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
-        return args.world_size
-    if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
-        parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
-    if launch is None:
-        parser.error("--parallel needs torchrun, which starts one process per rank and sets RANK and WORLD_SIZE: "
-                     "torchrun --nproc-per-node N bench_e2e.py --parallel ... (to plan without it: --dry-run "
-                     "--world-size N)")
-    if device.type == "cuda":
-        if torch.cuda.device_count() < launch.local_world_size:
-            parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
-                         f"node but {torch.cuda.device_count()} GPU(s) visible")
-    else:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if launch.local_world_size > cores and launch.rank == 0:
-            results.progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
-                             "ranks share cores and every timing includes the others' work")
-    return launch.world_size
 
 
 # ---- the sweep ----
 
 
-def finish_record(run: RunConfig, record: dict[str, Any], peak_override: float | None,
-                  max_context: int | None = None) -> None:
+def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
     """The derived figures of a finished configuration; its status says whether a phase was noisy. Under
     --parallel, every row (failed ones too) gets the predicted state bytes per rank; in a --context-length max
-    search, the search's upper bound."""
+    search, the search's settings (its upper bound, the bisection's resolution and budget)."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
-    if record["status"] == "ok":
-        record.update(derive_figures(run, record, peak_override))
+    if finished(record):  # measured (the status says "ok" until the noisy check)
+        record.update(derive_figures(run, record, args.peak_tflops))
         record["status"] = "noisy" if record["noisy"] else "ok"
-    if max_context is not None:  # a probe of --context-length max: context_searches finds it by this
-        record["context_search"] = {"max_context": max_context}
+    if args.context_search:  # a probe of --context-length max: context_searches finds it by this
+        record["context_search"] = {"max_context": args.max_context, "resolution": args.search_resolution,
+                                    "probe_budget": args.search_probes}
 
 
 def dry_run_label(run: RunConfig) -> str:
@@ -462,21 +428,26 @@ def dry_run_label(run: RunConfig) -> str:
 
 
 def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
-    """What --dry-run adds below the plan: the comparison table's variants and the context searches."""
+    """What --dry-run adds below the plan: the comparison table's variants (and how they are timed) and the
+    context searches."""
     notes = []
     configs = [dataclasses.asdict(run) for run in runs]
     names = variants(configs)
     if names:
+        how = ("each comparison's variants in one process, their timed steps interleaved" if args.interleave == "steps"
+               else f"each variant in its own process, {args.repeats} run(s) each, alternating")
         notes.append(f"then a comparison table: {' vs '.join(names)}, one row per size and context, speed-ups over "
-                     f"{names[0]}.")
+                     f"{names[0]} ({how}).")
     if args.context_search:
         searches = len({config_key(c, context=False) for c in configs})
         contexts = probe_contexts(args.max_context)
         source = f"; {args.max_context_default}" if args.max_context_default else ""
+        bisect = (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
+                  f"multiple of {args.search_resolution}." if args.search_probes else "")
         notes.append(f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the "
                      f"context), each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child "
                      "process. A search ends at its first OOM (the answer: the context before it), error or timeout "
-                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).")
+                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).{bisect}")
     return [textwrap.fill(note, width=116) for note in notes]
 
 
@@ -491,19 +462,19 @@ def main(argv: list[str] | None = None) -> int:
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = runner.Experiment(
-        name="bench_e2e", measure=run_config,
-        finish=lambda run, record: finish_record(run, record, args.peak_tflops,
-                                                 args.max_context if args.context_search else None),
+    experiment = sweep.Experiment(
+        name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
+        finish=lambda run, record: finish_record(run, record, args),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step", render=live)
-    records, code = runner.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
-                                     search=args.context_search)
+    records, code = sweep.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
+                                    search=args.context_search)
     if records and rank_zero:
         # each search's answer as a record of its own, after its probes; then the report, then the figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,
                                    append=context_searches(records))
         return code or published  # an interrupted sweep says so first
     return code
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -89,6 +89,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
+    """The first rule whose condition holds is the user's mistake: one line, exit 2."""
+    for broken, message in rules:
+        if broken:
+            parser.error(message)
+
+
 def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[int, ...]]) -> None:
     """A user mistake if a tensor the run will build has more bytes than torch can count (int64), at 8 bytes per
     element (the widest dtype these scripts allocate: int64 token ids). `shapes` names each tensor's shape."""
@@ -98,8 +105,30 @@ def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
-    """--device, the same in every script that sweeps configurations (runner.add_sweep_args adds the rest)."""
+    """--device, the same in every script that sweeps configurations (sweep.add_sweep_args adds the rest)."""
     parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+
+
+def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, attentions: Any, *,
+                      several_modes: bool, several_warmups: bool, warmup: int, steps: int) -> None:
+    """--mode, --dtype, --attn, --warmup, --steps and --seed: the settings of the LM workload, the same in bench_e2e
+    and mem_profile (`modes`, `dtypes`, `attentions`: the names runner, common and model know). `several_modes`,
+    `several_warmups`: a sweep over them (a list) rather than one value."""
+    parser.add_argument("--mode", nargs="+" if several_modes else None, choices=list(modes),
+                        default=["forward", "train"] if several_modes else "train",
+                        help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    parser.add_argument("--dtype", nargs="+", choices=list(dtypes), default=["fp32"],
+                        help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad "
+                             "scaler); several to compare them")
+    parser.add_argument("--attn", nargs="+", choices=list(attentions), default=None,  # None: not given (--model)
+                        help="our model's attention: naive = softmax(QK^T)V in the model's own code, sdpa = torch's "
+                             "fused scaled_dot_product_attention; both to compare them (default: naive)")
+    parser.add_argument("--warmup", type=warmup_count, nargs="+" if several_warmups else None,
+                        default=[warmup] if several_warmups else warmup,
+                        help="untimed warm-up steps before the peak counter is reset and the timed steps start"
+                             + (" (several: the warm-up study)" if several_warmups else ""))
+    parser.add_argument("--steps", type=step_count, default=steps, help="timed steps")
+    parser.add_argument("--seed", type=seed_int, default=0, help="random seed for weights and data")
 
 
 def add_size_args(parser: argparse.ArgumentParser, default_help: str) -> None:

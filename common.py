@@ -1,9 +1,10 @@
 """What every experiment shares at run time: device and precision contexts, the synchronised timer, memory
 counters and the saved-for-backward counter, NVTX / profiler ranges (and a profiler without kineto's marker
-lines), the GPU peak table, the environment record, and failures as data.
+lines), the GPU peak table, the environment record and the machine's load, and failures as data.
 
 The model's configuration and the handouts' sizes are in model_config.py, the command line in cli.py, result
-files and tables in results.py, the LM workload and its measured steps in runner.py.
+files and tables in results.py, the LM workload and its measured steps in runner.py, statistics of samples in
+stats.py, the sweep (and its fault injection for tests) in sweep.py.
 Nothing here does work at import time or changes global state on import.
 """
 from __future__ import annotations
@@ -15,11 +16,9 @@ import datetime
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import threading
-import time
 import timeit
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -172,17 +171,6 @@ class SyncTimer:
         with self:
             result = fn()
         return result, self.elapsed_s
-
-
-def summarize(samples: list[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (n-1), median, min, max and coefficient of variation of `samples`.
-    One sample has no standard deviation: std and cv are None, never a made-up 0."""
-    if not samples:
-        return {}
-    mean = statistics.fmean(samples)
-    std = statistics.stdev(samples) if len(samples) > 1 else None
-    return {"mean": mean, "std": std, "median": statistics.median(samples), "min": min(samples),
-            "max": max(samples), "cv": std / mean if std is not None and mean else None, "n": len(samples)}
 
 
 # ---- memory ----
@@ -512,6 +500,39 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
+def machine_load(device: torch.device) -> dict[str, Any]:
+    """What else the machine was doing, read (untimed) before and after a measurement: the 1-minute load average
+    (runnable processes; above the usable CPUs means work is queued), the CPUs and the usable ones (affinity); on
+    CUDA also gpu_load. A CPU run never reaches a CUDA call."""
+    load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                            "cpu_count": os.cpu_count(),
+                            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    if device.type == "cuda":
+        load.update(gpu_load(device))
+    return load
+
+
+# record key (its unit in the name) -> the torch.cuda reader of it (each reads NVML: needs pynvml, or amdsmi on ROCm)
+GPU_READERS: dict[str, str] = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "temperature",
+                               "gpu_power_mw": "power_draw", "gpu_sm_clock_mhz": "clock_rate"}
+
+
+def gpu_load(device: torch.device) -> dict[str, Any]:
+    """Through NVML (torch.cuda's readers, which need pynvml): the GPU's utilisation over its last sample period
+    (%), temperature (C), power draw (mW), SM clock (MHz) and the pids of the other processes using it (a
+    neighbour's job, a throttled clock or a hot GPU changes every timing). {"nvml": why} when NVML cannot be read."""
+    out: dict[str, Any] = {}
+    try:
+        for key, reader in GPU_READERS.items():
+            out[key] = getattr(torch.cuda, reader)(device)
+        listing = torch.cuda.list_gpu_processes(device)  # "process   1234 uses  512.000 MB GPU memory" lines
+    except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML in the driver, a MIG slice: the load is unknown
+        return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"[:200]}
+    out["gpu_other_pids"] = [pid for pid in map(int, re.findall(r"process\s+(\d+)\s+uses", listing))
+                             if pid != os.getpid()]
+    return out
+
+
 def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
     """resolve_device, with a user mistake (no CUDA, unknown device) as a one-line exit 2."""
     try:
@@ -538,42 +559,3 @@ def failure_status(exc: BaseException) -> str:
         return "OOM"
     first_line = (str(exc).strip().splitlines() or [""])[0]
     return f"error: {type(exc).__name__}: {first_line}"[:200]
-
-
-FAULT_ENV = "BENCH_INJECT_FAULT"
-
-
-def maybe_inject_fault(fields: dict[str, Any]) -> None:
-    """Test hook, so that failure handling is tested end to end without a real fault:
-    `BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32"` makes the configuration whose fields all match raise
-    an out-of-memory error; `error:` raises RuntimeError; `hang:` sleeps for an hour (a stuck kernel, for
-    --timeout and signal tests; it says its pid on stderr); `kill:` SIGKILLs its own process (a crash without a
-    word). Clauses are separated by ';'. A condition `field>=N` matches a numeric field at least N
-    (`oom:context_length>=1024`: every context from 1024 up runs out of memory, as on a real device). Every
-    configuration also matches `rank=` (torchrun's RANK, 0 without torchrun). Read at call time; child processes get
-    the parent's value."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    fields = {"rank": os.environ.get("RANK", "0"), **fields}  # torchrun's rank: `oom:rank=1,...` fails one rank
-    for clause in spec.split(";"):
-        kind, _, conditions = clause.partition(":")
-        if all(_fault_condition_holds(c, fields) for c in conditions.split(",") if "=" in c):
-            if kind == "oom":
-                raise torch.OutOfMemoryError("CUDA out of memory (injected by BENCH_INJECT_FAULT)")
-            if kind == "hang":
-                print(f"injected hang in pid {os.getpid()}", file=sys.stderr, flush=True)
-                time.sleep(3600)
-            if kind == "kill":
-                os.kill(os.getpid(), 9)  # SIGKILL
-            raise RuntimeError(f"injected failure ({clause})")
-
-
-def _fault_condition_holds(condition: str, fields: dict[str, Any]) -> bool:
-    """`field=value` (compared as text) or `field>=N` (compared as numbers) against a configuration's fields."""
-    if ">=" in condition:
-        key, _, bound = condition.partition(">=")
-        value = fields.get(key)
-        return isinstance(value, (int, float)) and value >= float(bound)
-    key, _, value = condition.partition("=")
-    return str(fields.get(key)) == value

@@ -14,10 +14,13 @@ import json
 from typing import Any, Callable
 
 import profile_tables
+import search
+import stats
 from model_config import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
 from model_config import config_table as model_config_table
 from results import (FINISHED, GIB, RUN_COLUMN, by_run, comparison_groups, environment_lines, finished, is_merged,
                      pick_columns, render_table, run_of, runs_cell, with_run_column)
+from search import SEARCH_START
 
 # ---- the table ----
 
@@ -143,13 +146,38 @@ def short_status(status: str) -> str:
 
 
 def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
-    """The baseline's summed mean time over these phases divided by the other variant's ("1.93x": the other is
-    1.93 times as fast); a failed or missing row gives its status instead of a number."""
+    """The speed-up of the other variant over the baseline over these phases ("1.93x": 1.93 times as fast),
+    stats.speedup: paired by round when the two were measured together, else the ratio of their summed means; a
+    failed or missing row gives its status instead of a number."""
     if other is None or other["status"] not in FINISHED:
         return short_status(other["status"]) if other else "not run"
     if base is None or base["status"] not in FINISHED:
         return f"baseline {short_status(base['status']) if base else 'not run'}"
-    return f"{sum(base[f'{p}_ms_mean'] for p in phases) / sum(other[f'{p}_ms_mean'] for p in phases):.2f}x"
+    return f"{stats.speedup(base, other, phases).ratio:.2f}x"
+
+
+def speedup_interval(base: dict[str, Any] | None, other: dict[str, Any] | None,
+                     phases: tuple[str, ...]) -> stats.PairedRatio | None:
+    """The paired speed-up with its interval (stats.speedup) when both rows finished, else None."""
+    if base is None or other is None or base["status"] not in FINISHED or other["status"] not in FINISHED:
+        return None
+    return stats.speedup(base, other, phases)
+
+
+def control_phase(configs: list[dict[str, Any]]) -> str | None:
+    """The phase every variant of a comparison runs identically, the control for drift (stats.drift): the optimizer
+    step when only the model's settings vary (dtype, compile, attention: the fp32 master weights and gradients are
+    the same; fp16's grad scaler is not), the forward pass when only the optimizer varies; None otherwise (forward
+    mode, your model against ours, or every phase differs). A control that moved says the machine changed."""
+    varied = {f for f in ("dtype", "compile", "attn", "optimizer", "model_factory", "parallel")
+              if len({str(c.get(f)) for c in configs}) > 1}
+    if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model_factory"}:
+        return None
+    if varied == {"optimizer"}:
+        return "forward"
+    if "optimizer" not in varied and not any(c["dtype"] == "fp16" for c in configs):
+        return "optimizer"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +206,7 @@ def comparison(records: list[dict]) -> Comparison | None:
     for rec in records:
         by_row.setdefault(config_key(rec["config"], VARIANT_FIELDS), {})[variant_label(rec["config"], axes)] = rec
     warmups = len({c["warmup"] for c in configs}) > 1
+    control = control_phase(configs)
     rows = []
     for cells in by_row.values():
         config = next(iter(cells.values()))["config"]
@@ -191,15 +220,32 @@ def comparison(records: list[dict]) -> Comparison | None:
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
+        unresolved, drifts, paired_names = [], [], set()
         for name in names[1:]:
+            base, other = cells.get(names[0]), cells.get(name)
             for label, summed in ratios:
-                row[f"{label} speed-up: {name}"] = speedup_cell(cells.get(names[0]), cells.get(name), summed)
-        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"]
-        row["notes"] = f"noisy: {', '.join(noisy)}" if noisy else None
+                row[f"{label} speed-up: {name}"] = speedup_cell(base, other, summed)
+                found = speedup_interval(base, other, summed)
+                row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
+                if found and found.rounds:
+                    paired_names.update((names[0], name))
+                if found and found.resolved is False:
+                    unresolved.append(f"{label} {name}")
+            both = base is not None and other is not None and finished(base) and finished(other)
+            moved = stats.drift(base, other, control) if control and both else None
+            if moved:
+                drifts.append(f"{moved.text()} ({name})")
+        # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
+        noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"
+                 and name not in paired_names]
+        notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
+        row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
+    intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)
     columns = ["size", "ctx"] + (["warmup"] if warmups else [])
     columns += [f"{PHASE_SHORT[p]} ms: {n}" for p in phases for n in names]
-    columns += [f"{label} speed-up: {n}" for n in names[1:] for label, _ in ratios]
+    columns += [c for n in names[1:] for label, _ in ratios
+                for c in [f"{label} speed-up: {n}"] + ([f"{label} 95% CI: {n}"] if intervals else [])]
     columns += ["notes"] if any(row["notes"] for row in rows) else []
     return Comparison(names, [label for label, _ in ratios], rows, columns)
 
@@ -212,27 +258,26 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     names = found.variants
     return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
             + render_table(found.rows, found.columns, fmt)
-            + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s mean / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases. A failed row shows its status, not a number.")
+            + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
+            "faster), fwd+bwd sums the two phases: for variants measured together, the geometric mean over the rounds "
+            "of their interleaved steps (A B B A ...) with a 95% t-interval on the log-ratios (not resolved when it "
+            "contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
+            "changed between them by more than its spread. A failed row shows its status, not a number.")
 
 
-# ---- --context-length max: the longest power-of-two context that runs ----
-
-SEARCH_START = 128  # the first probe; the study's contexts are powers of two from 128
+# ---- --context-length max: the longest context that runs ----
 
 
 def probe_contexts(max_context: int) -> list[int]:
-    """128, 256, ... up to the largest power of two <= max_context."""
-    out = [SEARCH_START]
-    while out[-1] * 2 <= max_context:
-        out.append(out[-1] * 2)
-    return out
+    """The doubling probes: 128, 256, ... up to the largest power of two <= max_context."""
+    return search.doubling_sizes(SEARCH_START, max_context)
 
 
 def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     """The answer of every --context-length max search in a sweep's records (one search per configuration but
-    the context: size x dtype x compile x ...), as a record: the longest context that ran, the probe that ended
-    the search and what that means. A search ends at its first failure (runner.run_sweep with search=True)."""
+    the context: size x dtype x compile x ...), as a record: the longest context that ran (bisected), the longest
+    power of two, the probe that ended the search and what that means (search.answer). A search doubles to its
+    first failure, then bisects after an OOM (sweep.run_sweep with search=True)."""
     groups: dict[str, list[dict]] = {}
     for rec in records:
         if "context_search" in rec:
@@ -240,32 +285,18 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     answers = []
     for probes in groups.values():
         probes.sort(key=lambda r: r["config"]["model"]["context_length"])
-        fits = [r for r in probes if r["status"] in FINISHED]
-        failed = next((r for r in probes if r["status"] not in FINISHED), None)
-        best = fits[-1] if fits else None
-        longest = best["config"]["model"]["context_length"] if best else None
-        cap = probes[0]["context_search"]["max_context"]
-        conclusive = False
-        if failed is None:
-            ended = longest >= probe_contexts(cap)[-1]
-            answer = (f"at least this: the search stops at --max-context {cap}" if ended
-                      else "incomplete: the search was interrupted")
-        else:
-            ctx, status = failed["config"]["model"]["context_length"], failed["status"]
-            if status == "OOM" or status.startswith("OOM on rank"):
-                conclusive = True
-                answer = f"the longest that fits: {ctx} runs out of memory" if best else f"none: OOM already at {ctx}"
-            elif status.startswith(("timeout", "process-group timeout")):
-                answer = f"the longest within the time limit: {ctx} timed out, whether it fits is unknown"
-            else:
-                answer = f"inconclusive: {ctx} failed with an error, not an OOM (see its row)"
+        settings = probes[0]["context_search"]
+        found = search.answer([{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
+                               for r in probes], settings["max_context"], settings.get("resolution"),
+                              settings.get("probe_budget"))
+        longest = found["longest_context"]
+        best = next((r for r in probes if r["config"]["model"]["context_length"] == longest and finished(r)), None)
         answers.append({
             "experiment": "bench_e2e", "kind": "longest_context", "label": (best or probes[0])["label"],
-            "config": (best or probes[0])["config"], "longest_context": longest, "max_context": cap,
+            "config": (best or probes[0])["config"], **found, "max_context": settings["max_context"],
             "probes": [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
                        for r in probes],
-            "conclusive": conclusive, "answer": answer,
-            "status": f"longest context {longest or 'none'}: {answer}"})
+            "status": f"longest context {longest or 'none'}: {found['answer']}"})
     return answers
 
 
@@ -285,7 +316,7 @@ def search_table(records: list[dict], fmt: str) -> str | None:
                    "mode": config["mode"] + (" no-grad" if config["no_grad"] else ""),
                    "dtype": config["dtype"] + (" compiled" if config["compile"] else ""), "attn": config["attn"],
                    "optimizer": config["optimizer"], "parallel": parallel_label(config), "warmup": config["warmup"],
-                   "longest ctx": ans["longest_context"],
+                   "longest ctx": ans["longest_context"], "longest 2^k": ans.get("longest_power_of_two"),
                    "last probe": f"{last['context_length']}: {short_status(last['status'])}",
                    "answer": ans["answer"]}
             if best is not None:
@@ -298,13 +329,20 @@ def search_table(records: list[dict], fmt: str) -> str | None:
     columns = with_run_column(["size", "mode", "dtype", "attn"], records)
     columns += [c for c in ("optimizer", "warmup") if len({str(r[c]) for r in rows}) > 1]
     columns += ["parallel"] if any(r["parallel"] for r in rows) else []
-    columns += ["longest ctx", "step ms"] + (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else [])
-    columns += ["last probe", "answer"]
+    bisected = [a for a in answers if a.get("resolution")]
+    columns += ["longest ctx"] + (["longest 2^k"] if bisected else []) + ["step ms"]
+    columns += (["peak mem GiB"] if any("peak mem GiB" in r for r in rows) else []) + ["last probe", "answer"]
     caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
-    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps})\n\n"
-            + render_table(rows, columns, fmt)
-            + "\n\nThe true limit lies between the longest context and twice it: bisect with an explicit "
-              "--context-length list to get closer.")
+    how = f"powers of two from {SEARCH_START} up to --max-context {caps}"
+    if bisected:
+        resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in bisected))
+        how += f", then after an OOM a bisection to a multiple of {resolutions}"
+        note = ("longest ctx: the longest that ran, bisected between the last power of two that ran and the first "
+                "that ran out of memory; longest 2^k: the doubling's answer.")
+    else:
+        note = ("The true limit lies between the longest context and twice it: bisect with an explicit "
+                "--context-length list to get closer.")
+    return f"## Longest context that runs ({how})\n\n" + render_table(rows, columns, fmt) + "\n\n" + note
 
 
 def measured(records: list[dict]) -> list[dict]:

@@ -312,7 +312,8 @@ def plot_memory_context(records: list[dict[str, Any]], notes: Notes) -> Any | No
 
 
 def plot_memory_checkpoint(records: list[dict[str, Any]], notes: Notes) -> Any | None:
-    """Peak (CUDA runs) and bytes saved for backward against the checkpoint block size K (0 = no checkpointing)."""
+    """Peak (CUDA runs), the predicted peak (any device; a star on the smallest over every K when it is among
+    those run) and bytes saved for backward against the checkpoint block size K (0 = no checkpointing)."""
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
     if len(ks) < 2:
         return None
@@ -325,6 +326,22 @@ def plot_memory_checkpoint(records: list[dict[str, Any]], notes: Notes) -> Any |
     fig, (ax,) = new_figure()
     for label, xs, ys, style in lines:
         ax.plot(xs, ys, style, marker="o", label=label)
+    # the predicted peak (lm_memory.checkpoint_prediction, any device), dotted, its minimum over every K marked
+    predicted: dict[str, dict] = {}
+    for r in records:
+        if r.get("checkpoint_prediction"):
+            c = r["config"]
+            ident = " ".join(f"ctx {c['model']['context_length']}" if k == "ctx" else str(c[k]) for k in keys)
+            predicted.setdefault(f"predicted peak, {c['mode']} {ident}{run_suffix(r, records)}", {})[
+                position[c["checkpoint_every"]]] = r["checkpoint_prediction"]
+    for label, points in predicted.items():
+        best = next(iter(points.values()))
+        xs = sorted(points)
+        line, = ax.plot(xs, [points[x]["predicted_peak_bytes"] / MIB for x in xs], ":", marker="s",
+                        label=f"{label} (smallest at K = {best['best_k']})")
+        if best["best_k"] in position:
+            ax.plot(position[best["best_k"]], best["best_predicted_peak_bytes"] / MIB, "*", markersize=14,
+                    color=line.get_color())
     ax.set_xticks(range(len(ks)), [str(k) if k else "0 (off)" for k in ks])
     ax.set_xlabel("checkpoint every K blocks")
     ax.set_ylabel("memory (MiB)")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-import runner
+import isolation
 from common import SyncTimer
 
 # do_bench's own defaults (triton.testing.do_bench(warmup=25, rep=100), in milliseconds of calls)
@@ -43,11 +43,11 @@ def sync_timer_samples(fn: Callable[[], Any], timer: SyncTimer, warmup: int, ite
     """`warmup` untimed calls, then `iters` calls each inside the sync timer. What a call returns is dropped after
     its timer stops: freeing a forward's graph is not part of the forward."""
     for i in range(warmup):
-        runner.phase(f"warm-up {label} {i + 1}/{warmup}")
+        isolation.phase(f"warm-up {label} {i + 1}/{warmup}")
         fn()
     samples = []
     for i in range(iters):
-        with runner.timed_phase(f"{label} {i + 1}/{iters}"), timer:
+        with isolation.timed_phase(f"{label} {i + 1}/{iters}"), timer:
             result = fn()
         samples.append(timer.elapsed_s * 1e3)
         del result
@@ -59,10 +59,10 @@ def cuda_event_samples(fn: Callable[[], Any], warmup: int, iters: int, label: st
     synchronisation (the host runs ahead: a call's time is the GPU's, launch overhead included only where the GPU
     waited for it)."""
     for i in range(warmup):
-        runner.phase(f"warm-up {label} {i + 1}/{warmup}")
+        isolation.phase(f"warm-up {label} {i + 1}/{warmup}")
         fn()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    with runner.timed_phase(f"{iters} x {label}"):
+    with isolation.timed_phase(f"{iters} x {label}"):
         torch.cuda.synchronize()
         for start, end in events:
             start.record()
@@ -76,7 +76,7 @@ def cuda_event_samples(fn: Callable[[], Any], warmup: int, iters: int, label: st
 def do_bench_samples(fn: Callable[[], Any], do_bench: Callable[..., Any], warmup_ms: float, rep_ms: float,
                      label: str = "call") -> list[float]:
     """triton.testing.do_bench's samples (ms), one per timed call."""
-    with runner.timed_phase(f"do_bench {label}"):
+    with isolation.timed_phase(f"do_bench {label}"):
         return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
 
 

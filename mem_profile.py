@@ -19,12 +19,13 @@ reset; reserved memory too), each configuration in its own child process, an OOM
 records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
 a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
 code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). The accounting
-(weights, gradients, AdamW state, residual-stream and attention-score tensor sizes) and the saved-for-backward
-tables need no GPU: the latter are measured with
-torch.autograd.graph.saved_tensors_hooks on fake tensors (shapes and dtypes without memory), so even 2.7B
-takes seconds on a laptop. Tables (memory_tables.py, the code report.py re-renders saved runs with) go to stdout
-and, with one JSON record per configuration, to results/memory/.
+torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). Three things need no GPU
+(lm_memory.py): the accounting (weights, gradients, AdamW state, residual-stream and attention-score tensor
+sizes), the saved-for-backward tables, measured with torch.autograd.graph.saved_tensors_hooks on fake tensors
+(shapes and dtypes without memory, so even 2.7B takes seconds on a laptop), and with --checkpoint K the peak those
+figures predict for each K (the model state, the N/K segment inputs, one segment's K recomputed blocks, the largest
+transient), with the K that minimises it. Tables (memory_tables.py, the code report.py re-renders saved runs with)
+go to stdout and, with one JSON record per configuration, to results/memory/.
 
 Sizes and the default sizes and contexts come from the study's handout: the current one (2026, v26.1.1) unless
 --handout or CS336_HANDOUT says 2025. --dry-run lists the configurations and runs nothing.
@@ -38,57 +39,35 @@ import functools
 import itertools
 import json
 import pickle
-import re
 import sys
 import time
 import traceback
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import cli
 import common
+import isolation
 import memory_snapshot
 import memory_tables
 import model_config
 import report
 import runner
+import sweep
 import user_code
 from cli import non_negative_int, positive_int
-from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
+from common import DTYPES, resolve_device
 from e2e_tables import config_table
-from model import ATTENTION, cross_entropy
+from lm_memory import (FP32_BYTES, activation_figures, attention_scores_bytes, checkpoint_prediction,
+                       residual_stream_bytes, saved_for_backward, static_memory_bytes, summarize_saved)
+from model import ATTENTION
 from model_config import DEFAULT_BATCH_SIZE, MODES, get_config
-from results import ResultFiles, format_bytes
+from results import ResultFiles, finished, format_bytes
 from runner import RunConfig, Workload, run_step
 
-FP32_BYTES = 4
 # ---- accounting from the config ----
-
-
-def static_memory_bytes(cfg: model_config.ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
-    """Bytes that live for the whole run: fp32 weights (the master copy, also under autocast), fp32 gradients
-    when the mode runs backward, and AdamW's two fp32 moments (exp_avg, exp_avg_sq) in a training step.
-    `num_params`: the model's own count (yours); default our architecture's."""
-    weights = (num_params or cfg.num_params) * FP32_BYTES
-    return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
-            "adamw_state_bytes": 2 * weights if mode == "train" else 0}
-
-
-def residual_stream_bytes(batch: int, ctx: int, d_model: int) -> int:
-    """One (batch, ctx, d_model) residual-stream tensor in fp32. Under bf16/fp16 autocast it stays fp32: the
-    embedding output is fp32 and each residual add (fp32 + low-precision) promotes to fp32."""
-    return batch * ctx * d_model * FP32_BYTES
-
-
-def attention_scores_bytes(batch: int, heads: int, ctx: int, dtype: str) -> int:
-    """One layer's (batch, heads, ctx, ctx) attention-score matrix, in the dtype the QK^T matmul produces
-    (fp32: 4 B; autocast bf16/fp16: 2 B). Naive attention keeps several such matrices per layer for backward."""
-    return batch * heads * ctx * ctx * DTYPES[dtype].itemsize
 
 
 def accounting(run: RunConfig, num_params: int | None = None) -> dict[str, Any]:
@@ -107,151 +86,24 @@ def accounting(run: RunConfig, num_params: int | None = None) -> dict[str, Any]:
 # ---- saved for backward ----
 
 
-def op_name(t: torch.Tensor) -> str:
-    """The autograd op that produced `t` ('Where' for WhereBackward0); '(no grad_fn)' for an input or a
-    non-differentiable output (the token ids, sdpa's log-sum-exp)."""
-    return re.sub(r"Backward\d*$", "", t.grad_fn.name()) if t.grad_fn is not None else "(no grad_fn)"
-
-
-class ModuleTracker:
-    """Forward pre-/post-hooks on every module: the path of the module running now ('layers.3.ffn.w1') and the
-    module that produced each module output. A module shared between blocks (the RoPE cache) takes the path
-    under its caller, so what it makes is attributed to the right block."""
-
-    def __init__(self, model: nn.Module):
-        self._paths: dict[int, list[str]] = {}
-        for path, module in model.named_modules(remove_duplicate=False):
-            self._paths.setdefault(id(module), []).append(path)
-        self._stack: list[str] = []
-        # storage key -> (producing module path, the output itself: kept so that its key cannot be reused)
-        self.produced_by: dict[int, tuple[str, torch.Tensor]] = {}
-        self._handles = [h for m in model.modules()
-                         for h in (m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit))]
-
-    @property
-    def current(self) -> str:
-        return self._stack[-1] if self._stack else ""
-
-    def producer(self, key: int) -> str:
-        """The module whose output this storage is; else the module running now (a tensor made inside it)."""
-        return self.produced_by[key][0] if key in self.produced_by else self.current
-
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        for t in args:  # an input not yet known as a module output was made by the caller, running now
-            if isinstance(t, torch.Tensor):
-                self.produced_by.setdefault(storage_key(t), (self.current, t))
-        paths = self._paths[id(module)]
-        prefix = self.current + "." if self._stack and self.current else ""
-        self._stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
-
-    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        path = self._stack.pop()
-        for t in output if isinstance(output, (tuple, list)) else (output,):
-            if isinstance(t, torch.Tensor):
-                self.produced_by.setdefault(storage_key(t), (path, t))  # inner modules exit first: they win
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self.produced_by.clear()
-
-
-def saved_for_backward(cfg: model_config.ModelConfig, batch: int, dtype: str = "fp32", attn: str = "naive",
-                       checkpoint_every: int = 0, device: str | torch.device = "cpu",
-                       fake: bool = True, model_factory: str | None = None) -> list[dict[str, Any]]:
-    """Every storage autograd saves for backward during one forward pass plus the loss, each counted once,
-    with the module that produced it, the op, shape (of the whole storage's tensor), dtype and bytes. Weights
-    and buffers the graph refers to are left out: they are resident anyway (autocast's low-precision weight
-    copies are not, and are listed).
-
-    fake=True runs under FakeTensorMode: the graph, shapes and dtypes (autocast included) are a real run's,
-    with no memory and no arithmetic. fake=False runs the real model (tests compare the two). `model_factory`:
-    your model instead of ours (runner.build_model)."""
-    device = torch.device(device)
-    if fake:
-        with torch.device("meta"):
-            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
-        # allow_non_fake_inputs: to_empty turns the meta weights into fake ones on `device`
-        mode: contextlib.AbstractContextManager = FakeTensorMode(allow_non_fake_inputs=True)
-    else:
-        with device:
-            model = runner.build_model(cfg, attn, checkpoint_every, model_factory)
-        mode = contextlib.nullcontext()
-    with mode:
-        if fake:
-            model = model.to_empty(device=device)
-        tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.context_length), device=device)
-        resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-        tracker = ModuleTracker(model)
-
-        def describe(t: torch.Tensor) -> dict[str, Any]:
-            base = t._base if t._base is not None else t  # a view: describe the tensor that owns the storage
-            return {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(storage_key(t)),
-                    "op": op_name(base), "shape": list(base.shape), "dtype": common.dtype_name(base.dtype)}
-
-        try:
-            with torch.enable_grad(), saved_tensors(describe, exclude=resident) as saved, \
-                    precision_context(device, dtype):
-                loss = cross_entropy(model(tokens), tokens)
-            rows = list(saved.values())
-            del loss  # the graph (and every saved storage) stayed alive until now, so no key was reused
-        finally:
-            tracker.remove()
-    return rows
-
-
-BLOCK_PATH = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")  # ours and the staff model's blocks; a wrapper's too
-
-
-def _top_groups(groups: Counter, n: int, per: int, denominator: int) -> list[dict[str, Any]]:
-    return [{"module": module, "op": op, "shape": "x".join(map(str, shape)), "dtype": dtype,
-             "bytes": total / per, "share": total / denominator if denominator else 0.0}
-            for (module, op, shape, dtype), total in groups.most_common(n)]
-
-
-def summarize_saved(saved: list[dict[str, Any]], num_layers: int, top_block: int = 5,
-                    top_outside: int = 3) -> dict[str, Any]:
-    """Saved bytes per TransformerBlock (by the block that produced them), outside the blocks (embedding,
-    final norm, lm_head, loss), in total; the largest contributors per block (averaged over blocks; share of
-    the blocks' total) and outside (share of the grand total)."""
-    per_block = [0] * num_layers
-    in_blocks: Counter = Counter()
-    outside: Counter = Counter()
-    for s in saved:
-        match = BLOCK_PATH.search(s["module"])
-        if match:
-            per_block[int(match.group(1))] += s["bytes"]
-            module = s["module"][match.end():] or "(block)"
-            in_blocks[(module, s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
-        else:
-            outside[(s["module"] or "(model)", s["op"], tuple(s["shape"]), s["dtype"])] += s["bytes"]
-    blocks_total, outside_total = sum(per_block), sum(outside.values())
-    total = blocks_total + outside_total
-    return {"saved_block_bytes_mean": blocks_total / num_layers, "saved_block_bytes_min": min(per_block),
-            "saved_block_bytes_max": max(per_block), "saved_blocks_bytes": blocks_total,
-            "saved_outside_bytes": outside_total, "saved_total_bytes": total, "saved_storages": len(saved),
-            "saved_block_top": _top_groups(in_blocks, top_block, num_layers, blocks_total),
-            "saved_outside_top": _top_groups(outside, top_outside, 1, total)}
-
-
-def fault_fields(run: RunConfig, stage: str) -> dict[str, Any]:
-    """What BENCH_INJECT_FAULT can match on: the configuration and the stage (saved / measure)."""
-    return {"size": run.size, "context_length": run.context_length, "mode": run.mode, "dtype": run.dtype,
-            "checkpoint": run.checkpoint_every, "stage": stage}
-
-
 def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
     """The saved-for-backward summary of one configuration, on fake tensors of its device (CUDA picks other
-    attention kernels than the CPU, so sdpa's residuals differ)."""
-    common.maybe_inject_fault(fault_fields(run, "saved"))
-    runner.phase("saved for backward (fake tensors)")
-    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every,
-                               resolve_device(run.device), model_factory=run.model_factory)
+    attention kernels than the CPU, so sdpa's residuals differ); for our model also the peak it predicts
+    (lm_memory.checkpoint_prediction: checkpointing is ours only)."""
+    isolation.phase("saved for backward (fake tensors)")
+    device = resolve_device(run.device)
+    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every, device,
+                               model_factory=run.model_factory)
     summary = summarize_saved(saved, run.model.num_layers)
     if run.model_factory is not None:  # your parameters, counted on meta tensors (no memory)
         with torch.device("meta"):
             model = runner.build_model(run.model, factory=run.model_factory)
         summary["model_num_params"] = sum(p.numel() for p in model.parameters())
+        return summary
+    isolation.phase("predicting the peak (fake tensors)")
+    figures = activation_figures(run.model, run.batch_size, run.dtype, run.attn, str(device), run.mode != "forward")
+    summary["checkpoint_prediction"] = checkpoint_prediction(run.model, run.batch_size, run.mode, run.checkpoint_every,
+                                                             summary["saved_blocks_bytes"], figures)
     return summary
 
 
@@ -270,7 +122,7 @@ def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, An
     Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
     device = work.device
     marks: list[tuple[str, float]] = []
-    runner.phase("recording a memory snapshot")
+    isolation.phase("recording a memory snapshot")
     common.reset_peak_memory(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
                                              clear_history=True)
@@ -295,11 +147,11 @@ def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries
     """CUDA only: the shared run path (warm-up, peak counter reset, `run.steps` timed steps, peaks): peak
     allocated and reserved bytes and the step times. With snapshot_path, one more step is recorded
     (record_snapshot)."""
-    common.maybe_inject_fault(fault_fields(run, "measure"))
     if resolve_device(run.device).type != "cuda":
         raise ValueError(f"measured peaks need a CUDA device, not {run.device}")
     work = Workload(run)
-    record = runner.measure_steps(lambda: run_step(work), work.device, run.warmup, run.steps)
+    record = runner.measure(runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup,
+                                            steps=run.steps))
     if snapshot_path:
         record.update(record_snapshot(work, snapshot_path, max_entries))
     return record
@@ -343,7 +195,8 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
     which needs no GPU, is kept either way."""
     record: dict[str, Any] = {}
     try:
-        record.update(saved_for_backward_record(run), saved_status="ok")
+        with stage(run, "saved"):
+            record.update(saved_for_backward_record(run), saved_status="ok")
     except Exception as exc:  # noqa: BLE001 - a failure is data
         record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
     if not measure:
@@ -351,17 +204,28 @@ def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = 
         return record
     snapshot_path = f"{snapshot_prefix}_{slug(run)}.pickle" if snapshot_prefix else None
     try:
-        record.update(measure_config(run, snapshot_path, max_entries), status="ok")
+        with stage(run, "measure"):
+            record.update(measure_config(run, snapshot_path, max_entries), status="ok")
     except Exception as exc:  # noqa: BLE001
         record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
     return record
 
 
+@contextlib.contextmanager
+def stage(run: RunConfig, name: str) -> Any:
+    """One of a configuration's two stages, each with its own status: the sweep's fault hook (tests) with the
+    run's fields and `stage=saved|measure`, so either can be made to fail alone."""
+    with sweep.injected_fault({**run.fault_fields(), "stage": name}):
+        yield
+
+
 def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
     """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
-    largest allocations, peak check), added in this process."""
+    largest allocations, peak check), added in this process. A configuration that failed before its stages ran (a
+    child killed or timed out, a fault injected for the whole configuration) has its status as its saved stage's."""
     record.update(accounting(run, record.get("model_num_params")))
-    if record["status"] == "ok":
+    record.setdefault("saved_status", record["status"])
+    if finished(record):
         record.update(runner.sample_stats(record, ("step",)))
     if "snapshot_path" in record:
         try:
@@ -376,7 +240,7 @@ def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, to
 def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles, measure: bool,
                   render: Callable[[list[dict], str], str] | None = None) -> tuple[list[dict], int]:
     """Every configuration through the shared sweep. Without a GPU only fake tensors run: no child processes."""
-    experiment = runner.Experiment(
+    experiment = sweep.Experiment(
         name="mem_profile",
         measure=functools.partial(profile_config, measure=measure, max_entries=args.max_entries,
                                   snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
@@ -385,7 +249,7 @@ def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: Result
         render=render or report.LiveReport("mem_profile", args.columns))
     if not measure:
         args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
-    return runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    return sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
 
 
 # ---- command line ----
@@ -398,24 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
                         "2025: 128 256 512; with --checkpoint K > 0, the gradient_checkpointing context, 2026: 2048)")
-    p.add_argument("--mode", nargs="+", choices=MODES, default=["forward", "train"],
-                   help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
-    p.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"],
-                   help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights)")
-    p.add_argument("--attn", nargs="+", choices=list(ATTENTION), default=None,
-                   help="our model's attention implementation(s) (default: naive)")
+    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
     user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU) in a "
                                 "training step; several to compare their peaks", flops=False)
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
-                        "several values put their peaks and step times in one table")
+                        "each K's predicted peak (any device) beside its measured peak and step time (CUDA)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
                         "--checkpoint K > 0: 4 in 2026)")
-    p.add_argument("--warmup", type=cli.warmup_count, default=3,
-                   help="warm-up steps before the peak counter is reset")
-    p.add_argument("--steps", type=cli.step_count, default=5,
-                   help="measured steps (peak over all, mean step time)")
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA only: record the allocator's history around one more step; save the pickle "
                         "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
@@ -428,9 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--code-root", metavar="DIR", default=None,
                    help="--analyze: the folder of the code whose lines the tables name (as the snapshot's frames "
                         "spell it; default: the most common source root of the snapshot's own Python frames)")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
     cli.add_device_args(p)
-    runner.add_sweep_args(p)
+    sweep.add_sweep_args(p)
     cli.add_output_args(p, default_stem="memory")
     report.add_columns_and_plot_args(p, "mem_profile")
     cli.add_dry_run_arg(p)

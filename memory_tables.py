@@ -150,6 +150,48 @@ def peak_by_context_table(records: list[dict], fmt: str) -> str | None:
     return render_table(list(rows.values()), columns, fmt, floatfmt=".3f")
 
 
+CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB", "transient MiB",
+                      "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
+
+
+def checkpoint_table(records: list[dict], fmt: str) -> str | None:
+    """Activation checkpointing, one row per configuration: the parts of its predicted peak (checkpoint_prediction:
+    what the forward kept for backward, one recomputed segment, the largest transient, the model state), the
+    predicted peak and the moment it falls in, beside the measured peak where there is one (CUDA); then the K that
+    minimises the prediction. None when no configuration checkpoints or none was predicted."""
+    predicted = [r for r in records if r.get("checkpoint_prediction")]
+    if not any(r["config"]["checkpoint_every"] for r in predicted):
+        return None
+    rows, merged = [], is_merged(records)
+    for rec in predicted:
+        c, p = rec["config"], rec["checkpoint_prediction"]
+        k = c["checkpoint_every"]
+        row = {**run_cell(rec, merged), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
+               "dtype": c["dtype"],
+               "attn": c["attn"], "K": k, "kept MiB": p["kept_bytes"] / MIB,
+               "recomputed MiB": min(k, c["model"]["num_layers"]) * p["block_bytes"] / MIB if k else None,
+               "transient MiB": p["transient_bytes"] / MIB, "state GiB": p["state_bytes"] / GIB,
+               "predicted GiB": p["predicted_peak_bytes"] / GIB, "at": p["peak_moment"]}
+        if rec["status"] == "ok" and rec.get("peak_mem_allocated_bytes"):
+            row["measured GiB"] = rec["peak_mem_allocated_bytes"] / GIB
+            row["measured / predicted"] = f"{rec['peak_mem_allocated_bytes'] / p['predicted_peak_bytes']:.2f}"
+        rows.append(row)
+    columns = with_run_column([c for c in CHECKPOINT_COLUMNS if c not in ("measured GiB", "measured / predicted")
+                               or any(c in row for row in rows)], records)
+    best = {(run_of(r), r["config"]["size"], r["config"]["model"]["context_length"], r["config"]["mode"],
+             r["config"]["dtype"], r["config"]["attn"]): r["checkpoint_prediction"] for r in predicted}
+    minima = "; ".join(f"{f'{run}: ' if merged else ''}{size} ctx {ctx} {mode} {dtype} {attn}: K = {p['best_k']} "
+                       f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB)"
+                       for (run, size, ctx, mode, dtype, attn), p in best.items())
+    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments a "
+            "step's peak can fall in (at): backward starts (model state without gradients + what the forward kept + "
+            "what the rest of the model keeps + the largest transient), the first segment's backward with K > 0 (the "
+            "state + the gradients already made + the ceil(N/K) segment inputs + its K blocks recomputed), backward "
+            "ends (state + gradients), the optimizer step (+ one parameter-sized temporary). kept: what the blocks "
+            "keep for backward (with K > 0, one residual-stream tensor per segment); recomputed: one segment's K "
+            f"blocks. Smallest predicted peak over K = 0..N: {minima}.")
+
+
 def snapshot_report(title: str, fields: dict[str, Any], fmt: str) -> str:
     """The peak check row, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
@@ -195,6 +237,9 @@ def render_report(records: list[dict], fmt: str, columns: list[str] | None = Non
              "### Saved for backward (autograd's residuals for one forward pass and the loss; each storage once; "
              "grads per block: the parameter gradients one TransformerBlock holds after backward, fp32)",
              "", saved_tables(records, fmt), ""]
+    checkpointing = checkpoint_table(records, fmt)
+    if checkpointing:
+        parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "", checkpointing, ""]
     devices = {r["environment"].get("device", "") for r in records}
     if not any(d.startswith("cuda") for d in devices):
         parts.append(CPU_NOTE.format(device=", ".join(sorted(devices))))

@@ -6,7 +6,7 @@ rank processes' agreement on its outcome, and the merge of every rank's timings 
     torchrun --nproc-per-node 8 bench_e2e.py --parallel fsdp --size 2.7B --dtype bf16          # 8 GPUs, NCCL
 
 How a sweep runs across ranks. torchrun starts one process per rank (a "rank process"). Every rank process runs
-the same sweep; each configuration runs, on every rank, in a fresh child process (runner.run_isolated), and the
+the same sweep; each configuration runs, on every rank, in a fresh child process (isolation.run_isolated), and the
 children of one configuration join a process group of their own, made for it: a PrefixStore with the
 configuration's key prefix on torchrun's TCPStore at MASTER_ADDR:MASTER_PORT (the one torchrun's rendezvous
 already runs). So an OOM, a dead child or a broken NCCL communicator never outlives its configuration. The rank
@@ -21,6 +21,7 @@ Nothing here does work at import time or changes global state on import.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import itertools
@@ -37,8 +38,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import cli
+import common
 from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
 from model_config import ModelConfig
+from results import progress
 
 PARALLEL = ("ddp", "fsdp")
 FSDP_MIXED_PRECISION = ("off", "bf16")
@@ -89,6 +93,75 @@ def rank_device(device: torch.device, launch: Launch | None) -> torch.device:
 def backend_for(device: torch.device) -> str:
     """NCCL between GPUs, gloo between CPU processes."""
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+# ---- the command line: --parallel and its settings (bench_e2e) ----
+
+
+def add_parallel_args(parser: argparse.ArgumentParser) -> None:
+    """--parallel, FSDP2's settings, --pg-timeout and --world-size (to plan a run with --dry-run)."""
+    parser.add_argument("--parallel", nargs="+", choices=PARALLEL, default=None,
+                        help="under torchrun, on every rank: ddp = DistributedDataParallel, fsdp = FSDP2 (fully_shard "
+                             "on every block and the root); both to compare them. --batch-size is per rank. See "
+                             "docs/bench_e2e.md#more-than-one-gpu")
+    parser.add_argument("--fsdp-mixed-precision", nargs="+", choices=FSDP_MIXED_PRECISION, default=None,
+                        help="fsdp: bf16 = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): parameters used "
+                             "in bf16, fp32 sharded master weights and reduction; off (default) = fp32")
+    parser.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
+                        help="fsdp: on (default) = blocks free their gathered parameters after forward and gather "
+                             "them again for backward; off = keep them (more memory, fewer all-gathers)")
+    parser.add_argument("--pg-timeout", type=cli.positive_float, default=DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
+                        help="--parallel: a collective waiting longer than this for a peer fails its configuration")
+    parser.add_argument("--world-size", type=cli.positive_int, default=None, metavar="N",
+                        help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank)")
+
+
+def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> int:
+    """--parallel and torchrun belong together (or --world-size, to plan with --dry-run); a bad combination is a
+    one-line exit 2 (from rank 0 only), too many CPU processes a one-line warning. Fills the FSDP-only flags'
+    defaults. Returns the world size (1 without --parallel)."""
+    launch = torchrun_launch()
+    fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
+                                 ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
+    args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
+    args.reshard_after_forward = args.reshard_after_forward or ["on"]
+    cli.refuse(parser, [
+        (args.world_size is not None and not args.parallel, "--world-size only applies to --parallel (with --dry-run)"),
+        (args.world_size is not None and not args.dry_run,
+         "--world-size only plans a --parallel run with --dry-run; a real run takes its world size from torchrun: "
+         "torchrun --nproc-per-node N bench_e2e.py --parallel ..."),
+        (args.world_size is not None and launch is not None,
+         f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE="
+         f"{launch.world_size if launch else ''})"),
+        (not args.parallel and launch is not None and launch.world_size > 1,
+         f"launched by torchrun with WORLD_SIZE={launch.world_size if launch else ''} but without --parallel: every "
+         "rank would run the whole sweep on its own; add --parallel ddp or --parallel fsdp"),
+        (bool(fsdp_flags) and "fsdp" not in (args.parallel or []),
+         f"{' and '.join(fsdp_flags)} only apply to --parallel fsdp")])
+    if not args.parallel:
+        return 1
+    args.parallel = list(dict.fromkeys(args.parallel))
+    cli.refuse(parser, [
+        (args.in_process, "--parallel with --in-process is not supported yet: every rank runs each configuration in "
+                          "a child process of its own, which joins that configuration's process group"),
+        (device.type == "cuda" and device.index is not None,
+         f"--parallel gives each rank the GPU of its LOCAL_RANK: pass --device cuda, not {device}")])
+    if args.world_size is not None:  # a plan: nothing is launched, so there are no processes to check
+        return args.world_size
+    if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
+        parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
+    cli.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK "
+                                         "and WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to "
+                                         "plan without it: --dry-run --world-size N)")])
+    if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:
+        parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
+                     f"node but {torch.cuda.device_count()} GPU(s) visible")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if device.type != "cuda" and launch.local_world_size > cores and launch.rank == 0:
+        progress(f"warning: {launch.local_world_size} processes on this node but {cores} CPU cores: the "
+                         "ranks share cores and every timing includes the others' work")
+    return launch.world_size
+
 
 
 # ---- DDP and FSDP2 around the model ----

@@ -12,7 +12,7 @@ table is needed in LaTeX, with fewer columns, next to Tuesday's run, or as a pic
     python report.py results/attention/*.jsonl --plot --fmt plain
 
 One rendering path. render() is the only code that turns records into a report: the live .md a sweep rewrites as
-rows finish (LiveReport, runner.run_sweep's Experiment.render), the files of a script's --fmt, the report the
+rows finish (LiveReport, sweep.run_sweep's Experiment.render), the files of a script's --fmt, the report the
 script prints at the end (publish) and this command's re-renders and merges. A re-render of a saved run is
 therefore the run's own file, byte for byte. The layout, each floor importing only those below it:
 
@@ -88,7 +88,7 @@ def render(experiment: str, records: list[dict[str, Any]], fmt: str, columns: li
 
 
 class LiveReport:
-    """A sweep's report as rows finish: runner.run_sweep calls it (Experiment.render) after every row to rewrite
+    """A sweep's report as rows finish: sweep.run_sweep calls it (Experiment.render) after every row to rewrite
     the .md and the --fmt file. It keeps the last text it made, so that the script prints what was saved without
     building the report again (publish: when the files hold it; a sweep interrupted while saving it is saved
     again)."""

@@ -14,10 +14,11 @@ import torch
 import attention_check
 import bench_attention as ba
 import kernel_timing
-import runner
+import sweep
 import user_code
-from common import FAULT_ENV, SyncTimer
+from common import SyncTimer
 from results import read_records
+from sweep import FAULT_ENV
 
 HERE = Path(__file__).resolve().parent
 # on the CPU on any machine: the tests expect the CPU's sdpa backend and memory figures
@@ -305,8 +306,8 @@ def test_dry_run_lists_the_plan_and_runs_nothing(tmp_path, capsys, monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("--dry-run started a configuration")
 
-    monkeypatch.setattr(runner, "run_isolated", forbidden)
-    monkeypatch.setattr(runner, "run_sweep", forbidden)
+    monkeypatch.setattr(sweep, "run_isolated", forbidden)
+    monkeypatch.setattr(sweep, "run_sweep", forbidden)
     monkeypatch.setattr(ba, "run_config", forbidden)
     assert ba.main(["--impl", "naive", "sdpa", "--d", "16", "--seq-len", "256", "1024", "--device", "cpu",
                     "--dry-run", "--results-dir", str(tmp_path)]) == 0

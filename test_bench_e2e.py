@@ -1,8 +1,10 @@
 """bench_e2e.py through its command line on tiny configurations (CPU)."""
 import dataclasses
+import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -16,8 +18,12 @@ import bench_e2e
 import common
 import e2e_tables
 import model_config
+import isolation
 import parallel
 import runner
+import search
+import stats
+import sweep
 from model import TransformerLM, cross_entropy
 from model_config import forward_flops, get_config
 from results import read_records
@@ -34,6 +40,13 @@ def run_main(tmp_path, *extra, capsys=None):
     code = bench_e2e.main([*SMALL, "--results-dir", str(tmp_path), "--out", "t", *extra])
     records = read_records(tmp_path / "e2e" / "t.jsonl")
     return code, records
+
+
+def paired_ratio(base, other, phase):
+    """The speed-up from two records' raw samples, round by round (the geometric mean of base / other)."""
+    ratios = [statistics.fmean(base[f"{phase}_ms"][a:b]) / statistics.fmean(other[f"{phase}_ms"][c:d])
+              for (a, b), (c, d) in zip(base["pairing"]["rounds"], other["pairing"]["rounds"])]
+    return math.exp(statistics.fmean(math.log(r) for r in ratios))
 
 
 def table_lines(text):
@@ -149,7 +162,7 @@ def test_noisy_rows_are_flagged():
 
 def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, capsys):
     # child processes (the default) inherit the fault injection through the environment
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=32")
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length=32")
     code, records = run_main(tmp_path, "--context-length", "16", "32", "64", "--steps", "2", "--warmup", "0")
     assert code == 0
     assert [r["status"] for r in records][1:] == ["OOM", "skipped: OOM at ctx=32"]
@@ -157,7 +170,7 @@ def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, 
     assert records[1].get("step_ms") is None
     out = capsys.readouterr()
     assert "OOM" in out.out and "[2/3]" in out.err
-    monkeypatch.setenv(common.FAULT_ENV, "error:context_length=16")
+    monkeypatch.setenv(sweep.FAULT_ENV, "error:context_length=16")
     code, records = bench_e2e.main([*SMALL, "--context-length", "16", "32", "--no-skip", "--in-process",
                                     "--results-dir", str(tmp_path), "--out", "u"]), read_records(tmp_path / "e2e" / "u.jsonl")
     assert records[0]["status"].startswith("error: RuntimeError: injected failure")
@@ -165,13 +178,13 @@ def test_sweep_survives_an_oom_and_skips_larger_contexts(tmp_path, monkeypatch, 
 
 
 def test_no_skip_runs_larger_contexts_after_oom(tmp_path, monkeypatch):
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=16")
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length=16")
     code, records = run_main(tmp_path, "--context-length", "16", "32", "--in-process", "--no-skip")
     assert [r["status"] for r in records][0] == "OOM" and records[1]["status"] in ("ok", "noisy")
 
 
 def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
-    real = runner.run_isolated
+    real = isolation.run_isolated
     calls = []
 
     def interrupt_on_third(fn, kwargs, in_process=False, timeout_s=None, on_heartbeat=None):
@@ -180,7 +193,7 @@ def test_interrupted_sweep_keeps_finished_records(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(fn, kwargs, in_process=True)
 
-    monkeypatch.setattr(runner, "run_isolated", interrupt_on_third)
+    monkeypatch.setattr(sweep, "run_isolated", interrupt_on_third)
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "3")
     assert code == 130
     assert [r["config"]["warmup"] for r in records] == [0, 1]
@@ -213,8 +226,10 @@ def test_existing_results_are_not_overwritten(tmp_path):
 
 def test_warmup_study_prints_rows_side_by_side(tmp_path, capsys):
     code, records = run_main(tmp_path, "--warmup", "0", "1", "2", "--in-process", "--dtype", "fp32", "bf16")
+    # the variants of one configuration are measured together: fp32 and bf16 of each warm-up count, in turn
     assert [(r["config"]["dtype"], r["config"]["warmup"]) for r in records] == [
-        ("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("bf16", 1), ("bf16", 2)]
+        ("fp32", 0), ("bf16", 0), ("fp32", 1), ("bf16", 1), ("fp32", 2), ("bf16", 2)]
+    assert len({r["pairing"]["group"] for r in records}) == 3
     main, comparison = capsys.readouterr().out.split("## Comparison: fp32 vs bf16")
     rows = [line for line in table_lines(main) if "| tiny" in line]
     assert len(rows) == 1 + 6  # one config row, six result rows
@@ -271,7 +286,7 @@ def test_compile_reports_compile_time_apart(tmp_path, capsys):
     assert "compile time (first step, not in the timings)" in out
     comparison = out.split("## Comparison: eager vs compiled (speed-ups over eager)")[1]
     (row,) = [line for line in table_lines(comparison) if "| tiny" in line]
-    assert f"{eager['forward_ms_mean'] / record['forward_ms_mean']:.2f}x" in row
+    assert f"{paired_ratio(eager, record, 'forward'):.2f}x" in row
 
 
 # ---- handouts and --dry-run ----
@@ -311,8 +326,8 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
         raise AssertionError("--dry-run built a model or started a configuration")
 
     monkeypatch.setattr(runner, "TransformerLM", forbidden)
-    monkeypatch.setattr(runner, "run_isolated", forbidden)
-    monkeypatch.setattr(runner, "run_sweep", forbidden)
+    monkeypatch.setattr(sweep, "run_isolated", forbidden)
+    monkeypatch.setattr(sweep, "run_sweep", forbidden)
     code = bench_e2e.main(["--size", "small", "xl", "--dtype", "fp32", "bf16", "--device", "cpu", "--dry-run",
                            "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
@@ -386,8 +401,42 @@ def test_forward_only_comparison_has_no_backward_columns(tmp_path, capsys):
     assert "fwd speed-up: sdpa" in comparison_header and "step speed-up: sdpa" in comparison_header
     assert "bwd" not in comparison_header and "fwd+bwd" not in comparison_header
     (row,) = [line for line in table_lines(comparison) if "| tiny" in line]
-    naive, sdpa = (r["forward_ms_mean"] for r in records)
-    assert f"{naive / sdpa:.2f}x" in row
+    assert f"{paired_ratio(*records, 'forward'):.2f}x" in row  # paired: the two ran interleaved, in one process
+    assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"] and records[0]["pid"] == records[1]["pid"]
+
+
+def test_a_slow_down_injected_into_one_variant_is_reported_as_drift(tmp_path, monkeypatch, capsys):
+    # sdpa's timed steps run beside a busy thread: every phase slows, the optimizer step (the same in both) too
+    monkeypatch.setenv(sweep.FAULT_ENV, "slow:attn=sdpa")
+    code, records = run_main(tmp_path, "--in-process", "--attn", "naive", "sdpa", "--steps", "4")
+    comparison = capsys.readouterr().out.split("## Comparison: naive vs sdpa")[1]
+    (row,) = [line for line in table_lines(comparison) if "| tiny" in line]
+    moved = stats.drift(*records, "optimizer")
+    assert code == 0 and moved is not None and moved.change > 0.3
+    assert f"drift: optimizer changed by {moved.change:+.0%} (sdpa)" in row
+
+
+def test_a_variant_that_fails_beside_the_others_is_measured_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:attn=sdpa")
+    code, records = run_main(tmp_path, "--in-process", "--attn", "naive", "sdpa")
+    assert code == 0 and records[0]["status"] in ("ok", "noisy") and records[1]["status"] == "OOM"
+    assert all(r["interleave_fallback"] == "measured alone: the interleaved child failed (OOM)" for r in records)
+    assert "pairing" in records[0]  # measured apart, but still a pair of one round each
+
+
+def test_interleave_runs_alternates_whole_runs_and_pairs_them_by_repetition(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--interleave", "runs", "--repeats", "2", "--attn", "naive", "sdpa",
+                             "--steps", "2", "--warmup", "0")
+    err = capsys.readouterr().err
+    starts = [line.split(" warmup=0")[0].split()[-1] + line.split("warmup=0")[1] for line in err.splitlines()
+              if " starting " in line]
+    assert code == 0 and starts == ["naive (repeat 1/2)", "sdpa (repeat 1/2)", "sdpa (repeat 2/2)",
+                                    "naive (repeat 2/2)"]  # A B | B A
+    for record in records:
+        assert len(record["step_ms"]) == 4 and record["repeats"] == 2 and len(set(record["pids"])) == 2
+        assert record["pairing"]["mode"] == "runs" and record["pairing"]["rounds"] == [[0, 2], [2, 4]]
+    assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"]
+    assert "--repeats applies to --interleave runs" in parse_error(capsys, "--repeats", "3")
 
 
 def test_compile_and_attn_are_sweep_axes():
@@ -480,36 +529,69 @@ def test_context_search_answers_from_the_probe_records():
     assert e2e_tables.search_table([synthetic_record(128, "fp32", (1.0, 1.0, 1.0, 3.0))], "github") is None
 
 
-def test_max_context_search_isolates_each_probe_and_stops_at_the_first_oom(tmp_path, monkeypatch, capsys):
-    # every context from 512 up runs out of memory in train mode; forward runs out from 1024 up
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length>=512,mode=train;oom:context_length>=1024,mode=forward")
+def test_max_context_search_doubles_to_the_first_oom_then_bisects_to_the_resolution(tmp_path, monkeypatch, capsys):
+    # a fake device: in train mode every context from 330 up runs out of memory; forward mode from 1024 up
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length>=330,mode=train;oom:context_length>=1024,mode=forward")
     code, records = run_main(tmp_path, "--context-length", "max", "--max-context", "65536", "--warmup", "1",
                              "--steps", "1")
     assert code == 0
     probes, (answer,) = records[:-1], records[-1:]
-    assert [(r["config"]["model"]["context_length"], r["status"]) for r in probes] == [
-        (128, "ok"), (256, "ok"), (512, "OOM")]  # nothing beyond the first OOM ran
+    # doubling to the first OOM (nothing beyond it runs), then bisecting between 256 and 512 to a multiple of 64
+    assert [(r["config"]["model"]["context_length"], r["status"], r["search_probe"]) for r in probes] == [
+        (128, "ok", "doubling"), (256, "ok", "doubling"), (512, "OOM", "doubling"),
+        (384, "OOM", "bisection"), (320, "ok", "bisection")]
     pids = [r["pid"] for r in probes]
-    assert len(set(pids)) == 3 and os.getpid() not in pids  # each probe in a child process of its own
-    assert (answer["kind"], answer["longest_context"], answer["conclusive"]) == ("longest_context", 256, True)
+    assert len(set(pids)) == 5 and os.getpid() not in pids  # each probe in a child process of its own
+    assert (answer["kind"], answer["longest_context"], answer["longest_power_of_two"], answer["first_oom"],
+            answer["conclusive"]) == ("longest_context", 320, 256, 384, True)
+    assert answer["answer"] == ("the longest that fits, to within 64: 384 runs out of memory (the longest power of "
+                                "two: 256)")
     out = capsys.readouterr()
-    assert "## Longest context that runs (powers of two from 128 up to --max-context 65536)" in out.out
-    assert "[3/3]" in out.err  # the progress count shrinks to the probes that ran
+    assert ("## Longest context that runs (powers of two from 128 up to --max-context 65536, then after an OOM a "
+            "bisection to a multiple of 64)") in out.out
+    assert "[3/3] tiny ctx=512" in out.err and "[5/5] tiny ctx=320" in out.err  # the count follows the search
     # the saved run re-renders to the same report, from its records alone (the answer record included)
     saved = (tmp_path / "e2e" / "t.md").read_text()
     assert e2e_tables.render_report(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
     (row,) = [line for line in table_lines(saved.split("## Longest context")[1]) if "| tiny" in line]
-    assert [cell.strip() for cell in row.split("|")][5] == "256"
+    assert [cell.strip() for cell in row.split("|")][5:7] == ["320", "256"]  # the bisected answer and the doubling's
 
+    # --search-probes 0: doubling only, the longest power of two
     code = bench_e2e.main([*SMALL, "--context-length", "max", "--mode", "forward", "--warmup", "0", "--steps", "1",
-                           "--max-context", "4096", "--results-dir", str(tmp_path), "--out", "f"])
+                           "--max-context", "4096", "--search-probes", "0", "--results-dir", str(tmp_path),
+                           "--out", "f"])
     records = read_records(tmp_path / "e2e" / "f.jsonl")
     assert [r["config"]["model"]["context_length"] for r in records[:-1]] == [128, 256, 512, 1024]
     assert records[-1]["longest_context"] == 512 and records[-1]["config"]["mode"] == "forward"
+    assert records[-1]["answer"] == "between 512 and 1024: the bisection spent its budget of 0 probes (--search-probes)"
+
+
+def test_the_bisection_stops_at_its_resolution_or_its_budget():
+    bisection = search.Bisection(fits=256, fails=512, resolution=64, budget=8)
+    tried = []
+    while (size := bisection.next_size()) is not None:
+        tried.append(size)
+        bisection.record(size, fits=size < 400)  # the fake limit: 399
+    assert tried == [384, 448] and (bisection.fits, bisection.fails) == (384, 448) and bisection.resolved
+    assert search.Bisection(fits=1024, fails=2048, resolution=64, budget=2).next_size() == 1536
+    spent = search.Bisection(fits=1024, fails=2048, resolution=64, budget=2)
+    for _ in range(2):
+        spent.record(spent.next_size(), fits=True)
+    assert spent.next_size() is None and not spent.resolved  # budget spent before the resolution was reached
+    assert search.Bisection(fits=128, fails=192, resolution=64).next_size() is None  # already within it
+    # the answer when the budget ran out, and when a bisection probe failed with an error
+    probes = [{"context_length": n, "status": s} for n, s in ((128, "ok"), (256, "ok"), (512, "OOM"), (384, "ok"))]
+    assert search.answer(probes, 4096, 64, 1)["answer"] == (
+        "between 384 and 512: the bisection spent its budget of 1 probes (--search-probes)")
+    probes.append({"context_length": 448, "status": "error: RuntimeError: boom"})
+    found = search.answer(probes, 4096, 64, 8)
+    assert not found["conclusive"] and found["longest_context"] == 384
+    assert found["answer"] == ("inconclusive: 448 failed with an error, not an OOM (see its row); the limit lies "
+                               "between 384 and 512")
 
 
 def test_dry_run_shows_the_probes_and_the_comparison(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: pytest.fail("--dry-run ran the sweep"))
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("--dry-run ran the sweep"))
     code = bench_e2e.main(["--size", "xl", "--device", "cpu", "--context-length", "max", "--max-context", "1024",
                            "--dtype", "fp32", "bf16", "--dry-run", "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out

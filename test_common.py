@@ -19,7 +19,7 @@ import common
 import model_config
 import results
 from common import (SyncTimer, annotate, matmul_precision_key, peak_tflops, precision_context, resolve_device,
-                    set_ranges, summarize)
+                    set_ranges)
 from model import naive_attention
 from model_config import get_config
 from results import ResultFiles, render_table
@@ -283,14 +283,6 @@ def test_peak_table_variants_and_never_guesses():
     assert matmul_precision_key("bf16", tf32=False) == "bf16"
 
 
-def test_summarize():
-    s = summarize([1.0, 2.0, 3.0, 10.0])
-    assert s["mean"] == 4.0 and s["median"] == 2.5 and s["min"] == 1.0 and s["n"] == 4
-    assert s["std"] == pytest.approx(4.0825, abs=1e-4)  # sample (n-1) standard deviation
-    one = summarize([5.0])  # one sample has no standard deviation: None, not a made-up 0
-    assert one["std"] is None and one["cv"] is None and one["mean"] == 5.0 and one["n"] == 1
-
-
 def test_result_files_never_overwrite(tmp_path):
     first = ResultFiles(tmp_path, "e2e", "run", "e2e")
     first.append_record({"a": 1})
@@ -310,19 +302,34 @@ def test_render_table_formats():
     assert "\\toprule" in render_table(rows, ["size", "ms"], fmt="latex_booktabs")
 
 
-def test_injected_fault_matches_only_its_configuration(monkeypatch):
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=256,dtype=fp32")
-    common.maybe_inject_fault({"context_length": 128, "dtype": "fp32"})
-    with pytest.raises(torch.OutOfMemoryError):
-        common.maybe_inject_fault({"context_length": 256, "dtype": "fp32"})
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length>=512,dtype=bf16")  # every context from 512 up
-    for ctx in (128, 256):
-        common.maybe_inject_fault({"context_length": ctx, "dtype": "bf16"})
-    common.maybe_inject_fault({"context_length": 4096, "dtype": "fp32"})
-    common.maybe_inject_fault({"context_length": None, "dtype": "bf16"})  # not a number: no match
-    for ctx in (512, 4096):
-        with pytest.raises(torch.OutOfMemoryError):
-            common.maybe_inject_fault({"context_length": ctx, "dtype": "bf16"})
+def test_the_load_record_reads_the_cpu_and_never_cuda_on_a_cpu(monkeypatch):
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("a CPU run reached a CUDA call")
+
+    for name in ("utilization", "temperature", "power_draw", "clock_rate", "list_gpu_processes"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    load = common.machine_load(torch.device("cpu"))
+    assert set(load) == {"loadavg_1m", "cpu_count", "cpus_usable"}
+    assert load["loadavg_1m"] >= 0 and load["cpu_count"] >= load["cpus_usable"] >= 1
+
+
+def test_the_gpu_load_reads_nvml_through_torch_and_says_when_it_cannot(monkeypatch):
+    readings = {"utilization": 87, "temperature": 71, "power_draw": 301_000, "clock_rate": 1755}
+    for name, value in readings.items():
+        monkeypatch.setattr(torch.cuda, name, lambda device, value=value: value)
+    listing = (f"GPU:0\nprocess    4242 uses     1024.000 MB GPU memory\n"
+               f"process {os.getpid():>7} uses      512.000 MB GPU memory")
+    monkeypatch.setattr(torch.cuda, "list_gpu_processes", lambda device: listing)
+    load = common.gpu_load(torch.device("cuda"))
+    assert load == {"gpu_utilization_pct": 87, "gpu_temperature_c": 71, "gpu_power_mw": 301_000,
+                    "gpu_sm_clock_mhz": 1755, "gpu_other_pids": [4242]}  # this process is not "other"
+
+    def no_pynvml(device):
+        raise ModuleNotFoundError("pynvml does not seem to be installed or it can't be imported.")
+
+    monkeypatch.setattr(torch.cuda, "temperature", no_pynvml)
+    assert common.gpu_load(torch.device("cuda")) == {
+        "nvml": "unavailable: ModuleNotFoundError: pynvml does not seem to be installed or it can't be imported."}
 
 
 def test_get_config_overrides():

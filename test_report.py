@@ -185,7 +185,7 @@ def test_columns_choose_and_order(e2e_run, tmp_path, capsys):
     assert status == 0
     table = markdown_tables(out)[1]
     assert list(table[0]) == ["step ms", "dtype", "warmup"]
-    assert [row["dtype"] for row in table] == ["fp32", "fp32", "bf16", "bf16"]
+    assert [row["dtype"] for row in table] == ["fp32", "bf16", "fp32", "bf16"]  # each warm-up's variants together
 
 
 def test_readers_stay_light_and_load_no_script():
@@ -219,7 +219,8 @@ def test_a_merge_of_two_runs_of_one_comparison_shows_both_pairs(script_runs, tmp
 
 def test_merge_of_two_files_has_a_run_column_and_compares_across_them(e2e_run, tmp_path, capsys):
     _, jsonl = e2e_run
-    records = records_of(jsonl)
+    # as if from two runs: records of different runs were not measured as pairs
+    records = [{k: v for k, v in r.items() if k != "pairing"} for r in records_of(jsonl)]
     fp32 = write_jsonl(tmp_path / "monday.jsonl", [r for r in records if r["config"]["dtype"] == "fp32"])
     bf16 = write_jsonl(tmp_path / "tuesday.jsonl", [r for r in records if r["config"]["dtype"] == "bf16"])
     status, out, err = run_report([str(fp32), str(bf16), "--results-dir", str(tmp_path)], capsys)
@@ -381,8 +382,12 @@ def test_memory_figures(memory_run, tmp_path):
         check_figure(fig, tmp_path / f"{name}.png")
     (line,) = made["memory_context"].axes[0].get_lines()  # CPU: saved for backward only, fp32, no checkpointing
     assert list(line.get_xdata()) == [16, 32] and line.get_ydata()[1] > line.get_ydata()[0]
-    for line in made["memory_checkpoint"].axes[0].get_lines():  # checkpointing keeps less for backward
-        assert line.get_ydata()[1] < line.get_ydata()[0]
+    lines = {line.get_label(): line for line in made["memory_checkpoint"].axes[0].get_lines()}
+    for label, line in lines.items():  # checkpointing keeps less for backward...
+        if label.startswith("saved for backward"):
+            assert line.get_ydata()[1] < line.get_ydata()[0]
+    # ...and the predicted peak is drawn beside it (lm_memory.checkpoint_prediction), its smallest K named
+    assert any(label.startswith("predicted peak") and "smallest at K = " in label for label in lines)
 
 
 def test_precision_partial_sums_and_figure(precision_run, tmp_path):

@@ -1,6 +1,8 @@
-"""runner.py: the child-process runner (values, failures, time limit, OOM-killer rows) and the sweep through a real
-script's command line: SIGTERM, a hung child, a parent killed with SIGKILL, a closed stdout, one timed step,
-and records that always carry the experiment, the environment and a status. Every run is on the CPU."""
+"""isolation.py, sweep.py and runner.py's measuring: the child-process runner (values, failures, time limit, OOM-killer
+rows), the fault hook, interleaved variants (their order, their own memory figures), and the sweep through a real
+script's command line: SIGTERM, a hung child, a parent killed with SIGKILL, a closed stdout, one timed step, and
+records that always carry the experiment, the environment and a status. Every run is on the CPU."""
+import contextlib
 import dataclasses
 import json
 import os
@@ -19,10 +21,12 @@ import torch
 import bench_attention
 import bench_e2e
 import common
+import isolation
 import mem_profile
 import precision_demo
 import report
 import runner
+import sweep
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
@@ -34,7 +38,7 @@ SMALL = ["--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads"
 
 
 def returns_config(n):
-    return {"n": n, "pid": os.getpid(), "fault": os.environ.get(common.FAULT_ENV), "cwd": os.getcwd()}
+    return {"n": n, "pid": os.getpid(), "fault": os.environ.get(sweep.FAULT_ENV), "cwd": os.getcwd()}
 
 
 def server_threads():
@@ -61,23 +65,23 @@ def hangs(n):
 
 def test_run_isolated_returns_values_and_failures(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # after the fork server started: the child still sees this folder...
-    monkeypatch.setenv(common.FAULT_ENV, "error:n=99")  # ...and this environment
-    ok = runner.run_isolated(returns_config, {"n": 3})
+    monkeypatch.setenv(sweep.FAULT_ENV, "error:n=99")  # ...and this environment
+    ok = isolation.run_isolated(returns_config, {"n": 3})
     assert ok["ok"] and ok["value"]["n"] == 3
     assert ok["value"]["pid"] != os.getpid()  # really another process
     assert ok["value"]["fault"] == "error:n=99" and ok["value"]["cwd"] == str(tmp_path)
-    assert runner.run_isolated(raises_oom, {"n": 1})["status"] == "OOM"
-    assert runner.run_isolated(raises_value_error, {"n": 1})["status"] == "error: ValueError: bad thing"
-    assert runner.run_isolated(dies, {"n": 1})["status"] == "error: child process died with exit code 7"
-    assert runner.run_isolated(raises_oom, {"n": 1}, in_process=True)["status"] == "OOM"
+    assert isolation.run_isolated(raises_oom, {"n": 1})["status"] == "OOM"
+    assert isolation.run_isolated(raises_value_error, {"n": 1})["status"] == "error: ValueError: bad thing"
+    assert isolation.run_isolated(dies, {"n": 1})["status"] == "error: child process died with exit code 7"
+    assert isolation.run_isolated(raises_oom, {"n": 1}, in_process=True)["status"] == "OOM"
 
 
 def test_a_hung_child_is_killed_at_its_time_limit():
-    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    isolation.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
     start = time.monotonic()
-    answer = runner.run_isolated(hangs, {"n": 1}, timeout_s=1)
+    answer = isolation.run_isolated(hangs, {"n": 1}, timeout_s=1)
     assert answer == {"ok": False, "status": "timeout after 1 s"}
-    assert time.monotonic() - start < 1 + runner.STOP_GRACE_S + 5
+    assert time.monotonic() - start < 1 + isolation.STOP_GRACE_S + 5
 
 
 def ignores_sigterm_and_hangs(n):
@@ -86,10 +90,10 @@ def ignores_sigterm_and_hangs(n):
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(monkeypatch):
-    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
-    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    monkeypatch.setattr(isolation, "STOP_GRACE_S", 0.5)
+    isolation.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
     start = time.monotonic()
-    assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
+    assert isolation.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
     assert time.monotonic() - start < 10
 
 
@@ -99,7 +103,7 @@ def test_the_fork_server_is_single_threaded_when_it_forks():
     warns: "This process is multi-threaded, use of fork() may lead to deadlocks"). The preload starts one thread,
     OpenBLAS's (numpy's, imported by torch), which OpenBLAS's own fork handler joins before every fork: nothing
     else may run beside the server's main thread."""
-    answer = runner.run_isolated(server_threads, {})
+    answer = isolation.run_isolated(server_threads, {})
     assert answer["ok"] and answer["value"]["threads"] == 1, answer
 
 
@@ -112,7 +116,7 @@ for name in ("is_available", "device_count", "_lazy_init", "init", "current_devi
              "get_device_name", "mem_get_info", "synchronize"):
     real = getattr(torch.cuda, name)
     setattr(torch.cuda, name, lambda *a, _name=name, _real=real, **k: calls.append(_name) or _real(*a, **k))
-for module in {[m for m in runner.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
+for module in {[m for m in isolation.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
     __import__(module)
 print(calls)
 """
@@ -123,30 +127,136 @@ print(calls)
 
 def test_a_sigkill_while_an_oom_kill_counter_rose_is_an_oom():
     killed = -signal.SIGKILL
-    assert runner.died_status(killed, (5, 0), (6, 0))["status"] == "OOM"  # system-wide counter rose
-    assert runner.died_status(killed, (None, 2), (None, 3))["status"] == "OOM"  # the cgroup's rose
+    assert isolation.died_status(killed, (5, 0), (6, 0))["status"] == "OOM"  # system-wide counter rose
+    assert isolation.died_status(killed, (None, 2), (None, 3))["status"] == "OOM"  # the cgroup's rose
     # killed by someone else (no counter moved), or unknowable: an error with the exit code, not a guess
-    assert runner.died_status(killed, (5, 0), (5, 0))["status"] == "error: child process died with exit code -9"
-    assert runner.died_status(killed, (None, None), (None, None))["status"].startswith("error")
-    assert runner.died_status(-signal.SIGSEGV, (5, 0), (6, 0))["status"].startswith("error")
-    counts = runner.oom_kill_counts()
+    assert isolation.died_status(killed, (5, 0), (5, 0))["status"] == "error: child process died with exit code -9"
+    assert isolation.died_status(killed, (None, None), (None, None))["status"].startswith("error")
+    assert isolation.died_status(-signal.SIGSEGV, (5, 0), (6, 0))["status"].startswith("error")
+    counts = isolation.oom_kill_counts()
     assert len(counts) == 2 and all(c is None or c >= 0 for c in counts)
 
 
 def test_default_time_limit_is_derived_from_the_sweep():
-    assert runner.time_limit(None, 0.0) == runner.TIMEOUT_FLOOR_S  # nothing measured yet: the floor
-    assert runner.time_limit(None, 600.0) == 6000.0  # 10x the slowest configuration so far
-    assert runner.time_limit(7.5, 600.0) == 7.5  # --timeout SECONDS
-    assert runner.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
+    assert sweep.time_limit(None, 0.0) == sweep.TIMEOUT_FLOOR_S  # nothing measured yet: the floor
+    assert sweep.time_limit(None, 600.0) == 6000.0  # 10x the slowest configuration so far
+    assert sweep.time_limit(7.5, 600.0) == 7.5  # --timeout SECONDS
+    assert sweep.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
+
+
+# ---- the fault hook ----
+
+
+def test_injected_fault_matches_only_its_configuration(monkeypatch):
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length=256,dtype=fp32")
+    sweep.injected_fault({"context_length": 128, "dtype": "fp32"})
+    with pytest.raises(torch.OutOfMemoryError):
+        sweep.injected_fault({"context_length": 256, "dtype": "fp32"})
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length>=512,dtype=bf16")  # every context from 512 up
+    for ctx in (128, 256):
+        sweep.injected_fault({"context_length": ctx, "dtype": "bf16"})
+    sweep.injected_fault({"context_length": 4096, "dtype": "fp32"})
+    sweep.injected_fault({"context_length": None, "dtype": "bf16"})  # not a number: no match
+    for ctx in (512, 4096):
+        with pytest.raises(torch.OutOfMemoryError):
+            sweep.injected_fault({"context_length": ctx, "dtype": "bf16"})
+
+
+def test_a_slow_fault_slows_every_op_run_under_it_and_nothing_else(monkeypatch):
+    monkeypatch.setenv(sweep.FAULT_ENV, "slow:attn=sdpa")
+    assert isinstance(sweep.injected_fault({"attn": "naive"}), contextlib.nullcontext)
+    slow, x = sweep.injected_fault({"attn": "sdpa"}), torch.ones(4)
+    for _ in range(2):  # entered around every block of the variant's steps
+        start = time.monotonic()
+        with slow:
+            y = (x + 1) * 2  # two ops
+        assert time.monotonic() - start >= 2 * sweep.SLOW_OP_S and y.tolist() == [4.0] * 4
+    start = time.monotonic()
+    for _ in range(10):
+        x = x + 1
+    assert time.monotonic() - start < 10 * sweep.SLOW_OP_S  # left: as fast as before
+
+
+# ---- interleaved measurement ----
+
+
+def fake_variant(name, calls, resident=0, transient=0, allocator=None, warmup=1, steps=8, step_s=0.001):
+    """A preparer for runner.measure_interleaved whose step notes its variant in `calls` and claims to take
+    `step_s` (so the block size is known); with `allocator`, it holds `resident` bytes and each step allocates
+    `transient` more for a moment (a fake CUDA allocator)."""
+    def prepare():
+        calls.append(f"build {name}")
+        if allocator is not None:
+            allocator["now"] += resident
+
+        def step():
+            calls.append(name)
+            if allocator is not None:
+                allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
+            return {"forward": step_s / 2, "step": step_s}
+
+        return runner.Prepared(step=step, device=torch.device("cpu"), warmup=warmup, steps=steps)
+    return prepare
+
+
+class Entered:
+    """A context that notes when it is entered and left (the sweep's slow: fault is entered around blocks)."""
+
+    def __init__(self, calls, name):
+        self.calls, self.name = calls, name
+
+    def __enter__(self):
+        self.calls.append(f"enter {self.name}")
+
+    def __exit__(self, *exc):
+        self.calls.append(f"leave {self.name}")
+
+
+def test_interleaved_variants_warm_up_alone_then_alternate_in_blocks_a_b_b_a():
+    calls = []
+    records = runner.measure_interleaved(torch.device("cpu"), [fake_variant("A", calls), fake_variant("B", calls)],
+                                         [contextlib.nullcontext(), Entered(calls, "slow")])
+    # each variant is built and warmed up on its own, in turn
+    assert calls[:4] == ["build A", "A", "build B", "B"]
+    timed = [c for c in calls[4:] if c in ("A", "B")]
+    # 1 ms steps: blocks of 2 (5 ms wanted, but 8 steps must leave at least 4 rounds), rounds A B | B A | A B | B A
+    assert "".join(timed) == "AABBBBAAAABBBBAA"
+    assert calls[4:10] == ["A", "A", "enter slow", "B", "B", "leave slow"]  # B's context around B's blocks only
+    for record in records:
+        assert len(record["step_ms"]) == 8 and record["pairing"]["rounds"] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+        assert record["pairing"]["steps_per_block"] == 2 and record["load"]["before"]["cpu_count"] >= 1
+    assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"]
+    assert [r["pairing"]["position"] for r in records] == [0, 1]
+
+
+def test_each_interleaved_variant_keeps_its_own_peak_memory(monkeypatch):
+    """On CUDA a variant's peak is what it holds plus what its own steps allocate, as if it ran alone: the other
+    variant's resident bytes are not counted (a fake allocator stands in for CUDA's counters)."""
+    allocator = {"now": 1000, "peak": 1000}  # 1000 bytes allocated before the variants
+
+    def reset(device):
+        allocator["peak"] = allocator["now"]
+
+    monkeypatch.setattr(runner, "allocated_bytes", lambda device: allocator["now"])
+    monkeypatch.setattr(runner, "reset_peak_memory", reset)
+    monkeypatch.setattr(runner, "peak_memory_bytes", lambda device: {"peak_mem_allocated_bytes": allocator["peak"]})
+    monkeypatch.setattr(runner, "environment", lambda device: {"device": str(device)})
+    monkeypatch.setattr(runner, "machine_load", lambda device: {})
+    calls = []
+    records = runner.measure_interleaved(torch.device("cuda"), [
+        fake_variant("A", calls, resident=100, transient=50, allocator=allocator),
+        fake_variant("B", calls, resident=300, transient=20, allocator=allocator)])
+    assert [r["peak_mem_allocated_bytes"] for r in records] == [150, 320]
+    assert not any("peak_mem_reserved_bytes" in r for r in records)  # shared by the variants: not given
 
 
 # ---- the sweep through bench_e2e's command line ----
 
 
 def start(tmp_path, *argv, fault=None, **popen):
-    env = {k: v for k, v in os.environ.items() if k != common.FAULT_ENV}
+    env = {k: v for k, v in os.environ.items() if k != sweep.FAULT_ENV}
     if fault:
-        env[common.FAULT_ENV] = fault
+        env[sweep.FAULT_ENV] = fault
     cmd = [sys.executable, str(HERE / "bench_e2e.py"), *SMALL, *argv, "--results-dir", str(tmp_path), "--out", "s"]
     return subprocess.Popen(cmd, cwd=HERE, env=env, stderr=subprocess.PIPE, text=True, **popen)
 
@@ -197,7 +307,7 @@ def test_sigterm_mid_sweep_keeps_finished_rows_in_both_files_and_stops_the_child
 
 
 def test_a_hung_child_hits_the_timeout_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(common.FAULT_ENV, "hang:context_length=16")
+    monkeypatch.setenv(sweep.FAULT_ENV, "hang:context_length=16")
     code = bench_e2e.main([*SMALL, "--context-length", "8", "16", "24", "--timeout", "10",
                            "--results-dir", str(tmp_path), "--out", "t"])
     assert code == 0
@@ -251,7 +361,7 @@ def assert_complete(records, experiment):
 
 
 def test_failed_and_skipped_records_carry_experiment_environment_and_status(tmp_path, monkeypatch):
-    monkeypatch.setenv(common.FAULT_ENV, "oom:context_length=16;error:impl=naive,seq_len=16")
+    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length=16;error:impl=naive,seq_len=16")
     bench_e2e.main([*SMALL, "--context-length", "8", "16", "24", "--in-process", "--results-dir", str(tmp_path)])
     records = read_records(next((tmp_path / "e2e").glob("*.jsonl")))
     assert [r["status"] for r in records][1:] == ["OOM", "skipped: OOM at ctx=16"]
@@ -261,10 +371,12 @@ def test_failed_and_skipped_records_carry_experiment_environment_and_status(tmp_
     records = read_records(next((tmp_path / "attention").glob("*.jsonl")))
     assert records[1]["status"].startswith("error: RuntimeError")
     assert_complete(records, "bench_attention")
-    mem_profile.main(["--size", "tiny", "--context-length", "16", "--mode", "forward", "--device", "cpu",
+    mem_profile.main(["--size", "tiny", "--context-length", "24", "16", "--mode", "forward", "--device", "cpu",
                       "--results-dir", str(tmp_path)])
     records = read_records(next((tmp_path / "memory").glob("*.jsonl")))
-    assert records[0]["status"] == "skipped: measured peaks need a CUDA device"
+    # the fault (no stage named) fails the whole configuration before either stage, as a killed child would
+    assert [(r["status"], r["saved_status"]) for r in records] == [
+        ("skipped: measured peaks need a CUDA device", "ok"), ("OOM", "OOM")]
     assert_complete(records, "mem_profile")
     precision_demo.main(["--count", "10", "--results-dir", str(tmp_path)])
     records = read_records(next((tmp_path / "precision").glob("precision_demo*.jsonl")))
@@ -308,11 +420,11 @@ def fails_in_some_groups(run):
 
 
 def test_a_search_ends_each_group_at_its_first_failure(tmp_path, capsys):
-    experiment = runner.Experiment(name="probe", measure=fails_in_some_groups, finish=lambda run, record: None,
+    experiment = sweep.Experiment(name="probe", measure=fails_in_some_groups, finish=lambda run, record: None,
                                    summary=lambda record: "ok", render=lambda records: "")
     runs = [Probe(group, n) for group in ("oom", "error", "hang", "fine") for n in (1, 2, 4, 8)]
     args = type("Args", (), {"in_process": False, "timeout": 5.0, "no_skip": False, "quiet": False})()
-    records, code = runner.run_sweep(experiment, runs, None, torch.device("cpu"), args, search=True)
+    records, code = sweep.run_sweep(experiment, runs, None, torch.device("cpu"), args, search=True)
     assert code == 0
     assert [(r["label"], r["status"].split(" ")[0]) for r in records] == [
         ("oom n=1", "ok"), ("oom n=2", "ok"), ("oom n=4", "OOM"),                  # n=8 never runs
@@ -328,21 +440,21 @@ def test_a_search_ends_each_group_at_its_first_failure(tmp_path, capsys):
 
 def slow_phase(seconds):
     """A configuration whose one phase takes `seconds` (for the heartbeat through a child process)."""
-    runner.phase("slow fake phase")
+    isolation.phase("slow fake phase")
     time.sleep(seconds)
     return {"slept": seconds}
 
 
 def test_heartbeat_names_a_slow_phase_in_process_and_from_a_child(monkeypatch):
-    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(isolation, "HEARTBEAT_S", 0.1)
     for in_process in (True, False):
         lines = []
-        answer = runner.run_isolated(slow_phase, {"seconds": 0.6}, in_process=in_process, on_heartbeat=lines.append)
+        answer = isolation.run_isolated(slow_phase, {"seconds": 0.6}, in_process=in_process, on_heartbeat=lines.append)
         assert answer["ok"], answer
         assert 2 <= len(lines) <= 7, lines  # about one per 0.1 s, never a flood
         assert all(line.startswith("slow fake phase... ") and line.endswith(" s") for line in lines), lines
     lines = []
-    runner.run_isolated(slow_phase, {"seconds": 0.3}, in_process=True)  # no on_heartbeat: no thread, no line
+    isolation.run_isolated(slow_phase, {"seconds": 0.3}, in_process=True)  # no on_heartbeat: no thread, no line
     assert not any(t.name == "heartbeat" for t in threading.enumerate())
 
 
@@ -361,7 +473,7 @@ def fake_measurement(step_s, warmup, steps, compile_first):
 
 def test_heartbeat_names_compile_warmup_and_steps(monkeypatch):
     lines = []
-    with runner.heartbeat(lines.append, interval_s=0.1):
+    with isolation.heartbeat(lines.append, interval_s=0.1):
         record = fake_measurement(0.15, warmup=2, steps=3, compile_first=True)
     assert len(record["step_ms"]) == 3 and record["compile_s"] >= 0.45
     said = " | ".join(lines)
@@ -393,7 +505,7 @@ def test_heartbeat_never_runs_inside_a_timed_step(monkeypatch):
     monkeypatch.setattr(common.SyncTimer, "__exit__", timed_exit)
     threading.setprofile(profile)
     try:
-        with runner.heartbeat(lines.append, interval_s=0.05):
+        with isolation.heartbeat(lines.append, interval_s=0.05):
             fake_measurement(0.12, warmup=1, steps=5, compile_first=False)
     finally:
         threading.setprofile(None)
@@ -405,7 +517,7 @@ def test_heartbeat_never_runs_inside_a_timed_step(monkeypatch):
 
 
 def test_quiet_prints_no_progress_and_no_heartbeat(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.01)  # a line at nearly every chance...
+    monkeypatch.setattr(isolation, "HEARTBEAT_S", 0.01)  # a line at nearly every chance...
     measure_saved = bench_attention.saved_tensor_bytes
 
     def slow_saved_tensor_bytes(*args):  # ...and a phase slow enough for one, however fast the machine

@@ -29,8 +29,8 @@ import cli
 import common
 import report
 from common import DTYPES, dtype_name, environment
+from isolation import run_isolated
 from results import ResultFiles, progress
-from runner import run_isolated
 
 AUTOCAST_DTYPES = ("fp16", "bf16")
 

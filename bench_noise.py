@@ -1,0 +1,161 @@
+"""Does a comparison survive a busy machine? One bench_e2e comparison run several times with its variants measured
+one after the other (each in its own process, as every sweep did before issue #21: --interleave runs) and as many
+times interleaved (one process, their timed steps alternating A B B A: --interleave steps, the default), while a
+background load switches on and off; then the spread of the speed-ups each way.
+
+    python bench_noise.py                                  # fp32 vs bf16, 5 runs each way, load 5 s on / 5 s off
+    python bench_noise.py --runs 3 --on 10 --off 10        # fewer runs, a slower load cycle
+    python bench_noise.py -- --size small --attn naive sdpa --steps 20   # any bench_e2e comparison after --
+
+The load: --burners processes (default: one per CPU) spinning Python, stopped and continued together (SIGSTOP,
+SIGCONT) every --on / --off seconds, started before the first run and killed after the last. Each run is a
+bench_e2e.py subprocess writing its own files beside this script's (results/noise/<stem>_runs/: re-render them with
+report.py); its step speed-up is read from its JSONL records (stats.speedup: paired by round when interleaved, the
+ratio of the means when not). The figures of a run on this machine are in docs/running.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import cli
+import results
+import stats
+from results import ResultFiles, render_table
+
+HERE = Path(__file__).resolve().parent
+# the comparison run by default: the study's mixed-precision question, fp32 against bf16 autocast, on the smallest
+# preset at context 128 (matmul-bound, ~0.8 s per pair of steps on an idle 2-core CPU), 20 rounds per run
+DEFAULT_COMPARISON = ["--size", "tiny", "--context-length", "128", "--dtype", "fp32", "bf16", "--warmup", "2",
+                      "--steps", "20", "--device", "cpu"]
+TARGET = 0.10  # the issue's target: the interleaved speed-ups agree within +-10%
+
+
+class SwitchedLoad:
+    """`count` processes spinning Python, all stopped or all running, switched every `on_s` / `off_s` seconds by
+    a thread of this process. Only the processes it started are signalled and, at the end, killed."""
+
+    def __init__(self, count: int, on_s: float, off_s: float):
+        self.on_s, self.off_s = on_s, off_s
+        spin = f"import os\nwhile os.getppid() == {os.getpid()}: pass"  # ends with this process, however it ends
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
+        self.switches = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._switch, daemon=True, name="load-switch")
+
+    def _signal(self, sig: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, sig)
+
+    def _switch(self) -> None:
+        while True:  # on first (the processes start running), then off, on, ...
+            if self._done.wait(self.on_s):
+                return
+            self._signal(signal.SIGSTOP)
+            self.switches += 1
+            if self._done.wait(self.off_s):
+                return
+            self._signal(signal.SIGCONT)
+            self.switches += 1
+
+    def __enter__(self) -> "SwitchedLoad":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)  # also ends a stopped process
+            proc.wait()
+
+
+def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: str) -> dict[str, Any]:
+    """One bench_e2e run of the comparison; its step speed-up (the second variant over the first), its interval and
+    the load it ran under, from its records."""
+    cmd = [sys.executable, str(HERE / "bench_e2e.py"), *bench_args, "--interleave", interleave, "--quiet",
+           "--results-dir", str(folder), "--out", stem]
+    start = time.monotonic()
+    done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_e2e.py exited with {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
+    records = [r for r in results.read_records(folder / "e2e" / f"{stem}.jsonl") if results.finished(r)]
+    if len(records) != 2:
+        raise RuntimeError(f"expected one comparison of two finished variants, got {len(records)} finished rows")
+    found = stats.speedup(records[0], records[1], ("step",))
+    loads = [r["load"][when]["loadavg_1m"] for r in records for when in ("before", "after") if "load" in r]
+    return {"interleave": interleave, "jsonl": str(folder / "e2e" / f"{stem}.jsonl"), "speedup": found.ratio,
+            "low": found.low, "high": found.high,
+            "rounds": found.rounds, "seconds": time.monotonic() - start, "loadavg_1m_min": min(loads),
+            "loadavg_1m_max": max(loads), "variants": [r["label"] for r in records]}
+
+
+def spread_row(how: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The speed-ups of one way of measuring: each, their median, and how far the extremes lie from the median."""
+    speedups = [r["speedup"] for r in runs]
+    median = statistics.median(speedups)
+    worst = max(abs(s / median - 1) for s in speedups)
+    return {"measured": how, "speed-ups": " ".join(f"{s:.2f}x" for s in speedups), "median": f"{median:.2f}x",
+            "min": f"{min(speedups):.2f}x", "max": f"{max(speedups):.2f}x",
+            "max/min": f"{max(speedups) / min(speedups):.2f}", "within": f"+-{worst:.0%} of the median",
+            f"target +-{TARGET:.0%}": "met" if worst <= TARGET else "missed"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=cli.positive_int, default=5, help="runs of the comparison each way")
+    p.add_argument("--on", type=cli.positive_float, default=5.0, metavar="SECONDS", help="load on for this long")
+    p.add_argument("--off", type=cli.positive_float, default=5.0, metavar="SECONDS", help="then off for this long")
+    p.add_argument("--burners", type=cli.non_negative_int, default=os.cpu_count() or 1,
+                   help="processes of background load (0: none, to see the machine's own noise)")
+    cli.add_output_args(p, default_stem="noise")
+    p.add_argument("bench_args", nargs="*", metavar="-- BENCH_E2E_ARGS",
+                   help=f"the comparison, as bench_e2e.py's arguments (default: {' '.join(DEFAULT_COMPARISON)})")
+    return p
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends the run as Ctrl-C does: the background load is killed on the way out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupt)
+    bench_args = args.bench_args or DEFAULT_COMPARISON
+    files = ResultFiles(args.results_dir, "noise", args.out, "noise")
+    runs_folder = files.path("_runs")  # bench_e2e's own files of every run: <results>/noise/<stem>_runs/e2e/
+    runs: list[dict[str, Any]] = []
+    with SwitchedLoad(args.burners, args.on, args.off) as load:
+        for i in range(args.runs):  # the two ways alternate, so the load's history is the same for both
+            for interleave in ("runs", "steps"):
+                run = run_comparison(bench_args, interleave, runs_folder, f"{interleave}-{i + 1}")
+                run.update(index=i + 1, burners=args.burners, on_s=args.on, off_s=args.off, bench_args=bench_args)
+                runs.append(run)
+                files.append_record({"experiment": "bench_noise", "status": "ok", **run})
+                results.progress(f"[{len(runs)}/{2 * args.runs}] {interleave}: {run['speedup']:.2f}x "
+                                 f"({run['seconds']:.0f} s, load {run['loadavg_1m_min']:.1f}-"
+                                 f"{run['loadavg_1m_max']:.1f})")
+        switches = load.switches
+    rows = [spread_row("one after the other (--interleave runs)", [r for r in runs if r["interleave"] == "runs"]),
+            spread_row("interleaved (--interleave steps)", [r for r in runs if r["interleave"] == "steps"])]
+    a, b = (label.split() for label in runs[0]["variants"])  # the words that tell the two variants apart
+    names = " vs ".join(" ".join(w for w in mine if w not in other) or "?" for mine, other in ((a, b), (b, a)))
+    heading = (f"step speed-up of {names} (bench_e2e.py {' '.join(bench_args)}), "
+               f"{args.runs} runs each way, {args.burners} background processes switched {args.on:g} s on / "
+               f"{args.off:g} s off ({switches} switches); {os.cpu_count()} CPUs")
+    files.publish(lambda fmt: heading + "\n\n" + render_table(rows, list(rows[0]), fmt), args.fmt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
