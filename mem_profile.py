@@ -268,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "each K's predicted peak (any device) beside its measured peak and step time (CUDA)")
+    p.add_argument("--num-heads", type=positive_int, default=None,
+                   help="override the preset's number of heads: the 2026 handout's section 3.2 code builds the xl "
+                        "block with 16 heads where its Table 1 says 32 (docs/mem_profile.md#the-handouts-xl-block-"
+                        "has-16-heads); --num-heads 16 compares with its per-block figure")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
                         "--checkpoint K > 0: 4 in 2026)")
@@ -332,7 +336,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if mode != "train":  # no optimizer step: the optimizer does not multiply these rows
                 optimizer = user_code.OURS
             runs.append(RunConfig(size=size, handout=args.handout,
-                                  model=get_config(size, args.handout, context_length=ctx),
+                                  model=get_config(size, args.handout, context_length=ctx,
+                                                   num_heads=args.num_heads),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k,
                                   model_factory=user_code.model_factory(model), optimizer=optimizer))
