@@ -6,13 +6,13 @@ backward, AdamW) need at each context length, with and without bf16 mixed precis
 residual-stream activation tensor; which allocations are the largest and which line of code makes them; what
 does activation checkpointing buy, and at what cost in step time.
 
-    python mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
-    python mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
-    python mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
-    python mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
-    python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
-    python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
-    python mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
+    python3 mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
+    python3 mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
+    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
+    python3 mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
+    python3 mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
+    python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
+    python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
 
 Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
 reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
