@@ -3,7 +3,7 @@ current directory, then PYTHONPATH and the installed packages), so the scripts c
 attention kernel beside ours:
 
     python3 bench_attention.py --grid flash --impl flash_triton:FlashAttention2
-    python bench_e2e.py --model cs336_basics.model:BasicsTransformerLM --optimizer cs336_basics.optimizer:AdamW
+    python3 bench_e2e.py --model cs336_basics.model:BasicsTransformerLM --optimizer cs336_basics.optimizer:AdamW
 
 named_or_spec() checks the form when the command line is parsed (a malformed spec is a usage error, exit 2); load()
 imports it where it runs (in the child process of a configuration), and every failure to find or import it is a
