@@ -100,7 +100,7 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     for (_, d, seq, dtype), found in by_shape.items():
         row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, RUN_COLUMN: runs_cell(list(found.values()))}
         naive = found.get(BASELINE)
-        wrong, unresolved = [], []
+        wrong, unresolved, few_rounds = [], [], {}
         for impl, r in found.items():
             if r["status"] != "ok":
                 row[f"{impl} fwd ms"] = r["status"]
@@ -120,9 +120,14 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
                         row[f"{impl} {PHASE_SHORT[phase]} 95% CI"] = speedup.interval_text()
                         if speedup.resolved is False:
                             unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
+                        if speedup.rounds and speedup.low is None:
+                            few_rounds[impl] = speedup.rounds
         if checked:
             row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
-        row["notes"] = f"not resolved (the interval contains 1): {', '.join(unresolved)}" if unresolved else None
+        notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
+        notes += [f"{impl}: {n} rounds, too few for a 95% interval (--iters {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
+                  for impl, n in few_rounds.items()]
+        row["notes"] = "; ".join(notes) or None
         rows.append(row)
 
     def interval(column: str) -> str:

@@ -11,12 +11,15 @@ The load: --burners processes (default: one per CPU) spinning Python, stopped an
 SIGCONT) every --on / --off seconds, started before the first run and killed after the last. Each run is a
 bench_e2e.py subprocess writing its own files beside this script's (results/noise/<stem>_runs/: re-render them with
 report.py); its step speed-up is read from its JSONL records (stats.speedup: paired by round when interleaved, the
-ratio of the means when not). The figures of a run on this machine are in docs/running.md.
+ratio of the means when not). Arguments that are not one comparison of two variants exit 2 before anything starts
+(bench_e2e.py --dry-run checks them); a run that fails is recorded with its status and counted in its row, and the
+others go on. The figures of runs on this machine are in docs/running.md.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -80,18 +83,39 @@ class SwitchedLoad:
             proc.wait()
 
 
+class RunFailed(Exception):
+    """One bench_e2e run of the comparison did not give a speed-up."""
+
+
+def check_comparison(bench_args: list[str]) -> str | None:
+    """Why these bench_e2e arguments cannot be the comparison (bench_e2e's own refusal, or not exactly two
+    configurations), from `bench_e2e.py ... --dry-run` (a few seconds: it builds nothing); None when they can."""
+    done = subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *bench_args, "--dry-run"], cwd=HERE,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return (done.stderr.strip().splitlines() or [f"bench_e2e.py --dry-run exited with {done.returncode}"])[-1]
+    planned = re.search(r"dry run: (\d+) configurations? would run", done.stdout)
+    if planned is None or int(planned.group(1)) != 2:
+        count = planned.group(1) if planned else "an unknown number of"
+        return (f"bench_noise needs a comparison of exactly two variants (e.g. --dtype fp32 bf16); these arguments "
+                f"make {count} configurations")
+    return None
+
+
 def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: str) -> dict[str, Any]:
     """One bench_e2e run of the comparison; its step speed-up (the second variant over the first), its interval and
-    the load it ran under, from its records."""
+    the load it ran under, from its records. RunFailed when bench_e2e fails or the run is not one comparison of
+    two finished variants."""
     cmd = [sys.executable, str(HERE / "bench_e2e.py"), *bench_args, "--interleave", interleave, "--quiet",
            "--results-dir", str(folder), "--out", stem]
     start = time.monotonic()
     done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"bench_e2e.py exited with {done.returncode}: {done.stderr.strip().splitlines()[-1:]}")
-    records = [r for r in results.read_records(folder / "e2e" / f"{stem}.jsonl") if results.finished(r)]
-    if len(records) != 2:
-        raise RuntimeError(f"expected one comparison of two finished variants, got {len(records)} finished rows")
+        last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise RunFailed(f"bench_e2e.py exited with {done.returncode}: {last}")
+    records = results.read_records(folder / "e2e" / f"{stem}.jsonl")
+    if len(records) != 2 or not all(results.finished(r) for r in records):
+        raise RunFailed("not two finished variants: " + ", ".join(r["status"] for r in records))
     found = stats.speedup(records[0], records[1], ("step",))
     loads = [r["load"][when]["loadavg_1m"] for r in records for when in ("before", "after") if "load" in r]
     return {"interleave": interleave, "jsonl": str(folder / "e2e" / f"{stem}.jsonl"), "speedup": found.ratio,
@@ -100,15 +124,20 @@ def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: s
             "loadavg_1m_max": max(loads), "variants": [r["label"] for r in records]}
 
 
-def spread_row(how: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The speed-ups of one way of measuring: each, their median, and how far the extremes lie from the median."""
+def spread_row(how: str, runs: list[dict[str, Any]], failed: int = 0) -> dict[str, Any]:
+    """The speed-ups of one way of measuring: each, their median, and how far the extremes lie from the median;
+    `failed` runs gave none and are counted, not guessed."""
     speedups = [r["speedup"] for r in runs]
+    row = {"measured": how, "speed-ups": " ".join(f"{s:.2f}x" for s in speedups) or "none",
+           "failed runs": failed or None}
+    if not speedups:
+        return row
     median = statistics.median(speedups)
     worst = max(abs(s / median - 1) for s in speedups)
-    return {"measured": how, "speed-ups": " ".join(f"{s:.2f}x" for s in speedups), "median": f"{median:.2f}x",
-            "min": f"{min(speedups):.2f}x", "max": f"{max(speedups):.2f}x",
+    verdict = "met" if worst <= TARGET else "missed"
+    return {**row, "median": f"{median:.2f}x", "min": f"{min(speedups):.2f}x", "max": f"{max(speedups):.2f}x",
             "max/min": f"{max(speedups) / min(speedups):.2f}", "within": f"+-{worst:.0%} of the median",
-            f"target +-{TARGET:.0%}": "met" if worst <= TARGET else "missed"}
+            f"target +-{TARGET:.0%}": verdict if len(speedups) > 1 else "one run: no spread"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,37 +153,64 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM ends the run as Ctrl-C does (the background load is killed on the way out), with its own status."""
+
+
 def interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # SIGTERM ends the run as Ctrl-C does: the background load is killed on the way out
+    raise Terminated
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        return measure(build_parser().parse_args(argv))
+    except KeyboardInterrupt as stop:  # the load is already killed (SwitchedLoad.__exit__); finished runs are on disk
+        results.progress("bench_noise.py: interrupted; the runs that finished are in its .jsonl")
+        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def measure(args: argparse.Namespace) -> int:
+    """The runs, each way in turn under the switched load, then the table of their spreads."""
     signal.signal(signal.SIGTERM, interrupt)
     bench_args = args.bench_args or DEFAULT_COMPARISON
+    if (refused := check_comparison(bench_args)) is not None:  # before any file or background load exists
+        results.exit_usage_error(refused)
     files = ResultFiles(args.results_dir, "noise", args.out, "noise")
     runs_folder = files.path("_runs")  # bench_e2e's own files of every run: <results>/noise/<stem>_runs/e2e/
     runs: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
     with SwitchedLoad(args.burners, args.on, args.off) as load:
         for i in range(args.runs):  # the two ways alternate, so the load's history is the same for both
             for interleave in ("runs", "steps"):
-                run = run_comparison(bench_args, interleave, runs_folder, f"{interleave}-{i + 1}")
+                position = f"[{len(runs) + len(failures) + 1}/{2 * args.runs}] {interleave}"
+                try:
+                    run = run_comparison(bench_args, interleave, runs_folder, f"{interleave}-{i + 1}")
+                except RunFailed as exc:  # the others still run: a failure loses nothing already measured
+                    failures.append({"interleave": interleave, "index": i + 1, "status": f"error: {exc}"})
+                    files.append_record({"experiment": "bench_noise", **failures[-1]})
+                    results.progress(f"{position}: failed: {exc}")
+                    continue
                 run.update(index=i + 1, burners=args.burners, on_s=args.on, off_s=args.off, bench_args=bench_args)
                 runs.append(run)
                 files.append_record({"experiment": "bench_noise", "status": "ok", **run})
-                results.progress(f"[{len(runs)}/{2 * args.runs}] {interleave}: {run['speedup']:.2f}x "
-                                 f"({run['seconds']:.0f} s, load {run['loadavg_1m_min']:.1f}-"
-                                 f"{run['loadavg_1m_max']:.1f})")
+                results.progress(f"{position}: {run['speedup']:.2f}x ({run['seconds']:.0f} s, load "
+                                 f"{run['loadavg_1m_min']:.1f}-{run['loadavg_1m_max']:.1f})")
         switches = load.switches
-    rows = [spread_row("one after the other (--interleave runs)", [r for r in runs if r["interleave"] == "runs"]),
-            spread_row("interleaved (--interleave steps)", [r for r in runs if r["interleave"] == "steps"])]
+    rows = [spread_row(how, [r for r in runs if r["interleave"] == way],
+                       sum(f["interleave"] == way for f in failures))
+            for way, how in (("runs", "one after the other (--interleave runs)"),
+                             ("steps", "interleaved (--interleave steps)"))]
+    if not runs:
+        results.progress(f"bench_noise.py: no run gave a speed-up ({failures[-1]['status']})")
+        return 1
     a, b = (label.split() for label in runs[0]["variants"])  # the words that tell the two variants apart
     names = " vs ".join(" ".join(w for w in mine if w not in other) or "?" for mine, other in ((a, b), (b, a)))
     heading = (f"step speed-up of {names} (bench_e2e.py {' '.join(bench_args)}), "
                f"{args.runs} runs each way, {args.burners} background processes switched {args.on:g} s on / "
                f"{args.off:g} s off ({switches} switches); {os.cpu_count()} CPUs")
-    files.publish(lambda fmt: heading + "\n\n" + render_table(rows, list(rows[0]), fmt), args.fmt)
-    return 0
+    columns = [c for c in rows[0] | rows[1] if any(row.get(c) is not None for row in rows)]
+    files.publish(lambda fmt: heading + "\n\n" + render_table(rows, columns, fmt), args.fmt)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ def comparison(records: list[dict]) -> Comparison | None:
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
-        unresolved, drifts, paired_names = [], [], set()
+        unresolved, drifts, paired_names, few_rounds = [], [], set(), {}
         for name in names[1:]:
             base, other = cells.get(names[0]), cells.get(name)
             for label, summed in ratios:
@@ -229,6 +229,8 @@ def comparison(records: list[dict]) -> Comparison | None:
                 row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
                 if found and found.rounds:
                     paired_names.update((names[0], name))
+                    if found.low is None:
+                        few_rounds[name] = found.rounds
                 if found and found.resolved is False:
                     unresolved.append(f"{label} {name}")
             both = base is not None and other is not None and finished(base) and finished(other)
@@ -239,6 +241,8 @@ def comparison(records: list[dict]) -> Comparison | None:
         noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"
                  and name not in paired_names]
         notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
+        notes += [f"{name}: {n} rounds, too few for a 95% interval (--steps {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
+                  for name, n in few_rounds.items()]
         row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
     intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)
@@ -259,9 +263,9 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
             + render_table(found.rows, found.columns, fmt)
             + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases: for variants measured together, the geometric mean over the rounds "
-            "of their interleaved steps (A B B A ...) with a 95% t-interval on the log-ratios (not resolved when it "
-            "contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
+            "faster), fwd+bwd sums the two phases: for variants measured together, the Hodges-Lehmann estimate over the "
+            "per-round ratios of their interleaved steps (A B B A ...) with a 95% Wilcoxon signed-rank interval "
+            "(stats.py; not resolved when it contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
             "changed between them by more than its spread. A failed row shows its status, not a number.")
 
 

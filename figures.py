@@ -210,7 +210,7 @@ def failure_kind(status: str) -> str:
 
 def plot_attention(records: list[dict[str, Any]], notes: Notes) -> Any | None:
     """Forward time, backward time and memory against sequence length (log-log), one line per d and
-    implementation (and run, in a merge); configurations that ran out of memory, were skipped or failed are
+    implementation (and dtype and batch size where they vary, and run, in a merge); configurations that ran out of memory, were skipped or failed are
     marked along the top."""
     if not any(finished(r) for r in records):
         return None
@@ -221,8 +221,12 @@ def plot_attention(records: list[dict[str, Any]], notes: Notes) -> Any | None:
               (mem_key, mem_label, 1 / MIB)]
     fig, axes = new_figure(ncols=3, width=5.2)
 
+    shown = varying([r["config"] for r in records], ["dtype", "batch_size"])  # fp32 and bf16 lines kept apart
+
     def line_name(r: dict[str, Any]) -> str:
-        return f"{r['config']['impl']} d={r['config']['d']}{run_suffix(r, records)}"
+        c = r["config"]
+        extra = "".join(f" {c.get('dtype')}" if key == "dtype" else f" batch {c.get('batch_size')}" for key in shown)
+        return f"{c['impl']} d={c['d']}{extra}{run_suffix(r, records)}"
 
     lines = list(dict.fromkeys(line_name(r) for r in records))
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))

@@ -8,14 +8,22 @@ side of the ratio (bench_e2e once reported a 0.15x and, two minutes later, a 9.0
 The sweep therefore times the variants of a comparison in alternating *rounds*: round r holds one block of steps of
 every variant, in forward order in even rounds and reversed in odd ones (A B | B A | A B ...), so a drift that is
 roughly linear over two rounds falls on both sides alike. Each round gives one ratio of the variants' block means,
-measured under nearly the same conditions; the speed-up is the geometric mean of these per-round ratios, with a
-Student-t interval on their logarithms (n = rounds, n - 1 degrees of freedom): a log-ratio is symmetric (A/B and B/A
-have the same spread) and per-round ratios of times are closer to log-normal than normal. With one round there is
-no interval; with fewer than MIN_ROUNDS_FOR_INTERVAL the interval is wide, as it should be.
+measured under nearly the same conditions.
+
+Why not their mean: on a loaded machine most rounds agree and a few do not, by a lot. A background process that
+wakes during one variant's block and not the other's makes that round's ratio 5-17x where the others lie near 1.7
+(bench_noise.py, docs/running.md): in one run, rounds of 10x and 17x put the geometric mean (the first estimator
+here, with a Student-t interval) at 2.42x where the estimate below says 1.91x; five runs spread +-38% with it. The speed-up is therefore the Hodges-Lehmann estimate of
+the per-round log-ratios (the median of their pairwise means, the Walsh averages), with the Wilcoxon signed-rank
+interval (two order statistics of the same Walsh averages, the exact null distribution up to EXACT_SIGNED_RANK_N
+rounds): distribution-free, so a handful of wild rounds widen nothing and move the estimate little, while with
+well-behaved rounds it is nearly as tight as the t interval (95% of its efficiency under normality). Logs, because a
+ratio is symmetric there (A/B and B/A have the same spread). With fewer than MIN_ROUNDS_FOR_INTERVAL rounds there
+is no 95% interval at all (with 5 rounds, all signs alike still happen by chance 2/32 of the time).
 
 torch.utils.benchmark (blocked autorange, median and IQR), triton.testing.do_bench (quantiles) and pyperf
 (calibrated loops, stability warnings) summarise one function at a time; none of them pairs two variants' samples,
-so the pairing and the interval are written here (no scipy: the t quantile below).
+so the pairing and the interval are written here (no scipy: the signed-rank distribution below).
 """
 from __future__ import annotations
 
@@ -25,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 CONFIDENCE = 0.95  # the speed-up's interval: two-sided, 95%
-MIN_ROUNDS_FOR_INTERVAL = 2  # a t interval needs at least two per-round ratios (one degree of freedom)
+MIN_ROUNDS_FOR_INTERVAL = 6  # the fewest rounds whose signed-rank interval reaches 95% (signed_rank_depth)
+EXACT_SIGNED_RANK_N = 50  # the exact null distribution up to this many rounds, the normal approximation beyond
 DRIFT_MIN_CHANGE = 0.05  # a control phase that moved by less than 5% is not called drift, whatever its spread
 
 
@@ -61,7 +70,8 @@ def block_sizes(steps: int, block: int) -> list[int]:
     return [min(block, steps - start) for start in range(0, steps, block)]
 
 
-def steps_per_block(step_s: float | None, steps: int, min_block_s: float, min_rounds: int = 4) -> int:
+def steps_per_block(step_s: float | None, steps: int, min_block_s: float,
+                    min_rounds: int = MIN_ROUNDS_FOR_INTERVAL) -> int:
     """How many consecutive steps one variant takes before the next variant's turn: enough that a block lasts at
     least `min_block_s` (a switch between variants costs cold caches and another graph, and a CUDA synchronisation
     ~10 us: spread over a block, both stay small), but never so many that fewer than `min_rounds` rounds (paired
@@ -72,56 +82,41 @@ def steps_per_block(step_s: float | None, steps: int, min_block_s: float, min_ro
     return max(1, min(wanted, steps // min_rounds))
 
 
-# ---- Student's t quantile (scipy is not a dependency) ----
+# ---- the Wilcoxon signed-rank interval (scipy is not a dependency) ----
 
 
-def _incomplete_beta(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b), by its continued fraction (modified Lentz; Numerical
-    Recipes, 3rd ed., section 6.4), using the symmetry I_x(a, b) = 1 - I_{1-x}(b, a) where it converges faster."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    if x > (a + 1.0) / (a + b + 2.0):
-        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log(1.0 - x)) / a
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    result = d
-    for m in range(1, 300):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > tiny else tiny
-            result *= c * d
-        if abs(c * d - 1.0) < 1e-15:
-            break
-    return front * result
+def signed_rank_counts(n: int) -> list[int]:
+    """The null distribution of the Wilcoxon signed-rank statistic T for n observations, as counts: counts[t] is
+    the number of the 2**n sign patterns of the ranks 1..n whose positive ranks sum to t (each rank's sign a fair
+    coin when the median is zero). A subset-sum count, built one rank at a time."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for rank in range(1, n + 1):
+        for total in range(rank * (rank + 1) // 2, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    return counts
 
 
-def t_cdf(t: float, df: int) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
+def signed_rank_depth(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """How deep into the n(n+1)/2 sorted Walsh averages the `confidence` interval's ends lie: the interval runs
+    from the k-th smallest to the k-th largest, for the largest k with P(T <= k - 1) <= (1 - confidence) / 2. None
+    when even the widest (k = 1: the smallest and the largest) covers less, as with n < 6 at 95% (2 / 2**5 > 5%).
+    Exact up to EXACT_SIGNED_RANK_N observations (as R's wilcox.test), then the normal approximation."""
+    tail = (1.0 - confidence) / 2.0
+    if n > EXACT_SIGNED_RANK_N:
+        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        z = statistics.NormalDist().inv_cdf(1.0 - tail)
+        return max(1, math.floor(n * (n + 1) / 4.0 - z * sd + 0.5))  # P(T <= k - 1 + 0.5): continuity-corrected
+    counts, below, k = signed_rank_counts(n), 0, 0
+    while (below + counts[k]) / 2 ** n <= tail:  # P(T <= k) still within the tail: the depth can be k + 1
+        below += counts[k]
+        k += 1
+    return k or None
 
 
-def t_quantile(p: float, df: int) -> float:
-    """The t value below which a fraction `p` (0 < p < 1) of Student's t with `df` degrees of freedom lies, by
-    bisection on t_cdf (to 1e-10)."""
-    if not 0.0 < p < 1.0 or df < 1:
-        raise ValueError(f"need 0 < p < 1 and df >= 1, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:
-        high *= 2.0
-    while high - low > 1e-10:
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if t_cdf(mid, df) < p else (low, mid)
-    return (low + high) / 2.0
+def walsh_averages(values: list[float]) -> list[float]:
+    """Every (x_i + x_j) / 2 with i <= j, sorted: the Hodges-Lehmann estimate is their median, the signed-rank
+    interval two of their order statistics."""
+    return sorted((values[i] + values[j]) / 2.0 for i in range(len(values)) for j in range(i, len(values)))
 
 
 # ---- paired ratios ----
@@ -129,8 +124,9 @@ def t_quantile(p: float, df: int) -> float:
 
 @dataclass(frozen=True)
 class PairedRatio:
-    """A speed-up from paired rounds: the geometric mean of the per-round ratios (baseline time / variant time, so
-    above 1 is faster) and its `confidence` interval from a t on the log-ratios; low/high are None with one round."""
+    """A speed-up from paired rounds (baseline time / variant time, so above 1 is faster): the Hodges-Lehmann
+    estimate over the per-round ratios and its `confidence` signed-rank interval (paired_ratio); low/high are None
+    with fewer than MIN_ROUNDS_FOR_INTERVAL rounds."""
 
     ratio: float
     low: float | None
@@ -152,17 +148,18 @@ class PairedRatio:
 
 
 def paired_ratio(baseline: list[float], variant: list[float], confidence: float = CONFIDENCE) -> PairedRatio:
-    """The speed-up of `variant` over `baseline` from per-round times (the same rounds, in order): ratio_r =
-    baseline_r / variant_r; the geometric mean of the ratios and a t interval on their logs, mean(log r) +- t(n-1) *
-    sd(log r) / sqrt(n), taken back with exp."""
+    """The speed-up of `variant` over `baseline` from per-round times (the same rounds, in order): with the
+    log-ratios l_r = log(baseline_r / variant_r), the Hodges-Lehmann estimate (the median of the Walsh averages
+    (l_i + l_j) / 2, i <= j) and the Wilcoxon signed-rank interval (signed_rank_depth: the k-th smallest and largest
+    Walsh averages), taken back with exp."""
     if len(baseline) != len(variant) or not baseline:
         raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
-    logs = [math.log(b / v) for b, v in zip(baseline, variant)]
-    centre = statistics.fmean(logs)
-    if len(logs) < MIN_ROUNDS_FOR_INTERVAL:
-        return PairedRatio(math.exp(centre), None, None, len(logs), confidence)
-    half = t_quantile(0.5 + confidence / 2.0, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return PairedRatio(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(logs), confidence)
+    walsh = walsh_averages([math.log(b / v) for b, v in zip(baseline, variant)])
+    centre = math.exp(statistics.median(walsh))
+    depth = signed_rank_depth(len(baseline), confidence)
+    if depth is None:
+        return PairedRatio(centre, None, None, len(baseline), confidence)
+    return PairedRatio(centre, math.exp(walsh[depth - 1]), math.exp(walsh[-depth]), len(baseline), confidence)
 
 
 def round_times(record: dict[str, Any], phases: tuple[str, ...]) -> list[float] | None:

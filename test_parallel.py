@@ -271,6 +271,9 @@ def numerics_worker(out_path: str) -> None:
                                              "names": sorted(full) == sorted(ref)}
     if rank == 0:
         Path(out_path).write_text(json.dumps(results))
+    # every rank done with its collectives before any tears its group down (gloo's worker threads at interpreter
+    # exit: docs/compat.md, the one SIGABRT seen on torch 2.11)
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -373,6 +373,13 @@ def test_attention_figure_marks_the_oom(attention_run, tmp_path):
     assert {line.get_label() for line in forward_ax.get_lines()} == {"naive d=8", "sdpa d=8"}
     oom = [c for c in forward_ax.collections if c.get_label() == "OOM"]
     assert len(oom) == 1 and len(oom[0].get_offsets()) == 1
+    # a sweep over --dtype fp32 bf16: each dtype its own line, never one line through both
+    records = records_of(attention_run[1])
+    both = records + [{**r, "config": {**r["config"], "dtype": "bf16"}} for r in records]
+    fig = figures.figures("bench_attention", both)["attention"]
+    assert {line.get_label() for line in fig.axes[0].get_lines()} == {
+        f"{impl} d=8 {dtype}" for impl in ("naive", "sdpa") for dtype in ("fp32", "bf16")}
+    assert all(len(line.get_xdata()) == len({x for x in line.get_xdata()}) for line in fig.axes[0].get_lines())
 
 
 def test_memory_figures(memory_run, tmp_path):

@@ -214,16 +214,17 @@ class Entered:
 
 def test_interleaved_variants_warm_up_alone_then_alternate_in_blocks_a_b_b_a():
     calls = []
-    records = runner.measure_interleaved(torch.device("cpu"), [fake_variant("A", calls), fake_variant("B", calls)],
+    records = runner.measure_interleaved(torch.device("cpu"), [fake_variant("A", calls, steps=12),
+                                                               fake_variant("B", calls, steps=12)],
                                          [contextlib.nullcontext(), Entered(calls, "slow")])
     # each variant is built and warmed up on its own, in turn
     assert calls[:4] == ["build A", "A", "build B", "B"]
     timed = [c for c in calls[4:] if c in ("A", "B")]
-    # 1 ms steps: blocks of 2 (5 ms wanted, but 8 steps must leave at least 4 rounds), rounds A B | B A | A B | B A
-    assert "".join(timed) == "AABBBBAAAABBBBAA"
+    # 1 ms steps: blocks of 2 (5 ms wanted, but 12 steps must leave the 6 rounds of a 95% interval): A B | B A | ...
+    assert "".join(timed) == "AABBBBAA" * 3
     assert calls[4:10] == ["A", "A", "enter slow", "B", "B", "leave slow"]  # B's context around B's blocks only
     for record in records:
-        assert len(record["step_ms"]) == 8 and record["pairing"]["rounds"] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+        assert len(record["step_ms"]) == 12 and record["pairing"]["rounds"] == [[i, i + 2] for i in range(0, 12, 2)]
         assert record["pairing"]["steps_per_block"] == 2 and record["load"]["before"]["cpu_count"] >= 1
     assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"]
     assert [r["pairing"]["position"] for r in records] == [0, 1]

@@ -30,36 +30,54 @@ def test_blocks_of_steps():
     assert stats.block_sizes(4, 1) == [1, 1, 1, 1]
     assert stats.steps_per_block(0.5, 10, 0.005) == 1  # a long step: one per block
     assert stats.steps_per_block(0.001, 100, 0.005) == 5  # 5 steps of 1 ms make a 5 ms block
-    assert stats.steps_per_block(0.0001, 20, 0.005) == 5  # 50 wanted, but at least 4 rounds must remain
+    assert stats.steps_per_block(0.0001, 24, 0.005) == 4  # 50 wanted, but at least 6 rounds must remain (a 95% interval)
     assert stats.steps_per_block(None, 10, 0.005) == 1  # no warm-up step to size it by
     with pytest.raises(ValueError):
         stats.block_sizes(0, 1)
 
 
-@pytest.mark.parametrize("df, expected", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423)])
-def test_t_quantile_matches_the_tables(df, expected):
-    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-4)
-    assert stats.t_quantile(0.025, df) == pytest.approx(-expected, abs=1e-4)
+# the two-sided 5% critical values of the Wilcoxon signed-rank statistic from the classic tables; the interval's
+# depth is one more (the k-th smallest to the k-th largest Walsh average); below 6 rounds there is none
+@pytest.mark.parametrize("n, critical", [(6, 0), (7, 2), (8, 3), (9, 5), (10, 8), (12, 13), (15, 25), (20, 52),
+                                         (25, 89), (30, 137)])
+def test_signed_rank_depth_matches_the_tables(n, critical):
+    assert stats.signed_rank_depth(n) == critical + 1
+
+
+def test_signed_rank_distribution_and_its_normal_approximation(monkeypatch):
+    counts = stats.signed_rank_counts(4)  # ranks 1..4: sums 0..10 over the 16 sign patterns
+    assert counts == [1, 1, 1, 2, 2, 2, 2, 2, 1, 1, 1] and sum(counts) == 2 ** 4
+    assert stats.signed_rank_depth(5) is None and stats.MIN_ROUNDS_FOR_INTERVAL == 6
+    assert stats.signed_rank_depth(6) == 1
+    exact = stats.signed_rank_depth(stats.EXACT_SIGNED_RANK_N)  # 435: the table's 434 plus one
+    monkeypatch.setattr(stats, "EXACT_SIGNED_RANK_N", 0)  # the approximation where the exact one ends: within one
+    assert abs(stats.signed_rank_depth(50) - exact) <= 1
+    assert stats.signed_rank_depth(200) == pytest.approx(200 * 201 / 4 - 1.96 * math.sqrt(200 * 201 * 401 / 24), abs=1)
 
 
 def test_paired_ratio_and_its_interval_from_known_samples():
-    baseline, variant = [10.0, 12.0, 11.0, 13.0], [5.0, 5.0, 5.5, 6.5]
-    logs = [math.log(2.0), math.log(2.4), math.log(2.0), math.log(2.0)]
-    centre, sd = statistics.fmean(logs), statistics.stdev(logs)
-    half = 3.1824 * sd / 2  # t(0.975, 3 degrees of freedom) x sd / sqrt(4)
-    found = stats.paired_ratio(baseline, variant)
-    assert found.ratio == pytest.approx(math.exp(centre))  # the geometric mean of 2, 2.4, 2, 2
-    assert (found.low, found.high) == (pytest.approx(math.exp(centre - half), rel=1e-4),
-                                       pytest.approx(math.exp(centre + half), rel=1e-4))
-    assert found.rounds == 4 and found.resolved is True and found.interval_text() == (
-        f"{math.exp(centre - half):.2f}-{math.exp(centre + half):.2f}x")
-    # the same ratio every round: no spread, a point interval
-    exact = stats.paired_ratio([4.0, 8.0, 6.0], [2.0, 4.0, 3.0])
+    # six rounds whose log-ratios are 0.1 .. 0.5 and one wild 5.0 (a round the machine disturbed on one side): the
+    # 21 Walsh averages sorted are .1 .15 .2 .2 .25 .25 .3 .3 .3 .35 [.35] .4 .4 .45 .5 2.55 2.6 2.65 2.7 2.75 5.0
+    logs = [0.1, 0.2, 0.3, 0.4, 0.5, 5.0]
+    found = stats.paired_ratio([math.exp(x) for x in logs], [1.0] * 6)
+    assert found.ratio == pytest.approx(math.exp(0.35))  # the 11th of 21; the geometric mean would be e^1.08 = 2.95
+    assert (found.low, found.high) == (pytest.approx(math.exp(0.1)), pytest.approx(math.exp(5.0)))  # k = 1 at n = 6
+    assert found.rounds == 6 and found.resolved is True and found.interval_text() == "1.11-148.41x"
+    # ratio = baseline / variant: the variant twice as fast gives 2, whatever the rounds' absolute times
+    exact = stats.paired_ratio([4.0, 8.0, 6.0, 4.0, 8.0, 6.0], [2.0, 4.0, 3.0, 2.0, 4.0, 3.0])
     assert exact.ratio == pytest.approx(2.0) and exact.low == pytest.approx(2.0) and exact.high == pytest.approx(2.0)
     # ratios on both sides of 1: not resolved
-    mixed = stats.paired_ratio([10.0, 10.0, 10.0], [9.0, 11.0, 10.5])
+    mixed = stats.paired_ratio([10.0] * 6, [9.0, 11.0, 10.5, 9.5, 10.2, 9.8])
     assert mixed.low < 1 < mixed.high and mixed.resolved is False
-    # one round: a ratio, no interval
+    # ten rounds: the interval runs from the 9th to the 9th-last of the 55 Walsh averages
+    ten = [0.01 * i for i in range(10)]
+    walsh = sorted((a + b) / 2 for i, a in enumerate(ten) for b in ten[i:])
+    tenth = stats.paired_ratio([math.exp(x) for x in ten], [1.0] * 10)
+    assert tenth.low == pytest.approx(math.exp(walsh[8])) and tenth.high == pytest.approx(math.exp(walsh[-9]))
+    assert tenth.ratio == pytest.approx(math.exp(0.045))  # symmetric samples: the centre
+    # fewer than six rounds: an estimate, no interval
+    five = stats.paired_ratio([10.0, 12.0, 11.0, 13.0, 12.0], [5.0, 5.0, 5.5, 6.5, 6.0])
+    assert five.ratio == pytest.approx(2.0) and five.low is None and five.resolved is None
     single = stats.paired_ratio([10.0], [4.0])
     assert single.ratio == pytest.approx(2.5) and single.low is None and single.resolved is None
     with pytest.raises(ValueError):
@@ -80,7 +98,7 @@ def test_speedup_pairs_by_round_and_falls_back_to_means_when_unpaired():
     other = record([5.0, 5.0, 10.0, 10.0], [10.0, 10.0, 20.0, 20.0], "g", [[0, 2], [2, 4]])
     assert stats.round_times(base, ("forward", "backward")) == [30.0, 60.0]
     paired = stats.speedup(base, other, ("forward", "backward"))
-    assert paired.ratio == pytest.approx(2.0) and paired.rounds == 2 and paired.low == pytest.approx(2.0)
+    assert paired.ratio == pytest.approx(2.0) and paired.rounds == 2 and paired.low is None  # 2 rounds: no interval
     # measured apart (different groups): the ratio of the means, and no interval
     apart = stats.speedup(base, {**other, "pairing": {"group": "h", "rounds": [[0, 2], [2, 4]]}}, ("forward",))
     assert apart.rounds == 0 and apart.low is None and apart.ratio == pytest.approx(15.0 / 7.5)
