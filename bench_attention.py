@@ -305,7 +305,10 @@ def run_config(run: AttentionRun) -> dict[str, Any]:
     return record
 
 
-ROUNDS = 10  # an interleaved comparison's rounds: each implementation's timed calls are split into this many blocks
+# an interleaved comparison's rounds: each implementation's timed calls are split into this many blocks. 20, not
+# 10: the signed-rank interval over 10 rounds reaches into the Walsh averages of one wild round (a recompile, a
+# descheduled thread), over 20 only into those of three (stats.py)
+ROUNDS = 20
 
 
 def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:

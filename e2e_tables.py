@@ -263,10 +263,11 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
             + render_table(found.rows, found.columns, fmt)
             + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases: for variants measured together, the Hodges-Lehmann estimate over the "
-            "per-round ratios of their interleaved steps (A B B A ...) with a 95% Wilcoxon signed-rank interval "
-            "(stats.py; not resolved when it contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
-            "changed between them by more than its spread. A failed row shows its status, not a number.")
+            "faster), fwd+bwd sums the two phases: for variants measured together, the Hodges-Lehmann estimate "
+            "over the per-round ratios of their interleaved steps (A B B A ...) with a 95% Wilcoxon signed-rank "
+            "interval (stats.py; not resolved when it contains 1); for rows measured apart, the ratio of the means. "
+            "drift: a phase every variant runs alike changed between them by more than its spread. A failed row "
+            "shows its status, not a number.")
 
 
 # ---- --context-length max: the longest context that runs ----

@@ -210,8 +210,8 @@ def failure_kind(status: str) -> str:
 
 def plot_attention(records: list[dict[str, Any]], notes: Notes) -> Any | None:
     """Forward time, backward time and memory against sequence length (log-log), one line per d and
-    implementation (and dtype and batch size where they vary, and run, in a merge); configurations that ran out of memory, were skipped or failed are
-    marked along the top."""
+    implementation (and dtype and batch size where they vary, and run, in a merge); configurations that ran out
+    of memory, were skipped or failed are marked along the top."""
     if not any(finished(r) for r in records):
         return None
     cuda = any("mem_before_backward_bytes" in r for r in records)

@@ -13,13 +13,15 @@ measured under nearly the same conditions.
 Why not their mean: on a loaded machine most rounds agree and a few do not, by a lot. A background process that
 wakes during one variant's block and not the other's makes that round's ratio 5-17x where the others lie near 1.7
 (bench_noise.py, docs/running.md): in one run, rounds of 10x and 17x put the geometric mean (the first estimator
-here, with a Student-t interval) at 2.42x where the estimate below says 1.91x; five runs spread +-38% with it. The speed-up is therefore the Hodges-Lehmann estimate of
-the per-round log-ratios (the median of their pairwise means, the Walsh averages), with the Wilcoxon signed-rank
-interval (two order statistics of the same Walsh averages, the exact null distribution up to EXACT_SIGNED_RANK_N
-rounds): distribution-free, so a handful of wild rounds widen nothing and move the estimate little, while with
-well-behaved rounds it is nearly as tight as the t interval (95% of its efficiency under normality). Logs, because a
-ratio is symmetric there (A/B and B/A have the same spread). With fewer than MIN_ROUNDS_FOR_INTERVAL rounds there
-is no 95% interval at all (with 5 rounds, all signs alike still happen by chance 2/32 of the time).
+here, with a Student-t interval) at 2.42x where the estimate below says 1.91x; five runs spread +-38% with it. The
+speed-up is therefore the Hodges-Lehmann estimate of the per-round log-ratios (the median of their pairwise means,
+the Walsh averages), with the Wilcoxon signed-rank interval (two order statistics of the same Walsh averages, the
+exact null distribution up to EXACT_SIGNED_RANK_N rounds): distribution-free, so a few wild rounds move the estimate
+little and reach an end of the interval only when their Walsh averages outnumber its depth k (one wild round at 10
+rounds, three at 20), while with well-behaved rounds it is nearly as tight as the t interval (95% of its efficiency
+under normality). Logs, because a ratio is symmetric there (A/B and B/A have the same spread). With fewer than
+MIN_ROUNDS_FOR_INTERVAL rounds there is no 95% interval at all (with 5 rounds, all signs alike still happen by
+chance 2/32 of the time).
 
 torch.utils.benchmark (blocked autorange, median and IQR), triton.testing.do_bench (quantiles) and pyperf
 (calibrated loops, stability warnings) summarise one function at a time; none of them pairs two variants' samples,

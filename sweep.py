@@ -47,7 +47,7 @@ from stats import round_order
 FAULT_ENV = "BENCH_INJECT_FAULT"
 
 
-SLOW_OP_S = 0.02  # what a `slow:` fault adds to every torch op: far beyond a busy machine's noise
+SLOW_OP_S = 0.005  # what a `slow:` fault adds to every torch op: far beyond a busy machine's noise
 
 
 class SlowOps(TorchDispatchMode):

@@ -30,7 +30,7 @@ def test_blocks_of_steps():
     assert stats.block_sizes(4, 1) == [1, 1, 1, 1]
     assert stats.steps_per_block(0.5, 10, 0.005) == 1  # a long step: one per block
     assert stats.steps_per_block(0.001, 100, 0.005) == 5  # 5 steps of 1 ms make a 5 ms block
-    assert stats.steps_per_block(0.0001, 24, 0.005) == 4  # 50 wanted, but at least 6 rounds must remain (a 95% interval)
+    assert stats.steps_per_block(0.0001, 24, 0.005) == 4  # 50 wanted, but 6 rounds must remain (a 95% interval)
     assert stats.steps_per_block(None, 10, 0.005) == 1  # no warm-up step to size it by
     with pytest.raises(ValueError):
         stats.block_sizes(0, 1)
