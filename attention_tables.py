@@ -100,7 +100,7 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     for (_, d, seq, dtype), found in by_shape.items():
         row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, RUN_COLUMN: runs_cell(list(found.values()))}
         naive = found.get(BASELINE)
-        wrong, unresolved, few_rounds = [], [], {}
+        wrong, unresolved, few_rounds, pulled = [], [], {}, []
         for impl, r in found.items():
             if r["status"] != "ok":
                 row[f"{impl} fwd ms"] = r["status"]
@@ -122,11 +122,15 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
                             unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
                         if speedup.rounds and speedup.low is None:
                             few_rounds[impl] = speedup.rounds
+                        if (means := stats.means_outside(speedup, naive, r, (phase,))) is not None:
+                            pulled.append(f"{impl} {PHASE_SHORT[phase]} {means:.2f}x")
         if checked:
             row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
         notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
         notes += [f"{impl}: {n} rounds, too few for a 95% interval (--iters {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
                   for impl, n in few_rounds.items()]
+        if pulled:
+            notes.append(f"ratio of the means outside the interval (a few slow calls pull a mean): {', '.join(pulled)}")
         row["notes"] = "; ".join(notes) or None
         rows.append(row)
 

@@ -220,7 +220,7 @@ def comparison(records: list[dict]) -> Comparison | None:
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
-        unresolved, drifts, paired_names, few_rounds = [], [], set(), {}
+        unresolved, drifts, paired_names, few_rounds, pulled = [], [], set(), {}, []
         for name in names[1:]:
             base, other = cells.get(names[0]), cells.get(name)
             for label, summed in ratios:
@@ -233,6 +233,8 @@ def comparison(records: list[dict]) -> Comparison | None:
                         few_rounds[name] = found.rounds
                 if found and found.resolved is False:
                     unresolved.append(f"{label} {name}")
+                if found and (means := stats.means_outside(found, base, other, summed)) is not None:
+                    pulled.append(f"{label} {name} {means:.2f}x")
             both = base is not None and other is not None and finished(base) and finished(other)
             moved = stats.drift(base, other, control) if control and both else None
             if moved:
@@ -243,6 +245,8 @@ def comparison(records: list[dict]) -> Comparison | None:
         notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
         notes += [f"{name}: {n} rounds, too few for a 95% interval (--steps {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
                   for name, n in few_rounds.items()]
+        if pulled:
+            notes.append(f"ratio of the means outside the interval (a few slow steps pull a mean): {', '.join(pulled)}")
         row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
     intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)

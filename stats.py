@@ -188,8 +188,24 @@ def speedup(baseline: dict[str, Any], variant: dict[str, Any], phases: tuple[str
     measured as a pair (paired_ratio), else the ratio of their means with no interval (rounds=0: unpaired)."""
     if paired(baseline, variant):
         return paired_ratio(round_times(baseline, phases), round_times(variant, phases))
-    ratio = sum(baseline[f"{p}_ms_mean"] for p in phases) / sum(variant[f"{p}_ms_mean"] for p in phases)
-    return PairedRatio(ratio, None, None, 0)
+    return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
+
+
+def ratio_of_means(baseline: dict[str, Any], variant: dict[str, Any], phases: tuple[str, ...]) -> float:
+    """The baseline's summed mean time of `phases` over the variant's: what a reader computes from the table."""
+    return sum(baseline[f"{p}_ms_mean"] for p in phases) / sum(variant[f"{p}_ms_mean"] for p in phases)
+
+
+def means_outside(found: PairedRatio, baseline: dict[str, Any], variant: dict[str, Any],
+                  phases: tuple[str, ...]) -> float | None:
+    """The ratio of the two rows' means when it lies outside the paired speed-up's interval, else None. The table
+    shows means and the speed-up is paired and median-based, so the two can disagree: when they do, a few slow
+    steps (a recompile, a descheduled thread: see the rows' max) pull a mean, and the reader should be told
+    rather than left to divide the columns and find another number."""
+    if found.low is None:
+        return None
+    ratio = ratio_of_means(baseline, variant, phases)
+    return None if found.low <= ratio <= found.high else ratio
 
 
 # ---- drift: a phase both variants run identically ----

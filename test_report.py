@@ -364,6 +364,24 @@ def test_eager_vs_compiled_speedup_bars_are_bench_e2e_comparison():
     assert "handout" not in figures.plot_e2e_speedups([eager, compiled], [])._suptitle.get_text()
 
 
+def test_the_comparison_says_when_the_means_disagree_with_the_paired_speed_up(e2e_run):
+    """20 interleaved rounds where bf16 is twice as fast in each, but one of its steps took 40x longer: the
+    speed-up stays 2x, its interval excludes the ratio of the means, and the row says so."""
+    fp32, bf16 = [r for r in records_of(e2e_run[1]) if r["config"]["warmup"] == 0]
+    wild = [5.0] * 20
+    wild[7] = 200.0
+    for rec, step in ((fp32, [10.0] * 20), (bf16, wild)):
+        for phase in ("forward", "backward", "optimizer"):
+            rec[f"{phase}_ms"] = [s / 3 for s in step]
+        rec["step_ms"] = step
+        rec.update({f"{p}_ms_mean": sum(rec[f"{p}_ms"]) / 20 for p in ("forward", "backward", "optimizer", "step")})
+        rec["pairing"] = {"group": "g", "mode": "steps", "rounds": [[i, i + 1] for i in range(20)]}
+    (row,) = e2e_tables.comparison([fp32, bf16]).rows
+    assert row["step speed-up: bf16"] == "2.00x" and row["step 95% CI: bf16"] == "2.00-2.00x"
+    assert "ratio of the means outside the interval (a few slow steps pull a mean): " in row["notes"]
+    assert f"step bf16 {10.0 / (295.0 / 20):.2f}x" in row["notes"]  # 0.68x: the table's means divided
+
+
 def test_attention_figure_marks_the_oom(attention_run, tmp_path):
     made = figures.figures("bench_attention", records_of(attention_run[1]))
     fig = made["attention"]

@@ -105,6 +105,24 @@ def test_speedup_pairs_by_round_and_falls_back_to_means_when_unpaired():
     assert stats.speedup(record([3.0], [1.0]), record([1.0], [1.0]), ("forward",)).ratio == pytest.approx(3.0)
 
 
+def test_a_ratio_of_means_outside_the_paired_interval_is_found():
+    # 20 rounds of one step: the variant twice as fast every round, but one of its steps took 200 ms (a recompile);
+    # at 20 rounds the interval's ends lie 53 Walsh averages in, beyond the 20 that hold the wild round
+    rounds = [[i, i + 1] for i in range(20)]
+    wild = [5.0] * 20
+    wild[7] = 200.0
+    base = record([10.0] * 20, [20.0] * 20, "g", rounds)
+    other = record(wild, [10.0] * 20, "g", rounds)
+    found = stats.speedup(base, other, ("forward",))
+    assert found.ratio == pytest.approx(2.0) and found.low == pytest.approx(2.0)  # the wild round moves nothing
+    means = 10.0 / statistics.fmean(wild)  # 1.03x: what dividing the table's means gives
+    assert stats.means_outside(found, base, other, ("forward",)) == pytest.approx(means)
+    both = stats.speedup(base, other, ("backward",))  # no wild step: the means agree with the paired estimate
+    assert stats.means_outside(both, base, other, ("backward",)) is None
+    few = stats.speedup(record([10.0], [1.0], "h", [[0, 1]]), record([1.0], [1.0], "h", [[0, 1]]), ("forward",))
+    assert stats.means_outside(few, record([10.0], [1.0]), record([1.0], [1.0]), ("forward",)) is None  # no interval
+
+
 def test_drift_is_a_control_phase_moving_by_more_than_its_spread():
     steady = {"optimizer_ms": [50.0, 52.0, 49.0, 51.0, 50.0]}
     slowed = {"optimizer_ms": [80.0, 83.0, 79.0, 81.0, 82.0]}  # +61%: far beyond a spread of ~1 ms
