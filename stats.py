@@ -37,6 +37,7 @@ from typing import Any
 CONFIDENCE = 0.95  # the speed-up's interval: two-sided, 95%
 MIN_ROUNDS_FOR_INTERVAL = 6  # the fewest rounds whose signed-rank interval reaches 95% (signed_rank_depth)
 EXACT_SIGNED_RANK_N = 50  # the exact null distribution up to this many rounds, the normal approximation beyond
+MAX_ROUNDS = 500  # more rounds (--steps 5000 of a fast step) are merged in neighbouring groups: 125k Walsh averages
 DRIFT_MIN_CHANGE = 0.05  # a control phase that moved by less than 5% is not called drift, whatever its spread
 
 
@@ -156,6 +157,10 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
     Walsh averages), taken back with exp."""
     if len(baseline) != len(variant) or not baseline:
         raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
+    if len(baseline) > MAX_ROUNDS:  # n(n+1)/2 Walsh averages: merge neighbouring rounds, which stay paired
+        group = math.ceil(len(baseline) / MAX_ROUNDS)
+        baseline, variant = ([sum(times[i:i + group]) for i in range(0, len(times), group)]
+                             for times in (baseline, variant))
     walsh = walsh_averages([math.log(b / v) for b, v in zip(baseline, variant)])
     centre = math.exp(statistics.median(walsh))
     depth = signed_rank_depth(len(baseline), confidence)

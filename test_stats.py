@@ -82,6 +82,9 @@ def test_paired_ratio_and_its_interval_from_known_samples():
     assert single.ratio == pytest.approx(2.5) and single.low is None and single.resolved is None
     with pytest.raises(ValueError):
         stats.paired_ratio([1.0, 2.0], [1.0])
+    # thousands of rounds are merged in neighbours (still paired) before the n^2 Walsh averages: quick, and the same
+    many = stats.paired_ratio([2.0 + (i % 7) * 0.01 for i in range(5001)], [1.0] * 5001)
+    assert many.rounds == math.ceil(5001 / math.ceil(5001 / stats.MAX_ROUNDS)) and 2.0 < many.ratio < 2.07
 
 
 def record(forward, backward, group=None, rounds=None):
