@@ -255,19 +255,26 @@ class Sweep:
 
 def check_with_bench_e2e(sweep: Sweep, show: bool) -> int:
     """bench_e2e.py --dry-run on the whole plan, once per mode (it takes one): the handout's sizes and every
-    bench_e2e option checked, building nothing. `show`: print the first mode's list. Returns its exit status."""
+    bench_e2e option checked, building nothing. The modes' checks run side by side (each imports torch, seconds
+    apart); the first failing one's stderr is passed on, the others' dropped, so a bad option is said once. `show`:
+    print the first mode's list. Returns the first failing check's exit status, else 0."""
     args = sweep.args
-    for i, mode in enumerate(args.mode):
-        check = [sys.executable, str(HERE / "bench_e2e.py"), "--size", *args.size, "--context-length",
-                 *map(str, args.context_length), "--mode", mode, "--in-process", *args.extra, "--handout",
-                 args.handout, "--dry-run"]
-        if show and i == 0:
-            print(f"{PROG}: the arguments, checked by bench_e2e.py --dry-run (its list: mode {mode}; every mode "
-                  "checked):", flush=True)
-        status = subprocess.run(check, stdout=None if show and i == 0 else subprocess.DEVNULL).returncode
-        if status:
-            return status
-    return 0
+    if show:
+        print(f"{PROG}: the arguments, checked by bench_e2e.py --dry-run (its list: mode {args.mode[0]}; every mode "
+              "checked):", flush=True)
+    checks = [subprocess.Popen([sys.executable, str(HERE / "bench_e2e.py"), "--size", *args.size, "--context-length",
+                                *map(str, args.context_length), "--mode", mode, "--in-process", *args.extra,
+                                "--handout", args.handout, "--dry-run"],
+                               stdout=None if show and i == 0 else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+              for i, mode in enumerate(args.mode)]
+    status = 0
+    for check in checks:
+        _, err = check.communicate()
+        if status == 0:
+            sys.stderr.write(err)
+            status = check.returncode
+    return status
 
 
 def dry_run(sweep: Sweep) -> int:

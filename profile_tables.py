@@ -178,6 +178,9 @@ def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
         if names:
             parts.append(f"{phase} = " + ", ".join(f"'{name}' x{count}" for name, count in names.items()))
     left = [f"{count} {phase}" for phase, count in chosen.in_warmup.items()]
+    if STEP not in chosen.used and chosen.measure_ns is not None:  # phase_rows' step row: measured region / steps
+        parts.append("step = the measured region over the steps (it also holds what runs between steps, so it "
+                     "exceeds a stopwatch's step, the more the shorter the step)")
     line = "ranges used: " + ("; ".join(parts) if parts else "none")
     if left:
         line += f" (left out, inside warm-up ranges: {', '.join(left)})"

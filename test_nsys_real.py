@@ -119,9 +119,14 @@ def test_real_nvtx_reports_make_the_phase_table_beside_the_stopwatch(profiled: d
     tables = pt.build_tables(pr.load_nsys(report), pt.stopwatch_ms(read_records(f"{report}_e2e.jsonl")[0]))
     phases = {row["phase"]: row for row in tables["phases"]}
     assert list(phases) == ["forward", "backward", "optimizer", "step"] and tables["steps"] == STEPS
-    for row in phases.values():
-        # the NVTX range and the stopwatch time the same interval: they agree far better than 10%
-        assert row["range_ms"] > 0 and row["stopwatch_ms"] > 0 and row["agrees"] == "yes", row
+    for name, row in phases.items():
+        assert row["range_ms"] > 0 and row["stopwatch_ms"] > 0, row
+        if name != "step":  # the NVTX range and the stopwatch time the same interval: they agree far better than 10%
+            assert row["agrees"] == "yes", row
+        else:  # no step range: the measured region over the steps, which also holds what runs between them (a
+            # tenth of a 5 ms step here, under load more), so only longer than the stopwatch's step, never shorter
+            assert 0.95 < row["ratio"] < 2.0, row
+            assert "step = the measured region over the steps" in tables["ranges_used"]
     md = Path(f"{report}.md").read_text()
     assert "### 1. Phase times (mean per step over 3 steps)" in md
     assert md.startswith("device: ")  # the environment header from bench_e2e's record
