@@ -333,7 +333,8 @@ def measure(prepared: Prepared | dict[str, Any]) -> dict[str, Any]:
 
 
 # A block of one variant's consecutive timed steps lasts at least this long (unless that leaves fewer than 6
-# rounds, stats.MIN_ROUNDS_FOR_INTERVAL): switching to another variant costs cold caches and another graph, and each CUDA synchronisation ~10 us.
+# rounds, stats.MIN_ROUNDS_FOR_INTERVAL): switching to another variant costs cold caches and another graph, and
+# each CUDA synchronisation ~10 us.
 MIN_BLOCK_S = 0.005
 
 
