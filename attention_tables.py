@@ -121,17 +121,12 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
                         if speedup.resolved is False:
                             unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
                         if speedup.rounds and speedup.low is None:
-                            few_rounds[impl] = speedup.rounds
+                            few_rounds[impl] = (speedup.rounds, "--iters")
                         if (means := stats.means_outside(speedup, naive, r, (phase,))) is not None:
                             pulled.append(f"{impl} {PHASE_SHORT[phase]} {means:.2f}x")
         if checked:
             row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
-        notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
-        notes += [f"{impl}: {n} rounds, too few for a 95% interval (--iters {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
-                  for impl, n in few_rounds.items()]
-        if pulled:
-            notes.append(f"ratio of the means outside the interval (a few slow calls pull a mean): {', '.join(pulled)}")
-        row["notes"] = "; ".join(notes) or None
+        row["notes"] = "; ".join(stats.interval_notes(unresolved, few_rounds, pulled, "calls")) or None
         rows.append(row)
 
     def interval(column: str) -> str:

@@ -229,8 +229,9 @@ def comparison(records: list[dict]) -> Comparison | None:
                 row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
                 if found and found.rounds:
                     paired_names.update((names[0], name))
-                    if found.low is None:
-                        few_rounds[name] = found.rounds
+                    if found.low is None:  # rounds are steps, or whole runs (--interleave runs --repeats)
+                        knob = "--repeats" if (base.get("pairing") or {}).get("mode") == "runs" else "--steps"
+                        few_rounds[name] = (found.rounds, knob)
                 if found and found.resolved is False:
                     unresolved.append(f"{label} {name}")
                 if found and (means := stats.means_outside(found, base, other, summed)) is not None:
@@ -242,11 +243,7 @@ def comparison(records: list[dict]) -> Comparison | None:
         # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
         noisy = [name for name in names if name in cells and cells[name]["status"] == "noisy"
                  and name not in paired_names]
-        notes = ([f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []) + drifts
-        notes += [f"{name}: {n} rounds, too few for a 95% interval (--steps {stats.MIN_ROUNDS_FOR_INTERVAL} or more)"
-                  for name, n in few_rounds.items()]
-        if pulled:
-            notes.append(f"ratio of the means outside the interval (a few slow steps pull a mean): {', '.join(pulled)}")
+        notes = stats.interval_notes(unresolved, few_rounds, pulled, "steps") + drifts
         row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
     intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)

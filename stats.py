@@ -213,6 +213,19 @@ def means_outside(found: PairedRatio, baseline: dict[str, Any], variant: dict[st
     return None if found.low <= ratio <= found.high else ratio
 
 
+def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
+                   calls: str) -> list[str]:
+    """A comparison row's notes on its paired speed-ups: those whose interval contains 1 (`unresolved`), the
+    variants with too few rounds for one (name -> (rounds, the option that gives more)), and those whose ratio of
+    means lies outside it (`pulled`, "<speed-up> <ratio>x"; `calls`: "steps" or "calls", what a mean is over)."""
+    notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
+    notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
+              for name, (n, knob) in few_rounds.items()]
+    if pulled:
+        notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): {', '.join(pulled)}")
+    return notes
+
+
 # ---- drift: a phase both variants run identically ----
 
 

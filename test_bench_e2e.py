@@ -440,6 +440,8 @@ def test_interleave_runs_alternates_whole_runs_and_pairs_them_by_repetition(tmp_
         assert len(record["step_ms"]) == 4 and record["repeats"] == 2 and len(set(record["pids"])) == 2
         assert record["pairing"]["mode"] == "runs" and record["pairing"]["rounds"] == [[0, 2], [2, 4]]
     assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"]
+    comparison = e2e_tables.comparison(records)  # two repeats are two rounds: more repeats give an interval
+    assert "sdpa: 2 rounds, too few for a 95% interval (--repeats 6 or more)" in comparison.rows[0]["notes"]
     assert "--repeats applies to --interleave runs" in parse_error(capsys, "--repeats", "3")
 
 
