@@ -6,13 +6,13 @@ Answers the study's attention questions: how do the time and memory of naive att
 length, at what size does it run out of memory and why; what do torch.compile and the fused kernels buy
 (pytorch_attention, torch_compile); and how does your FlashAttention-2 compare with PyTorch (flash_benchmarking).
 
-    python bench_attention.py --impl naive                  # the eager table: times, memory, OOM rows
-    python bench_attention.py --impl naive compiled         # eager vs torch.compile, side by side
-    python bench_attention.py                               # naive, compiled and sdpa (the study's full grid)
-    python bench_attention.py --dtype bf16 --d 64 --seq-len 4096 16384
-    python bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
-    python bench_attention.py --grid flash --impl flash_triton:FlashAttention2  # flash_benchmarking, your kernel
-    python bench_attention.py --grid flash --impl my_attn:attention --seq-len 128 256 --d 16 --dry-run
+    python3 bench_attention.py --impl naive                  # the eager table: times, memory, OOM rows
+    python3 bench_attention.py --impl naive compiled         # eager vs torch.compile, side by side
+    python3 bench_attention.py                               # naive, compiled and sdpa (the study's full grid)
+    python3 bench_attention.py --dtype bf16 --d 64 --seq-len 4096 16384
+    python3 bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
+    python3 bench_attention.py --grid flash --impl flash_triton:FlashAttention2  # flash_benchmarking, your kernel
+    python3 bench_attention.py --grid flash --impl my_attn:attention --seq-len 128 256 --d 16 --dry-run
 
 Inputs are (batch, seq, d): no head dimension, causal masking as in the model. A MODULE:CALLABLE is imported from
 the current directory or PYTHONPATH: a function f(q, k, v, is_causal) -> out, or a torch.autograd.Function subclass

@@ -3,22 +3,22 @@
 Answers the study's benchmarking questions: how long does a step take for each model size, what does warm-up
 do, what do bf16 mixed precision and torch.compile buy.
 
-    python bench_e2e.py --size large --warmup 0                  # one size, no warm-up
-    python bench_e2e.py --size all                                # the handout's Table 1, one row each
-    python bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
-    python bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
-    python bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
-    python bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
-    python bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
-    python bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
-    python bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
-    python bench_e2e.py --size xl --context-length max            # the longest context that trains
-    python bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
-    python bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
+    python3 bench_e2e.py --size large --warmup 0                  # one size, no warm-up
+    python3 bench_e2e.py --size all                                # the handout's Table 1, one row each
+    python3 bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
+    python3 bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
+    python3 bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
+    python3 bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
+    python3 bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
+    python3 bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
+    python3 bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
+    python3 bench_e2e.py --size xl --context-length max            # the longest context that trains
+    python3 bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
+    python3 bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
-    python bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
-    python bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
-    python bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
+    python3 bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
+    python3 bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
+    python3 bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
 
 Method. A configuration is built (prepare: runner.Workload makes the model, wraps it in torch.compile when asked,
 the optimizer, and one random batch of token ids, all on the device), then measured (runner.measure_steps): with

@@ -3,9 +3,9 @@ one after the other (each in its own process, as every sweep did before issue #2
 times interleaved (one process, their timed steps alternating A B B A: --interleave steps, the default), while a
 background load switches on and off; then the spread of the speed-ups each way.
 
-    python bench_noise.py                                  # fp32 vs bf16, 5 runs each way, load 5 s on / 5 s off
-    python bench_noise.py --runs 3 --on 10 --off 10        # fewer runs, a slower load cycle
-    python bench_noise.py -- --size small --attn naive sdpa --steps 20   # any bench_e2e comparison after --
+    python3 bench_noise.py                                  # fp32 vs bf16, 5 runs each way, load 5 s on / 5 s off
+    python3 bench_noise.py --runs 3 --on 10 --off 10        # fewer runs, a slower load cycle
+    python3 bench_noise.py -- --size small --attn naive sdpa --steps 20   # any bench_e2e comparison after --
 
 The load: --burners processes (default: one per CPU) spinning Python, stopped and continued together (SIGSTOP,
 SIGCONT) every --on / --off seconds, started before the first run and killed after the last. Each run is a

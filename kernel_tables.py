@@ -5,12 +5,12 @@ dominate the forward pass and how many times they run per step; how the share of
 from inference to a training step; how softmax compares with the attention matmuls for its FLOPs.
 
     bash nsys_run.sh medium 256                                   # profiles with nsys, then makes these tables
-    python kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl
-    python kernel_tables.py result.sqlite --csv-dir /tmp/x        # anyone's report or export: nsys stats runs here
-    python kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
-    python bench_e2e.py --size tiny --profile                     # torch.profiler instead, tables printed
-    python kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # re-read a saved trace
-    python kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across several nsys reports
+    python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl
+    python3 kernel_tables.py result.sqlite --csv-dir /tmp/x        # anyone's report or export: nsys stats runs here
+    python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
+    python3 bench_e2e.py --size tiny --profile                     # torch.profiler instead, tables printed
+    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # re-read a saved trace
+    python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across several nsys reports
 
 A .nsys-rep or .sqlite is exported with the nsys at hand ($NSYS, else nsys on PATH): `nsys stats` writes its CSVs
 beside the report (or in --csv-dir), a fresh export each time; a report newer than that nsys is one line saying

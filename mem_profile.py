@@ -6,13 +6,13 @@ backward, AdamW) need at each context length, with and without bf16 mixed precis
 residual-stream activation tensor; which allocations are the largest and which line of code makes them; what
 does activation checkpointing buy, and at what cost in step time.
 
-    python mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
-    python mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
-    python mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
-    python mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
-    python mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
-    python mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
-    python mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
+    python3 mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
+    python3 mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
+    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
+    python3 mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
+    python3 mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
+    python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
+    python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
 
 Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
 reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
@@ -268,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
                         "each K's predicted peak (any device) beside its measured peak and step time (CUDA)")
+    p.add_argument("--num-heads", type=positive_int, default=None,
+                   help="override the preset's number of heads: the 2026 handout's section 3.2 code builds the xl "
+                        "block with 16 heads where its Table 1 says 32 (docs/mem_profile.md#the-handouts-xl-block-"
+                        "has-16-heads); --num-heads 16 compares with its per-block figure")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
                         "--checkpoint K > 0: 4 in 2026)")
@@ -332,7 +336,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             if mode != "train":  # no optimizer step: the optimizer does not multiply these rows
                 optimizer = user_code.OURS
             runs.append(RunConfig(size=size, handout=args.handout,
-                                  model=get_config(size, args.handout, context_length=ctx),
+                                  model=get_config(size, args.handout, context_length=ctx,
+                                                   num_heads=args.num_heads),
                                   batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
                                   dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k,
                                   model_factory=user_code.model_factory(model), optimizer=optimizer))

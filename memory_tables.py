@@ -85,8 +85,8 @@ def saved_tables(records: list[dict], fmt: str) -> str:
                             "shape": row["shape"], "tensor dtype": row["dtype"], "MiB": row["bytes"] / MIB,
                             "share": f"{row['share']:.1%}"})
     columns = ["size", "ctx", "dtype", "attn", "ckpt"] + (["model"] if yours(records) else [])
-    columns = with_run_column(columns + ["per block MiB", "grads per block MiB", "x layers", "blocks MiB", "outside blocks MiB", "total MiB",
-                                         "status"], records)
+    columns = with_run_column(columns + ["per block MiB", "grads per block MiB", "x layers", "blocks MiB",
+                                         "outside blocks MiB", "total MiB", "status"], records)
     text = render_table(summary, columns, fmt)
     if ops:
         text += ("\n\nLargest saved tensors: the top 5 per block (MiB per block, share of the blocks' total) and "

@@ -298,7 +298,7 @@ def dry_run(sweep: Sweep) -> int:
 def missing_nsys_message(why: str, sweep: Sweep) -> str:
     first = sweep.plan[0]
     return (f"{PROG}: error: {why}.\n{nsys_tool.install_hint()}.\nWithout nsys, torch.profiler gives the same "
-            f"tables:\n    python bench_e2e.py --size {first.size} --context-length {first.context} --mode "
+            f"tables:\n    python3 bench_e2e.py --size {first.size} --context-length {first.context} --mode "
             f"{first.mode} --profile --handout {sweep.args.handout} {' '.join(sweep.args.extra)}".rstrip())
 
 

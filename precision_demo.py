@@ -9,9 +9,9 @@ why does a float32 accumulator fed float16 addends still miss 10? Each sum runs 
 
 and the table shows what 0.01 becomes in the addend's dtype, so the errors can be read off.
 
-    python precision_demo.py                           # the study's setup: 0.01 x 1000
-    python precision_demo.py --fmt latex_booktabs      # the same table for a LaTeX writeup
-    python precision_demo.py --value 0.1 --count 100   # another sum
+    python3 precision_demo.py                           # the study's setup: 0.01 x 1000
+    python3 precision_demo.py --fmt latex_booktabs      # the same table for a LaTeX writeup
+    python3 precision_demo.py --value 0.1 --count 100   # another sum
 
 The table (precision_tables.py, the code report.py re-renders saved runs with) is printed on stdout and saved, with
 one JSON record per case, under results/precision/.

@@ -4,12 +4,12 @@ one report (a `run` column in every table), and the study's figures as PNG, all 
 Answers the practical question of every writeup: the GPU time is spent, the numbers are in results/, and the
 table is needed in LaTeX, with fewer columns, next to Tuesday's run, or as a picture.
 
-    python report.py results/e2e/e2e-20250101-120000.jsonl                    # the report again (markdown)
-    python report.py results/e2e/run.jsonl --fmt latex_booktabs               # a .tex file for the writeup
-    python report.py results/e2e/run.jsonl --columns size ctx dtype "step ms" "step std"
-    python report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl            # one report, a 'run' column
-    python report.py results/e2e/warmup.jsonl --plot                           # the figures, as PNG
-    python report.py results/attention/*.jsonl --plot --fmt plain
+    python3 report.py results/e2e/e2e-20250101-120000.jsonl                    # the report again (markdown)
+    python3 report.py results/e2e/run.jsonl --fmt latex_booktabs               # a .tex file for the writeup
+    python3 report.py results/e2e/run.jsonl --columns size ctx dtype "step ms" "step std"
+    python3 report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl            # one report, a 'run' column
+    python3 report.py results/e2e/warmup.jsonl --plot                           # the figures, as PNG
+    python3 report.py results/attention/*.jsonl --plot --fmt plain
 
 One rendering path. render() is the only code that turns records into a report: the live .md a sweep rewrites as
 rows finish (LiveReport, sweep.run_sweep's Experiment.render), the files of a script's --fmt, the report the

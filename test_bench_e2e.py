@@ -204,8 +204,10 @@ def test_ctrl_c_on_a_real_sweep(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C does, while a child is running."""
     cmd = [sys.executable, str(HERE / "bench_e2e.py"), *SMALL, "--warmup", "0", "50", "50", "50",
            "--results-dir", str(tmp_path), "--out", "c"]
+    # a terminal's process has SIGINT's default action; a suite started as a background job (`nohup ... &` in a
+    # script) ignores SIGINT, and a child inherits that and would sleep through the Ctrl-C
     proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     jsonl = tmp_path / "e2e" / "c.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and not (jsonl.exists() and jsonl.read_text().strip()):

@@ -617,3 +617,18 @@ def test_unknown_column_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         mem_profile.main(["--size", "tiny", "--device", "cpu", "--columns", "peak", "--results-dir", str(tmp_path)])
     assert exc.value.code == 2 and "valid columns: size, ctx, mode, dtype" in capsys.readouterr().err
+
+
+def test_num_heads_overrides_the_preset_and_changes_what_a_block_saves():
+    # the handout's section 3.2 builds the xl block with 16 heads (Table 1: 32): fewer heads, smaller S x S tensors
+    _, runs = mem_profile.parse_args(["--size", "xl", "--num-heads", "16", "--device", "cpu"])
+    assert {run.model.num_heads for run in runs} == {16} and {run.model.d_model for run in runs} == {2560}
+    small = dict(d_model=64, d_ff=128, num_layers=1, vocab_size=256, context_length=64)
+    per_block = {}
+    for heads in (2, 4):
+        rows = lm_memory.saved_for_backward(ModelConfig(num_heads=heads, **small), batch=2)
+        per_block[heads] = sum(r["bytes"] for r in rows if (r["module"] or "").startswith("layers.0"))
+    assert per_block[4] > per_block[2]
+    with pytest.raises(SystemExit) as exit_:
+        mem_profile.parse_args(["--size", "xl", "--num-heads", "7", "--device", "cpu"])
+    assert exit_.value.code == 2

@@ -258,7 +258,7 @@ def test_missing_nsys_exits_2_with_install_hint(fake: dict, tmp_path: Path):
     result = run_script(fake, "tiny", "64", PATH=bare_path)
     assert result.returncode == 2
     assert "Nsight Systems" in result.stderr and "install" in result.stderr.lower()
-    assert "python bench_e2e.py --size tiny --context-length 64 --mode train --profile" in result.stderr
+    assert "python3 bench_e2e.py --size tiny --context-length 64 --mode train --profile" in result.stderr
     not_binary = run_script(fake, "tiny", "64", NSYS=str(tmp_path / "no-such-nsys"))
     assert not_binary.returncode == 2 and "NSYS=" in not_binary.stderr
     assert not calls(fake)

@@ -8,10 +8,10 @@ backward), never assumed.
 The answer depends on the device: CUDA autocast runs layer_norm (and softmax, log_softmax, cross_entropy) in
 float32, CPU autocast does not. Run it on the device your answer is about.
 
-    python toy_autocast.py                          # CUDA if present, else CPU (with a note saying so)
-    python toy_autocast.py --device cuda            # the CUDA answer (exit 2 where there is no CUDA)
-    python toy_autocast.py --dtype bf16             # one autocast dtype only
-    python toy_autocast.py --fmt latex_booktabs     # the table for a LaTeX writeup
+    python3 toy_autocast.py                          # CUDA if present, else CPU (with a note saying so)
+    python3 toy_autocast.py --device cuda            # the CUDA answer (exit 2 where there is no CUDA)
+    python3 toy_autocast.py --dtype bf16             # one autocast dtype only
+    python3 toy_autocast.py --fmt latex_booktabs     # the table for a LaTeX writeup
 
 The table (precision_tables.py, the code report.py re-renders saved runs with) is printed on stdout and saved,
 with one JSON record per autocast dtype, under results/precision/.

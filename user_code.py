@@ -2,8 +2,8 @@
 current directory, then PYTHONPATH and the installed packages), so the scripts can measure their model, optimizer or
 attention kernel beside ours:
 
-    python bench_attention.py --grid flash --impl flash_triton:FlashAttention2
-    python bench_e2e.py --model cs336_basics.model:BasicsTransformerLM --optimizer cs336_basics.optimizer:AdamW
+    python3 bench_attention.py --grid flash --impl flash_triton:FlashAttention2
+    python3 bench_e2e.py --model cs336_basics.model:BasicsTransformerLM --optimizer cs336_basics.optimizer:AdamW
 
 named_or_spec() checks the form when the command line is parsed (a malformed spec is a usage error, exit 2); load()
 imports it where it runs (in the child process of a configuration), and every failure to find or import it is a
