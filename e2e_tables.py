@@ -262,7 +262,7 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
             "faster), fwd+bwd sums the two phases: for variants measured together, the geometric mean over the rounds "
             "of their interleaved steps (A B B A ...) with a 95% t-interval on the log-ratios (not resolved when it "
             "contains 1); for rows measured apart, the ratio of the means. drift: a phase every variant runs alike "
-            "changed between them by more than its spread. A failed row shows its status, not a number.")
+            "changed between them by more than twice its standard error. A failed row shows its status, not a number.")
 
 
 # ---- --context-length max: the longest context that runs ----
@@ -283,8 +283,7 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
         if "context_search" in rec:
             groups.setdefault(config_key(rec["config"], context=False), []).append(rec)
     answers = []
-    for probes in groups.values():
-        probes.sort(key=lambda r: r["config"]["model"]["context_length"])
+    for probes in groups.values():  # in the order they ran: the last one ended the search
         settings = probes[0]["context_search"]
         found = search.answer([{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
                                for r in probes], settings["max_context"], settings.get("resolution"),
