@@ -267,8 +267,8 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
             "faster), fwd+bwd sums the two phases: for variants measured together, the Hodges-Lehmann estimate "
             "over the per-round ratios of their interleaved steps (A B B A ...) with a 95% Wilcoxon signed-rank "
             "interval (stats.py; not resolved when it contains 1); for rows measured apart, the ratio of the means. "
-            "drift: a phase every variant runs alike changed between them by more than its spread. A failed row "
-            "shows its status, not a number.")
+            "drift: a phase every variant runs alike changed between them by more than twice its standard error. A "
+            "failed row shows its status, not a number.")
 
 
 # ---- --context-length max: the longest context that runs ----
@@ -289,8 +289,7 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
         if "context_search" in rec:
             groups.setdefault(config_key(rec["config"], context=False), []).append(rec)
     answers = []
-    for probes in groups.values():
-        probes.sort(key=lambda r: r["config"]["model"]["context_length"])
+    for probes in groups.values():  # in the order they ran: the last one ended the search
         settings = probes[0]["context_search"]
         found = search.answer([{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
                                for r in probes], settings["max_context"], settings.get("resolution"),
@@ -391,22 +390,30 @@ def comparison_section(records: list[dict], fmt: str) -> list[str]:
         table = comparison_table(records, fmt)
         return [table] if table else []
     tables: dict[tuple, list[dict[str, Any]]] = {}
-    found_of: dict[tuple, Comparison] = {}
+    columns_of: dict[tuple, list[str]] = {}  # one table per set of variants, whatever columns each run's has
     for found, runs in run_comparisons(records):
-        key = (tuple(found.variants), tuple(found.columns))
-        found_of.setdefault(key, found)
+        key = tuple(found.variants)
+        columns_of[key] = merged_columns(columns_of.get(key, []), found.columns)
         tables.setdefault(key, []).extend({RUN_COLUMN: run, **row} for run, row in zip(runs, found.rows))
     parts = []
-    for key, rows in tables.items():
-        found = found_of[key]
-        names = found.variants
+    for names, rows in tables.items():
         parts.append(f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}; runs merged)\n\n"
-                     + render_table(rows, [RUN_COLUMN] + found.columns, fmt)
-                     + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s mean / the variant's "
-                       "(above 1: faster), fwd+bwd sums the two phases. A failed row shows its status, not a number. "
-                       "A configuration measured in several runs is compared within each run (its run column), "
-                       "never across.")
+                     + render_table(rows, [RUN_COLUMN] + columns_of[names], fmt)
+                     + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s time / the variant's "
+                       "(above 1: faster), fwd+bwd sums the two phases: paired by round, with a 95% interval, for "
+                       "variants measured together; the ratio of the means for rows measured apart. A failed row "
+                       "shows its status, not a number. A configuration measured in several runs is compared within "
+                       "each run (its run column), never across.")
     return parts
+
+
+def merged_columns(first: list[str], second: list[str]) -> list[str]:
+    """The columns of two runs' comparisons of the same variants, in one order: each interval right after its
+    speed-up (a run measured apart has none), `notes` last (a run may have none)."""
+    union = [c for c in dict.fromkeys(first + second) if c != "notes" and " 95% CI: " not in c]
+    intervals = {c.replace(" 95% CI: ", " speed-up: "): c for c in first + second if " 95% CI: " in c}
+    columns = [x for c in union for x in ([c, intervals[c]] if c in intervals else [c])]
+    return columns + (["notes"] if "notes" in first + second else [])
 
 
 def run_comparisons(records: list[dict]) -> list[tuple[Comparison, list[str | None]]]:

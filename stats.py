@@ -241,15 +241,16 @@ class Drift:
 
 
 def drift(baseline: dict[str, Any], variant: dict[str, Any], phase: str) -> Drift | None:
-    """Drift between two records on a control `phase`: the difference of its means is larger than the larger of
-    its two standard deviations (its own spread) and than DRIFT_MIN_CHANGE of the baseline's mean. Since both
-    variants run that phase identically, such a difference is the machine changing between them, and it lands in
-    every other phase too. None when within the spread, or when a record lacks the phase or a spread."""
+    """Drift between two records on a control `phase`: the difference of its means is more than twice its own
+    spread, the standard error of that difference (Welch: sqrt(s_a^2/n_a + s_b^2/n_b)), and at least
+    DRIFT_MIN_CHANGE of the baseline's mean. Since both variants run that phase identically, such a difference says
+    the machine changed between them (or what ran before the phase did), and it lands in every other phase too. None
+    when within the spread, or when a record lacks the phase or a spread (fewer than two samples)."""
     a, b = baseline.get(f"{phase}_ms"), variant.get(f"{phase}_ms")
     if not a or not b or len(a) < 2 or len(b) < 2:
         return None
     mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
-    spread = max(statistics.stdev(a), statistics.stdev(b))
-    if abs(mean_b - mean_a) > max(spread, DRIFT_MIN_CHANGE * mean_a):
+    spread = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    if abs(mean_b - mean_a) > max(2 * spread, DRIFT_MIN_CHANGE * mean_a):
         return Drift(phase, mean_b / mean_a - 1.0)
     return None
