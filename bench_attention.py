@@ -441,6 +441,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     common.device_or_exit(parser, args.device)
+    sweep.check_sweep_args(parser, args)
     report.columns_or_exit(parser, args.columns, attention_tables.TABLE_COLUMNS)
     grid = GRIDS[args.grid]
     for name in ("impl", "d", "seq_len", "batch_size", "dtype"):

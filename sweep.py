@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 import os
 import signal
 import sys
@@ -252,20 +253,19 @@ def comparison_units(runs: list[Any], grouped: bool) -> list[list[int]]:
     return units
 
 
-def merge_repeats(values: list[dict[str, Any]]) -> tuple[dict[str, Any], list[list[int]]]:
+def merge_repeats(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list[list[int]]]]:
     """One configuration's records from several children (--repeats) as one: the raw samples (`<phase>_ms` lists)
     concatenated in the order they ran, the largest peaks, the first child's compile time (later children find
     torch's compile caches warm) with every child's beside it, the load before the first and after the last. Also
-    returns which samples came from which child: [start, stop) per repetition."""
+    returns which samples came from which child, per phase: {phase: [[start, stop) per repetition]} (the phases'
+    counts differ where the timer decides them, as do_bench does)."""
     merged = dict(values[0])
     sample_keys = [key for key, value in values[0].items() if key.endswith("_ms") and isinstance(value, list)]
+    bounds: dict[str, list[list[int]]] = {}
     for key in sample_keys:
         merged[key] = [x for value in values for x in value[key]]
-    bounds, start = [], 0
-    for value in values:
-        count = len(value[sample_keys[0]]) if sample_keys else 0
-        bounds.append([start, start + count])
-        start += count
+        ends = list(itertools.accumulate(len(value[key]) for value in values))
+        bounds[key.removesuffix("_ms")] = [[end - len(value[key]), end] for end, value in zip(ends, values)]
     for key in ("peak_mem_allocated_bytes", "peak_mem_reserved_bytes"):
         if all(key in value for value in values):
             merged[key] = max(value[key] for value in values)
@@ -446,9 +446,11 @@ class Sweep:
             record = self.record_of(run, {"ok": True, "value": value, "pid": oks[0].get("pid")})
             if len(oks) > 1:
                 record["pids"] = [answer.get("pid") for answer in oks]
-            if len(labels) > 1:
+            if len(labels) > 1 and bounds:
                 record["pairing"] = {"group": group, "mode": "runs", "position": position, "variants": len(labels),
-                                     "rounds": bounds, "labels": labels}
+                                     "rounds": next(iter(bounds.values())), "labels": labels}
+                if any(b != record["pairing"]["rounds"] for b in bounds.values()):
+                    record["pairing"]["rounds_by_phase"] = bounds
         if fallback:
             record["interleave_fallback"] = f"measured alone: the interleaved child failed ({fallback})"
         if self.search:

@@ -291,6 +291,7 @@ def test_classify_sdpa_backend_from_op_names():
     (["--grid", "flashy"], "invalid choice: 'flashy'"),
     (["--dtype", "fp16"], "invalid choice: 'fp16'"),
     (["--device", "cuda"], "CUDA is not available"),
+    (["--device", "cpu", "--repeats", "3"], "--repeats applies to --interleave runs"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message):
     if torch.cuda.is_available() and "cuda" in argv:

@@ -26,6 +26,7 @@ import mem_profile
 import precision_demo
 import report
 import runner
+import stats
 import sweep
 from results import read_records
 
@@ -539,3 +540,15 @@ def test_quiet_prints_no_progress_and_no_heartbeat(tmp_path, monkeypatch, capsys
     captured = capsys.readouterr()
     assert "[1/2]" not in captured.err and "..." not in captured.err, captured.err
     assert "fwd ms" in captured.out  # the report itself is printed as before
+
+
+def test_repeats_merge_each_phase_by_its_own_counts():
+    """--interleave runs --repeats: each child's samples keep their repetition per phase, also where the timer
+    decided a different count per phase (do_bench), so a paired speed-up pairs backward with backward."""
+    first = {"forward_ms": [1.0, 1.0, 1.0, 1.0], "backward_ms": [2.0, 2.0], "compile_s": 3.0}
+    second = {"forward_ms": [1.5, 1.5, 1.5, 1.5], "backward_ms": [3.0, 3.0], "compile_s": 0.5}
+    merged, bounds = sweep.merge_repeats([first, second])
+    assert merged["forward_ms"] == [1.0] * 4 + [1.5] * 4 and merged["backward_ms"] == [2.0, 2.0, 3.0, 3.0]
+    assert bounds == {"forward": [[0, 4], [4, 8]], "backward": [[0, 2], [2, 4]]}
+    pairing = {"group": "g", "rounds": bounds["forward"], "rounds_by_phase": bounds}
+    assert stats.round_times({**merged, "pairing": pairing}, ("backward",)) == [2.0, 3.0]
