@@ -232,12 +232,12 @@ def _ms(ns: float) -> float:
 
 def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: list[str], steps: int,
                stopwatch: dict[str, float], has_work: bool = True) -> list[dict[str, Any]]:
-    """Table 1: per phase, the mean range duration against the stopwatch, and the work time inside it (left
+    """Table 1: per phase, its ranges' time per step against the stopwatch, and the work time inside it (left
     empty, not zero, when the profile recorded no work at all). The step row comes from step ranges, else from
     the measure ranges over the steps; a profile without any phase gets one row that says so."""
     rows = []
-    for phase in phases:
-        range_ms = _mean([_ms(r.duration_ns) for r in chosen.ranges if r.name == phase])
+    for phase in phases:  # per step, as the work and the stopwatch are: a phase may run more than once a step
+        range_ms = _ms(sum(r.duration_ns for r in chosen.ranges if r.name == phase)) / steps
         work_ms = _ms(sum(a.duration_ns for a in groups.get(phase, []))) / steps
         rows.append({"phase": phase, "range_ms": range_ms, "stopwatch_ms": stopwatch.get(phase), "work_ms": work_ms})
     all_work_ms = _ms(sum(a.duration_ns for acts in groups.values() for a in acts)) / steps
@@ -357,9 +357,9 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     phases = [p for p in PHASES if p in chosen.used]
     if STEP in chosen.used:
         steps, steps_from = sum(chosen.used[STEP].values()), "the step ranges"
-    elif phases:
-        busiest = max(phases, key=lambda p: sum(chosen.used[p].values()))
-        steps, steps_from = sum(chosen.used[busiest].values()), f"the {busiest} ranges"
+    elif phases:  # the optimizer runs once a step; forward and backward may run more (gradient accumulation)
+        counted = next(p for p in ("optimizer", "backward", "forward") if p in phases)
+        steps, steps_from = sum(chosen.used[counted].values()), f"the {counted} ranges"
     else:
         steps, steps_from = 1, "no phase range: the whole region counts as one"
     activities = chosen.activities

@@ -191,3 +191,21 @@ def test_step_ranges_count_the_steps_and_give_the_step_row():
     rows = {row["phase"]: row for row in tables["phases"]}
     assert list(rows) == ["forward", "backward", "optimizer", "step"]
     assert rows["step"]["range_ms"] == pytest.approx(250 / 1e6) and rows["step"]["agrees"] == "yes"
+
+
+def test_gradient_accumulation_two_forwards_a_step_counts_per_step():
+    """Two micro-batches a step (forward, backward, forward, backward, optimizer): the steps are the optimizer's
+    ranges, and every phase's range time and work are per step, as the stopwatch's are."""
+    ranges, activities = [], []
+    for start in (0, 1000):
+        for micro in (0, 300):
+            ranges += [pr.Range("forward", start + micro, start + micro + 100),
+                       pr.Range("backward", start + micro + 100, start + micro + 300)]
+            activities.append(pr.Activity("ampere_sgemm_128x64_tn", 90, start + micro + 10))
+        ranges.append(pr.Range("optimizer", start + 600, start + 700))
+    tables = pt.build_tables(pr.Profile(activities, ranges, "gpu", "x"), {"forward": 0.0002})
+    assert tables["steps"] == 2 and "2 steps (the optimizer ranges)" in tables["ranges_used"]
+    rows = {row["phase"]: row for row in tables["phases"]}
+    assert rows["forward"]["range_ms"] == pytest.approx(200 / 1e6)  # two 100 ns ranges a step
+    assert rows["forward"]["work_pct_of_range"] == pytest.approx(90.0)  # 180 ns of sgemm in 200 ns of forward
+    assert rows["forward"]["agrees"] == "yes" and rows["backward"]["range_ms"] == pytest.approx(400 / 1e6)
