@@ -81,17 +81,17 @@ def run_suffix(record: dict[str, Any], records: list[dict[str, Any]]) -> str:
 # ---- bench_e2e ----
 
 
-def e2e_label(record: dict[str, Any], keys: list[str]) -> str:
+def e2e_label(record: dict[str, Any], keys: list[str], axes: list[str]) -> str:
+    """A bar's label: the size, then the settings in `keys` (context, warm-up, mode, run) and the varied variant
+    axes in e2e_tables' own words (the comparison table's names), so that no two bars read alike."""
     c = {**record["config"], "ctx": record["config"]["model"]["context_length"], "run": run_of(record)}
-    parts = [str(c["size"])]
-    for key in keys:
-        value = c[key]
-        parts.append({"ctx": f"ctx {value}", "warmup": f"warm-up {value}", "compile": "compiled" if value else "eager",
-                      "optimizer": f"{value} AdamW"}.get(key, str(value)))
-    return "\n".join([parts[0], " ".join(parts[1:])]) if len(parts) > 1 else parts[0]
+    parts = [f"{key.replace('warmup', 'warm-up')} {c[key]}" if key in ("ctx", "warmup") else str(c[key])
+             for key in keys]
+    parts += [e2e_tables.variant_label(record["config"], axes)] if axes else []
+    return "\n".join([str(c["size"]), " ".join(parts)]) if parts else str(c["size"])
 
 
-E2E_LABEL_KEYS = ["ctx", "dtype", "compile", "warmup", "optimizer", "attn", "mode", "run"]
+E2E_LABEL_KEYS = ["ctx", "warmup", "mode", "run"]  # beside e2e_tables.VARIANT_AXES, which label themselves
 
 
 def plot_e2e_phases(records: list[dict[str, Any]], notes: Notes) -> Any | None:
@@ -102,6 +102,7 @@ def plot_e2e_phases(records: list[dict[str, Any]], notes: Notes) -> Any | None:
         return None
     keys = varying([{**r["config"], "ctx": r["config"]["model"]["context_length"], "run": run_of(r)}
                     for r in done], E2E_LABEL_KEYS)
+    axes = e2e_tables.varied_axes([r["config"] for r in done])
     fig, (ax,) = new_figure(width=max(6.4, 0.9 * len(done) + 2))
     x = range(len(done))
     bottom = [0.0] * len(done)
@@ -118,7 +119,7 @@ def plot_e2e_phases(records: list[dict[str, Any]], notes: Notes) -> Any | None:
     if len(with_std) < len(done):
         notes.append(f"{len(done) - len(with_std)} of {len(done)} configurations have no step std (one timed step): "
                      "their bars have no error bar")
-    ax.set_xticks(list(x), [e2e_label(r, keys) for r in done], fontsize=8)
+    ax.set_xticks(list(x), [e2e_label(r, keys, axes) for r in done], fontsize=8)
     ax.set_xlabel("configuration")
     ax.set_ylabel("time per step (ms)")
     ax.legend()
@@ -182,14 +183,15 @@ def plot_e2e_warmup(records: list[dict[str, Any]], notes: Notes) -> Any | None:
     if not groups:
         return None
     fig, axes = new_figure(ncols=len(groups))
+    varied = e2e_tables.varied_axes([g[0]["config"] for g in groups.values()])  # what tells the panels apart
     for ax, group in zip(axes, groups.values()):
         for r in sorted(group, key=lambda r: r["config"]["warmup"]):
             samples = r["step_ms"]
             ax.plot(range(1, len(samples) + 1), samples, marker="o", label=f"warm-up {r['config']['warmup']}")
         c = group[0]["config"]
-        variant = e2e_tables.variant_label(c, ["dtype", "compile"])
-        ax.set_title(f"{c['size']} ctx {c['model']['context_length']} {variant}{run_suffix(group[0], records)}",
-                     fontsize=9)
+        variant = e2e_tables.variant_label(c, varied)
+        ax.set_title(f"{c['size']} ctx {c['model']['context_length']} {variant}".strip()
+                     + run_suffix(group[0], records), fontsize=9)
         ax.set_yscale("log")
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("timed step index")
@@ -269,6 +271,9 @@ def plot_attention(records: list[dict[str, Any]], notes: Notes) -> Any | None:
 # ---- mem_profile ----
 
 
+MEMORY_LABEL_KEYS = ["size", "attn", "model_factory", "optimizer", "batch_size"]  # each that varies names its lines
+
+
 def memory_lines(records: list[dict[str, Any]], x_of: Callable[[dict], Any], label_keys: list[str]) -> list[tuple]:
     """(label, xs, ys MiB, style) lines: the measured peak (CUDA) per mode and dtype, solid; the bytes saved for
     backward (measured on fake tensors, any device; the same for every mode) per dtype, dashed."""
@@ -277,7 +282,8 @@ def memory_lines(records: list[dict[str, Any]], x_of: Callable[[dict], Any], lab
     saved: dict[str, dict] = {}
     for r in records:
         c = r["config"]
-        ident = " ".join(f"ctx {c['model']['context_length']}" if k == "ctx" else str(c[k]) for k in label_keys)
+        ident = " ".join(f"ctx {c['model']['context_length']}" if k == "ctx" else f"batch {c[k]}" if k == "batch_size"
+                         else str(c[k] or "our model") for k in label_keys)
         ident += run_suffix(r, records)
         if r.get("status") == "ok" and number(r.get("peak_mem_allocated_bytes")):
             peaks.setdefault(f"peak, {c['mode']} {ident}", []).append((x_of(r), r["peak_mem_allocated_bytes"] / MIB))
@@ -297,7 +303,7 @@ def plot_memory_context(records: list[dict[str, Any]], notes: Notes) -> Any | No
     chosen = [r for r in records if r["config"]["checkpoint_every"] == ckpt]
     if len({r["config"]["model"]["context_length"] for r in chosen}) < 2:
         return None
-    keys = ["dtype"] + varying([r["config"] for r in chosen], ["size", "attn"])
+    keys = ["dtype"] + varying([r["config"] for r in chosen], MEMORY_LABEL_KEYS)
     lines = memory_lines(chosen, lambda r: r["config"]["model"]["context_length"], keys)
     if not lines:
         return None
@@ -321,7 +327,7 @@ def plot_memory_checkpoint(records: list[dict[str, Any]], notes: Notes) -> Any |
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
     if len(ks) < 2:
         return None
-    keys = ["dtype"] + varying([r["config"] for r in records], ["size", "attn"])
+    keys = ["dtype"] + varying([r["config"] for r in records], MEMORY_LABEL_KEYS)
     keys += ["ctx"] if len({r["config"]["model"]["context_length"] for r in records}) > 1 else []
     position = {k: i for i, k in enumerate(ks)}  # evenly spaced: K = 0 has no place on a log axis
     lines = memory_lines(records, lambda r: position[r["config"]["checkpoint_every"]], keys)

@@ -408,11 +408,25 @@ def test_memory_figures(memory_run, tmp_path):
     (line,) = made["memory_context"].axes[0].get_lines()  # CPU: saved for backward only, fp32, no checkpointing
     assert list(line.get_xdata()) == [16, 32] and line.get_ydata()[1] > line.get_ydata()[0]
     lines = {line.get_label(): line for line in made["memory_checkpoint"].axes[0].get_lines()}
-    for label, line in lines.items():  # checkpointing keeps less for backward...
-        if label.startswith("saved for backward"):
-            assert line.get_ydata()[1] < line.get_ydata()[0]
+    saved = [line for label, line in lines.items() if label.startswith("saved for backward")]
+    assert saved and all(line.get_ydata()[1] < line.get_ydata()[0] for line in saved)  # checkpointing keeps less...
     # ...and the predicted peak is drawn beside it (lm_memory.checkpoint_prediction), its smallest K named
     assert any(label.startswith("predicted peak") and "smallest at K = " in label for label in lines)
+    # two optimizers (or models) in one run: a line each, never one line zigzagging between them
+    records = records_of(memory_run[1])
+    both = records + [{**r, "config": {**r["config"], "optimizer": "torch"}} for r in records]
+    (ours, torchs) = figures.figures("mem_profile", both)["memory_context"].axes[0].get_lines()
+    assert (ours.get_label(), torchs.get_label()) == ("saved for backward, fp32 ours", "saved for backward, fp32 torch")
+    assert list(ours.get_xdata()) == list(torchs.get_xdata()) == [16, 32]
+
+
+def test_e2e_bars_are_told_apart_by_every_setting_that_varies(e2e_run):
+    records = records_of(e2e_run[1])
+    theirs = [{**r, "config": {**r["config"], "model_factory": "my_model:build"}} for r in records]
+    fig = figures.plot_e2e_phases(records + theirs, [])
+    labels = [tick.get_text() for tick in fig.axes[0].get_xticklabels()]
+    assert len(labels) == 8 and len(set(labels)) == 8, labels
+    assert any("my_model:build" in label for label in labels) and any("our model" in label for label in labels)
 
 
 def test_precision_partial_sums_and_figure(precision_run, tmp_path):
