@@ -73,23 +73,25 @@ def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
-    """One row per (d, seq, dtype): each implementation's forward, backward and forward+backward mean and memory,
+    """One row per (d, seq, dtype, batch): each implementation's forward, backward and forward+backward mean and memory,
     the speed-up over naive (naive time / its time) and whether every implementation passed its check. A failed
     configuration shows its status in place of its times; the speed-up of a kernel that failed its check says so.
     In a merge, runs are set side by side unless one configuration is in two of them: then each run has its own
     rows (results.comparison_groups), so that no measurement is dropped."""
     mem_key, mem_label = memory_measure(records)
     by_shape: dict[tuple, dict[str, dict]] = {}
-    groups = comparison_groups(records, lambda r: (r["config"]["impl"], r["config"]["d"], r["config"]["seq_len"],
-                                                   r["config"].get("dtype")))
+    def shape(c: dict[str, Any]) -> tuple:  # what a speed-up compares across: everything but the implementation
+        return c["d"], c["seq_len"], c.get("dtype"), c.get("batch_size")
+
+    groups = comparison_groups(records, lambda r: (r["config"]["impl"], *shape(r["config"])))
     for i, group in enumerate(groups):
         for r in group:
-            c = r["config"]
-            by_shape.setdefault((i, c["d"], c["seq_len"], c.get("dtype")), {})[c["impl"]] = r
+            by_shape.setdefault((i, *shape(r["config"])), {})[r["config"]["impl"]] = r
     # forward and backward always (a failed row's status goes there); fwd+bwd where timed (older records lack it)
     phases = [p for p in PHASES if p != "forward_backward" or any(f"{p}_ms_mean" in r for r in records)]
     dtypes = len({key[3] for key in by_shape}) > 1
-    columns = with_run_column(["d", "seq"] + (["dtype"] if dtypes else []), records)
+    batches = len({key[4] for key in by_shape}) > 1
+    columns = with_run_column(["d", "seq"] + (["dtype"] if dtypes else []) + (["batch"] if batches else []), records)
     for impl in impls:
         columns += [f"{impl} {PHASE_SHORT[phase]} ms" for phase in phases] + [f"{impl} {mem_label}"]
         if impl != BASELINE and BASELINE in impls:
@@ -97,8 +99,9 @@ def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) 
     checked = any("check" in r for r in records)
     columns += ["check"] if checked else []
     rows = []
-    for (_, d, seq, dtype), found in by_shape.items():
-        row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, RUN_COLUMN: runs_cell(list(found.values()))}
+    for (_, d, seq, dtype, batch), found in by_shape.items():
+        row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, "batch": batch,
+                               RUN_COLUMN: runs_cell(list(found.values()))}
         naive = found.get(BASELINE)
         wrong, unresolved, few_rounds, pulled = [], [], {}, []
         for impl, r in found.items():
@@ -186,5 +189,5 @@ def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | 
               "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
               "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
               "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)"
-              + check_note(records) + "."]
+              + check_note(records) + ". " + stats.speedup_note(BASELINE, "calls")]
     return "\n".join(lines)

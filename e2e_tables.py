@@ -263,11 +263,13 @@ def comparison_table(records: list[dict], fmt: str) -> str | None:
     names = found.variants
     return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]})\n\n"
             + render_table(found.rows, found.columns, fmt)
-            + f"\n\nMean ms per phase from the rows above. Speed-up = {names[0]}'s time / the variant's (above 1: "
-            "faster), fwd+bwd sums the two phases: for variants measured together, the Hodges-Lehmann estimate "
-            "over the per-round ratios of their interleaved steps (A B B A ...) with a 95% Wilcoxon signed-rank "
-            "interval (stats.py; not resolved when it contains 1); for rows measured apart, the ratio of the means. "
-            "drift: a phase every variant runs alike changed between them by more than twice its standard error. A "
+            + f"\n\n{comparison_note(names[0])}")
+
+
+def comparison_note(baseline: str) -> str:
+    """The note under every comparison table, merged or not."""
+    return (f"Mean ms per phase from the rows above; fwd+bwd sums the two phases. "
+            f"{stats.speedup_note(baseline, 'steps')} drift: a phase every variant runs alike changed between them by more than twice its standard error. A "
             "failed row shows its status, not a number.")
 
 
@@ -399,11 +401,8 @@ def comparison_section(records: list[dict], fmt: str) -> list[str]:
     for names, rows in tables.items():
         parts.append(f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}; runs merged)\n\n"
                      + render_table(rows, [RUN_COLUMN] + columns_of[names], fmt)
-                     + f"\n\nMean ms per phase from the rows above; speed-up = {names[0]}'s time / the variant's "
-                       "(above 1: faster), fwd+bwd sums the two phases: paired by round, with a 95% interval, for "
-                       "variants measured together; the ratio of the means for rows measured apart. A failed row "
-                       "shows its status, not a number. A configuration measured in several runs is compared within "
-                       "each run (its run column), never across.")
+                     + f"\n\n{comparison_note(names[0])} A configuration measured in several runs is compared "
+                       "within each run (its run column), never across.")
     return parts
 
 

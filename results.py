@@ -117,9 +117,10 @@ MODEL_SHAPE_COLUMNS = ("d_model", "d_ff", "layers", "heads")
 
 def pick_columns(default: list[str], requested: list[str] | None, fmt: str) -> list[str]:
     """--columns as given, else `default` without the model-shape columns for LaTeX formats (a table that fits a
-    page: the config table above it already shows the shape)."""
+    page: the config table above it already shows the shape). A merge's run column stays first either way: without
+    it, rows of two runs cannot be told apart."""
     if requested:
-        return requested
+        return ([RUN_COLUMN] if RUN_COLUMN in default and RUN_COLUMN not in requested else []) + requested
     return [c for c in default if not (fmt in LATEX_FORMATS and c in MODEL_SHAPE_COLUMNS)]
 
 

@@ -213,6 +213,15 @@ def means_outside(found: PairedRatio, baseline: dict[str, Any], variant: dict[st
     return None if found.low <= ratio <= found.high else ratio
 
 
+def speedup_note(baseline: str, steps: str) -> str:
+    """What a speed-up column means, said under every comparison table (bench_e2e's, bench_attention's)."""
+    return (f"Speed-up = {baseline}'s time / the variant's (above 1: faster): for variants measured together, the "
+            f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {steps} (A B B A ...) with a "
+            "95% Wilcoxon signed-rank interval (stats.py; not resolved when it contains 1), so it can differ from "
+            "the ratio of the mean columns (notes say when it lies outside the interval); for rows measured apart, "
+            "the ratio of the means.")
+
+
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
     """A comparison row's notes on its paired speed-ups: those whose interval contains 1 (`unresolved`), the

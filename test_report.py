@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import attention_tables
 import bench_attention
 import bench_e2e
 import e2e_tables
@@ -237,6 +238,11 @@ def test_merge_of_two_files_has_a_run_column_and_compares_across_them(e2e_run, t
         expected = by_run[("monday", "fp32", row["warmup"])] / by_run[("tuesday", "bf16", row["warmup"])]
         assert float(row["step speed-up: bf16"].rstrip("x")) == pytest.approx(expected, rel=0.01, abs=0.006)
     assert (tmp_path / "report" / "monday-merged-2.md").is_file()
+    # --columns chooses the columns, but a merge keeps its run column first: the rows stay told apart
+    status, out, err = run_report([str(fp32), str(bf16), "--results-dir", str(tmp_path), "--columns", "step ms"],
+                                  capsys)
+    picked = next(t for t in markdown_tables(out) if "step ms" in t[0])
+    assert status == 0 and list(picked[0]) == ["run", "step ms"], err
 
 
 @pytest.mark.parametrize("script", ["bench_attention", "mem_profile", "precision_demo", "toy_autocast"])
@@ -398,6 +404,15 @@ def test_attention_figure_marks_the_oom(attention_run, tmp_path):
     assert {line.get_label() for line in fig.axes[0].get_lines()} == {
         f"{impl} d=8 {dtype}" for impl in ("naive", "sdpa") for dtype in ("fp32", "bf16")}
     assert all(len(line.get_xdata()) == len({x for x in line.get_xdata()}) for line in fig.axes[0].get_lines())
+
+
+def test_attention_comparison_never_compares_across_batch_sizes(attention_run):
+    records = [r for r in records_of(attention_run[1]) if r["status"] == "ok"]
+    batch8 = [{**r, "config": {**r["config"], "batch_size": 8}} for r in records]
+    table = attention_tables.comparison_table(records + batch8, ["naive", "sdpa"], "github")
+    header, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    assert "batch" in header and len(rows) == 2 * len({(r["config"]["seq_len"]) for r in records})
+    assert {row[header.index("batch")] for row in rows} == {"1", "8"}
 
 
 def test_memory_figures(memory_run, tmp_path):
