@@ -153,25 +153,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM ends the run as Ctrl-C does (the background load is killed on the way out), with its own status."""
-
-
-def interrupt(signum: int, frame: Any) -> None:
-    raise Terminated
-
-
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        return measure(build_parser().parse_args(argv))
+        with results.sigterm_as_interrupt():  # SIGTERM ends the run as Ctrl-C does
+            return measure(args)
     except KeyboardInterrupt as stop:  # the load is already killed (SwitchedLoad.__exit__); finished runs are on disk
         results.progress("bench_noise.py: interrupted; the runs that finished are in its .jsonl")
-        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
+        return 128 + (signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT)
 
 
 def measure(args: argparse.Namespace) -> int:
     """The runs, each way in turn under the switched load, then the table of their spreads."""
-    signal.signal(signal.SIGTERM, interrupt)
     bench_args = args.bench_args or DEFAULT_COMPARISON
     if (refused := check_comparison(bench_args)) is not None:  # before any file or background load exists
         results.exit_usage_error(refused)

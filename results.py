@@ -16,9 +16,11 @@ import itertools
 import json
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
 from tabulate import tabulate, tabulate_formats
 
@@ -450,6 +452,28 @@ def environment_header(env: dict[str, Any], **extra: Any) -> str:
         parts.append(f"{env['threads']} threads")
     parts += [f"{k}: {v}" for k, v in extra.items()]
     return " | ".join(parts)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the run is so that it stops like Ctrl-C does (the sweep: child stopped, rows kept)."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's time limit, `timeout`, plain `kill`) raises Terminated while the block runs (the
+    sweep, bench_noise); the previous handler is back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def progress(message: str) -> None:

@@ -25,12 +25,11 @@ import itertools
 import os
 import signal
 import sys
-import threading
 import time
 import timeit
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -39,7 +38,7 @@ import cli
 import parallel
 from common import environment
 from isolation import HEARTBEAT_S, run_isolated
-from results import ResultFiles, SkipAfterOOM, finished, is_oom_status, progress
+from results import ResultFiles, SkipAfterOOM, Terminated, finished, is_oom_status, progress, sigterm_as_interrupt
 from search import PROBE_BUDGET, RESOLUTION, Bisection
 from stats import round_order
 
@@ -123,27 +122,6 @@ def measured_together(measure_together: Callable[..., list], runs: list[Any]) ->
 
 
 # ---- signals and time limits ----
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the sweep is so that it stops like Ctrl-C does (child stopped, rows kept)."""
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's time limit, `timeout`, plain `kill`) raises Terminated while the sweep runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # The default time limit of one configuration: generous, and scaled by the sweep's own timings.

@@ -70,12 +70,11 @@ def test_arguments_that_are_not_a_comparison_exit_2_before_anything_is_written(t
 
 def test_sigterm_kills_the_load_keeps_the_finished_runs_and_exits_143(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_noise, "check_comparison", lambda args: None)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)  # the test's own process keeps its handlers
     started = []
 
     def fake_run(bench_args, interleave, folder, stem):
         if started:
-            bench_noise.interrupt(signal.SIGTERM, None)  # what the handler does when SIGTERM arrives mid-run
+            signal.raise_signal(signal.SIGTERM)  # mid-run: the handler bench_noise installed raises Terminated
         started.append(stem)
         return {"interleave": interleave, "speedup": 1.5, "low": None, "high": None, "rounds": 0, "seconds": 1.0,
                 "loadavg_1m_min": 0.5, "loadavg_1m_max": 0.7, "variants": ["tiny fp32", "tiny bf16"]}
@@ -88,3 +87,4 @@ def test_sigterm_kills_the_load_keeps_the_finished_runs_and_exits_143(tmp_path, 
     assert code == 143 and "interrupted" in capsys.readouterr().err
     assert all(p.poll() is not None for p in spinners[0].procs)  # the background load did not outlive the run
     assert len((tmp_path / "noise" / "n.jsonl").read_text().splitlines()) == 1  # the finished run, kept
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and the handler is the process's own again
