@@ -282,7 +282,6 @@ class Prepared:
     compile_first: bool = False  # the first step compiles: timed apart as compile_s
     profiler: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)  # around timed steps
     after: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # untimed, after the timed steps: more fields
-    record: dict[str, Any] = field(default_factory=dict)  # fields known before timing (free memory, ...)
 
 
 def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, warmup: int, steps: int,
@@ -317,15 +316,11 @@ def samples_by_phase(samples: list[dict[str, float]]) -> dict[str, list[float]]:
     return {f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {}
 
 
-def measure(prepared: Prepared | dict[str, Any]) -> dict[str, Any]:
+def measure(p: Prepared) -> dict[str, Any]:
     """One configuration alone: measure_steps, the load of the machine before and after it, then the untimed
-    `after` fields. A dict instead of a Prepared (a script that decided not to time, e.g. a fit guard's skip) is
-    the record as it is."""
-    if isinstance(prepared, dict):
-        return prepared
-    p = prepared
+    `after` fields."""
     load_before = machine_load(p.device)
-    record = {**p.record, **measure_steps(p.step, p.device, p.warmup, p.steps, p.compile_first, p.profiler)}
+    record = {**measure_steps(p.step, p.device, p.warmup, p.steps, p.compile_first, p.profiler)}
     record["load"] = {"before": load_before, "after": machine_load(p.device)}
     if p.after is not None:
         record.update(p.after(record))
@@ -338,7 +333,7 @@ def measure(prepared: Prepared | dict[str, Any]) -> dict[str, Any]:
 MIN_BLOCK_S = 0.005
 
 
-def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared | dict[str, Any]]],
+def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]],
                         around: list[contextlib.AbstractContextManager] | None = None) -> list[dict[str, Any]]:
     """The variants of one comparison in this process, so that whatever the machine does meanwhile falls on every
     side alike. Each variant is built (preparers[i]()), compiled (its first step timed apart as compile_s) and
@@ -350,7 +345,7 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
     On CUDA a variant's peak is the one it would have alone: its own resident bytes (what it holds between steps,
     read after its warm-up) plus the most its steps allocated above the level at each block's start; the reserved
     bytes are shared by the variants and not given. `around[i]` is entered around variant i's timed blocks (the
-    sweep's `slow:` fault). A preparer returning a dict (a skip) gives that record and takes no turn."""
+    sweep's `slow:` fault)."""
     around = around or [contextlib.nullcontext() for _ in preparers]
     records: list[dict[str, Any] | None] = [None] * len(preparers)
     turns: list[tuple[int, Prepared, int]] = []  # (index, prepared, resident bytes), the variants that are timed
@@ -359,12 +354,9 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         level = allocated_bytes(device)
         phase(f"building variant {i + 1}/{len(preparers)}")
         p = prepare()
-        if isinstance(p, dict):
-            records[i] = p
-            continue
         if not isinstance(p.profiler, contextlib.nullcontext):
             raise ValueError("a profiler holds one variant: profile each variant alone")
-        record = {**p.record, "environment": environment(device), "load": {"before": machine_load(device)}}
+        record = {"environment": environment(device), "load": {"before": machine_load(device)}}
         if p.compile_first:
             phase(f"compiling variant {i + 1} (first step)")
             _, record["compile_s"] = SyncTimer(device).time(p.step)
@@ -372,12 +364,10 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         with annotate("warmup"):
             for w in range(p.warmup):
                 phase(f"warm-up {w + 1}/{p.warmup} of variant {i + 1}")
-                last_warmup_s = _step_seconds(p.step())
+                last_warmup_s = p.step()["step"]
         records[i] = record
         turns.append((i, p, allocated_bytes(device) - level))
         warmup_times.append(last_warmup_s)
-    if not turns:
-        return records
     steps = turns[0][1].steps
     # the fastest variant sets the block: every variant's block then lasts at least MIN_BLOCK_S
     block = steps_per_block(None if None in warmup_times else min(warmup_times), steps, MIN_BLOCK_S)
@@ -413,11 +403,6 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         if p.after is not None:
             record.update(p.after(record))
     return records
-
-
-def _step_seconds(times: dict[str, float]) -> float:
-    """A step's whole time from the seconds per phase it returned ("step" when run_step timed it whole)."""
-    return times["step"] if "step" in times else sum(times.values())
 
 
 def allocated_bytes(device: torch.device) -> int:
