@@ -277,7 +277,7 @@ def prepare(run: AttentionRun, device: torch.device, inputs: tuple[torch.Tensor,
 def after_timing(run: AttentionRun, attention: AttentionFn, inputs: tuple[torch.Tensor, ...],
                  grad_out: torch.Tensor, device: torch.device) -> dict[str, Any]:
     """Untimed, after the timed calls: memory before backward and the peak (CUDA), bytes saved for backward,
-    (sdpa) the kernel that ran, the load after."""
+    (sdpa) the kernel that ran. The callers add the load after."""
     isolation.phase("after the timed steps")
     out = {**memory_of_one_step(attention, inputs, grad_out, device),
            "saved_tensor_bytes": saved_tensor_bytes(attention, inputs)}

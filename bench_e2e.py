@@ -313,7 +313,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     device = common.device_or_exit(parser, args.device)
     world_size = parallel.check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
-    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (the real-nsys tests)
+    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (nsys_run.sh's)
         cli.refuse(parser, [
             (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
              f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "

@@ -36,7 +36,7 @@ from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
 # the comparison run by default: the study's mixed-precision question, fp32 against bf16 autocast, on the smallest
-# preset at context 128 (matmul-bound, ~0.8 s per pair of steps on an idle 2-core CPU), 20 rounds per run
+# preset at context 128 (matmul-bound, ~0.8 s per pair of steps on an idle 2-core CPU), 20 rounds per interleaved run
 DEFAULT_COMPARISON = ["--size", "tiny", "--context-length", "128", "--dtype", "fp32", "bf16", "--warmup", "2",
                       "--steps", "20", "--device", "cpu"]
 TARGET = 0.10  # the target: the interleaved speed-ups agree within +-10%

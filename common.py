@@ -220,8 +220,9 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 # ---- NVTX and profiler ranges ----
 
 # Names a shared library that exports the NVTX C API (nvtxRangePushA, nvtxRangePop), to use instead of torch's
-# NVTX binding: the CPU build of torch has none, so the real-nsys tests build a tiny library from the NVTX3
-# headers that ship with Nsight Systems and name it here (docs/nsys_run.md). On a GPU machine leave it unset.
+# NVTX binding: the CPU build of torch has none, so nsys_run.sh on a CPU builds a tiny library from the NVTX3
+# headers that ship with Nsight Systems into a cache (nsys_tool.nvtx_library_for_cpu) and names it here
+# (docs/nsys_run.md). On a GPU machine leave it unset.
 NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
 
 _RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}  # nvtx: (push, pop) while switched on

@@ -157,9 +157,9 @@ STOP_POLL_S = 0.2  # how often run_isolated asks stop_when() while a child runs
 
 
 def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> multiprocessing.context.BaseContext:
-    """The forkserver context, preloaded on first use with the project and the modules of `fn` and of the functions
-    among its arguments (a script's measure, passed through sweep.measured_alone). Children are forked from the
-    server, not from this process: they inherit no CUDA context, no threads and no locks."""
+    """The forkserver context, preloaded on first use with PRELOAD (the running script is "__main__") and the
+    modules of the first `fn` and of the functions among its arguments. Children are forked from the server, not
+    from this process: they inherit no CUDA context, no threads and no locks."""
     ctx = multiprocessing.get_context("forkserver")
     if not _preloaded:
         modules = [getattr(f, "__module__", None) for f in (fn, *kwargs.values()) if callable(f)]

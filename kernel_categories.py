@@ -1,10 +1,10 @@
 """What kind of work a GPU kernel (or a CPU operator) is: matrix multiply, elementwise, reduction/softmax, memory
-copy/set, or other, from its name alone. kernel_tables.py's table 3 and its top-kernel tables use it; the rules
+copy/set, or other, from its name alone. profile_tables.py's table 3 and its top-kernel tables use it; the rules
 and why each family sits where it does are in docs/nsys_run.md ("Reading the tables"). torch-free.
 
 Every kernel name of the real profiles in ../shared/realdata (cuBLAS, CUTLASS, ATen, cub; nsys 2023.4 to 2026.1
 spellings, names cut at 100 characters with "…", and `:nvtx-name` report names "RANGE/KERNEL") is listed with
-its category in test_kernel_tables.py.
+its category in test_kernel_categories.py and test_realdata.py.
 """
 from __future__ import annotations
 

@@ -13,10 +13,11 @@ from inference to a training step; how softmax compares with the attention matmu
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across several nsys reports
 
 A .nsys-rep or .sqlite is exported with the nsys at hand ($NSYS, else nsys on PATH): `nsys stats` writes its CSVs
-beside the report (or in --csv-dir), a fresh export each time; a report newer than that nsys is one line saying
-which version to install. The four tables (profile_tables.py): phase times against a stopwatch, top kernels,
-category shares, inside attention. Phases come from the profile's own range names in their usual spellings
-(Forward, fwd, optimizer step, train step, ...; warm-up ranges left out) or from --ranges. With --summary
+beside the report (or in --csv-dir), a fresh export each time (without nsys, the CSVs exported earlier are read);
+a report newer than that nsys is one line saying which version to install. The four tables (profile_tables.py):
+phase times against a stopwatch, top kernels, category shares, inside attention. Phases come from the profile's own
+range names in their usual spellings (Forward, fwd, optimizer step, train step, ...; warm-up ranges left out) or
+from --ranges. With --summary
 (nsys_run.sh runs it after several configurations), one row per size, context and variant across nsys_run.sh's
 reports, forward-only and training runs side by side: the forward pass (Nsight range vs stopwatch, its top kernel
 and calls per forward pass), the matmul share of the forward pass vs the training step, softmax vs the attention
@@ -89,7 +90,8 @@ def export_report(report: Path, prefix: Path) -> str | None:
 
 # ---- one table across several reports (nsys_run.sh with several configurations) ----
 
-# How nsys_run.sh names a report: <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025]
+# How nsys_run.sh names a report (nsys_sweep.Sweep builds the names):
+# <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025]
 REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
                          r"(?:_(?P<variant>.+))?")
 
@@ -236,11 +238,12 @@ def summary_main(args: argparse.Namespace) -> int:
     for given in args.status or []:
         source = next(s for s in args.source if given.startswith(s + "="))  # parse_args checked there is one
         statuses[source] = given[len(source) + 1:]
-    return write_summary(args.source, statuses, args.results_dir, args.out, args.fmt)
+    write_summary(args.source, statuses, args.results_dir, args.out, args.fmt)
+    return 0
 
 
 def write_summary(prefixes: list[str], statuses: dict[str, str], results_dir: str, out: str | None = None,
-                  fmt: str = "github") -> int:
+                  fmt: str = "github") -> None:
     """The summary of nsys_run.sh's reports (their prefixes; `statuses`: why some have no report), printed and
     saved as <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}. nsys_sweep.py calls it after its loop."""
     entries = [load_report_summary(nsys_prefix(prefix), statuses.get(prefix)) for prefix in prefixes]
@@ -251,7 +254,6 @@ def write_summary(prefixes: list[str], statuses: dict[str, str], results_dir: st
     for row in rows:
         files.append_record(row)
     files.publish(lambda chosen: header + "\n\n" + render_summary(rows, notes, chosen), fmt)
-    return 0
 
 
 

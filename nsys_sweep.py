@@ -280,7 +280,7 @@ def check_with_bench_e2e(sweep: Sweep, show: bool) -> int:
 def dry_run(sweep: Sweep) -> int:
     status = check_with_bench_e2e(sweep, show=True)
     if status:
-        return 2 if status == 2 else status
+        return status
     print(f"\n{PROG}: dry run: {len(sweep.plan)} configuration(s), one nsys profile each, in this order:")
     actions = {"profile": "profile", "reuse": "reuse the existing report",
                "tabulate": "make the tables of the existing report",
@@ -460,8 +460,7 @@ def run_sweep(sweep: Sweep, nsys: nsys_tool.Nsys, env: dict[str, str]) -> int:
         if outcome.failure:
             statuses[str(config.report)] = outcome.failure
     if multi:
-        status = kernel_tables.write_summary([str(c.report) for c in sweep.plan], statuses, sweep.args.results_dir)
-        exit_status = exit_status or status
+        kernel_tables.write_summary([str(c.report) for c in sweep.plan], statuses, sweep.args.results_dir)
     return exit_status
 
 
@@ -473,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(sweep.plan) > 1:  # a mistyped option fails in seconds, not after the first hour of a sweep
         status = check_with_bench_e2e(sweep, show=False)
         if status:
-            return 2 if status == 2 else status
+            return status
     found, why = nsys_tool.find_nsys()
     if found is None:
         print(missing_nsys_message(why, sweep), file=sys.stderr)

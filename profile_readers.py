@@ -1,7 +1,7 @@
 """Reading a profile into one shape, whatever made it: the CSVs that `nsys stats --format csv` writes for an
 Nsight Systems report, or a torch.profiler Chrome trace (.json, .json.gz). Each becomes a Profile: the units of
 device work (kernels, memcpys, memsets; on a CPU, operators' self time) with the time their launch was asked for,
-and the named ranges (NVTX, record_function). kernel_tables.py makes its tables from a Profile. torch-free.
+and the named ranges (NVTX, record_function). profile_tables.py makes its tables from a Profile. torch-free.
 """
 from __future__ import annotations
 
@@ -244,13 +244,5 @@ def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
         finished.extend(stack)
         activities += [Activity(e["name"], max(self_us, 0.0) * 1e3, e["ts"] * 1e3) for _, e, self_us in finished]
     return activities
-
-
-def load_profile(source: str | Path) -> Profile:
-    """A torch.profiler trace (.json / .json.gz) or an nsys report (X.nsys-rep, X.sqlite or the CSV prefix X)."""
-    path = Path(source)
-    if path.name.endswith((".json", ".json.gz")):
-        return load_torch_trace(path)
-    return load_nsys(nsys_prefix(path))
 
 

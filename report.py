@@ -1,4 +1,4 @@
-"""Saved runs, again: the report of any experiment script's JSONL records in any format, several runs merged into
+"""Saved runs, again: the report of any study script's JSONL records in any format, several runs merged into
 one report (a `run` column in every table), and the study's figures as PNG, all without rerunning anything.
 
 Answers the practical question of every writeup: the GPU time is spent, the numbers are in results/, and the
@@ -14,7 +14,9 @@ table is needed in LaTeX, with fewer columns, next to Tuesday's run, or as a pic
 One rendering path. render() is the only code that turns records into a report: the live .md a sweep rewrites as
 rows finish (LiveReport, sweep.run_sweep's Experiment.render), the files of a script's --fmt, the report the
 script prints at the end (publish) and this command's re-renders and merges. A re-render of a saved run is
-therefore the run's own file, byte for byte. The layout, each floor importing only those below it:
+therefore the run's own file, byte for byte. (bench_noise.py, a benchmark of the toolkit itself, prints only a
+summary of its runs' speed-ups; each of those runs is a bench_e2e run that this command re-renders.) The layout,
+each floor importing only those below it:
 
     results.py            result files, records, render_table, column choice, the run column of merges
     e2e_tables.py         bench_e2e's report        attention_tables.py   bench_attention's report

@@ -242,8 +242,9 @@ class Workload:
 
 def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
     """One step of work.run.mode with a device synchronisation at every phase boundary. Returns seconds per
-    phase and for the whole step. `on_phase(name)` is called (outside the timers) before each phase and with
-    "end" after the last; mem_profile uses it to mark phases in a memory timeline."""
+    phase and for the whole step. `on_phase(name)` is called (outside the phases' timers, inside the step's) before
+    each phase and with "end" after the last; mem_profile uses it to mark phases in a memory timeline, whose
+    steps are not the timings it reports."""
     device = work.device
     times: dict[str, float] = {}
     phases = PHASES_BY_MODE[work.run.mode]

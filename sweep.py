@@ -13,7 +13,8 @@ interval. Searches (bench_e2e's --context-length max): probes doubling up to the
 between the last fit and the first OOM (search.Bisection).
 
 Also here: the fault hook for tests (BENCH_INJECT_FAULT), called in the child with the run's fault_fields() before it
-is measured, so no measuring code carries it. How a sweep runs is written up in docs/running.md.
+is measured; only its `slow:` context reaches measuring code (around each timed block). How a sweep runs is
+written up in docs/running.md.
 """
 from __future__ import annotations
 

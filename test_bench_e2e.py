@@ -410,7 +410,7 @@ def test_forward_only_comparison_has_no_backward_columns(tmp_path, capsys):
 
 
 def test_a_slow_down_injected_into_one_variant_is_reported_as_drift(tmp_path, monkeypatch, capsys):
-    # sdpa's timed steps run beside a busy thread: every phase slows, the optimizer step (the same in both) too
+    # sdpa's timed steps run under the slow: fault (a sleep before every op): every phase slows, the optimizer too
     monkeypatch.setenv(sweep.FAULT_ENV, "slow:attn=sdpa")
     code, records = run_main(tmp_path, "--in-process", "--attn", "naive", "sdpa", "--steps", "4")
     comparison = capsys.readouterr().out.split("## Comparison: naive vs sdpa")[1]

@@ -43,9 +43,15 @@ def test_ddp_keyword_is_one_this_torch_takes():
     assert keyword in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
-def test_tf32_reads_the_legacy_flags_while_no_precision_api_is_set():
-    assert common.tf32_enabled("matmul") == torch.backends.cuda.matmul.allow_tf32
-    assert common.tf32_enabled("cudnn") == torch.backends.cudnn.allow_tf32
+def test_tf32_reads_the_legacy_flags_while_no_precision_api_is_set(monkeypatch):
+    # stand-ins for torch's flag objects, so that no global TF32 state of this process changes
+    import types
+    for flag in (True, False):
+        matmul = types.SimpleNamespace(allow_tf32=flag, fp32_precision="none")
+        monkeypatch.setattr(torch.backends.cuda, "matmul", matmul)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", not flag)
+        monkeypatch.setattr(torch.backends.cudnn, "conv", types.SimpleNamespace(fp32_precision="none"), raising=False)
+        assert common.tf32_enabled("matmul") is flag and common.tf32_enabled("cudnn") is (not flag)
     with pytest.raises(ValueError, match="unknown TF32 setting"):
         common.tf32_enabled("conv")
 
