@@ -48,7 +48,7 @@ from profile_readers import nsys_report_path
 
 PROG = "nsys_run.sh"
 HERE = Path(__file__).resolve().parent
-MODES = ("forward", "forward-backward", "train")
+MODES = model_config.MODES
 # the handouts' nsys_profile plans, for the axes not given: 2025 "every size of Table 1 x 128, 256, 512, 1024";
 # 2026 "two sizes of your choice x three power-of-two contexts > 128, the largest the longest that fits"
 DEFAULT_PLANS = {"2025": (["all"], [128, 256, 512, 1024]), "2026": (["small", "medium"], [256, 512, 1024])}
@@ -155,10 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for mode in args.mode:
         if mode not in MODES:
             p.error(f"MODE must be forward, forward-backward or train, got {mode!r}")
-    try:
-        args.size = model_config.expand_sizes(args.size, args.handout)
-    except model_config.ConfigError as exc:
-        p.error(str(exc))
+    args.size = cli.sizes_or_exit(p, args, args.size)  # with the note when xl means another handout's xl
     args.dtype = check_extra(p, extra)
     return args
 
