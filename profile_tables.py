@@ -149,8 +149,10 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
         elif phase:
             chosen.used.setdefault(phase, Counter())[r.name] += 1
             chosen.ranges.append(Range(phase, r.start_ns, r.end_ns))
-        elif not warmup.find(r.start_ns):
-            chosen.ranges.append(r)
+        elif not warmup.find(r.start_ns):  # a range that is no phase keeps its name, unless it reads like one
+            # (an inner "forward" when --ranges forward=NAME chose another): renamed, it cannot join that phase
+            taken = r.name in (*PHASES, STEP)
+            chosen.ranges.append(Range(f"{r.name} (not the phase)", r.start_ns, r.end_ns) if taken else r)
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
     if len(measure):
         chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]

@@ -178,6 +178,14 @@ def test_ranges_given_by_name_replace_the_usual_spellings_for_their_phase():
     # forward given another name: a range merely spelled "forward" no longer counts
     renamed = pt.build_tables(student_profile(), ranges={"forward": "nothing by that name"})
     assert [row["phase"] for row in renamed["phases"]] == ["no phase range found"]
+    # ... nor joins the named one when it lies inside it: forward is the outer range alone
+    outer = student_profile()
+    outer.ranges += [pr.Range("Model Forward", r.start_ns, r.end_ns + 50) for r in outer.ranges if r.name == "Forward"
+                     and r.start_ns >= 400]
+    outer.ranges = [pr.Range("forward", r.start_ns, r.end_ns) if r.name == "Forward" else r for r in outer.ranges]
+    chosen = pt.build_tables(outer, ranges={"forward": "Model Forward"})
+    (forward,) = chosen["phases"]
+    assert forward["range_ms"] == pytest.approx((154 + 155 + 157) / 3 / 1e6)  # the outer ranges only
 
 
 def test_step_ranges_count_the_steps_and_give_the_step_row():
