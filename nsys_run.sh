@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Systems profiles of bench_e2e.py's measured steps, turned into kernel tables (the study's nsys_profile
-# questions on a GPU). This wrapper only finds Python and nsys and hands over to nsys_sweep.py, which plans the
+# questions on a GPU). This wrapper only finds Python and hands over to nsys_sweep.py, which finds nsys, plans the
 # configurations, profiles, reuses reports, skips after an OOM and tabulates:
 #
 #   bash nsys_run.sh medium 256                      # one configuration: a training step
@@ -15,9 +15,5 @@ python="${PYTHON:-python3}"
 if ! command -v "$python" >/dev/null 2>&1; then
     echo "nsys_run.sh: error: PYTHON=$python is not a Python interpreter: set PYTHON to one" >&2
     exit 2
-fi
-if [[ -z "${NSYS:-}" ]] && command -v nsys >/dev/null 2>&1; then
-    NSYS="$(command -v nsys)"
-    export NSYS
 fi
 exec "$python" "$here/nsys_sweep.py" "$@"
