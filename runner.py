@@ -293,13 +293,7 @@ def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, wa
     returns seconds per phase), the peaks read. Returns the record: raw samples as `<phase>_ms` lists, the
     environment, and on CUDA peak allocated / reserved bytes. `profiler` is entered around the timed steps."""
     record: dict[str, Any] = {"environment": environment(device)}
-    if compile_first:  # the first call compiles (forward, and backward on the first backward)
-        phase("compiling (first step)")
-        _, record["compile_s"] = SyncTimer(device).time(step)
-    with annotate("warmup"):
-        for i in range(warmup):
-            phase(f"warm-up {i + 1}/{warmup}")
-            step()
+    record.update(compile_and_warm_up(step, device, warmup, compile_first)[0])
     reset_peak_memory(device)
     samples: list[dict[str, float]] = []
     with profiler, annotate("measure"):
@@ -310,6 +304,23 @@ def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, wa
     record.update(peak_memory_bytes(device))
     record.update(samples_by_phase(samples))
     return record
+
+
+def compile_and_warm_up(step: Callable[[], dict[str, float]], device: torch.device, warmup: int,
+                        compile_first: bool, of: str = "") -> tuple[dict[str, float], float | None]:
+    """Untimed but for compile_s: (when compiling) the first step timed apart, its compile, then `warmup` steps.
+    Returns ({"compile_s": ...} or {}, the last warm-up step's seconds or None); `of` names a variant in the
+    progress phases."""
+    compiled = {}
+    if compile_first:  # the first call compiles (forward, and backward on the first backward)
+        phase(f"compiling (first step){of}")
+        _, compiled["compile_s"] = SyncTimer(device).time(step)
+    last_s = None
+    with annotate("warmup"):
+        for i in range(warmup):
+            phase(f"warm-up {i + 1}/{warmup}{of}")
+            last_s = step()["step"]
+    return compiled, last_s
 
 
 def samples_by_phase(samples: list[dict[str, float]]) -> dict[str, list[float]]:
@@ -358,15 +369,8 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         if not isinstance(p.profiler, contextlib.nullcontext):
             raise ValueError("a profiler holds one variant: profile each variant alone")
         record = {"environment": environment(device), "load": {"before": machine_load(device)}}
-        if p.compile_first:
-            phase(f"compiling variant {i + 1} (first step)")
-            _, record["compile_s"] = SyncTimer(device).time(p.step)
-        last_warmup_s = None
-        with annotate("warmup"):
-            for w in range(p.warmup):
-                phase(f"warm-up {w + 1}/{p.warmup} of variant {i + 1}")
-                last_warmup_s = p.step()["step"]
-        records[i] = record
+        compiled, last_warmup_s = compile_and_warm_up(p.step, device, p.warmup, p.compile_first, f" of variant {i + 1}")
+        records[i] = {**record, **compiled}
         turns.append((i, p, allocated_bytes(device) - level))
         warmup_times.append(last_warmup_s)
     steps = turns[0][1].steps
