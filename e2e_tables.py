@@ -18,7 +18,7 @@ import search
 import stats
 from model_config import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
 from model_config import config_table as model_config_table
-from results import (FINISHED, GIB, RUN_COLUMN, by_run, comparison_groups, environment_lines, finished, is_merged,
+from results import (GIB, RUN_COLUMN, by_run, comparison_groups, environment_lines, finished, is_merged,
                      pick_columns, render_table, run_of, runs_cell, with_run_column)
 from search import SEARCH_START
 
@@ -145,23 +145,17 @@ def short_status(status: str) -> str:
     return status.split(":")[0]
 
 
-def speedup_cell(base: dict[str, Any] | None, other: dict[str, Any] | None, phases: tuple[str, ...]) -> str:
-    """The speed-up of the other variant over the baseline over these phases ("1.93x": 1.93 times as fast),
-    stats.speedup: paired by round when the two were measured together, else the ratio of their summed means; a
-    failed or missing row gives its status instead of a number."""
-    if other is None or other["status"] not in FINISHED:
-        return short_status(other["status"]) if other else "not run"
-    if base is None or base["status"] not in FINISHED:
-        return f"baseline {short_status(base['status']) if base else 'not run'}"
-    return f"{stats.speedup(base, other, phases).ratio:.2f}x"
-
-
-def speedup_interval(base: dict[str, Any] | None, other: dict[str, Any] | None,
-                     phases: tuple[str, ...]) -> stats.PairedRatio | None:
-    """The paired speed-up with its interval (stats.speedup) when both rows finished, else None."""
-    if base is None or other is None or base["status"] not in FINISHED or other["status"] not in FINISHED:
-        return None
-    return stats.speedup(base, other, phases)
+def speedup_of(base: dict[str, Any] | None, other: dict[str, Any] | None,
+               phases: tuple[str, ...]) -> tuple[str, stats.PairedRatio | None]:
+    """The speed-up of the other variant over the baseline over these phases, as its cell ("1.93x": 1.93 times as
+    fast) and as stats.speedup found it (paired by round when the two were measured together, else the ratio of
+    their summed means). A failed or missing row gives its status in the cell, and None."""
+    if other is None or not finished(other):
+        return (short_status(other["status"]) if other else "not run"), None
+    if base is None or not finished(base):
+        return f"baseline {short_status(base['status']) if base else 'not run'}", None
+    found = stats.speedup(base, other, phases)
+    return f"{found.ratio:.2f}x", found
 
 
 def control_phase(configs: list[dict[str, Any]]) -> str | None:
@@ -216,7 +210,7 @@ def comparison(records: list[dict]) -> Comparison | None:
         for phase in phases:
             for name in names:
                 rec = cells.get(name)
-                ok = rec is not None and rec["status"] in FINISHED
+                ok = rec is not None and finished(rec)
                 # numbers formatted here: a column that mixes numbers and statuses is text to tabulate
                 row[f"{PHASE_SHORT[phase]} ms: {name}"] = (f"{rec[f'{phase}_ms_mean']:.2f}" if ok else
                                                            short_status(rec["status"]) if rec else "not run")
@@ -224,8 +218,7 @@ def comparison(records: list[dict]) -> Comparison | None:
         for name in names[1:]:
             base, other = cells.get(names[0]), cells.get(name)
             for label, summed in ratios:
-                row[f"{label} speed-up: {name}"] = speedup_cell(base, other, summed)
-                found = speedup_interval(base, other, summed)
+                row[f"{label} speed-up: {name}"], found = speedup_of(base, other, summed)
                 row[f"{label} 95% CI: {name}"] = found.interval_text() if found else None
                 if found and found.rounds:
                     paired_names.update((names[0], name))
