@@ -12,6 +12,7 @@ from e2e_tables import config_section
 from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES, ModelConfig
 from results import (GIB, MIB, RUN_COLUMN, environment_lines, is_merged, pick_columns, render_table, run_of,
                      with_run_column)
+from user_code import OURS  # the model and optimizer of this project, as the records name them
 
 CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run is on {device}: only the "
             "accounting and the saved-for-backward tables are printed (those are exact on any device); the peak "
@@ -19,7 +20,6 @@ CPU_NOTE = ("note: measured peaks and snapshots need a CUDA device, and this run
 
 
 FP32_BYTES = 4  # gradients are kept in the parameters' dtype: fp32 master weights, also under autocast
-OURS = "ours"  # user_code.OURS: the model and optimizer of this project, as the records name them
 
 
 def model_name(config: dict[str, Any]) -> str:
