@@ -342,9 +342,9 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
                 kept = records[i].setdefault(f"{phase}_ms", [])
                 rounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
                 kept.extend(values)
-            records[i]["timing"] = timing
     group = uuid.uuid4().hex[:12]
     for position, i in enumerate(timed):
+        records[i]["timing"] = timing
         records[i].update(after_timing(runs[i], prepared[i][0], inputs, grad_out, device))
         records[i]["load"]["after"] = common.machine_load(device)
         records[i]["pairing"] = {"group": group, "mode": "steps", "position": position, "variants": len(timed),

@@ -80,6 +80,7 @@ def do_bench_samples(fn: Callable[[], Any], do_bench: Callable[..., Any], warmup
         return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
 
 
+@functools.cache  # a property of the installed triton: bench_attention chooses a timing per round, probes once
 def do_bench_returns_samples(do_bench: Callable[..., Any], device: torch.device) -> bool:
     """Whether this triton's do_bench takes return_mode="all" (triton 3.x; 2.x asserts on it before running
     anything). Probed on a tiny kernel: its estimate of one call must not be 0 ms, which do_bench divides by."""
