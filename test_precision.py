@@ -77,7 +77,8 @@ def test_stored_addend_is_exact_and_explained(demo_run):
     assert records["3"]["addend_stored_exact"] == str(Decimal(float(np.float16(0.01))))
     assert records["1"]["addend_stored_exact"] == str(Decimal(float(np.float32(0.01))))
     assert records["2-bf16"]["addend_stored_exact"] == "0.010009765625"  # 41 / 2^12
-    assert records["2"]["result_spacing"] == 2 ** -7 and records["2-bf16"]["result_spacing"] == 2 ** -5
+    assert records["2"]["result_spacing"] == 2 ** -7  # float16 near 10: 11 significant bits
+    assert records["2-bf16"]["result_spacing"] == 2 ** -5  # bfloat16 near 4: 8 bits
     assert "0.01000213623046875 = 1311/2^17" in stdout
     assert "Cases 3 and 4 are equal" in stdout and "to float32 before adding" in stdout
     assert "(case 2-bf16) ends at 4.0" in stdout and "every add rounds away" in stdout
