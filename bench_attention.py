@@ -1,17 +1,18 @@
-"""Attention alone at long sequence lengths: the model's naive attention, torch.compile of it, PyTorch's
-fused SDPA and your own kernel, each checked against float64, then its forward, backward and
-forward+backward timed apart, with the memory it keeps for backward. Answers pytorch_attention (how
-time and memory grow with seq, where naive runs out of memory), torch_compile (a) and
+"""Attention alone at long sequence lengths: the model's naive attention, torch.compile of it,
+PyTorch's fused SDPA and your own kernel, each checked against float64, then its forward, backward
+and forward+backward timed apart, with the memory it keeps for backward. Answers pytorch_attention
+(how time and memory grow with seq, where naive runs out of memory), torch_compile (a) and
 flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
 
     python3 bench_attention.py --impl naive                  # times, memory, OOM rows
     python3 bench_attention.py --impl naive compiled         # eager vs torch.compile
     python3 bench_attention.py                               # naive, compiled and sdpa
     python3 bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
-    python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2   # flash_benchmarking
+    python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2  # your kernel
 
-Inputs are (batch, seq, d), causal. Each shape runs in a child process (sweep.py); its implementations
-share it, each on inputs of its own, their timed calls alternating in rounds (A B | B A ...).
+Inputs are (batch, seq, d), causal. Each shape runs in a child process (sweep.py); its
+implementations share it, each on inputs of its own, their timed calls alternating in rounds
+(A B | B A ...).
 docs/bench_attention.md and docs/your_code.md say more.
 """
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any, Callable
 
 import torch
 
-import attention_tables
 import cli
 import common
 import isolation
@@ -39,7 +39,8 @@ import report
 import stats
 import sweep
 import user_code
-from attention_tables import ATTENTION_PHASE_SHORT, BASELINE, PHASES, check_summary
+from attention_tables import (ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, PHASES,
+                              check_summary)
 from common import DTYPES, SyncTimer, resolve_device
 from model import naive_attention, sdpa_attention
 from results import ResultFiles, finished, format_bytes
@@ -94,20 +95,22 @@ def impl_choice(text: str) -> tuple[str, str | None]:
         return text, None
     if user_code.is_spec(spec) and name not in IMPLEMENTATIONS and re.fullmatch(r"[\w.+-]*", name):
         return name or spec, spec
-    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from naive, compiled, sdpa, or "
-                                     "[NAME=]MODULE:CALLABLE for your own)")
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from naive, compiled, "
+                                     "sdpa, or [NAME=]MODULE:CALLABLE for your own)")
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
     p = cli.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=list(GRIDS), default="attention",
-                   help="the defaults of the flags below: attention = pytorch_attention (batch 8, fp32, "
-                        "naive compiled sdpa, d 16..128, seq 256..16384); flash = flash_benchmarking "
-                        "(batch 1, bf16 and fp32, d 16..128, seq 128..65536, naive first: the baseline)")
+                   help="the defaults of the flags below: attention = pytorch_attention (batch 8, "
+                        "fp32, naive compiled sdpa, d 16..128, seq 256..16384); flash = "
+                        "flash_benchmarking (batch 1, bf16 and fp32, d 16..128, seq 128..65536, "
+                        "naive first: the baseline)")
     p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, metavar="IMPL",
-                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or yours as "
-                        "[NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a torch.autograd.Function, "
-                        "imported from the current directory or PYTHONPATH; NAME: its name in tables")
+                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or "
+                        "yours as [NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a "
+                        "torch.autograd.Function, imported from the current directory or "
+                        "PYTHONPATH; NAME: its name in tables")
     p.add_argument("--d", nargs="+", type=cli.positive_int, help="head dimension(s)")
     p.add_argument("--seq-len", nargs="+", type=cli.positive_int, help="sequence length(s)")
     p.add_argument("--batch-size", type=cli.positive_int, help="batch size")
@@ -121,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="triton.testing.do_bench's rep: ms of timed calls")
     p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
-                   help="run configurations predicted not to fit in free memory (default: skip them)")
+                   help="run configurations predicted not to fit in free memory (else skipped)")
     cli.add_device_args(p)
     sweep.add_sweep_args(p, compares=True)
     cli.add_output_args(p, default_stem="attention")
@@ -130,7 +133,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args = p.parse_args(argv)
     common.device_or_exit(p, args.device)
     sweep.check_sweep_args(p, args)
-    report.columns_or_exit(p, args.columns, attention_tables.TABLE_COLUMNS)
+    report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
     grid = GRIDS[args.grid]
     for name in ("d", "seq_len", "batch_size", "dtype"):
         setattr(args, name, getattr(args, name) or grid[name])
@@ -162,7 +165,7 @@ def sdpa_one_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
 
 def compiled_naive_attention() -> Attention:
     torch.compiler.reset()  # every shape compiles fresh: no earlier cache, no recompilation limit
-    torch._functorch.config.donated_buffer = False  # it forbids retain_graph=True (the timed backward)
+    torch._functorch.config.donated_buffer = False  # forbids retain_graph=True (the timed backward)
     return torch.compile(naive_attention)
 
 
@@ -180,8 +183,8 @@ def attention_function(impl: str) -> Attention:
     if isinstance(found, type) and issubclass(found, torch.autograd.Function):
         found = found.apply
     elif isinstance(found, type) or not callable(found):
-        raise user_code.LoadError(f"{impl} is {found!r:.60}, not a function f(q, k, v, is_causal) or "
-                                  "a torch.autograd.Function subclass")
+        raise user_code.LoadError(f"{impl} is {found!r:.60}, not a function f(q, k, v, is_causal) "
+                                  "or a torch.autograd.Function subclass")
     return lambda q, k, v: found(q, k, v, True)
 
 
@@ -197,11 +200,6 @@ REFERENCE_BLOCK_BYTES = 256 * 2**20  # one block of the reference: 6 float64 (ba
 
 class ImplementationError(Exception):
     """The implementation failed or returned what is not attention's; one line naming it."""
-
-
-def reference_bytes(batch: int, seq: int, d: int) -> int:
-    """The check's peak: float64 Q, K, V, output gradient and four results, and one block."""
-    return 8 * batch * seq * d * 8 + REFERENCE_BLOCK_BYTES
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
@@ -243,7 +241,8 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
     try:
         out = attention(*inputs)
         if described(out) != expected:
-            raise ImplementationError(f"{name} returned {described(out)} in forward; expected {expected}")
+            raise ImplementationError(f"{name} returned {described(out)} in forward; "
+                                      f"expected {expected}")
         if out.grad_fn is None:
             raise ImplementationError(f"{name}'s output has no autograd graph: no backward")
         where = "backward"
@@ -252,10 +251,7 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
         if isinstance(exc, ImplementationError) or common.is_oom(exc):
             raise
         raise ImplementationError(f"{name} raised {user_code.one_line(exc)} in {where}") from exc
-    for tensor, grad in zip(TENSORS[1:], grads):
-        if described(grad) != expected:
-            raise ImplementationError(f"{name} returned {described(grad)} as {tensor}; expected {expected}")
-    return (out.detach(), *grads)
+    return (out.detach(), *grads)  # autograd itself refuses gradients shaped unlike the inputs
 
 
 def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
@@ -298,8 +294,9 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
     """What the timing does, for the record and the header."""
     if device.type == "cuda" and triton_do_bench():
         import triton
-        return {"method": "triton.testing.do_bench", "warmup_ms": run.warmup_ms, "rep_ms": run.rep_ms,
-                "l2_flush": "before every timed call", "triton": triton.__version__}
+        return {"method": "triton.testing.do_bench", "warmup_ms": run.warmup_ms,
+                "rep_ms": run.rep_ms, "l2_flush": "before every timed call",
+                "triton": triton.__version__}
     why = {"why": "triton is not importable: no L2 flush"} if device.type == "cuda" else {}
     return {"method": "cuda events" if device.type == "cuda" else "sync timer",
             "warmup_calls": run.warmup, "timed_calls": run.iters, **why}
@@ -340,8 +337,8 @@ def time_phases(attention: Attention, inputs: tuple[torch.Tensor, ...], grad_out
     the clock (retain_graph=True, as triton's and flash-attention's benchmarks do), and both."""
     samples = {"forward": time(lambda: attention(*inputs), "forward")}
     out = attention(*inputs)
-    samples["backward"] = time(lambda: torch.autograd.grad(out, inputs, grad_out, retain_graph=True),
-                               "backward")
+    samples["backward"] = time(lambda: torch.autograd.grad(out, inputs, grad_out,
+                                                           retain_graph=True), "backward")
     del out
     samples["forward_backward"] = time(lambda: torch.autograd.grad(attention(*inputs), inputs,
                                                                    grad_out), "forward+backward")
@@ -352,28 +349,30 @@ def time_phases(attention: Attention, inputs: tuple[torch.Tensor, ...], grad_out
 
 
 def naive_saved_bytes(batch: int, seq: int, d: int, element_bytes: int) -> int:
-    """What model.naive_attention keeps for backward: 3 batch x seq x seq tensors (masked scores, the
-    softmax's exp and probabilities), the bool mask, Q, K, V, the softmax's row max and sum."""
-    return 3 * batch * seq * seq * element_bytes + seq * seq + (3 * d + 2) * batch * seq * element_bytes
+    """What model.naive_attention keeps for backward: 3 batch x seq x seq tensors (masked scores,
+    the softmax's exp and probabilities), the bool mask, Q, K, V, the softmax's row max and sum."""
+    e = element_bytes
+    return 3 * batch * seq * seq * e + seq * seq + (3 * d + 2) * batch * seq * e
 
 
-# Peak of one forward + backward in batch x seq x seq tensors, measured as peak RSS (CPU, torch 2.13,
-# batch 8, d 64): naive 7.1-7.4, compiled 4.3. The saved set alone would let too large a run start.
+# Peak of one forward + backward in batch x seq x seq tensors, measured as peak RSS (CPU, torch
+# 2.13, batch 8, d 64): naive 7.1-7.4, compiled 4.3. The saved set would let too large a run start.
 PEAK_SEQ2_TENSORS = {"naive": 7.5, "compiled": 4.5}
 
 
 def predicted_need_bytes(run: AttentionRun) -> int:
-    """The fit guard's peak: quadratic for naive and compiled; for sdpa and yours what a fused kernel
-    keeps (Q, K, V, output, fp32 log-sum-exp: a lower bound; more fails as OOM); plus the gradients
-    of Q, K, V and the output, and the check's float64 tensors."""
+    """The fit guard's peak: quadratic for naive and compiled; for sdpa and yours what a fused
+    kernel keeps (Q, K, V, output, fp32 log-sum-exp: a lower bound; more fails as OOM); plus the
+    gradients of Q, K, V and the output, and the check's float64 tensors."""
     b, s, d, e = run.batch_size, run.seq_len, run.d, DTYPES[run.dtype].itemsize
     quadratic = PEAK_SEQ2_TENSORS.get(run.impl, 0) * b * s * s * e if run.spec is None else 0
     fused = 0 if quadratic else 4 * b * s * d * e + 4 * b * s
-    return int(quadratic) + fused + 8 * b * s * d * e + reference_bytes(b, s, d)
+    reference = 8 * b * s * d * 8 + REFERENCE_BLOCK_BYTES  # float64 Q, K, V, dO, 4 results, a block
+    return int(quadratic) + fused + 8 * b * s * d * e + reference
 
 
 def free_memory_bytes(device: torch.device, meminfo: str = "/proc/meminfo") -> int | None:
-    """Free CUDA memory (asked in the child: the parent has no CUDA context), or Linux's MemAvailable."""
+    """Free CUDA memory (asked in the child: the parent has no CUDA context) or MemAvailable."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     with contextlib.suppress(OSError), open(meminfo) as f:
@@ -390,7 +389,7 @@ def saved_tensor_bytes(attention: Attention, inputs: tuple[torch.Tensor, ...]) -
 
 
 def sdpa_backend(attention: Attention, inputs: tuple[torch.Tensor, ...]) -> str:
-    """The kernel PyTorch picked, from the aten ops of one call (flash, efficient, cudnn or math)."""
+    """The kernel PyTorch picked, from the aten ops of a call (flash, efficient, cudnn or math)."""
     with common.quiet_profiler([torch.profiler.ProfilerActivity.CPU]) as prof:
         attention(*inputs)
     ops = " ".join(event.name for event in prof.events())
@@ -400,10 +399,11 @@ def sdpa_backend(attention: Attention, inputs: tuple[torch.Tensor, ...]) -> str:
 
 # --- one shape: each implementation checked, then all timed in rounds ---
 
-ROUNDS = 20  # 20, not 10: the signed-rank interval then reaches three wild rounds, not one (stats.py)
+ROUNDS = 20  # not 10: the signed-rank interval then reaches three wild rounds, not one (stats.py)
 
 
-def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...],
+                                                                 torch.Tensor]:
     """Q, K, V (batch, seq, d), requiring grad, and the output's gradient, from the run's seed."""
     torch.manual_seed(run.seed)
     q, k, v, grad_out = (torch.randn(run.batch_size, run.seq_len, run.d, device=device,
@@ -418,26 +418,21 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
     if not run.force and free is not None and need > free:
         return None, {"status": f"skipped: needs {format_bytes(need)}, {format_bytes(free)} free",
                       "free_mem_bytes": free}
-    isolation.phase(f"loading {run.impl}")
-    attention = attention_function(run.spec or run.impl)
     record: dict[str, Any] = {"environment": common.environment(device), "free_mem_bytes": free,
                               "load": {"before": common.machine_load(device)}}
     inputs, grad_out = make_inputs(run, device)
-    if run.impl == "compiled":
-        isolation.phase("compiling (first forward and backward)")
-        record["compile_s"] = SyncTimer(device).time(
-            lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))[1]
-    isolation.phase("checking against the float64 reference")
-    record["check"] = check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
-    return attention, record
-
-
-def prepared_or_failed(run: AttentionRun, device: torch.device) -> tuple[Attention | None, dict]:
-    """A kernel that fails its check is a row here; the others are still timed together."""
-    try:
-        return prepare(run, device)
+    try:  # a kernel that cannot load or run is a row; the others are still timed together
+        isolation.phase(f"loading {run.impl}")
+        attention = attention_function(run.spec or run.impl)
+        if run.impl == "compiled":
+            isolation.phase("compiling (first forward and backward)")
+            record["compile_s"] = SyncTimer(device).time(
+                lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))[1]
+        isolation.phase("checking against the float64 reference")
+        record["check"] = check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
     except (ImplementationError, user_code.LoadError) as exc:
         return None, {"status": common.failure_status(exc)}
+    return attention, record
 
 
 def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:
@@ -447,7 +442,7 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
     (do_bench: rep_ms / ROUNDS) of each phase, with one warm-up call after the first round. The
     records' `pairing` says which samples came from which round."""
     device = resolve_device(runs[0].device)
-    prepared = [prepared_or_failed(run, device) for run in runs]
+    prepared = [prepare(run, device) for run in runs]
     records = [record for _, record in prepared]
     timed = [(i, fn, *make_inputs(runs[i], device)) for i, (fn, _) in enumerate(prepared) if fn]
     if not timed:
@@ -458,7 +453,8 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
     bounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i, *_ in timed}
     for r, size in enumerate(sizes):
         time = functools.partial(time_calls, device=device, warmup=run0.warmup if r == 0 else 1,
-                                 iters=size, warmup_ms=run0.warmup_ms, rep_ms=run0.rep_ms / len(sizes))
+                                 iters=size, warmup_ms=run0.warmup_ms,
+                                 rep_ms=run0.rep_ms / len(sizes))
         for position in stats.round_order(len(timed), r):
             i, attention, inputs, grad_out = timed[position]
             with faults[i]:
@@ -497,8 +493,8 @@ def measure(run: AttentionRun) -> dict[str, Any]:
 
 
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
-    """In the parent, on every row: the predictions; on a timed one the statistics of each phase, the
-    forward's TFLOP/s, and a status that follows the check."""
+    """In the parent, on every row: the predictions; on a timed one the statistics of each phase,
+    the forward's TFLOP/s, and a status that follows the check."""
     e = DTYPES[run.dtype].itemsize
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, e)
     record["predicted_need_bytes"] = predicted_need_bytes(run)
@@ -512,8 +508,9 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
             record.update({f"{phase}_ms_p20": p20, f"{phase}_ms_p80": p80})
     if record["forward_ms_n"] < 2:
         record["note"] = "1 timed call: no std"
-    record["forward_flops"] = model_config.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
-    record["forward_tflops"] = record["forward_flops"] / record["forward_ms_mean"] / 1e9
+    flops = model_config.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
+    record["forward_flops"] = flops
+    record["forward_tflops"] = flops / record["forward_ms_mean"] / 1e9
     if not record["check"]["ok"]:  # still timed: you see what you are debugging
         record["status"] = check_summary(record["check"])
 
@@ -525,12 +522,17 @@ def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
         return cli.print_dry_run(
-            [f"{run.label()} (predicted need {format_bytes(predicted_need_bytes(run))})" for run in runs],
-            preamble=f"settings: grid {args.grid}, batch {args.batch_size}, {' '.join(args.dtype)}, "
-                     "causal; each implementation checked against float64, then timed")
+            [f"{run.label()} (predicted need {format_bytes(predicted_need_bytes(run))})"
+             for run in runs],
+            preamble=f"settings: grid {args.grid}, batch {args.batch_size}, "
+                     f"{' '.join(args.dtype)}, causal; each implementation checked against "
+                     "float64, then timed")
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
-    live = report.LiveReport("bench_attention", args.columns)  # the report, rewritten as rows finish
-    said = lambda r: ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in PHASES)
+    live = report.LiveReport("bench_attention", args.columns)  # rewritten as rows finish
+
+    def said(r: dict[str, Any]) -> str:
+        return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in PHASES)
+
     experiment = sweep.Experiment(name="bench_attention", measure=measure, finish=finish_record,
                                   summary=said, render=live, measure_together=measure_together)
     records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
