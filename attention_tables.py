@@ -16,8 +16,8 @@ PHASES = ("forward", "backward", "forward_backward")
 ATTENTION_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}
 ATTENTION_IMPL_COLUMNS = [
     "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms",
-    "fwd+bwd std", "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
-    "compile s", "max err", "tol", "status"]
+    "fwd+bwd std", "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)",
+    "naive predicted", "backend", "compile s", "max err", "tol", "status"]
 BASELINE_TIMES = ["naive fwd", "naive bwd", "naive fwd+bwd"]  # ms
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", *BASELINE_TIMES, "speed-up", "check"]
 
@@ -135,7 +135,8 @@ def timing_label(records: list[dict[str, Any]]) -> str:
         return "nothing timed"
     if timing["method"] == "triton.testing.do_bench":
         return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep "
-                f"{timing['rep_ms']:g} ms, L2 flushed before every call, triton {timing['triton']})")
+                f"{timing['rep_ms']:g} ms, L2 flushed before every call, "
+                f"triton {timing['triton']})")
     why = f"; {timing['why']}" if timing.get("why") else ""
     return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} "
             f"timed calls per phase{why})")
@@ -173,8 +174,8 @@ def render_attention(records: list[dict[str, Any]], fmt: str,
                                          for r in records if r.get("check")))
     checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, "
                f"K, V (the worst named) against causal attention in float64 on copies of the "
-               f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs or "
-               "returning NaN/inf; a WRONG kernel is still timed") if tolerances else ""
+               f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs "
+               "or returning NaN/inf; a WRONG kernel is still timed") if tolerances else ""
     lines += ["", NOTE + checked + ". " + stats.speedup_note(BASELINE, "calls")]
     return "\n".join(lines)
 

@@ -192,7 +192,7 @@ def attention_function(impl: str) -> Attention:
 
 # max |x - ref| / (1 + |ref|) that passes (assert_close with atol = rtol = tol): fp32 1e-2, the
 # handout's tests (room for Triton's TF32 tl.dot); bf16 5e-2, since PyTorch's own bf16 attention
-# reaches 1.5e-2 (docs/bench_attention.md#checked-before-timed)
+# reaches 1.5e-2 (docs/bench_attention.md, the method)
 TOLERANCE = {"fp32": 1e-2, "bf16": 5e-2}
 TENSORS = ("out", "dq", "dk", "dv")
 REFERENCE_BLOCK_BYTES = 256 * 2**20  # one block of the reference: 6 float64 (batch, rows, seq)

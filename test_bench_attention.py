@@ -29,9 +29,9 @@ def random_inputs(shape=(2, 16, 8), dtype=torch.float64):
     return tuple(torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
 
 
-def outputs_and_grads(attention, inputs, grad_out=None):
+def outputs_and_grads(attention, inputs):
     out = attention(*inputs)
-    return (out, *torch.autograd.grad(out, inputs, torch.ones_like(out) if grad_out is None else grad_out))
+    return (out, *torch.autograd.grad(out, inputs, torch.ones_like(out)))
 
 
 # Kernels as students write them, hostile ones included (#28, #31).
@@ -158,23 +158,26 @@ def test_naive_and_sdpa_agree_and_the_blocked_reference_equals_autograd(monkeypa
         torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-8)
     torch.testing.assert_close(naive[0][:, 0], inputs[2][:, 0])  # causal: query 0 sees key 0 only
     monkeypatch.setattr(ba, "REFERENCE_BLOCK_BYTES", 2 * 37 * 8 * 6 * 5)  # blocks of 5 rows, then 2
-    for a, b in zip(ba.reference_attention(*inputs, torch.ones(2, 37, 8, dtype=torch.float64)), naive):
+    reference = ba.reference_attention(*inputs, torch.ones(2, 37, 8, dtype=torch.float64))
+    for a, b in zip(reference, naive):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_check_passes_pytorch_and_names_a_kernel_without_the_mask(student, dtype):
     torch.manual_seed(0)
-    inputs = tuple(torch.randn(2, 64, 16, dtype=ba.DTYPES[dtype], requires_grad=True) for _ in range(3))
+    inputs = random_inputs((2, 64, 16), ba.DTYPES[dtype])
     grad_out = torch.randn(2, 64, 16, dtype=ba.DTYPES[dtype])
-    for impl in ("naive", "sdpa", "student_attention:correct", "student_attention:FlashAttentionPytorch"):
+    for impl in ("naive", "sdpa", "student_attention:correct",
+                 "student_attention:FlashAttentionPytorch"):
         check = ba.check_implementation(ba.attention_function(impl), inputs, grad_out, dtype, impl)
         assert check["ok"] and check["problems"] == [], (impl, check)
         assert check["max_error"] < (1e-5 if dtype == "fp32" else ba.TOLERANCE["bf16"])
     wrong = ba.check_implementation(ba.attention_function("student_attention:no_mask"), inputs,
                                     grad_out, dtype, "no_mask")
     assert not wrong["ok"] and wrong["max_error"] > 0.2  # of order 1, far above either tolerance
-    assert wrong["problems"] == ["non-causal (it matches attention without the mask: is_causal ignored?)"]
+    assert wrong["problems"] == [
+        "non-causal (it matches attention without the mask: is_causal ignored?)"]
 
 
 def test_check_names_nan_and_inputs_written_in_place_against_pristine_copies(student):
@@ -204,14 +207,15 @@ def test_a_kernel_that_fails_is_one_line_naming_it(student, spec, message):
                                 torch.ones(2, 16, 8), "fp32", spec)
     assert message in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(ba.ImplementationError, match="mine's output has no autograd graph"):
-        ba.run_implementation(lambda q, k, v: q.detach(), random_inputs(), torch.ones(2, 16, 8), "mine")
+        ba.run_implementation(lambda q, k, v: q.detach(), random_inputs(), torch.ones(2, 16, 8),
+                              "mine")
 
 
 @pytest.mark.parametrize("spec, message", [
     ("student_attention:NotAFunction", "<class 'student_attention.NotAFunction'>, not a function"),
     ("student_attention:NOT_CALLABLE", "is 3, not a function"),
     ("student_attention:missing", "has no 'missing'"),
-    ("no_such_student_module:f", "no module named 'no_such_student_module' in the current directory"),
+    ("no_such_module:f", "no module named 'no_such_module' in the current directory"),
 ])
 def test_what_cannot_be_loaded_is_a_load_error(student, spec, message):
     with pytest.raises(ba.user_code.LoadError) as exc:
@@ -243,12 +247,14 @@ def test_each_timer_holds_only_its_phase(monkeypatch):
     monkeypatch.setattr(common, "synchronize", lambda device: events.append("sync"))
     time = functools.partial(ba.time_calls, device=torch.device("cpu"), warmup=1, iters=2,
                              warmup_ms=0, rep_ms=0)
-    samples = ba.time_phases(CountingAttention.apply, random_inputs(), torch.ones(2, 16, 8,
-                                                                                  dtype=torch.float64), time)
+    grad_out = torch.ones(2, 16, 8, dtype=torch.float64)
+    samples = ba.time_phases(CountingAttention.apply, random_inputs(), grad_out, time)
     assert {phase: len(s) for phase, s in samples.items()} == {phase: 2 for phase in ba.PHASES}
-    spans = "".join("|" if e == "sync" else e[0] for e in events).split("|")[1::2]  # inside sync...sync
+    # what ran between the two syncs of each timed call
+    spans = "".join("|" if e == "sync" else e[0] for e in events).split("|")[1::2]
     assert spans == ["f", "f", "b", "b", "fb", "fb"]
-    assert events.count("forward") == 2 + 1 + 1 + 2 + 1 and events.count("backward") == 2 + 1 + 2 + 1
+    assert events.count("forward") == 2 + 1 + 1 + 2 + 1  # timed, warm-up, the graph, fwd+bwd's
+    assert events.count("backward") == 2 + 1 + 2 + 1
 
 
 def fake_triton(monkeypatch, do_bench):
@@ -261,15 +267,17 @@ def fake_triton(monkeypatch, do_bench):
 
 
 def test_timing_method_by_device(monkeypatch):
-    run, cuda = ba.AttentionRun("naive", 8, 16, warmup=1, iters=3, warmup_ms=5, rep_ms=20), torch.device("cuda")
+    run = ba.AttentionRun("naive", 8, 16, warmup=1, iters=3, warmup_ms=5, rep_ms=20)
+    cuda = torch.device("cuda")
     assert ba.timing_settings(run, torch.device("cpu"))["method"] == "sync timer"
     monkeypatch.setitem(sys.modules, "triton", None)  # import triton fails, installed or not
     monkeypatch.setitem(sys.modules, "triton.testing", None)
-    assert ba.timing_settings(run, cuda) == {"method": "cuda events", "warmup_calls": 1, "timed_calls": 3,
+    assert ba.timing_settings(run, cuda) == {"method": "cuda events", "warmup_calls": 1,
+                                             "timed_calls": 3,
                                              "why": "triton is not importable: no L2 flush"}
     calls = []
-    fake_triton(monkeypatch, lambda fn, warmup, rep, return_mode: calls.append((warmup, rep, return_mode))
-                or [0.5, 0.25])
+    fake_triton(monkeypatch, lambda fn, warmup, rep, return_mode:
+                calls.append((warmup, rep, return_mode)) or [0.5, 0.25])
     assert ba.timing_settings(run, cuda)["method"] == "triton.testing.do_bench"
     assert ba.time_calls(lambda: None, "forward", cuda, 1, 3, 5, 20) == [0.5, 0.25]
     assert calls == [(5, 20, "all")]
@@ -319,7 +327,8 @@ def test_fit_guard_skips_what_cannot_fit_and_force_runs_it(tmp_path, monkeypatch
 
 def test_compiled_is_checked_compiled_before_timing_and_compared(tmp_path, capsys):
     """The one torch.compile test."""
-    code, (naive, compiled), _ = run_main(tmp_path, "--seq-len", "16", "--impl", "naive", "compiled")
+    code, (naive, compiled), _ = run_main(tmp_path, "--seq-len", "16", "--impl", "naive",
+                                          "compiled")
     assert code == 0 and compiled["status"] == "ok" and compiled["check"]["max_error"] < 1e-5
     assert compiled["compile_s"] * 1e3 > compiled["forward_ms_max"] and "compile_s" not in naive
     out = capsys.readouterr().out
@@ -332,7 +341,8 @@ def test_tables_records_and_the_sdpa_backend(tmp_path, capsys):
     for record in records:
         assert len(record["forward_ms"]) == len(record["backward_ms"]) == 3  # raw samples
         assert record["forward_ms_p20"] <= record["forward_ms_median"] <= record["forward_ms_p80"]
-        assert record["environment"]["torch"] == torch.__version__ and record["saved_tensor_bytes"] > 0
+        assert record["environment"]["torch"] == torch.__version__
+        assert record["saved_tensor_bytes"] > 0
         assert record["pairing"]["variants"] == 2 and record["timing"]["method"] == "sync timer"
     assert {r["sdpa_backend"] for r in records if r["config"]["impl"] == "sdpa"} == {"flash"}
     assert ba.sdpa_backend(ba.sdpa_attention, random_inputs(dtype=torch.float32)) == "math"  # 3-D
@@ -340,7 +350,7 @@ def test_tables_records_and_the_sdpa_backend(tmp_path, capsys):
     assert out.index("### naive") < out.index("### sdpa") < out.index("### comparison")
 
 
-def test_your_kernels_beside_ours_and_failures_are_rows_in_child_processes(student, tmp_path, capsys):
+def test_your_kernels_and_failures_are_rows_in_child_processes(student, tmp_path, capsys):
     """Imported in the children from the current directory; an OOM is a row and the longer
     sequence of that kernel is skipped; a kernel that raises is a row; the others still run."""
     code, records, _ = run_main(tmp_path, "--seq-len", "16", "32", "64", "--impl", "naive",
@@ -349,8 +359,9 @@ def test_your_kernels_beside_ours_and_failures_are_rows_in_child_processes(stude
     status = {(r["config"]["impl"], r["config"]["seq_len"]): r["status"] for r in records}
     assert code == 0 and status[("oom", 16)] == "ok" and status[("oom", 32)] == "OOM"
     assert status[("oom", 64)] == "skipped: OOM at seq=32" and status[("naive", 64)] == "ok"
-    assert status[("student_attention:raises", 16)] == ("error: ImplementationError: student_attention:"
-                                                       "raises raised RuntimeError: kernel exploded in forward")
+    assert status[("student_attention:raises", 16)] == (
+        "error: ImplementationError: student_attention:raises raised RuntimeError: kernel exploded "
+        "in forward")
     assert "second line" not in capsys.readouterr().out
 
 
@@ -360,7 +371,8 @@ def test_nan_and_in_place_kernels_are_named_rows_and_report_renders_them(student
     module = sys.modules.get("student_attention")
     code, records, jsonl = run_main(tmp_path, "--seq-len", "16", "32", "--impl",
                                     "scale=student_attention:scales_q_in_place", "naive",
-                                    "nan=student_attention:ReturnsNaN", "look=student_attention:inspector")
+                                    "nan=student_attention:ReturnsNaN",
+                                    "look=student_attention:inspector")
     by = {(r["config"]["impl"], r["config"]["seq_len"]): r for r in records}
     assert code == 0 and len(records) == 8
     for seq in (16, 32):
@@ -381,17 +393,19 @@ def test_flash_grid_plan_and_its_table_fits_160_characters(student, tmp_path, ca
                     "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "settings: grid flash, batch 1, bf16 fp32, causal" in out
-    assert "dry run: 160 configurations would run" in out  # 2 dtypes x 4 d x 10 seq x (naive, yours)
-    assert "  1. naive d=16 seq=128 bf16 (predicted need" in out and "160. mine:attention d=128 seq=65536 fp32" in out
-    code, records, _ = run_main(tmp_path, "--grid", "flash", "--d", "8", "16", "--seq-len", "16", "32",
+    assert "dry run: 160 configurations would run" in out  # 2 dtypes x 4 d x 10 seq x 2 impls
+    assert "  1. naive d=16 seq=128 bf16 (predicted need" in out
+    assert "160. mine:attention d=128 seq=65536 fp32" in out
+    code, records, _ = run_main(tmp_path, "--grid", "flash", "--d", "8", "16", "--seq-len", "16",
+                                "32",
                                 "--impl", "flash=student_attention:FlashAttentionPytorch",
                                 "no_mask=student_attention:no_mask")
     assert code == 0 and len(records) == 2 * 2 * 2 * 3
     out = capsys.readouterr().out
     table = out[out.index("### comparison"):].split("\n\n")[1].splitlines()
     header = [c.strip() for c in table[0].strip("|").split("|")]
-    assert header == ["d", "seq", "dtype", "impl", "naive fwd", "naive bwd", "naive fwd+bwd", "fwd ms",
-                      "bwd ms", "fwd+bwd ms", "speed-up", "check"]
+    assert header == ["d", "seq", "dtype", "impl", "naive fwd", "naive bwd", "naive fwd+bwd",
+                      "fwd ms", "bwd ms", "fwd+bwd ms", "speed-up", "check"]
     assert len(table) == 2 + 2 * 2 * 2 * 2  # a row per (d, seq, dtype, impl)
     assert max(map(len, table)) <= 160
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
@@ -404,8 +418,8 @@ def test_columns_apply_to_every_table_and_plot(tmp_path, capsys):
                                 "--columns", "impl", "seq", "fwd ms", "check", "--plot")
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("| impl")]
-    assert [h.split() for h in headers] == [["|", "impl", "|", "seq", "|", "fwd", "ms", "|"]] * 2 + [
-        ["|", "impl", "|", "seq", "|", "fwd", "ms", "|", "check", "|"]]
+    cells = [[c.strip() for c in h.strip("|").split("|")] for h in headers]
+    assert cells == [["impl", "seq", "fwd ms"]] * 2 + [["impl", "seq", "fwd ms", "check"]]
     (png,) = (tmp_path / "attention").glob("*_attention.png")
     assert png.stat().st_size > 10_000 and str(png) in out
 
