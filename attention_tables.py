@@ -1,193 +1,188 @@
-"""bench_attention's report, from its JSONL records alone: one table per implementation (times of the forward, the
-backward and the two together, memory, the study's prediction, the correctness check, statuses), then the
-implementations side by side with their speed-ups over naive (the handout's "PyTorch"). report.render(
-"bench_attention", ...) is the one caller (report.py's docstring has the layout). torch-free; in a merge of several
-runs (results.RUN_KEY on each record) every table gets a `run` column.
-"""
+"""bench_attention's tables from its JSONL records alone (torch-free; report.py re-renders saved
+runs with them): one table per implementation, then the comparison a student pastes, a row per
+(d, seq, dtype) and implementation: its forward, backward and forward+backward beside naive's (the
+handout's "PyTorch"), the speed-ups and the check."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import stats
-from results import (RUN_COLUMN, comparison_groups, environment_lines, format_bytes, is_merged, pick_columns,
-                     render_table, run_of, runs_cell, with_run_column)
+from results import (RUN_COLUMN, comparison_groups, environment_lines, format_bytes, is_merged,
+                     pick_columns, render_table, run_of, runs_cell, with_run_column)
 
-BASELINE = "naive"  # "PyTorch" in the handout's flash_benchmarking: the speed-ups are over it
-PHASES = ("forward", "backward", "forward_backward")  # what bench_attention times, each on its own
-PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}
-
-IMPL_COLUMNS = ["d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
-                "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
-                "compile s", "max err", "tol", "check", "status"]
-ALWAYS_SHOWN = {"d", "seq", "fwd ms", "bwd ms", "naive predicted", "status"}
-TABLE_COLUMNS = ["impl"] + IMPL_COLUMNS  # what --columns may name (impl: the heading of each table, or a column)
+BASELINE = "naive"  # the speed-ups are over it
+PHASES = ("forward", "backward", "forward_backward")
+ATTENTION_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}
+ATTENTION_IMPL_COLUMNS = [
+    "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms",
+    "fwd+bwd std", "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)",
+    "naive predicted", "backend", "compile s", "max err", "tol", "status"]
+BASELINE_TIMES = ["naive fwd", "naive bwd", "naive fwd+bwd"]  # ms
+ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", *BASELINE_TIMES, "speed-up", "check"]
 
 
 def check_summary(check: dict[str, Any]) -> str:
-    """"WRONG: dk error 5.1e-01 > tolerance 5e-02" for a failed check; "" for a passed one."""
+    """'WRONG: modifies q in place; dk error 5.1e-01 > tolerance 5e-02'; '' for a passed check."""
     if check["ok"]:
         return ""
-    return f"WRONG: {check['worst']} error {check['max_error']:.1e} > tolerance {check['tolerance']:.0e}"
+    error, tolerance = check["max_error"], check["tolerance"]
+    over = error is not None and math.isfinite(error) and error > tolerance  # NaN: named already
+    return "WRONG: " + "; ".join(check["problems"] + over * [
+        f"{check['worst']} error {error:.1e} > tolerance {tolerance:.0e}"])
+
+
+def timed(record: dict[str, Any] | None) -> bool:
+    return bool(record) and "forward_ms_mean" in record
+
+
+def check_cell(record: dict[str, Any]) -> str:
+    """The comparison's word on a record: ok, WRONG and what first, or why it has no times."""
+    if not timed(record):
+        return record["status"].split(":")[0]
+    problems = record["check"]["problems"] or [record["check"]["worst"]]
+    return "ok" if record["check"]["ok"] else "WRONG: " + problems[0].split(" (")[0]
 
 
 def impl_row(record: dict[str, Any]) -> dict[str, Any]:
     config = record["config"]
-    row = {"impl": config["impl"], "dtype": config.get("dtype"), "d": config["d"], "seq": config["seq_len"],
-           "status": record["status"], "naive predicted": format_bytes(record["predicted_naive_saved_bytes"]),
+    row = {"impl": config["impl"], "dtype": config["dtype"], "d": config["d"],
+           "seq": config["seq_len"],
+           "status": record["status"] + (f" ({record['note']})" if record.get("note") else ""),
+           "naive predicted": format_bytes(record.get("predicted_naive_saved_bytes")),
            RUN_COLUMN: run_of(record)}
-    if record["status"] != "ok":
+    if not timed(record):
         return row
-    if record.get("note"):
-        row["status"] += f" ({record['note']})"
-    row.update({"fwd ms": record["forward_ms_mean"], "fwd std": record["forward_ms_std"],
-                "bwd ms": record["backward_ms_mean"], "bwd std": record["backward_ms_std"],
-                "fwd TFLOP/s": record["forward_tflops"],
+    for phase, short in ATTENTION_PHASE_SHORT.items():
+        row.update({f"{short} ms": record[f"{phase}_ms_mean"],
+                    f"{short} std": record[f"{phase}_ms_std"]})
+    check, error = record["check"], record["check"]["max_error"]
+    finite = error is not None and math.isfinite(error)  # the error as text: .3f would show 0.000
+    row.update({"fwd TFLOP/s": record["forward_tflops"], "backend": record.get("sdpa_backend"),
                 "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
                 "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
                 "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
-                "backend": record.get("sdpa_backend"), "compile s": record.get("compile_s"),
-                "fwd+bwd ms": record.get("forward_backward_ms_mean"),
-                "fwd+bwd std": record.get("forward_backward_ms_std")})
-    if check := record.get("check"):  # the error as text: floatfmt would round 1e-07 to 0.000
-        row.update({"max err": f"{check['max_error']:.1e} ({check['worst']})", "tol": check["tolerance"],
-                    "check": "ok" if check["ok"] else "WRONG"})
+                "compile s": record.get("compile_s"), "tol": check["tolerance"],
+                "max err": f"{f'{error:.1e}' if finite else 'not finite'} ({check['worst']})"})
     return row
+
+
+def picked(default: list[str], columns: list[str] | None, fmt: str, has: list[str]) -> list[str]:
+    """--columns: those this table has, in the order given (its default if it has none)."""
+    return [c for c in pick_columns(default, columns, fmt) if c in has + [RUN_COLUMN]] or default
 
 
 def impl_table(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None,
                merged: bool = False) -> str:
     rows = [impl_row(r) for r in records]
-    shown = [c for c in IMPL_COLUMNS if c in ALWAYS_SHOWN or any(row.get(c) is not None for row in rows)]
-    if len({row["dtype"] for row in rows}) == 1 and "dtype" in shown:  # one dtype: the header says it
-        shown.remove("dtype")
-    return render_table(rows, pick_columns([RUN_COLUMN] + shown if merged else shown, columns, fmt), fmt,
-                        floatfmt=".3f")
+    shown = [c for c in ATTENTION_IMPL_COLUMNS if c in ("d", "seq", "status", "naive predicted")
+             or any(row.get(c) is not None for row in rows)]
+    shown.remove("impl")  # the heading says it, and the dtype when there is one
+    shown = [c for c in shown if c != "dtype" or len({row["dtype"] for row in rows}) > 1]
+    shown = picked([RUN_COLUMN] * merged + shown, columns, fmt, ATTENTION_IMPL_COLUMNS)
+    return render_table(rows, shown, fmt, floatfmt=".3f")
 
 
-def memory_measure(records: list[dict[str, Any]]) -> tuple[str, str]:
-    """(record key, column label) of the memory to compare: the allocator's figure where there is one (CUDA),
-    else the bytes autograd saved."""
-    if any("mem_before_backward_bytes" in r for r in records):
-        return "mem_before_backward_bytes", "mem before bwd"
-    return "saved_tensor_bytes", "saved"
+def attention_comparison(records: list[dict[str, Any]], impls: list[str], fmt: str,
+                         columns: list[str] | None = None) -> tuple[str, list[str]]:
+    """(table, notes): a row per (d, seq, dtype, batch) and implementation other than naive, with
+    naive's times, the speed-ups over naive (paired by round when timed together: stats.speedup)
+    and the check. In a merge where a configuration is in two runs, each run has its own rows."""
+    def shape(c: dict[str, Any]) -> tuple:
+        return c["d"], c["seq_len"], c["dtype"], c["batch_size"]
 
-
-def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
-    """One row per (d, seq, dtype, batch): each implementation's forward, backward and forward+backward mean and memory,
-    the speed-up over naive (naive time / its time) and whether every implementation passed its check. A failed
-    configuration shows its status in place of its times; the speed-up of a kernel that failed its check says so.
-    In a merge, runs are set side by side unless one configuration is in two of them: then each run has its own
-    rows (results.comparison_groups), so that no measurement is dropped."""
-    mem_key, mem_label = memory_measure(records)
     by_shape: dict[tuple, dict[str, dict]] = {}
-    def shape(c: dict[str, Any]) -> tuple:  # what a speed-up compares across: everything but the implementation
-        return c["d"], c["seq_len"], c.get("dtype"), c.get("batch_size")
-
     groups = comparison_groups(records, lambda r: (r["config"]["impl"], *shape(r["config"])))
     for i, group in enumerate(groups):
         for r in group:
             by_shape.setdefault((i, *shape(r["config"])), {})[r["config"]["impl"]] = r
-    # forward and backward always (a failed row's status goes there); fwd+bwd where timed (older records lack it)
-    phases = [p for p in PHASES if p != "forward_backward" or any(f"{p}_ms_mean" in r for r in records)]
-    dtypes = len({key[3] for key in by_shape}) > 1
-    batches = len({key[4] for key in by_shape}) > 1
-    columns = with_run_column(["d", "seq"] + (["dtype"] if dtypes else []) + (["batch"] if batches else []), records)
-    for impl in impls:
-        columns += [f"{impl} {PHASE_SHORT[phase]} ms" for phase in phases] + [f"{impl} {mem_label}"]
-        if impl != BASELINE and BASELINE in impls:
-            columns += [f"{impl} {PHASE_SHORT[phase]} speed-up" for phase in phases]
-    checked = any("check" in r for r in records)
-    columns += ["check"] if checked else []
-    rows = []
+    rows, unresolved, few, pulled = [], [], {}, []  # notes under the table, over every row
+    shorts = ATTENTION_PHASE_SHORT.values()
     for (_, d, seq, dtype, batch), found in by_shape.items():
-        row: dict[str, Any] = {"d": d, "seq": seq, "dtype": dtype, "batch": batch,
-                               RUN_COLUMN: runs_cell(list(found.values()))}
         naive = found.get(BASELINE)
-        wrong, unresolved, few_rounds, pulled = [], [], {}, []
-        for impl, r in found.items():
-            if r["status"] != "ok":
-                row[f"{impl} fwd ms"] = r["status"]
-                continue
-            if r.get("check") and not r["check"]["ok"]:
-                wrong.append(f"{impl} ({check_summary(r['check']).removeprefix('WRONG: ')})")
-            for phase in phases:
-                row[f"{impl} {PHASE_SHORT[phase]} ms"] = r.get(f"{phase}_ms_mean")
-            row[f"{impl} {mem_label}"] = format_bytes(r.get(mem_key))
-            if impl != BASELINE and naive and naive["status"] == "ok":
-                flag = " (wrong)" if r.get("check") and not r["check"]["ok"] else ""
-                for phase in phases:
-                    if f"{phase}_ms_mean" in r and f"{phase}_ms_mean" in naive:
-                        # paired by round when the two were timed interleaved, else the ratio of the means
-                        speedup = stats.speedup(naive, r, (phase,))
-                        row[f"{impl} {PHASE_SHORT[phase]} speed-up"] = f"{speedup.ratio:.2f}x{flag}"
-                        row[f"{impl} {PHASE_SHORT[phase]} 95% CI"] = speedup.interval_text()
-                        if speedup.resolved is False:
-                            unresolved.append(f"{impl} {PHASE_SHORT[phase]}")
-                        if speedup.rounds and speedup.low is None:
-                            few_rounds[impl] = (speedup.rounds, "--iters")
-                        if (means := stats.means_outside(speedup, naive, r, (phase,))) is not None:
-                            pulled.append(f"{impl} {PHASE_SHORT[phase]} {means:.2f}x")
-        if checked:
-            row["check"] = "WRONG: " + "; ".join(wrong) if wrong else "ok"
-        row["notes"] = "; ".join(stats.interval_notes(unresolved, few_rounds, pulled, "calls")) or None
-        rows.append(row)
-
-    def interval(column: str) -> str:
-        return column.replace(" speed-up", " 95% CI")
-
-    if any(row.get(interval(c)) for row in rows for c in columns if c.endswith(" speed-up")):  # paired: beside them
-        columns = [x for c in columns for x in ([c, interval(c)] if c.endswith(" speed-up") else [c])]
-    if any(row["notes"] for row in rows):  # before the check, which stays the last column
-        columns.insert(len(columns) - checked, "notes")
-    return render_table(rows, columns, fmt, floatfmt=".3f")
+        for impl, r in [(i, found[i]) for i in impls if i in found and i != BASELINE]:
+            row = {"d": d, "seq": seq, "dtype": dtype, "batch": batch, "impl": impl,
+                   RUN_COLUMN: runs_cell(list(found.values())), "check": check_cell(r)}
+            for phase, short in ATTENTION_PHASE_SHORT.items():
+                row.update({f"{short} ms": r.get(f"{phase}_ms_mean"),
+                            f"naive {short}": (naive or {}).get(f"{phase}_ms_mean")})
+            if naive and check_cell(naive) != "ok":
+                row["check"] = f"naive {check_cell(naive)}; {row['check']}"
+            if timed(naive) and timed(r):
+                speedups = [stats.speedup(naive, r, (phase,)) for phase in PHASES]
+                row["speed-up"] = "/".join(f"{s.ratio:.2f}" for s in speedups) + "x"
+                where = f"d={d} seq={seq} {dtype} {impl}"
+                unresolved += [f"{where} {short} ({s.interval_text()})"
+                               for short, s in zip(shorts, speedups) if s.resolved is False]
+                if speedups[0].rounds and speedups[0].low is None:  # too few for an interval
+                    few[impl] = (speedups[0].rounds, "--iters")
+                pulled += [f"{where} {short} {ratio:.2f}x"
+                           for phase, short, s in zip(PHASES, shorts, speedups)
+                           if (ratio := stats.means_outside(s, naive, r, (phase,))) is not None]
+            rows.append(row)
+    base = BASELINE in impls
+    several = [key for key in ("dtype", "batch") if len({row[key] for row in rows}) > 1]
+    default = with_run_column(["d", "seq", *several, "impl"] + BASELINE_TIMES * base + [
+        "fwd ms", "bwd ms", "fwd+bwd ms"] + ["speed-up"] * base + ["check"], records)
+    table = render_table(rows, picked(default, columns, fmt, default), fmt, floatfmt=".3f")
+    return table, stats.interval_notes(unresolved, few, pulled, "calls")
 
 
 def timing_label(records: list[dict[str, Any]]) -> str:
-    """How the rows were timed, from the first record that says (kernel_timing.TimingMethod.describe)."""
+    """How the rows were timed, from the first record that says."""
     timing = next((r["timing"] for r in records if "timing" in r), None)
-    config0 = records[0]["config"]
-    if timing is None:  # a run that timed nothing, or a record from before the timing method was recorded
-        return f"{config0['warmup']} warm-up, {config0['iters']} timed calls per phase"
+    if timing is None:  # nothing was timed
+        return "nothing timed"
     if timing["method"] == "triton.testing.do_bench":
-        return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep {timing['rep_ms']:g} ms, L2 "
-                f"flushed before every call, triton {timing['triton']}); tables show the mean, the record every "
-                f"sample and the quantiles {', '.join(f'{q:g}' for q in timing['quantiles'])}")
+        return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep "
+                f"{timing['rep_ms']:g} ms, L2 flushed before every call, "
+                f"triton {timing['triton']})")
     why = f"; {timing['why']}" if timing.get("why") else ""
-    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls per "
-            f"phase{why})")
+    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} "
+            f"timed calls per phase{why})")
 
 
-def run_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
-    config0 = records[0]["config"]
-    dtypes = list(dict.fromkeys(str(r["config"].get("dtype")) for r in records))
-    return {"batch": config0["batch_size"], "dtype": " ".join(dtypes), "causal": "yes",
+def attention_settings(records: list[dict[str, Any]]) -> dict[str, Any]:
+    dtypes = dict.fromkeys(r["config"]["dtype"] for r in records)
+    return {"batch": records[0]["config"]["batch_size"], "dtype": " ".join(dtypes), "causal": "yes",
             "timing": timing_label(records)}
 
 
-def check_note(records: list[dict[str, Any]]) -> str:
-    """What the check columns mean, with the metric and the tolerances these records were checked with."""
-    checks = [r["check"] for r in records if r.get("check")]
-    if not checks:
-        return ""
-    tolerances = dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}" for r in records
-                               if r.get("check"))
-    return (f"; max err: {checks[0]['metric']} over the output and the gradients of Q, K and V (the worst named) "
-            "against causal attention in float64 on the same inputs; check: WRONG when it exceeds tol ("
-            + ", ".join(tolerances) + ": docs/bench_attention.md). A WRONG kernel is still timed: its speed-ups say "
-            "(wrong)")
+NOTE = ("mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and "
+        "the peak with its backward (CUDA only); saved (autograd): bytes the graph keeps for "
+        "backward (saved-tensor hooks, any device); naive predicted: what model.naive_attention "
+        "keeps, 3*B*S^2*e (masked scores, exp, probabilities) + S^2 (bool mask) + (3d+2)*B*S*e (Q, "
+        "K, V, row max and sum), equal to naive's saved bytes on any device, bf16 as fp32 (Q, K, V "
+        "are made in the dtype: no autocast)")
 
 
-def render_report(records: list[dict[str, Any]], fmt: str, columns: list[str] | None = None) -> str:
-    """Environment header, one table per implementation (with `columns`: results.pick_columns), the comparison
-    table and a note on the memory and check columns, from the JSONL records alone."""
-    lines = environment_lines(records, run_settings)
-    done = list(dict.fromkeys(r["config"]["impl"] for r in records))
-    for impl in done:
-        lines += ["", f"### {impl}", "", impl_table([r for r in records if r["config"]["impl"] == impl], fmt, columns,
-                                                    merged=is_merged(records))]
-    lines += ["", "### comparison", "", comparison_table(records, done, fmt), "",
-              "mem before bwd: torch.cuda.memory_allocated after the forward, graph alive (CUDA only); "
-              "saved (autograd): bytes the graph keeps for backward, measured with saved-tensor hooks; "
-              "naive predicted: 2*batch*seq^2*elem (scores, softmax) + 4*batch*seq*d*elem (Q, K, V, output)"
-              + check_note(records) + ". " + stats.speedup_note(BASELINE, "calls")]
+def render_attention(records: list[dict[str, Any]], fmt: str,
+                     columns: list[str] | None = None) -> str:
+    """The environment, a table per implementation, the comparison (both with the `columns` they
+    have) and what the columns mean."""
+    lines = environment_lines(records, attention_settings)
+    impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
+    for impl in impls:
+        mine = [r for r in records if r["config"]["impl"] == impl]
+        lines += ["", f"### {impl}", "", impl_table(mine, fmt, columns, is_merged(records))]
+    if len(impls) > 1:
+        table, notes = attention_comparison(records, impls, fmt, columns)
+        lines += ["", "### comparison", "", table, "", "naive fwd, bwd, fwd+bwd: ms; speed-up: "
+                  "naive's time / the implementation's, forward/backward/forward+backward",
+                  *(f"- {note}" for note in notes)]
+    tolerances = ", ".join(dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}"
+                                         for r in records if r.get("check")))
+    checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, "
+               f"K, V (the worst named) against causal attention in float64 on copies of the "
+               f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs "
+               "or returning NaN/inf; a WRONG kernel is still timed") if tolerances else ""
+    lines += ["", NOTE + checked + ". " + stats.speedup_note(BASELINE, "calls")]
     return "\n".join(lines)
+
+
+# the names report.py and test_report.py use, until integration
+render_report, TABLE_COLUMNS = render_attention, ATTENTION_COLUMNS
+
+
+def comparison_table(records: list[dict[str, Any]], impls: list[str], fmt: str) -> str:
+    return attention_comparison(records, impls, fmt)[0]
