@@ -4,7 +4,8 @@ dominate the forward pass and how often they run; the matmul share of inference 
 the attention matmuls, in time and in FLOPs.
 
     bash nsys_run.sh medium 256                                 # profile with nsys, then these tables
-    python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl
+    python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
+        --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl     # the tables again, with the stopwatch
     python3 kernel_tables.py result.sqlite                      # anyone's export, read as it is (no nsys needed)
     python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
     python3 kernel_tables.py result.nsys-rep --csv-dir /tmp/x   # where the SQLite export goes
@@ -40,7 +41,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import cli
 import model_config
@@ -50,19 +51,15 @@ from results import FINISHED
 # ---- reading a profile: an nsys SQLite export or a torch.profiler trace ----
 
 
-@dataclass(frozen=True)
-class Activity:
-    """One unit of device work (a kernel, memcpy, memset; on a CPU, one operator's self time)."""
-
+class Activity(NamedTuple):
+    """One unit of device work: a kernel, memcpy or memset; on a CPU, one operator's self time."""
     name: str
     duration_ns: float
     launch_ns: float  # when the host asked for it: phases are attributed by this
 
 
-@dataclass(frozen=True)
-class Range:
+class Range(NamedTuple):
     """One NVTX / record_function range."""
-
     name: str
     start_ns: float
     end_ns: float
@@ -210,63 +207,21 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.groups()) if match else None
 
 
-def version_text(version: tuple[int, ...] | None) -> str:
-    return ".".join(map(str, version)) if version else "an unknown version"
-
-
 def export_failure(report: Path, nsys: str, result: subprocess.CompletedProcess) -> str:
     """One line: why `nsys export` could not read the report, naming both versions when a newer nsys wrote it
     (a report's first bytes carry its version: "NVIDIA Tegra Profiler Report 2023@4@4@54-...")."""
     with open(report, "rb") as f:
         written_by = parse_version(f.read(256).decode("latin-1"))
-    try:
-        mine = parse_version(subprocess.run([nsys, "--version"], capture_output=True, text=True, timeout=60).stdout)
-    except (OSError, subprocess.SubprocessError):
-        mine = None
+    mine = parse_version(subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout)
     if written_by and mine and written_by > mine:
-        return (f"{report} was written by Nsight Systems {version_text(written_by)}, newer than this nsys "
-                f"({version_text(mine)}, {nsys}), which cannot read it: install Nsight Systems "
-                f"{version_text(written_by[:2])} or newer ({DOWNLOAD}) and set NSYS=/path/to/it, or export it where "
-                f"it was made (nsys export --type sqlite {report.name}) and give the .sqlite")
+        newer, this = ".".join(map(str, written_by)), ".".join(map(str, mine))
+        return (f"{report} was written by Nsight Systems {newer}, newer than this nsys ({this}, {nsys}), which "
+                f"cannot read it: install Nsight Systems {newer.rsplit('.', 1)[0]} or newer ({DOWNLOAD}) and set "
+                f"NSYS=/path/to/it, or export it where it was made (nsys export --type sqlite {report.name}) and "
+                "give the .sqlite")
     said = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     said_line = next((line for line in said if "error" in line.lower()), said[-1] if said else "no output")
     return f"nsys export could not read {report} (exit status {result.returncode}): {said_line}"
-
-
-def export_sqlite(report: Path, folder: Path | None = None) -> tuple[Path, Path | None, list[str]]:
-    """(the SQLite export of a .nsys-rep to read, a temporary folder to remove after reading it or None, notes).
-    X.sqlite in `folder` (default: the report's) is read as it is when it is not older than the report; else nsys
-    exports afresh, into X.sqlite when no such file exists, into a temporary folder otherwise: never over a file
-    the toolkit did not write. NsysError (one line) when there is no nsys or it cannot read the report."""
-    folder = folder or report.parent
-    export = folder / f"{report.stem}.sqlite"
-    nsys, why = find_nsys()
-    if export.is_file() and (export.stat().st_mtime >= report.stat().st_mtime or nsys is None):
-        stale = export.stat().st_mtime < report.stat().st_mtime
-        return export, None, [f"{export} is older than {report.name} and {why}: read as it is"] if stale else []
-    if nsys is None:
-        raise NsysError(f"{report} needs nsys to be exported, and {why}: {install_hint()}")
-    keep = not export.exists() and os.access(folder, os.W_OK)
-    work = Path(tempfile.mkdtemp(prefix=".kernel_tables-", dir=folder if keep else None))
-    made = work / export.name
-    try:  # the temporary folder goes whatever happens, an interrupt included
-        try:
-            result = subprocess.run([nsys, "export", "--type=sqlite", "--quiet=true", f"--output={made}",
-                                     str(report)], capture_output=True, text=True, errors="replace")
-        except OSError as exc:
-            raise NsysError(f"{nsys} does not run: {exc}") from None
-        if result.returncode or not made.is_file():
-            raise NsysError(export_failure(report, nsys, result))
-        if keep:
-            made.rename(export)
-    except BaseException:
-        shutil.rmtree(work)
-        raise
-    if keep:
-        work.rmdir()
-        return export, None, []
-    notes = [f"{export} is older than {report.name}: left as it is, a fresh export read"] if export.exists() else []
-    return made, work, notes
 
 
 def report_file(source: str | Path) -> Path:
@@ -279,19 +234,37 @@ def report_file(source: str | Path) -> Path:
 
 
 def load_report(source: str | Path, folder: Path | None = None) -> Profile:
-    """A profile from an nsys report or export (exported first when it is a .nsys-rep)."""
-    path = report_file(source)
-    if path.suffix == ".sqlite":
-        return load_nsys(path)
-    if not path.is_file():
-        raise ProfileFormatError(f"{path}: no such report")
-    export, temporary, notes = export_sqlite(path, folder)
-    try:
+    """A profile from an nsys export, or from a .nsys-rep through its export X.sqlite in `folder` (default: the
+    report's): read as it is when it is not older than the report; else nsys exports afresh, into X.sqlite when
+    no such file exists, into a temporary folder (removed after) otherwise: never over a file the toolkit did not
+    write. NsysError (one line) when there is no nsys or it cannot read the report."""
+    report = report_file(source)
+    if report.suffix == ".sqlite":
+        return load_nsys(report)
+    if not report.is_file():
+        raise ProfileFormatError(f"{report}: no such report")
+    folder = folder or report.parent
+    export = folder / f"{report.stem}.sqlite"
+    older = export.is_file() and export.stat().st_mtime < report.stat().st_mtime
+    nsys, why = find_nsys()
+    if export.is_file() and (not older or nsys is None):
         profile = load_nsys(export)
-    finally:
-        if temporary:
-            shutil.rmtree(temporary)
-    profile.notes += notes
+        profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
+        return profile
+    if nsys is None:
+        raise NsysError(f"{report} needs nsys to be exported, and {why}: {install_hint()}")
+    keep = not export.exists() and os.access(folder, os.W_OK)
+    with tempfile.TemporaryDirectory(prefix=".kernel_tables-", dir=folder if keep else None) as work:
+        made = Path(work) / export.name
+        try:
+            result = subprocess.run([nsys, "export", "--type=sqlite", "--quiet=true", f"--output={made}",
+                                     str(report)], capture_output=True, text=True, errors="replace")
+        except OSError as exc:
+            raise NsysError(f"{nsys} does not run: {exc}") from None
+        if result.returncode or not made.is_file():
+            raise NsysError(export_failure(report, nsys, result))
+        profile = load_nsys(made.rename(export) if keep else made)
+    profile.notes += [f"{export} is older than {report.name}: left as it is, a fresh export read"] * older
     return profile
 
 
@@ -327,29 +300,22 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
     ("other", re.compile(r"RadixSort|DeviceSegmentedSort|bitonicSort", re.IGNORECASE)),  # sorting: none of the four
 ]
 # CPU operators (torch.profiler without CUDA) by aten name, without the trailing "_" of in-place variants
-_OP_CATEGORIES: dict[str, frozenset[str]] = {
-    "matrix multiply": frozenset({
-        "mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "einsum",
-        "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention"}),
-    "reduction/softmax": frozenset({
-        "sum", "mean", "amax", "amin", "max", "min", "softmax", "_softmax", "_softmax_backward_data",
-        "log_softmax", "_log_softmax", "_log_softmax_backward_data", "logsumexp", "norm", "var", "std",
-        "argmax", "argmin", "prod", "cumsum", "nll_loss", "nll_loss_forward", "nll_loss_backward",
-        "nll_loss_nd", "cross_entropy_loss", "embedding_backward", "embedding_dense_backward", "scatter_add",
-        "index_add"}),
-    "memory copy/set": frozenset({
-        "copy", "clone", "contiguous", "zero", "fill", "zeros", "zeros_like", "ones", "ones_like", "full",
-        "full_like", "cat", "stack", "to", "_to_copy", "empty", "empty_like", "empty_strided", "new_zeros",
-        "new_empty", "new_empty_strided", "gather", "scatter", "index", "index_put", "_index_put_impl",
-        "index_select", "embedding"}),
-    "elementwise": frozenset({
-        "add", "sub", "rsub", "mul", "div", "neg", "exp", "log", "sigmoid", "silu", "rsqrt", "sqrt", "pow",
-        "tanh", "gelu", "relu", "where", "masked_fill", "abs", "reciprocal", "lerp", "addcmul", "addcdiv",
-        "maximum", "minimum", "clamp", "ge", "gt", "le", "lt", "eq", "ne", "cos", "sin", "square",
-        "sigmoid_backward", "silu_backward", "tanh_backward", "threshold_backward", "gelu_backward",
-        "randint", "rand", "randn", "normal", "uniform", "random", "bernoulli"}),
-}
+_OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
+    "matrix multiply": ("mm bmm addmm baddbmm matmul linear addmv mv dot einsum scaled_dot_product_attention "
+                        "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_flash_attention "
+                        "_scaled_dot_product_efficient_attention"),
+    "reduction/softmax": ("sum mean amax amin max min softmax _softmax _softmax_backward_data log_softmax "
+                          "_log_softmax _log_softmax_backward_data logsumexp norm var std argmax argmin prod "
+                          "cumsum nll_loss nll_loss_forward nll_loss_backward nll_loss_nd cross_entropy_loss "
+                          "embedding_backward embedding_dense_backward scatter_add index_add"),
+    "memory copy/set": ("copy clone contiguous zero fill zeros zeros_like ones ones_like full full_like cat "
+                        "stack to _to_copy empty empty_like empty_strided new_zeros new_empty new_empty_strided "
+                        "gather scatter index index_put _index_put_impl index_select embedding"),
+    "elementwise": ("add sub rsub mul div neg exp log sigmoid silu rsqrt sqrt pow tanh gelu relu where "
+                    "masked_fill abs reciprocal lerp addcmul addcdiv maximum minimum clamp ge gt le lt eq ne "
+                    "cos sin square sigmoid_backward silu_backward tanh_backward threshold_backward "
+                    "gelu_backward randint rand randn normal uniform random bernoulli"),
+}.items()}
 
 
 def kernel_part(name: str) -> str:
@@ -885,7 +851,7 @@ def say(message: str) -> None:
 def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
     p = cli.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Nsight Systems profiles of bench_e2e.py's measured steps, one report per "
-                                  "configuration in results/nsys/, its kernel tables beside it, and a summary "
+                                  "configuration in results/nsys/,\nits kernel tables beside it, and a summary "
                                   "across them. Anything after -- goes to bench_e2e.py. docs/nsys_run.md.")
     p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE default: train)")
     p.add_argument("--size", nargs="+", help="sizes of the handout's Table 1 (or tiny, or all)")
@@ -1201,20 +1167,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--md", default=None, help="also write the tables to this file, replacing it")
     args = p.parse_args(argv)
     if args.summary:
-        if args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir:
-            p.error("--summary reads each report's own export and <report>_e2e.jsonl: no --e2e-jsonl, --md, "
-                    "--stopwatch, --ranges or --csv-dir")
         args.source = [Path(s).with_suffix("") if Path(s).suffix in (*REPORT_SUFFIXES, ".sqlite") else Path(s)
                        for s in args.source]
-        for source in args.source:
-            if is_trace(source) or not REPORT_NAME.fullmatch(source.name):
-                p.error(f"{source}: --summary reads nsys_run.sh's reports (<size>_ctx<context>_<mode>[_<variant>]); "
-                        "a torch.profiler trace or another report has its tables with kernel_tables.py SOURCE")
+        cli.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
+                        "--summary reads each report's own export and <report>_e2e.jsonl: no --e2e-jsonl, --md, "
+                        "--stopwatch, --ranges or --csv-dir")] + [
+            (is_trace(s) or not REPORT_NAME.fullmatch(s.name), f"{s}: --summary reads nsys_run.sh's reports "
+             "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
+             "kernel_tables.py SOURCE")
+            for s in args.source])
         return args
-    if args.out is not None:
-        p.error("--out goes with --summary")
-    if len(args.source) != 1:
-        p.error(f"one report or trace at a time ({len(args.source)} given); --summary tabulates several")
+    cli.refuse(p, [(args.out is not None, "--out goes with --summary"),
+                   (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); --summary "
+                                           "tabulates several"),
+                   (args.stopwatch and args.e2e_jsonl, "give --e2e-jsonl (bench_e2e's record) or --stopwatch (your "
+                                                       "own times), not both")])
     args.source = args.source[0]
     try:
         args.stopwatch = {k: float(v) for k, v in key_values([part for given in args.stopwatch or []
@@ -1225,24 +1192,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(exc))
     except ValueError as exc:  # float() of a time that is no number
         p.error(f"--stopwatch: times are milliseconds: {exc}")
-    if any(not 0 < ms < float("inf") for ms in args.stopwatch.values()):
-        p.error("--stopwatch: times must be positive finite milliseconds")
-    if args.stopwatch and args.e2e_jsonl:
-        p.error("give --e2e-jsonl (bench_e2e's record) or --stopwatch (your own times), not both")
     found = Path(args.source) if is_trace(args.source) else report_file(args.source)
-    if not found.is_file():
-        p.error(f"no such trace or report: {found} (give a .json trace, an X.nsys-rep, its X.sqlite export or X)")
-    if args.export_dir is not None:
-        folder = Path(args.export_dir)
-        while not folder.exists():  # created when missing: its first existing parent must be a writable folder
-            folder = folder.parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK):
-            p.error(f"--csv-dir: {folder} is {'not a folder' if not folder.is_dir() else 'not writable'}")
-    if args.e2e_jsonl and not Path(args.e2e_jsonl).exists():
-        p.error(f"no such file: {args.e2e_jsonl}")
-    if args.md is not None and (not args.md or Path(args.md).is_dir() or args.md.endswith("/")
-                                or not Path(args.md).parent.is_dir()):
-        p.error(f"--md must name a file in an existing folder, got {args.md!r}")
+    export_dir = Path(args.export_dir or ".")
+    while not export_dir.exists():  # created when missing: its first existing parent must be a writable folder
+        export_dir = export_dir.parent
+    md = Path(args.md or "x")
+    cli.refuse(p, [
+        (any(not 0 < ms < float("inf") for ms in args.stopwatch.values()),
+         "--stopwatch: times must be positive finite milliseconds"),
+        (not found.is_file(), f"no such trace or report: {found} (a .json trace, X.nsys-rep, X.sqlite or X)"),
+        (args.export_dir and not export_dir.is_dir(), f"--csv-dir: {export_dir} is not a folder"),
+        (args.export_dir and not os.access(export_dir, os.W_OK), f"--csv-dir: {export_dir} is not writable"),
+        (args.e2e_jsonl and not Path(args.e2e_jsonl).exists(), f"no such file: {args.e2e_jsonl}"),
+        (md.is_dir() or str(args.md).endswith("/") or not md.parent.is_dir() or args.md == "",
+         f"--md must name a file in an existing folder, got {args.md!r}")])
     return args
 
 

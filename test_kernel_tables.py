@@ -277,7 +277,8 @@ def test_each_kernel_is_joined_to_its_launch_and_ranges_come_from_text_or_string
 def test_a_cpu_only_export_has_ranges_and_no_work_and_the_tables_say_so(tmp_path: Path):
     db = sqlite3.connect(tmp_path / "cpu.sqlite")  # a CPU run's export: no CUPTI tables at all
     db.executescript(f"CREATE TABLE StringIds ({SCHEMA['StringIds']}); CREATE TABLE NVTX_EVENTS "
-                     f"({SCHEMA['NVTX_EVENTS']}); INSERT INTO NVTX_EVENTS VALUES (0, 300000, 59, 'forward', 0, NULL, 0);")
+                     f"({SCHEMA['NVTX_EVENTS']}); "
+                     "INSERT INTO NVTX_EVENTS VALUES (0, 300000, 59, 'forward', 0, NULL, 0);")
     db.commit()
     db.close()
     tables = kt.build_tables(kt.load_nsys(tmp_path / "cpu.sqlite"), {"forward": 0.3})

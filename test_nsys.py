@@ -176,12 +176,12 @@ def test_usage_errors_exit_2_in_one_line_before_nsys_is_asked(fake: dict, args: 
 
 def test_with_no_configuration_the_handouts_nsys_profile_plans():
     plan_2025 = kt.parse_sweep_args(["--handout", "2025"]).plan
-    assert [(c.size, c.ctx, c.mode) for c in plan_2025] == [(s, ctx, m) for s in ("small", "medium", "large", "xl",
-                                                                                  "2.7B")
-                                                            for ctx in (128, 256, 512, 1024) for m in ("forward", "train")]
+    sizes_2025 = ("small", "medium", "large", "xl", "2.7B")
+    assert [(c.size, c.ctx, c.mode) for c in plan_2025] == [
+        (s, ctx, m) for s in sizes_2025 for ctx in (128, 256, 512, 1024) for m in ("forward", "train")]
     assert plan_2025[0].report.name == "small_ctx128_forward_h2025"
     plan_2026 = kt.parse_sweep_args([]).plan
-    assert [(c.size, c.ctx) for c in plan_2026[::2]] == [(s, ctx) for s in ("small", "medium") for ctx in (256, 512, 1024)]
+    assert [(c.size, c.ctx) for c in plan_2026[::2]] == [(s, c) for s in ("small", "medium") for c in (256, 512, 1024)]
 
 
 def test_missing_nsys_exits_2_with_what_to_install_and_the_torch_profiler_command(fake: dict, tmp_path: Path):
@@ -237,8 +237,8 @@ def test_an_oom_skips_the_larger_contexts_of_that_size_and_mode_unless_no_skip(f
     args = ("--size", "tiny", "--context-length", "16", "32", "64", "--mode", "forward", "train")
     status, _, err = fake["run"](*args, FAKE_NSYS_MATCH="ctx32_forward", FAKE_NSYS_OOM_RECORD=oom)
     assert status == 1  # not every configuration has its tables
-    assert profiled_reports(fake) == ["tiny_ctx16_forward", "tiny_ctx16_train", "tiny_ctx32_forward", "tiny_ctx32_train",
-                              "tiny_ctx64_train"]  # per size and mode
+    assert profiled_reports(fake) == ["tiny_ctx16_forward", "tiny_ctx16_train", "tiny_ctx32_forward",
+                                      "tiny_ctx32_train", "tiny_ctx64_train"]  # per size and mode
     assert "tiny ctx=64 forward: skipped: OOM at context_length=32" in err
     (rows,) = summaries(fake)
     assert [row["runs"]["forward"] for row in rows] == ["ok", "OOM", "skipped: OOM at context_length=32"]
@@ -414,7 +414,8 @@ def test_kernel_tables_exports_a_real_report_and_refuses_in_one_line_what_nsys_c
     newer.write_bytes(data.replace(written, b"2026@1@1@12-361234567890v0", 1))
     assert kt.main([str(newer)]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "written by Nsight Systems 2026.1.1, newer than this nsys (2023.4.4" in err
+    assert len(err.strip().splitlines()) == 1
+    assert "written by Nsight Systems 2026.1.1, newer than this nsys (2023.4.4" in err
     # no report at all, beside a student's older export and CSV: one line, their files as they were
     (tmp_path / "junk.sqlite").write_bytes(b"the student's export")
     (tmp_path / "junk_cuda_gpu_trace.csv").write_text("the student's CSV\n")
