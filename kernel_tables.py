@@ -248,7 +248,11 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     older = export.is_file() and export.stat().st_mtime < report.stat().st_mtime
     nsys, why = find_nsys()
     if export.is_file() and (not older or nsys is None):
-        profile = load_nsys(export)
+        try:
+            profile = load_nsys(export)
+        except ProfileFormatError as exc:
+            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give --csv-dir "
+                                     "DIR for a fresh export there") from None
         profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
         return profile
     if nsys is None:
@@ -1158,7 +1162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ranges", nargs="+", default=None, metavar="KEY=NAME",
                    help="your range names where they are not a usual spelling (Forward, fwd, optimizer step, ...), "
                         f"e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)}; measure: around the timed steps)")
-    p.add_argument("--csv-dir", "--export-dir", dest="export_dir", default=None,
+    p.add_argument("--csv-dir", "--export-dir", dest="export_dir", default=None, metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it; a temporary folder when that "
                         "is not writable)")
     p.add_argument("--top", type=cli.positive_int, default=10, help="kernels per top-kernels table")

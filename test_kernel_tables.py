@@ -291,9 +291,13 @@ def test_a_cpu_only_export_has_ranges_and_no_work_and_the_tables_say_so(tmp_path
 @pytest.mark.parametrize("content", [b"", b"not sqlite at all"])
 def test_a_file_that_is_no_export_is_one_line_exit_2_never_no_gpu_work(tmp_path: Path, content: bytes, capsys):
     (tmp_path / "x.sqlite").write_bytes(content)  # e.g. what a refused export left behind
-    assert kt.main([str(tmp_path / "x.sqlite")]) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "SQLite export" in err and "no GPU work" not in err
+    (tmp_path / "x.nsys-rep").write_bytes(REPORT_BYTES)
+    os.utime(tmp_path / "x.nsys-rep", (1, 1))  # older than the file beside it, which is read as its export
+    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away, or give --csv-dir")):
+        assert kt.main([str(tmp_path / source)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "SQLite export" in err and hint in err
+        assert "no GPU work" not in err and (tmp_path / "x.sqlite").read_bytes() == content
 
 
 # ---- attribution and the four tables ----
