@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Nsight Systems profiles of bench_e2e.py's measured steps, turned into kernel tables (the study's nsys_profile
-# questions on a GPU). This wrapper only finds Python and hands over to nsys_sweep.py, which finds nsys, plans the
-# configurations, profiles, reuses reports, skips after an OOM and tabulates:
+# Nsight Systems profiles of bench_e2e.py's measured steps, one report per configuration, turned into kernel tables
+# (the study's nsys_profile questions). This wrapper finds Python; kernel_tables.py plans, profiles and tabulates.
 #
 #   bash nsys_run.sh medium 256                      # one configuration: a training step
 #   bash nsys_run.sh --size small medium --context-length 256 512 1024 --mode forward train
@@ -16,4 +15,4 @@ if ! command -v "$python" >/dev/null 2>&1; then
     echo "nsys_run.sh: error: PYTHON=$python is not a Python interpreter: set PYTHON to one" >&2
     exit 2
 fi
-exec "$python" "$here/nsys_sweep.py" "$@"
+exec "$python" "$here/kernel_tables.py" --nsys-run "$@"

@@ -1,26 +1,25 @@
 """The analysis tools on real GPU output that nobody here made (../shared/realdata; its README says what and from
-where): a student's nsys SQLite export through the real nsys stats 2023.4.4 into the kernel tables, with table 1
+where): a student's nsys SQLite export read by kernel_tables.py, its counts checked against what nsys stats printed
+for that profile and its kernel time against the real nsys stats 2023.4.4 reading the same file, with table 1
 filled from the student's own NVTX ranges; every kernel name of the real profiles through the classifier, each
 with the category a person would give it; a student's CUDA memory snapshots through mem_profile.py --analyze,
 naming the student's own lines. The files are read where they are, never copied into the project; without them
-(or without a real nsys, for the export) the tests are skipped with the reason (pytest -rs prints it).
+(or without a real nsys, for the cross-check) the tests are skipped with the reason (pytest -rs prints it).
 """
 from __future__ import annotations
 
 import re
 import sqlite3
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
 
-import kernel_categories as kc
 import kernel_tables as kt
 import mem_profile
-import profile_readers as pr
-import profile_tables as pt
 from results import read_records
-from test_nsys_real import find_real_nsys
+from test_nsys import find_real_nsys
 
 HERE = Path(__file__).resolve().parent
 # ../shared/realdata from the main checkout; a worktree sits one level deeper
@@ -324,17 +323,17 @@ def test_every_kernel_name_of_the_2026_text_reports_gets_its_category():
     assert len(found) > 60  # the parser found the tables
     listed = expected(NSYS_2026_TEXT_NAMES)
     assert found == set(listed)  # nothing unlisted, nothing listed that is not there
-    assert {name: kc.classify_kernel(name) for name in found} == {name: listed[name] for name in found}
+    assert {name: kt.classify_kernel(name) for name in found} == {name: listed[name] for name in found}
 
 
 def test_every_kernel_name_of_the_sqlite_export_gets_its_category():
     found = sqlite_kernel_names(realdata(SQLITE))
     listed = expected(SQLITE_KERNEL_NAMES)
     assert found == set(listed)
-    assert {name: kc.classify_kernel(name) for name in found} == {name: listed[name] for name in found}
+    assert {name: kt.classify_kernel(name) for name in found} == {name: listed[name] for name in found}
 
 
-# ---- the student's SQLite export, end to end through the real nsys stats ----
+# ---- the student's SQLite export through kernel_tables.py ----
 
 
 def nvtx_ranges(path: Path) -> list[tuple[str, int, int]]:
@@ -345,26 +344,37 @@ def nvtx_ranges(path: Path) -> list[tuple[str, int, int]]:
     return [(name, start, end) for name, start, end in rows if end is not None]
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory) -> Path:
-    """kernel_tables.py on the student's .sqlite, as a student would run it: the real nsys stats 2023.4.4
-    (which reads the 2025.1.3 export) writes the CSVs into --csv-dir (the realdata folder is read-only)."""
-    sqlite = realdata(SQLITE)
+def test_the_export_reads_with_every_operation_launched_as_nsys_stats_counted_them():
+    """The text nsys stats 2024.6.2 printed for the same program (another run of it): 16,842 cudaLaunchKernel
+    and 190 cuLaunchKernel calls, 1,510 cudaMemsetAsync, 272 cudaMemcpyAsync; 15 Forward and 5 Backward ranges."""
+    profile = kt.load_nsys(realdata(SQLITE))
+    names = [a.name for a in profile.activities]
+    assert len(names) == 16842 + 190 + 1510 + 272 and profile.notes == []  # each joined to its launch
+    assert names.count("[CUDA memset]") == 1510 and sum(n.startswith("[CUDA memcpy ") for n in names) == 272
+    stats = realdata("rtx3070ti_train_nsys2024.6.2_stats.txt").read_text()
+    for name, count in (("Forward", 15), ("Backward", 5)):
+        assert re.search(rf"\s{count}\s.*PushPop\s+:{name}\s*$", stats, re.MULTILINE)
+        assert [r.name for r in profile.ranges].count(name) == count
+
+
+def test_the_kernel_time_is_what_the_real_nsys_stats_reads_from_the_same_export(tmp_path: Path):
     nsys, reason = find_real_nsys()
     if nsys is None:
         pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("csv")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("NSYS", str(nsys))
-        assert kt.main([str(sqlite), "--csv-dir", str(folder), "--md", str(folder / "tables.md"),
-                        "--stopwatch", "forward=66.8"]) == 0
-    return folder
-
-
-def test_table_1_is_filled_from_the_students_own_ranges(exported: Path):
     sqlite = realdata(SQLITE)
-    profile = pr.load_nsys(exported / sqlite.stem)
-    tables = pt.build_tables(profile, {"forward": 66.8}, stopwatch_source="your stopwatch (--stopwatch)")
+    subprocess.run([str(nsys), "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--output",
+                    str(tmp_path / "x"), str(sqlite)], capture_output=True, check=True, timeout=300)
+    rows = (tmp_path / "x_cuda_gpu_kern_sum.csv").read_text().splitlines()[1:]
+    total_ns, instances = (sum(int(row.split(",")[i]) for row in rows) for i in (1, 2))  # numeric, never quoted
+    kernels = [a for a in kt.load_nsys(sqlite).activities if not a.name.startswith("[CUDA mem")]
+    assert (len(kernels), sum(a.duration_ns for a in kernels)) == (instances, total_ns)
+
+
+def test_table_1_is_filled_from_the_students_own_ranges(tmp_path: Path):
+    sqlite = realdata(SQLITE)
+    assert kt.main([str(sqlite), "--md", str(tmp_path / "tables.md"), "--stopwatch", "forward=66.8"]) == 0
+    profile = kt.load_nsys(sqlite)
+    tables = kt.build_tables(profile, {"forward": 66.8}, stopwatch_source="your stopwatch")
     (forward,) = tables["phases"]  # the student's Backward ranges are all inside warm-up steps
     assert forward["phase"] == "forward" and tables["steps"] == 10
     # independently, from the export itself: the 'Forward' ranges outside every 'Warm-up...' range
@@ -373,22 +383,16 @@ def test_table_1_is_filled_from_the_students_own_ranges(exported: Path):
     measured = [e - s for name, s, e in ranges if name == "Forward" and not any(a <= s <= b for a, b in warmups)]
     assert len(measured) == 10 and forward["range_ms"] == pytest.approx(statistics.fmean(measured) / 1e6, rel=1e-9)
     assert forward["agrees"] == "yes"  # the student's own stopwatch figure, given with --stopwatch
-    text = (exported / "tables.md").read_text()
+    text = (tmp_path / "tables.md").read_text()
     assert "ranges used: forward = 'Forward' x10 (left out, inside warm-up ranges: 5 forward, 5 backward)" in text
     assert "| forward |" in text and "### 3. Category shares" in text
-    assert "comes from Nsight Systems 2025.1.3; its CSVs were written by nsys stats 2023.4.4" in text
-    # every kernel, memcpy and memset of the trace has the category listed above (nsys names the copies)
+    # every kernel, memcpy and memset read has the category listed above (nsys names the copies)
     listed = {**expected(SQLITE_KERNEL_NAMES), "[CUDA memcpy Host-to-Device]": "memory copy/set",
               "[CUDA memcpy Device-to-Device]": "memory copy/set", "[CUDA memset]": "memory copy/set"}
     names = {activity.name for activity in profile.activities}
-    assert names <= set(listed) and {n: kc.classify_kernel(n) for n in names} == {n: listed[n] for n in names}
-
-
-def test_without_a_stopwatch_table_1_says_so(exported: Path):
-    tables = pt.build_tables(pr.load_nsys(exported / Path(SQLITE).stem))
-    text = pt.render_tables(tables)
-    assert re.search(r"\| forward +\| +[0-9.]+ \| no stopwatch record +\|", text)
-    assert "profiler ranges (no stopwatch record: --e2e-jsonl or --stopwatch PHASE=MS gives one)" in text
+    assert names <= set(listed) and {n: kt.classify_kernel(n) for n in names} == {n: listed[n] for n in names}
+    no_stopwatch = kt.render_tables(kt.build_tables(profile))
+    assert re.search(r"\| forward +\| +[0-9.]+ \| no stopwatch record +\|", no_stopwatch)
 
 
 # ---- the student's memory snapshots through --analyze ----
