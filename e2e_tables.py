@@ -47,6 +47,12 @@ def model_label(config: dict[str, Any]) -> str:
     return config.get("model_name") or config.get("model_factory") or "ours"
 
 
+def whose_model(config: dict[str, Any]) -> str:
+    """The settings line's model: "ours (model.TransformerLM)", "student_lm:TinyLM", "mine (student_lm:TinyLM)"."""
+    factory, name = config.get("model_factory"), config.get("model_name")
+    return f"{name} ({factory})" if name and factory else factory or f"{name or 'ours'} (model.TransformerLM)"
+
+
 def status_cell(status: str) -> str:
     return status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…"
 
@@ -105,9 +111,7 @@ def e2e_run_settings(records: list[dict]) -> dict[str, Any]:
     c0 = records[0]["config"]
     models = list(dict.fromkeys(r["config"].get("model_factory") for r in records))
     settings = {"sizes from": HANDOUTS[c0.get("handout", DEFAULT_HANDOUT)].title,
-                "model": " and ".join(dict.fromkeys(
-                    model_label(r["config"]) + (f" ({r['config']['model_factory']})" if r["config"].get(
-                        "model_name") and r["config"].get("model_factory") else "") for r in records)),
+                "model": " and ".join(dict.fromkeys(whose_model(r["config"]) for r in records)),
                 "batch": c0["batch_size"], "steps": c0["steps"], "mode": c0["mode"] + (" no-grad" if c0["no_grad"] else "")}
     flops = list(dict.fromkeys(r["config"].get("flops", "formula") for r in records))
     if flops != ["formula"] or models != [None]:  # whose FLOPs the TFLOP/s and MFU columns divide by
@@ -405,7 +409,8 @@ def context_searches(records: list[dict]) -> list[dict[str, Any]]:
     for probes in groups.values():
         settings = probes[0]["context_search"]
         seen = [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]} for r in probes]
-        found = search_answer(seen, settings["max_context"], settings["resolution"], settings["probe_budget"])
+        found = search_answer(seen, settings["max_context"], settings.get("resolution", RESOLUTION),
+                              settings.get("probe_budget", PROBE_BUDGET))
         best = next((r for r in probes if r["config"]["model"]["context_length"] == found["longest_context"]
                      and finished(r)), probes[0])
         answers.append({"experiment": "bench_e2e", "kind": "longest_context", "label": best["label"],
