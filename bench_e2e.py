@@ -691,23 +691,22 @@ def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespa
 
 def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
     """What --dry-run says below the plan: the comparison's variants (and how they are timed), the searches."""
-    notes = []
-    configs = [dataclasses.asdict(run) for run in runs]
+    notes, configs = [], [dataclasses.asdict(run) for run in runs]
     if names := variants(configs):
         how = ("each comparison's variants in one process, their timed steps interleaved" if args.interleave == "steps"
                else f"each variant in its own process, {args.repeats} run(s) each, alternating")
         notes.append(f"then a comparison table: {' vs '.join(names)}, one row per size and context, speed-ups over "
                      f"{names[0]} ({how}).")
     if args.context_search:
-        searches = len({config_key(c, context=False) for c in configs})
-        contexts = probe_contexts(args.max_context)
-        source = f"; {args.max_context_default}" if args.max_context_default else ""
-        bisect = (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
-                  f"multiple of {args.search_resolution}." if args.search_probes else "")
-        notes.append(f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the "
-                     f"context), each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child "
-                     "process. A search ends at its first OOM (the answer: the context before it), error or timeout "
-                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).{bisect}")
+        searches, contexts = len({config_key(c, context=False) for c in configs}), probe_contexts(args.max_context)
+        notes.append(
+            f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the context), "
+            f"each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child process. A search "
+            "ends at its first OOM (the answer: the context before it), error or timeout (inconclusive), or after "
+            f"{contexts[-1]} (--max-context {args.max_context}"
+            f"{'; ' + args.max_context_default if args.max_context_default else ''})."
+            + (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
+               f"multiple of {args.search_resolution}." if args.search_probes else ""))
     return [textwrap.fill(note, width=116) for note in notes]
 
 
@@ -717,8 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         if not rank_zero:
             return 0
-        labels = [f"{run.label()} (predicted state {parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)['state_bytes'] / GIB:.2f} GiB per rank, activations aside)"  # noqa: E501
-                  for run in runs]
+        states = [parallel.state_bytes_per_rank(r.model, r.parallel, r.world_size, r.mode)["state_bytes"] for r in runs]
+        labels = [f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
+                  for run, state in zip(runs, states)]
         return cli.print_dry_run(labels, preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None

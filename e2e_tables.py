@@ -112,7 +112,8 @@ def e2e_run_settings(records: list[dict]) -> dict[str, Any]:
     models = list(dict.fromkeys(r["config"].get("model_factory") for r in records))
     settings = {"sizes from": HANDOUTS[c0.get("handout", DEFAULT_HANDOUT)].title,
                 "model": " and ".join(dict.fromkeys(whose_model(r["config"]) for r in records)),
-                "batch": c0["batch_size"], "steps": c0["steps"], "mode": c0["mode"] + (" no-grad" if c0["no_grad"] else "")}
+                "batch": c0["batch_size"], "steps": c0["steps"],
+                "mode": c0["mode"] + (" no-grad" if c0["no_grad"] else "")}
     flops = list(dict.fromkeys(r["config"].get("flops", "formula") for r in records))
     if flops != ["formula"] or models != [None]:  # whose FLOPs the TFLOP/s and MFU columns divide by
         settings["FLOPs"] = " and ".join(FLOPS_SOURCES[f] for f in flops)
@@ -280,8 +281,8 @@ def comparison(records: list[dict]) -> Comparison | None:
 
 
 def comparison_note(baseline: str) -> str:
-    return (f"Mean ms per phase from the rows above; fwd+bwd sums the two phases. {stats.speedup_note(baseline, 'steps')}"
-            " drift: a phase every variant runs alike changed between them by more than twice its standard error. "
+    return ("Mean ms per phase from the rows above; fwd+bwd sums the two phases. "
+            f"{stats.speedup_note(baseline, 'steps')} drift: a phase every variant runs alike changed between them by more than twice its standard error. "
             "A failed row shows its status, not a number.")
 
 

@@ -359,8 +359,8 @@ def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...])
                    if e.get("cat") in ("kernel", "user_annotation") and collective_kind(e["name"])]
     rows = []
     for phase in phases:
-        windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == phase
-                   and e.get("cat") == "user_annotation" and (not measure or any(s <= e["ts"] <= t for s, t in measure))]
+        windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == phase and e.get("cat") ==
+                   "user_annotation" and (not measure or any(s <= e["ts"] <= t for s, t in measure))]
         if not windows:
             continue
         inside = [(kind, s, t) for kind, s, t in collectives if any(a <= s <= b for a, b in windows)]
