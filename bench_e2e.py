@@ -1,50 +1,28 @@
-"""End-to-end timing of the Transformer LM: forward, backward and optimizer step, each timed on its own.
-
-Answers the study's benchmarking questions: how long does a step take for each model size, what does warm-up
-do, what do bf16 mixed precision and torch.compile buy.
+"""How long does a training step of the Transformer LM take, per phase? The study's benchmarking questions: each
+model size, the effect of warm-up, what bf16 mixed precision, torch.compile, fused attention, another model or
+optimizer buy, and the longest context that trains.
 
     python3 bench_e2e.py --size large --warmup 0                  # one size, no warm-up
     python3 bench_e2e.py --size all                                # the handout's Table 1, one row each
-    python3 bench_e2e.py --size xl --handout 2025                  # sizes from the Spring 2025 handout
-    python3 bench_e2e.py --size all --dtype fp32 bf16 --dry-run    # list the configurations, run nothing
     python3 bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python3 bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
-    python3 bench_e2e.py --size all --compile off on               # eager vs torch.compile, with a speed-up table
+    python3 bench_e2e.py --size all --compile off on               # eager vs torch.compile
     python3 bench_e2e.py --size tiny --attn naive sdpa             # naive vs fused (SDPA) attention in the model
     python3 bench_e2e.py --size tiny --context-length 128 256 512  # a context sweep; OOM stops larger contexts
     python3 bench_e2e.py --size xl --context-length max            # the longest context that trains
-    python3 bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     python3 bench_e2e.py --size tiny --profile --steps 3           # torch.profiler kernel tables (no nsys needed)
-    torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
-    python3 bench_e2e.py --size small --model cs336_basics.model:BasicsTransformerLM --flops formula   # the staff model
-    python3 bench_e2e.py --size small --model ours my_lm:make_model --flops counted   # ours vs your A1 model
+    python3 bench_e2e.py --size small --model ours staff=cs336_basics.model:BasicsTransformerLM --flops formula
     python3 bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
+    python3 bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
+    torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
 
-Method. A configuration is built (prepare: runner.Workload makes the model, wraps it in torch.compile when asked,
-the optimizer, and one random batch of token ids, all on the device), then measured (runner.measure_steps): with
---compile the first step is timed apart as compile_s; --warmup untimed steps; the CUDA peak counter reset; --steps
-timed steps. The timed step is runner.run_step: the forward pass with the loss, loss.backward(), optimizer.step()
-with zero_grad(set_to_none=True), each phase between two device synchronisations (common.SyncTimer: synchronise,
-read timeit.default_timer, run, synchronise, read), and the whole step the same way. Nothing else is inside the
-timers: no data creation (the batch is made once), no .item(), no printing, no compile (its step is timed apart),
-no warm-up, no FLOP counting (--flops counted counts one more step, untimed). Each raw sample is kept; mean and std
-(and median, min, max) are derived from them.
-
-Variants of one configuration (--dtype, --compile, --attn, --model, --optimizer values) are compared: by default they
-are built in one process and their timed steps alternate in rounds (A B | B A | ..., runner.measure_interleaved),
-each variant with its own compile step, warm-up and memory figures, so that a machine that slows down meanwhile
-slows every variant alike; the speed-up is a paired ratio with a 95% interval (stats.py), and a phase the variants
-run identically (the optimizer step under --compile) is the control that says when the machine drifted anyway.
-
-Size names and the default context length (512; 128 under --handout 2025) come from the study's handout: the current
-one (2026, v26.1.1) unless --handout or CS336_HANDOUT says 2025. Each configuration (or comparison) of a sweep runs
-in its own child process (an OOM cannot poison the next one). The report (model configurations, then the results) is
-saved after every configuration and printed at the end, with one JSON record per configuration, under results/e2e/.
-A sweep over dtype, compile, attention, optimizer or parallelism adds a comparison table (speed-ups over the first
-variant); --context-length max adds the longest context of each search. The tables are e2e_tables.py's, the same
-code that report.py re-renders a saved run with. docs/bench_e2e.md says more. (About 480 lines: three experiments
-share this command line, the step timing with its comparisons, the longest-context search and torchrun parallelism;
-the machinery is in runner.py, sweep.py and parallel.py, the tables in e2e_tables.py.)
+Method (the `measure` section below): the model, optimizer and one random batch are built on the device; with
+--compile the first step is timed apart (compile_s); --warmup steps run untimed; the peak-memory counter is reset;
+then --steps timed steps, each phase (forward with the loss, backward, optimizer step) between two device
+synchronisations (common.SyncTimer), and the whole step the same way. Variants compared (--dtype, --compile, --attn,
+--model, --optimizer) are built in one process and their timed steps alternate A B | B A | ... so a machine that
+drifts drifts for all of them alike. Each configuration runs in a child process (sweep.py): an OOM or a crash is a
+row. The tables are e2e_tables.py's (report.py re-renders saved runs); docs/bench_e2e.md is the manual.
 """
 from __future__ import annotations
 
@@ -55,181 +33,45 @@ import functools
 import itertools
 import json
 import os
+import re
 import sys
 import tempfile
 import textwrap
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 import cli
 import common
-import isolation
 import model_config
 import parallel
 import profile_readers
 import profile_tables
 import report
-import runner
-import search
 import sweep
 import user_code
 from cli import positive_float, positive_int
-from common import DTYPES, matmul_precision_key, peak_tflops, set_ranges
-from e2e_tables import COLUMNS, config_key, config_table, context_searches, probe_contexts, variants
-from model import ATTENTION
-from model_config import DEFAULT_BATCH_SIZE, MODES, PHASES_BY_MODE, ModelConfig, get_config
+from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
+                    peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
+from e2e_tables import (E2E_COLUMNS, PROBE_BUDGET, RESOLUTION, SEARCH_START, config_key, config_table,
+                        context_searches, probe_contexts, variants)
+from isolation import phase, timed_phase
+from model import ATTENTION, build_model, build_optimizer, cross_entropy
+from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
+from parallel import DEFAULT_PG_TIMEOUT_S
 from results import GIB, ResultFiles, finished
-from runner import RunConfig, Workload, run_step
-from search import SEARCH_START
+from stats import block_sizes, round_order, steps_per_block, summarize
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
+MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
+ONE_SAMPLE_NOTE = "1 timed step: no std"
+MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name for tables and records
 
 
-# ---- one configuration: what is timed ----
-
-
-def prepare(run: RunConfig) -> runner.Prepared:
-    """The configuration built on its device (runner.Workload) and its step to time, run_step(work): forward with
-    the loss, backward, optimizer step, each between synchronisations. After the timed steps (untimed): with
-    --profile the profiler's tables, with --flops counted one more step under FlopCounterMode."""
-    set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
-    work = Workload(run)
-    profiler = profiler_for(run, work.device)
-
-    def after(record: dict[str, Any]) -> dict[str, Any]:
-        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
-        if run.flops == "counted":
-            isolation.phase("counting FLOPs (one untimed step)")
-            out["counted_step_flops"] = counted_step_flops(work)
-        return out
-
-    return runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
-                           compile_first=run.compile, profiler=profiler, after=after)
-
-
-def run_config(run: RunConfig) -> dict[str, Any]:
-    """One configuration alone (in a child process of the sweep): its record. Failures propagate as exceptions
-    (the sweep makes them rows)."""
-    return runner.measure(prepare(run))
-
-
-def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]]:
-    """The variants of one comparison in one process (a child of the sweep), their timed steps interleaved."""
-    device = common.resolve_device(runs[0].device)
-    return runner.measure_interleaved(device, [functools.partial(prepare, run) for run in runs], faults)
-
-
-def counted_step_flops(work: Workload) -> int:
-    """FLOPs of one step of work.run.mode as torch.utils.flop_counter.FlopCounterMode counts them (matmuls,
-    attention kernels, convolutions; 2 per multiply-add, like model_config's formula; elementwise work and the
-    optimizer step not counted), on one more step after the timed ones, untimed, through the model itself (not
-    torch.compile's wrapper, which the counter cannot see into). Works for any model: what --flops counted is for."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        loss = work.forward(eager=True)
-        if work.run.mode != "forward":
-            loss.backward()
-    work.zero_grad()
-    return counter.get_total_flops()
-
-
-# ---- --profile: torch.profiler over the measured steps ----
-
-
-def profiler_for(run: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    """torch.profiler around the measured steps (CPU activity always, CUDA when on a GPU) when --profile is on;
-    a context yielding None otherwise."""
-    if run.profile_results_dir is None:
-        return contextlib.nullcontext()
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return common.quiet_profiler(activities)
-
-
-def trace_tables(run: RunConfig, profiler: torch.profiler.profile, record: dict[str, Any]) -> dict[str, Any]:
-    """Write the Chrome/Perfetto trace under results/profile/ and build profile_tables' four tables from it, in
-    the process that profiled: the parent (and the JSONL record) gets {"profile": trace path and rows}, not the
-    profiler object. With --parallel, every rank also measures its time in collectives per phase
-    ({"collectives": rows}); only rank 0 keeps its trace and builds the kernel tables."""
-    isolation.phase("writing the profiler trace")
-    keep = parallel.is_rank_zero()
-    if keep:
-        stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
-        stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
-        trace = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json")
-    else:
-        handle, name = tempfile.mkstemp(suffix=".json")
-        os.close(handle)
-        trace = Path(name)
-    profiler.export_chrome_trace(str(trace))
-    out: dict[str, Any] = {}
-    try:
-        if run.parallel:
-            with open(trace) as f:
-                out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
-        if keep:
-            tables = profile_tables.build_tables(profile_readers.load_torch_trace(trace),
-                                                 profile_tables.stopwatch_ms(record),
-                                                 profile_tables.attention_shape(dataclasses.asdict(run)),
-                                                 compiled=run.compile)
-            out["profile"] = {"trace": str(trace), "tables": tables}
-    finally:
-        if not keep:
-            trace.unlink()
-    return out
-
-
-# ---- derived figures ----
-
-
-def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
-    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU for one finished record."""
-    phases = PHASES_BY_MODE[run.mode] + ("step",)
-    out: dict[str, Any] = runner.sample_stats(record, phases)
-    out["noisy"] = [f"{phase} {out[f'{phase}_ms_cv']:.0%}" for phase in phases
-                    if out[f"{phase}_ms_cv"] is not None and out[f"{phase}_ms_cv"] > NOISY_CV]
-    if out["step_ms_n"] < 2:
-        out["note"] = runner.ONE_SAMPLE_NOTE
-    step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
-    # the global batch: --batch-size is per rank, and every rank does the same work on its own sequences
-    tokens = run.batch_size * run.context_length * run.world_size
-    out["tokens_per_s"] = tokens / step_s
-    flops = step_flops(run, record)
-    out["step_flops"], out["flops_source"] = flops, run.flops
-    if flops is None:  # --flops none: no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
-        out.update(achieved_tflops=None, peak_tflops=None, peak_source=None, mfu_precision=None, mfu=None)
-        return out
-    out["achieved_tflops"] = flops / step_s / 1e12
-    env = record["environment"]
-    precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
-    if peak_override is not None:
-        peak, label = peak_override, "--peak-tflops"
-    elif env["device"].startswith("cuda"):
-        peak, label = peak_tflops(env["device_name"], precision)
-    else:
-        peak, label = None, None  # a CPU has no entry in the peak table: no MFU rather than a guess
-    out["peak_tflops"], out["peak_source"], out["mfu_precision"] = peak, label, precision
-    out["mfu"] = out["achieved_tflops"] / (peak * run.world_size) if peak else None  # N GPUs: N x the peak
-    return out
-
-
-def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
-    """FLOPs of one global step (every rank's): model_config's formula for our architecture (--flops formula: ours,
-    or yours when you confirm it is the same architecture), FlopCounterMode's count (counted), or None (none)."""
-    if run.flops == "formula":
-        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
-    if run.flops == "counted":
-        return record["counted_step_flops"] * run.world_size
-    return None
-
-
-MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # the last doubling probe, unless --max-context; build_parser
-
-# ---- command line ----
+# ---------------------------------------------------------------- arguments
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,16 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
     p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': the "
-                        f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... (each in its own child "
-                        "process) until the first failure or --max-context, then bisecting after an OOM; one search "
-                        "per variant. See docs/bench_e2e.md#the-longest-context-that-fits")
+                        f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... until the first failure "
+                        "or --max-context, then bisecting after an OOM; one search per variant")
     p.add_argument("--max-context", type=positive_int, default=None, metavar="N",
-                   help="--context-length max: the last power of two tried (default: "
-                        f"{MAX_CONTEXT_DEFAULT['cuda']} on CUDA, {MAX_CONTEXT_DEFAULT['cpu']} on a CPU, whose memory "
-                        "is rarely the limit and where each doubling costs 2-4x the time)")
-    p.add_argument("--search-resolution", type=positive_int, default=search.RESOLUTION, metavar="N",
+                   help=f"--context-length max: the last power of two tried (default: {MAX_CONTEXT_DEFAULT['cuda']} "
+                        f"on CUDA, {MAX_CONTEXT_DEFAULT['cpu']} on a CPU)")
+    p.add_argument("--search-resolution", type=positive_int, default=RESOLUTION, metavar="N",
                    help="--context-length max: after the first OOM, bisect to a multiple of N")
-    p.add_argument("--search-probes", type=cli.non_negative_int, default=search.PROBE_BUDGET, metavar="N",
+    p.add_argument("--search-probes", type=cli.non_negative_int, default=PROBE_BUDGET, metavar="N",
                    help="--context-length max: at most N bisection probes per search (0: no bisection)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
     cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
@@ -261,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "step is timed apart")
     user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
                                 "several to compare them in one table (train mode)", flops=True)
+    model_flag = next(a for a in p._actions if a.dest == "model")
+    model_flag.type, model_flag.help = named_model, model_flag.help + "; NAME=MODEL names it in tables and records"
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--nvtx", action="store_true",
@@ -289,11 +131,19 @@ def context_length_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
 
 
+def named_model(text: str) -> tuple[str | None, str]:
+    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
+    name, _, spec = text.rpartition("=")
+    if name and not MODEL_NAME.match(name):
+        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
+    return name or None, user_code.named_or_spec([user_code.OURS])(spec)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     handout = cli.handout_or_exit(parser, args)
-    report.columns_or_exit(parser, args.columns, COLUMNS)
+    report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
     sweep.check_sweep_args(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
@@ -303,11 +153,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
+    given = list(dict.fromkeys(m if isinstance(m, tuple) else (None, m) for m in args.model))  # the default: "ours"
+    names = [n for n, _ in given if n is not None]
+    args.model_names = {m: n for n, m in given if n is not None}
+    args.model = [m for _, m in given]
     cli.refuse(parser, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
-         "comparing optimizers needs --mode train (other modes take no optimizer step)")])
+         "comparing optimizers needs --mode train (other modes take no optimizer step)"),
+        (len(set(args.model)) < len(given) or len(set(names)) < len(names),
+         "--model: give each model once, and each NAME to one model")])
     user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
@@ -317,8 +173,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         cli.refuse(parser, [
             (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
              f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
-             "NVTX library (bash nsys_run.sh builds one with gcc and sets it; by hand: docs/nsys_run.md, 'The NVTX "
-             "library')"),
+             "NVTX library (bash nsys_run.sh builds one and sets it; docs/nsys_run.md)"),
             (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
     if args.nvtx:
         try:
@@ -330,8 +185,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
               world_size: int) -> list[RunConfig]:
-    """Every configuration of the sweep, in order: size x parallel x context x dtype x compile x model x attn x
-    optimizer x warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
+    """Every configuration, in order: size x parallel x context x dtype x compile x model x attn x optimizer x
+    warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
             "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
@@ -340,24 +195,23 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
     try:
         for values in itertools.product(*(axes[axis] for axis in order)):
             c = dict(zip(order, values))
-            kind = c["parallel"]
-            if kind != "fsdp":  # FSDP-only settings do not multiply the other rows
+            if c["parallel"] != "fsdp":  # FSDP-only settings do not multiply the other rows
                 c["fsdp_mp"], c["reshard"] = "off", "on"
             if c["model"] != user_code.OURS:  # nor does our model's attention multiply the rows of yours
                 c["attn"] = "naive"
-            if c["size"] == "custom":
-                model = ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"])
-            else:
-                model = get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size, context_length=c["ctx"])
+            model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"]) if c["size"] == "custom"
+                     else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
+                                     context_length=c["ctx"]))
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
                                   model_factory=user_code.model_factory(c["model"]),
+                                  model_name=args.model_names.get(c["model"]),
                                   flops=user_code.flops_source(c["model"], args.flops),
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
-                                  parallel=kind, world_size=world_size if kind else 1,
+                                  parallel=c["parallel"], world_size=world_size if c["parallel"] else 1,
                                   fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
                                   pg_timeout_s=args.pg_timeout))
     except model_config.ConfigError as exc:
@@ -371,18 +225,17 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: model_config.Handout,
                     device: torch.device) -> list[int]:
     """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
-    (sets args.context_search, args.max_context and args.max_context_default). A search needs a child per probe
-    and at least the steps that reach the training peak."""
+    (sets args.context_search, args.max_context and args.max_context_default)."""
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
-    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", search.RESOLUTION),
-                                               ("--search-probes", search.PROBE_BUDGET))
+    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", RESOLUTION),
+                                               ("--search-probes", PROBE_BUDGET))
                     if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
         cli.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
                                                  "--context-length max")])
         return given
-    args.max_context_default = None  # which default --max-context took, for --dry-run; None when given
+    args.max_context_default = None  # which default --max-context took, for --dry-run
     if args.max_context is None:
         args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
         args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
@@ -395,59 +248,465 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
         (args.in_process, "--context-length max runs every probe in its own child process (an OOM must not leave "
                           "memory behind for the next probe): drop --in-process"),
         (args.no_skip, "--no-skip does not apply to --context-length max: a search ends at its first failure"),
-        (len(set(args.warmup)) > 1,  # a search is a skip group, which warm-up counts share
-         "--context-length max takes one --warmup value: the warm-up does not change what fits"),
+        (len(set(args.warmup)) > 1, "--context-length max takes one --warmup value: the warm-up does not change "
+                                    "what fits"),
         (args.mode == "train" and min(args.warmup) + args.steps < 2,
          "--context-length max --mode train needs --warmup + --steps >= 2 per probe: AdamW makes its moments in the "
          "first step, so only the second reaches the training peak")])
     return probe_contexts(args.max_context)
 
 
-# ---- the sweep ----
+# ---------------------------------------------------------------- build
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One configuration: what the sweep runs in a child process and what every record keeps as "config"."""
+
+    size: str  # preset name, or "custom"
+    model: ModelConfig  # its context_length is the benchmarked sequence length
+    handout: str = DEFAULT_HANDOUT  # whose Table 1 the size name comes from
+    batch_size: int = DEFAULT_BATCH_SIZE
+    warmup: int = 5
+    steps: int = 10
+    mode: str = "train"
+    no_grad: bool = False  # forward mode only: run under torch.inference_mode()
+    dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
+    compile: bool = False
+    attn: str = "naive"
+    optimizer: str = "ours"  # ours, torch, or yours as MODULE:CLASS (model.build_optimizer)
+    model_factory: str | None = None  # yours as MODULE:CALLABLE (model.build_model); None = ours
+    model_name: str | None = None  # --model NAME=...: the model's name in tables and records
+    flops: str = "formula"  # formula (our architecture), counted (FlopCounterMode) or none
+    tf32: bool | None = None  # None = leave PyTorch's default
+    device: str = "auto"
+    seed: int = 0
+    nvtx: bool = False
+    checkpoint_every: int = 0  # mem_profile's activation checkpointing
+    profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/
+    parallel: str | None = None  # torchrun: "ddp" or "fsdp" (parallel.shard_model), each rank its own batch
+    world_size: int = 1
+    fsdp_mixed_precision: str = "off"  # fsdp: "bf16" = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    reshard_after_forward: bool = True  # fsdp: blocks free their gathered parameters after forward
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S  # a collective waiting longer for a peer fails
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    def label(self) -> str:
+        """The configuration in progress lines and file names; settings at their default are left out."""
+        model = [self.model_name or self.model_factory] if self.model_factory else [self.model_name, self.attn]
+        parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
+                 self.dtype, *filter(None, model), f"warmup={self.warmup}"]
+        parts += [f"ckpt={self.checkpoint_every}"] if self.checkpoint_every else []
+        parts += [f"optimizer={self.optimizer}"] if self.optimizer != "ours" else []
+        parts += [f"{self.parallel} x{self.world_size}"] if self.parallel else []
+        if self.parallel == "fsdp":
+            parts += ["bf16-params"] if self.fsdp_mixed_precision != "off" else []
+            parts += [] if self.reshard_after_forward else ["no-reshard"]
+        return " ".join(parts + (["compiled"] if self.compile else []))
+
+    def skip_key(self) -> tuple[tuple, str, int]:
+        """(group, "ctx", context): after an OOM the sweep skips the larger contexts of the same group."""
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
+                                   warmup=0, steps=0), "ctx", self.context_length
+
+    def fault_fields(self) -> dict[str, Any]:
+        """What a BENCH_INJECT_FAULT clause can match on (sweep.injected_fault)."""
+        return {"size": self.size, "context_length": self.context_length, "dtype": self.dtype, "warmup": self.warmup,
+                "parallel": self.parallel, "mode": self.mode, "compile": self.compile, "attn": self.attn,
+                "optimizer": self.optimizer, "checkpoint": self.checkpoint_every, "model": self.model_factory}
+
+    def comparison_key(self) -> RunConfig | None:
+        """The configuration without its variant fields (dtype, compile, attention, model, optimizer): runs that
+        share it are measured together, interleaved. None when a variant must run alone: under --parallel (its own
+        process group), --profile or --nvtx (a profile holds one variant)."""
+        if self.parallel or self.profile_results_dir is not None or self.nvtx:
+            return None
+        return dataclasses.replace(self, dtype="", compile=False, attn="", optimizer="", model_factory=None,
+                                   model_name=None, flops="")
+
+    def with_context(self, context_length: int) -> RunConfig:
+        """The same configuration at another context length (a search's next probe)."""
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
+
+
+def check_logits(logits: Any, run: RunConfig) -> None:
+    """A model must map token ids (batch, seq) to floating-point logits (batch, seq, vocab); a ValueError
+    naming it otherwise (checked on the first forward only: a shape and a dtype, no synchronisation)."""
+    expected = (run.batch_size, run.context_length, run.model.vocab_size)
+    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
+        return
+    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
+    raise ValueError(f"{run.model_name or run.model_factory or 'the model'} returned {got} for token ids "
+                     f"{expected[:2]}; expected floating-point logits (batch, seq, vocab) = {expected}")
+
+
+class Workload:
+    """Model, optimizer and one random batch on the device, and the three phases of a step: forward() (the model
+    call and the loss), backward() (through the gradient scaler for fp16), optimizer_step() (step and
+    zero_grad(set_to_none=True)). Under --parallel this process is one rank of a process group already joined:
+    the model is wrapped in DDP or sharded with FSDP2 and the batch is this rank's own."""
+
+    def __init__(self, run: RunConfig):
+        phase("building the model")
+        self.run = run
+        launch = parallel.torchrun_launch() if run.parallel else None
+        self.device = parallel.rank_device(resolve_device(run.device), launch)
+        if run.tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = run.tf32
+        torch.manual_seed(run.seed)
+        with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
+            self.model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
+        wrapped = self.model
+        if run.parallel:
+            wrapped = parallel.shard_model(self.model, run.parallel, self.device, run.fsdp_mixed_precision,
+                                           run.reshard_after_forward)
+            torch.manual_seed(run.seed + 1 + launch.rank)  # each rank its own batch
+        self.callable_model = torch.compile(wrapped) if run.compile else wrapped
+        shape = (run.batch_size, run.context_length)
+        self.tokens = torch.randint(0, run.model.vocab_size, shape, device=self.device)  # made once, not timed
+        self.targets = torch.randint(0, run.model.vocab_size, shape, device=self.device)
+        self.optimizer = (build_optimizer(run.optimizer, self.model.parameters(), self.device)
+                          if run.mode == "train" else None)
+        self.logits_checked = run.model_factory is None  # ours is known to be right; yours is checked once
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+
+    def forward(self, eager: bool = False) -> torch.Tensor:
+        """The loss of the batch; `eager`: through the model itself, not torch.compile's or DDP's wrapper."""
+        grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
+        with grad_mode, precision_context(self.device, self.run.dtype):
+            logits = (self.model if eager else self.callable_model)(self.tokens)
+            if not self.logits_checked:
+                check_logits(logits, self.run)
+                self.logits_checked = True
+            return cross_entropy(logits, self.targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------- measure
+
+
+def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
+    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises the device, reads
+    timeit.default_timer, runs, synchronises, reads; so each phase is timed to its last kernel, and the step
+    timer holds the phases back to back. Nothing else runs inside the timers: no data creation, no .item() (a
+    hidden sync), no printing. `on_phase(name)` (mem_profile's timeline marks) runs between the phase timers."""
+    times: dict[str, float] = {}
+    with SyncTimer(work.device) as step:
+        for name in PHASES_BY_MODE[work.run.mode]:  # forward[, backward[, optimizer]]
+            if on_phase:
+                on_phase(name)
+            with annotate(name), SyncTimer(work.device) as timer:  # annotate: an NVTX / profiler range
+                if name == "forward":
+                    loss = work.forward()
+                elif name == "backward":
+                    work.backward(loss)
+                else:
+                    work.optimizer_step()
+            times[name] = timer.elapsed_s
+        if on_phase:
+            on_phase("end")
+    times["step"] = step.elapsed_s
+    if work.run.mode == "forward-backward":
+        work.zero_grad()  # untimed: each step starts without gradients, as a train step does
+    return times
+
+
+@dataclass
+class Prepared:
+    """A configuration built and ready to time: its step (run_step) and what measure() needs around it."""
+
+    step: Callable[[], dict[str, float]]
+    device: torch.device
+    warmup: int
+    steps: int
+    compile_first: bool = False  # the first step compiles: timed apart as compile_s
+    profiler: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)  # around timed steps
+    after: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # untimed, after the timed steps: more fields
+
+
+def compile_and_warm_up(step: Callable[[], dict[str, float]], device: torch.device, warmup: int,
+                        compile_first: bool, of: str = "") -> tuple[dict[str, float], float | None]:
+    """What is excluded from the timings: the compile step (its time kept apart as compile_s) and `warmup` steps.
+    Returns ({"compile_s": ...} or {}, the last warm-up step's seconds or None)."""
+    compiled = {}
+    if compile_first:  # the first call compiles (forward, and backward on the first backward)
+        phase(f"compiling (first step){of}")
+        _, compiled["compile_s"] = SyncTimer(device).time(step)
+    last_s = None
+    with annotate("warmup"):
+        for i in range(warmup):
+            phase(f"warm-up {i + 1}/{warmup}{of}")
+            last_s = step()["step"]
+    return compiled, last_s
+
+
+def samples_by_phase(samples: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Steps' seconds per phase as a record keeps them: `<phase>_ms` lists of milliseconds, in step order."""
+    return {f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {}
+
+
+def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, warmup: int, steps: int,
+                  compile_first: bool = False,
+                  profiler: contextlib.AbstractContextManager = contextlib.nullcontext()) -> dict[str, Any]:
+    """One configuration: compile step and warm-up (untimed), the peak counter reset, `steps` timed steps, the
+    peaks read. The record: raw samples as `<phase>_ms` lists, the environment, on CUDA the peak bytes."""
+    record: dict[str, Any] = {"environment": environment(device)}
+    record.update(compile_and_warm_up(step, device, warmup, compile_first)[0])
+    reset_peak_memory(device)
+    samples = []
+    with profiler, annotate("measure"):
+        for i in range(steps):
+            with timed_phase(f"step {i + 1}/{steps}"):  # the progress heartbeat stays quiet inside
+                samples.append(step())
+    phase("after the timed steps")
+    return {**record, **peak_memory_bytes(device), **samples_by_phase(samples)}
+
+
+def measure(p: Prepared) -> dict[str, Any]:
+    """measure_steps with the machine's load before and after, then the untimed `after` fields."""
+    load_before = machine_load(p.device)
+    record = measure_steps(p.step, p.device, p.warmup, p.steps, p.compile_first, p.profiler)
+    record["load"] = {"before": load_before, "after": machine_load(p.device)}
+    return {**record, **(p.after(record) if p.after else {})}
+
+
+# A block of one variant's consecutive timed steps lasts at least this long (unless that leaves fewer than 6
+# rounds): switching variants costs cold caches and another graph, and each CUDA synchronisation ~10 us.
+MIN_BLOCK_S = 0.005
+
+
+def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]],
+                        around: list[contextlib.AbstractContextManager] | None = None) -> list[dict[str, Any]]:
+    """The variants of one comparison in this process. Each is built, compiled and warmed up in turn; then the
+    timed steps alternate in rounds, one block of steps of every variant per round in stats.round_order's order
+    (A B | B A | ...), so whatever the machine does meanwhile falls on every side alike. One record per variant:
+    its samples, compile time, load, and `pairing` (which samples came from which round). On CUDA a variant's
+    peak is its own resident bytes plus the most its blocks allocated above their start, as if it ran alone.
+    `around[i]` is entered around variant i's blocks (the sweep's `slow:` fault)."""
+    around = around or [contextlib.nullcontext() for _ in preparers]
+    records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
+    for i, prepare in enumerate(preparers):
+        level = allocated_bytes(device)
+        phase(f"building variant {i + 1}/{len(preparers)}")
+        p = prepare()
+        if not isinstance(p.profiler, contextlib.nullcontext):
+            raise ValueError("a profiler holds one variant: profile each variant alone")
+        load = {"before": machine_load(device)}
+        compiled, last_warmup_s = compile_and_warm_up(p.step, device, p.warmup, p.compile_first, f" of variant {i + 1}")
+        records.append({"environment": environment(device), "load": load, **compiled})
+        turns.append((p, allocated_bytes(device) - level))
+        warmup_times.append(last_warmup_s)
+    steps = turns[0][0].steps
+    # the fastest variant sets the block: every variant's block then lasts at least MIN_BLOCK_S
+    block = steps_per_block(None if None in warmup_times else min(warmup_times), steps, MIN_BLOCK_S)
+    sizes = block_sizes(steps, block)
+    samples: list[list[dict[str, float]]] = [[] for _ in turns]
+    rounds: list[list[list[int]]] = [[] for _ in turns]
+    peaks: list[int | None] = [None for _ in turns]
+    with annotate("measure"):
+        for r, size in enumerate(sizes):
+            for i in round_order(len(turns), r):
+                p, resident = turns[i]
+                start = len(samples[i])
+                reset_peak_memory(device)
+                level = allocated_bytes(device)
+                with around[i]:
+                    for s in range(size):
+                        with timed_phase(f"round {r + 1}/{len(sizes)}, variant {i + 1}, step {s + 1}/{size}"):
+                            samples[i].append(p.step())
+                rounds[i].append([start, start + size])
+                if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
+                    peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
+                    peaks[i] = max(peaks[i] or 0, peak)
+    phase("after the timed steps")
+    group = uuid.uuid4().hex[:12]
+    for i, (record, (p, _)) in enumerate(zip(records, turns)):
+        record.update(samples_by_phase(samples[i]))
+        if peaks[i] is not None:
+            record["peak_mem_allocated_bytes"] = peaks[i]
+        record["pairing"] = {"group": group, "mode": "steps", "position": i, "variants": len(turns),
+                             "steps_per_block": block, "rounds": rounds[i]}
+        record["load"]["after"] = machine_load(device)
+        record.update(p.after(record) if p.after else {})
+    return records
+
+
+def allocated_bytes(device: torch.device) -> int:
+    """Bytes of live tensors on a CUDA device now (a CPU has no allocator counter: 0)."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def prepare(run: RunConfig) -> Prepared:
+    """A configuration built, with its step run_step(work). After the timed steps (untimed): with --profile the
+    profiler's tables, with --flops counted one more step under FlopCounterMode."""
+    set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
+    work = Workload(run)
+    profiler = contextlib.nullcontext()
+    if run.profile_results_dir is not None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        activities += [torch.profiler.ProfilerActivity.CUDA] if work.device.type == "cuda" else []
+        profiler = common.quiet_profiler(activities)
+
+    def after(record: dict[str, Any]) -> dict[str, Any]:
+        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
+        if run.flops == "counted":
+            phase("counting FLOPs (one untimed step)")
+            out["counted_step_flops"] = counted_step_flops(work)
+        return out
+
+    return Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
+                    compile_first=run.compile, profiler=profiler, after=after)
+
+
+def run_config(run: RunConfig) -> dict[str, Any]:
+    """One configuration alone, in a child process of the sweep (which makes a failure its row)."""
+    return measure(prepare(run))
+
+
+def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]]:
+    """The variants of one comparison in one child process, their timed steps interleaved."""
+    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(prepare, r) for r in runs], faults)
+
+
+def counted_step_flops(work: Workload) -> int:
+    """FLOPs of one step as torch.utils.flop_counter counts them (matmuls and attention, 2 per multiply-add;
+    elementwise work and the optimizer not counted), through the model itself: the counter cannot see into
+    torch.compile's wrapper. Works for any model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        loss = work.forward(eager=True)
+        if work.run.mode != "forward":
+            loss.backward()
+    work.zero_grad()
+    return counter.get_total_flops()
+
+
+def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[str, Any]:
+    """--profile, in the process that profiled: the Chrome/Perfetto trace under results/profile/ and its kernel
+    tables ({"profile": ...}); under --parallel every rank's time in collectives ({"collectives": ...}), and only
+    rank 0 keeps its trace."""
+    phase("writing the profiler trace")
+    keep = parallel.is_rank_zero()
+    if keep:
+        stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
+        stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
+        trace = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json")
+    else:
+        handle, name = tempfile.mkstemp(suffix=".json")
+        os.close(handle)
+        trace = Path(name)
+    profiler.export_chrome_trace(str(trace))
+    out: dict[str, Any] = {}
+    try:
+        if run.parallel:
+            with open(trace) as f:
+                out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
+        if keep:
+            tables = profile_tables.build_tables(profile_readers.load_torch_trace(trace),
+                                                 profile_tables.stopwatch_ms(record),
+                                                 profile_tables.attention_shape(dataclasses.asdict(run)),
+                                                 compiled=run.compile)
+            out["profile"] = {"trace": str(trace), "tables": tables}
+    finally:
+        if not keep:
+            trace.unlink()
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+
+def sample_stats(record: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
+    """`<phase>_ms_<stat>` (mean, std, median, min, max, cv, n) of each phase's raw samples."""
+    return {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
+
+
+def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
+    """FLOPs of one global step: model_config's formula for our architecture (formula), FlopCounterMode's count
+    (counted), or None (none)."""
+    if run.flops == "formula":
+        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+    return record["counted_step_flops"] * run.world_size if run.flops == "counted" else None
+
+
+def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
+    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU of a finished record."""
+    phases = PHASES_BY_MODE[run.mode] + ("step",)
+    out = sample_stats(record, phases)
+    out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
+                    if out[f"{p}_ms_cv"] is not None and out[f"{p}_ms_cv"] > NOISY_CV]
+    if out["step_ms_n"] < 2:
+        out["note"] = ONE_SAMPLE_NOTE
+    step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
+    out["tokens_per_s"] = run.batch_size * run.context_length * run.world_size / step_s  # the global batch
+    flops = step_flops(run, record)
+    out.update(step_flops=flops, flops_source=run.flops, achieved_tflops=None, peak_tflops=None, peak_source=None,
+               mfu_precision=None, mfu=None)
+    if flops is None:  # no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
+        return out
+    out["achieved_tflops"] = flops / step_s / 1e12
+    env = record["environment"]
+    precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
+    if peak_override is not None:
+        peak, label = peak_override, "--peak-tflops"
+    elif env["device"].startswith("cuda"):
+        peak, label = peak_tflops(env["device_name"], precision)
+    else:
+        peak, label = None, None  # a CPU has no entry in the peak table: no MFU rather than a guess
+    out.update(peak_tflops=peak, peak_source=label, mfu_precision=precision)
+    out["mfu"] = out["achieved_tflops"] / (peak * run.world_size) if peak else None  # N GPUs: N x the peak
+    return out
 
 
 def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
-    """The derived figures of a finished configuration; its status says whether a phase was noisy. Under
-    --parallel, every row (failed ones too) gets the predicted state bytes per rank; in a --context-length max
-    search, the search's settings (its upper bound, the bisection's resolution and budget)."""
+    """The derived figures of a finished row (status "noisy" when a phase was); the predicted state per rank
+    under --parallel; a search probe's settings under --context-length max."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
-    if finished(record):  # measured (the status says "ok" until the noisy check)
+    if finished(record):
         record.update(derive_figures(run, record, args.peak_tflops))
         record["status"] = "noisy" if record["noisy"] else "ok"
-    if args.context_search:  # a probe of --context-length max: context_searches finds it by this
+    if args.context_search:
         record["context_search"] = {"max_context": args.max_context, "resolution": args.search_resolution,
                                     "probe_budget": args.search_probes}
 
 
-def dry_run_label(run: RunConfig) -> str:
-    """A planned configuration, with the training state each rank will hold (parallel.state_bytes_per_rank), so
-    whether it fits is known before the run."""
-    state = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)["state_bytes"]
-    return f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
-
-
 def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
-    """What --dry-run adds below the plan: the comparison table's variants (and how they are timed) and the
-    context searches."""
-    notes = []
-    configs = [dataclasses.asdict(run) for run in runs]
-    names = variants(configs)
-    if names:
+    """What --dry-run says below the plan: the comparison's variants (and how they are timed), the searches."""
+    notes, configs = [], [dataclasses.asdict(run) for run in runs]
+    if names := variants(configs):
         how = ("each comparison's variants in one process, their timed steps interleaved" if args.interleave == "steps"
                else f"each variant in its own process, {args.repeats} run(s) each, alternating")
         notes.append(f"then a comparison table: {' vs '.join(names)}, one row per size and context, speed-ups over "
                      f"{names[0]} ({how}).")
     if args.context_search:
-        searches = len({config_key(c, context=False) for c in configs})
-        contexts = probe_contexts(args.max_context)
-        source = f"; {args.max_context_default}" if args.max_context_default else ""
-        bisect = (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
-                  f"multiple of {args.search_resolution}." if args.search_probes else "")
-        notes.append(f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the "
-                     f"context), each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child "
-                     "process. A search ends at its first OOM (the answer: the context before it), error or timeout "
-                     f"(inconclusive), or after {contexts[-1]} (--max-context {args.max_context}{source}).{bisect}")
+        searches, contexts = len({config_key(c, context=False) for c in configs}), probe_contexts(args.max_context)
+        notes.append(
+            f"context search: {searches} search{'es' if searches > 1 else ''} (one per configuration but the context), "
+            f"each trying ctx {', '.join(map(str, contexts))} in turn, every probe in its own child process. A search "
+            "ends at its first OOM (the answer: the context before it), error or timeout (inconclusive), or after "
+            f"{contexts[-1]} (--max-context {args.max_context}"
+            f"{'; ' + args.max_context_default if args.max_context_default else ''})."
+            + (f" After an OOM that follows a fit, up to {args.search_probes} more probes bisect between them to a "
+               f"multiple of {args.search_resolution}." if args.search_probes else ""))
     return [textwrap.fill(note, width=116) for note in notes]
 
 
@@ -457,8 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         if not rank_zero:
             return 0
-        return cli.print_dry_run([dry_run_label(run) for run in runs],
-                                 preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
+        states = [parallel.state_bytes_per_rank(r.model, r.parallel, r.world_size, r.mode)["state_bytes"] for r in runs]
+        labels = [f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
+                  for run, state in zip(runs, states)]
+        return cli.print_dry_run(labels, preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
@@ -466,10 +727,9 @@ def main(argv: list[str] | None = None) -> int:
         name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
         finish=lambda run, record: finish_record(run, record, args),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step", render=live)
-    records, code = sweep.run_sweep(experiment, runs, files, common.resolve_device(args.device), args,
+    records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args,
                                     search=args.context_search)
-    if records and rank_zero:
-        # each search's answer as a record of its own, after its probes; then the report, then the figures
+    if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,
                                    append=context_searches(records))
         return code or published  # an interrupted sweep says so first

@@ -1,23 +1,21 @@
 """Does a comparison survive a busy machine? One bench_e2e comparison run several times with its variants measured
-one after the other (each in its own process, as every sweep did before issue #21: --interleave runs) and as many
-times interleaved (one process, their timed steps alternating A B B A: --interleave steps, the default), while a
-background load switches on and off; then the spread of the speed-ups each way.
+one after the other (each in its own process: --interleave runs) and as many times interleaved (one process, timed
+steps alternating A B B A: --interleave steps, the default), while a background load switches on and off; then the
+spread of the step speed-ups each way.
 
     python3 bench_noise.py                                  # fp32 vs bf16, 5 runs each way, load 5 s on / 5 s off
     python3 bench_noise.py --runs 3 --on 10 --off 10        # fewer runs, a slower load cycle
     python3 bench_noise.py -- --size small --attn naive sdpa --steps 20   # any bench_e2e comparison after --
 
-The load: --burners processes (default: one per CPU) spinning Python, stopped and continued together (SIGSTOP,
-SIGCONT) every --on / --off seconds, started before the first run and killed after the last. Each run is a
-bench_e2e.py subprocess writing its own files beside this script's (results/noise/<stem>_runs/: re-render them with
-report.py); its step speed-up is read from its JSONL records (stats.speedup: paired by round when interleaved, the
-ratio of the means when not). Arguments that are not one comparison of two variants exit 2 before anything starts
-(bench_e2e.py --dry-run checks them); a run that fails is recorded with its status and counted in its row, and the
-others go on. The figures of runs on this machine are in docs/running.md.
+The load: --burners processes spinning Python, stopped and continued together (SIGSTOP / SIGCONT). Each run is a
+bench_e2e.py subprocess writing its files under results/noise/<stem>_runs/ (report.py re-renders them). Every
+process started here dies with this one, even on kill -9 (Linux: PR_SET_PDEATHSIG). A failed run is a row.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import itertools
 import os
 import re
 import signal
@@ -35,42 +33,47 @@ import stats
 from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
-# the comparison run by default: the study's mixed-precision question, fp32 against bf16 autocast, on the smallest
-# preset at context 128 (matmul-bound, ~0.8 s per pair of steps on an idle 2-core CPU), 20 rounds per interleaved run
+# the study's mixed-precision question on the smallest preset at context 128, 20 rounds per interleaved run
 DEFAULT_COMPARISON = ["--size", "tiny", "--context-length", "128", "--dtype", "fp32", "bf16", "--warmup", "2",
                       "--steps", "20", "--device", "cpu"]
-TARGET = 0.10  # the issue's target: the interleaved speed-ups agree within +-10%
+TARGET = 0.10  # the interleaved speed-ups should agree within +-10%
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def dies_with(parent: int):
+    """A preexec_fn: the child is SIGKILLed when `parent` dies however it dies (a stopped child too); where
+    prctl is missing, the burners' own getppid() poll still ends them once they run."""
+    prctl = ctypes.CDLL(None).prctl if sys.platform.startswith("linux") else None  # looked up before the fork
+
+    def arm() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the prctl
+            os._exit(1)
+    return arm
 
 
 class SwitchedLoad:
-    """`count` processes spinning Python, all stopped or all running, switched every `on_s` / `off_s` seconds by
-    a thread of this process. Only the processes it started are signalled and, at the end, killed."""
+    """`count` processes spinning Python, switched all on / all off every `on_s` / `off_s` seconds by a thread."""
 
     def __init__(self, count: int, on_s: float, off_s: float):
-        self.on_s, self.off_s = on_s, off_s
-        spin = f"import os\nwhile os.getppid() == {os.getpid()}: pass"  # ends with this process, however it ends
-        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(count)]
-        self.switches = 0
+        self.on_s, self.off_s, self.switches = on_s, off_s, 0
+        spin = f"import os\nwhile os.getppid() == {os.getpid()}: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin], preexec_fn=dies_with(os.getpid()))
+                      for _ in range(count)]
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._switch, daemon=True, name="load-switch")
 
-    def _signal(self, sig: int) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, sig)
-
     def _switch(self) -> None:
-        while True:  # on first (the processes start running), then off, on, ...
-            if self._done.wait(self.on_s):
+        for sig, wait_s in itertools.cycle(((signal.SIGSTOP, self.on_s), (signal.SIGCONT, self.off_s))):
+            if self._done.wait(wait_s):
                 return
-            self._signal(signal.SIGSTOP)
-            self.switches += 1
-            if self._done.wait(self.off_s):
-                return
-            self._signal(signal.SIGCONT)
+            for proc in self.procs:
+                if proc.poll() is None:
+                    os.kill(proc.pid, sig)
             self.switches += 1
 
-    def __enter__(self) -> "SwitchedLoad":
+    def __enter__(self) -> SwitchedLoad:
         self._thread.start()
         return self
 
@@ -78,55 +81,52 @@ class SwitchedLoad:
         self._done.set()
         self._thread.join()
         for proc in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)  # also ends a stopped process
+            proc.kill()  # SIGKILL ends a stopped process too
             proc.wait()
 
 
 class RunFailed(Exception):
-    """One bench_e2e run of the comparison did not give a speed-up."""
+    """One bench_e2e run of the comparison gave no speed-up."""
+
+
+def bench_e2e(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *args], cwd=HERE, capture_output=True,
+                          text=True, preexec_fn=dies_with(os.getpid()))
 
 
 def check_comparison(bench_args: list[str]) -> str | None:
-    """Why these bench_e2e arguments cannot be the comparison (bench_e2e's own refusal, or not exactly two
-    configurations), from `bench_e2e.py ... --dry-run` (a few seconds: it builds nothing); None when they can."""
-    done = subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), *bench_args, "--dry-run"], cwd=HERE,
-                          capture_output=True, text=True)
+    """Why these arguments are not one comparison of two variants (bench_e2e --dry-run's answer), or None."""
+    done = bench_e2e([*bench_args, "--dry-run"])
     if done.returncode != 0:
         return (done.stderr.strip().splitlines() or [f"bench_e2e.py --dry-run exited with {done.returncode}"])[-1]
     planned = re.search(r"dry run: (\d+) configurations? would run", done.stdout)
     if planned is None or int(planned.group(1)) != 2:
-        count = planned.group(1) if planned else "an unknown number of"
         return (f"bench_noise needs a comparison of exactly two variants (e.g. --dtype fp32 bf16); these arguments "
-                f"make {count} configurations")
+                f"make {planned.group(1) if planned else 'an unknown number of'} configurations")
     return None
 
 
 def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: str) -> dict[str, Any]:
-    """One bench_e2e run of the comparison; its step speed-up (the second variant over the first), its interval and
-    the load it ran under, from its records. RunFailed when bench_e2e fails or the run is not one comparison of
-    two finished variants."""
-    cmd = [sys.executable, str(HERE / "bench_e2e.py"), *bench_args, "--interleave", interleave, "--quiet",
-           "--results-dir", str(folder), "--out", stem]
+    """One bench_e2e run: the second variant's step speed-up over the first (stats.speedup: paired by round when
+    interleaved), its interval and the load it ran under."""
     start = time.monotonic()
-    done = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
+    done = bench_e2e([*bench_args, "--interleave", interleave, "--quiet", "--results-dir", str(folder), "--out", stem])
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
         raise RunFailed(f"bench_e2e.py exited with {done.returncode}: {last}")
-    records = results.read_records(folder / "e2e" / f"{stem}.jsonl")
+    jsonl = folder / "e2e" / f"{stem}.jsonl"
+    records = results.read_records(jsonl)
     if len(records) != 2 or not all(results.finished(r) for r in records):
         raise RunFailed("not two finished variants: " + ", ".join(r["status"] for r in records))
     found = stats.speedup(records[0], records[1], ("step",))
     loads = [r["load"][when]["loadavg_1m"] for r in records for when in ("before", "after") if "load" in r]
-    return {"interleave": interleave, "jsonl": str(folder / "e2e" / f"{stem}.jsonl"), "speedup": found.ratio,
-            "low": found.low, "high": found.high,
-            "rounds": found.rounds, "seconds": time.monotonic() - start, "loadavg_1m_min": min(loads),
-            "loadavg_1m_max": max(loads), "variants": [r["label"] for r in records]}
+    return {"interleave": interleave, "jsonl": str(jsonl), "speedup": found.ratio, "low": found.low,
+            "high": found.high, "rounds": found.rounds, "seconds": time.monotonic() - start,
+            "loadavg_1m_min": min(loads), "loadavg_1m_max": max(loads), "variants": [r["label"] for r in records]}
 
 
 def spread_row(how: str, runs: list[dict[str, Any]], failed: int = 0) -> dict[str, Any]:
-    """The speed-ups of one way of measuring: each, their median, and how far the extremes lie from the median;
-    `failed` runs gave none and are counted, not guessed."""
+    """The speed-ups of one way of measuring, their median and how far the extremes lie from it."""
     speedups = [r["speedup"] for r in runs]
     row = {"measured": how, "speed-ups": " ".join(f"{s:.2f}x" for s in speedups) or "none",
            "failed runs": failed or None}
@@ -134,10 +134,10 @@ def spread_row(how: str, runs: list[dict[str, Any]], failed: int = 0) -> dict[st
         return row
     median = statistics.median(speedups)
     worst = max(abs(s / median - 1) for s in speedups)
-    verdict = "met" if worst <= TARGET else "missed"
     return {**row, "median": f"{median:.2f}x", "min": f"{min(speedups):.2f}x", "max": f"{max(speedups):.2f}x",
             "max/min": f"{max(speedups) / min(speedups):.2f}", "within": f"+-{worst:.0%} of the median",
-            f"target +-{TARGET:.0%}": verdict if len(speedups) > 1 else "one run: no spread"}
+            f"target +-{TARGET:.0%}": ("met" if worst <= TARGET else "missed") if len(speedups) > 1
+            else "one run: no spread"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,27 +158,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with results.sigterm_as_interrupt():  # SIGTERM ends the run as Ctrl-C does
             return measure(args)
-    except KeyboardInterrupt as stop:  # the load is already killed (SwitchedLoad.__exit__); finished runs are on disk
+    except KeyboardInterrupt as stop:  # the load is already killed; the finished runs are on disk
         results.progress("bench_noise.py: interrupted; the runs that finished are in its .jsonl")
         return 128 + (signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT)
 
 
 def measure(args: argparse.Namespace) -> int:
-    """The runs, each way in turn under the switched load, then the table of their spreads."""
     bench_args = args.bench_args or DEFAULT_COMPARISON
     if (refused := check_comparison(bench_args)) is not None:  # before any file or background load exists
         results.exit_usage_error(refused)
     files = ResultFiles(args.results_dir, "noise", args.out, "noise")
-    runs_folder = files.path("_runs")  # bench_e2e's own files of every run: <results>/noise/<stem>_runs/e2e/
-    runs: list[dict[str, Any]] = []
-    failures: list[dict[str, Any]] = []
+    runs, failures = [], []
     with SwitchedLoad(args.burners, args.on, args.off) as load:
         for i in range(args.runs):  # the two ways alternate, so the load's history is the same for both
             for interleave in ("runs", "steps"):
                 position = f"[{len(runs) + len(failures) + 1}/{2 * args.runs}] {interleave}"
                 try:
-                    run = run_comparison(bench_args, interleave, runs_folder, f"{interleave}-{i + 1}")
-                except RunFailed as exc:  # the others still run: a failure loses nothing already measured
+                    run = run_comparison(bench_args, interleave, files.path("_runs"), f"{interleave}-{i + 1}")
+                except RunFailed as exc:
                     failures.append({"interleave": interleave, "index": i + 1, "status": f"error: {exc}"})
                     files.append_record({"experiment": "bench_noise", **failures[-1]})
                     results.progress(f"{position}: failed: {exc}")
@@ -188,19 +185,17 @@ def measure(args: argparse.Namespace) -> int:
                 files.append_record({"experiment": "bench_noise", "status": "ok", **run})
                 results.progress(f"{position}: {run['speedup']:.2f}x ({run['seconds']:.0f} s, load "
                                  f"{run['loadavg_1m_min']:.1f}-{run['loadavg_1m_max']:.1f})")
-        switches = load.switches
-    rows = [spread_row(how, [r for r in runs if r["interleave"] == way],
-                       sum(f["interleave"] == way for f in failures))
-            for way, how in (("runs", "one after the other (--interleave runs)"),
-                             ("steps", "interleaved (--interleave steps)"))]
     if not runs:
         results.progress(f"bench_noise.py: no run gave a speed-up ({failures[-1]['status']})")
         return 1
+    rows = [spread_row(how, [r for r in runs if r["interleave"] == way], sum(f["interleave"] == way for f in failures))
+            for way, how in (("runs", "one after the other (--interleave runs)"),
+                             ("steps", "interleaved (--interleave steps)"))]
     a, b = (label.split() for label in runs[0]["variants"])  # the words that tell the two variants apart
     names = " vs ".join(" ".join(w for w in mine if w not in other) or "?" for mine, other in ((a, b), (b, a)))
-    heading = (f"step speed-up of {names} (bench_e2e.py {' '.join(bench_args)}), "
-               f"{args.runs} runs each way, {args.burners} background processes switched {args.on:g} s on / "
-               f"{args.off:g} s off ({switches} switches); {os.cpu_count()} CPUs")
+    heading = (f"step speed-up of {names} (bench_e2e.py {' '.join(bench_args)}), {args.runs} runs each way, "
+               f"{args.burners} background processes switched {args.on:g} s on / {args.off:g} s off "
+               f"({load.switches} switches); {os.cpu_count()} CPUs")
     columns = [c for c in rows[0] | rows[1] if any(row.get(c) is not None for row in rows)]
     files.publish(lambda fmt: heading + "\n\n" + render_table(rows, columns, fmt), args.fmt)
     return 1 if failures else 0

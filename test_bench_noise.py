@@ -1,6 +1,7 @@
 """bench_noise.py without its minutes of benchmarking: the spread arithmetic from known speed-ups, the switched
-background load, a failed run among finished ones, and arguments that cannot be a comparison."""
+background load, a failed run among finished ones, arguments that cannot be a comparison, and kill -9."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -88,3 +89,48 @@ def test_sigterm_kills_the_load_keeps_the_finished_runs_and_exits_143(tmp_path, 
     assert all(p.poll() is not None for p in spinners[0].procs)  # the background load did not outlive the run
     assert len((tmp_path / "noise" / "n.jsonl").read_text().splitlines()) == 1  # the finished run, kept
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # and the handler is the process's own again
+
+
+def descendants(pid):
+    """Every process below `pid` (Linux /proc), by parent pid."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(") ", 1)[1].split()[1]), []).append(int(entry))
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_kill_9_leaves_no_process_running(tmp_path):
+    """The burners (paused half the time) and the bench_e2e run with its own children all die with bench_noise."""
+    proc = subprocess.Popen([sys.executable, str(HERE / "bench_noise.py"), "--runs", "1", "--burners", "1", "--on",
+                             "0.2", "--off", "0.2", "--results-dir", str(tmp_path), "--", "--size", "tiny",
+                             "--context-length", "16", "--num-layers", "1", "--dtype", "fp32", "bf16", "--steps",
+                             "100000", "--device", "cpu"], stderr=subprocess.DEVNULL)
+    deadline, tree = time.monotonic() + 120, []
+    while time.monotonic() < deadline and len(tree) < 4:  # a burner, bench_e2e, its fork server and a child
+        time.sleep(0.5)
+        tree = descendants(proc.pid)
+    assert len(tree) >= 4, tree
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(alive(pid) for pid in tree):
+        time.sleep(0.2)
+    assert not [pid for pid in tree if alive(pid)]

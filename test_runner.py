@@ -178,80 +178,6 @@ def test_a_slow_fault_slows_every_op_run_under_it_and_nothing_else(monkeypatch):
     assert time.monotonic() - start < 10 * sweep.SLOW_OP_S  # left: as fast as before
 
 
-# ---- interleaved measurement ----
-
-
-def fake_variant(name, calls, resident=0, transient=0, allocator=None, warmup=1, steps=8, step_s=0.001):
-    """A preparer for runner.measure_interleaved whose step notes its variant in `calls` and claims to take
-    `step_s` (so the block size is known); with `allocator`, it holds `resident` bytes and each step allocates
-    `transient` more for a moment (a fake CUDA allocator)."""
-    def prepare():
-        calls.append(f"build {name}")
-        if allocator is not None:
-            allocator["now"] += resident
-
-        def step():
-            calls.append(name)
-            if allocator is not None:
-                allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
-            return {"forward": step_s / 2, "step": step_s}
-
-        return runner.Prepared(step=step, device=torch.device("cpu"), warmup=warmup, steps=steps)
-    return prepare
-
-
-class Entered:
-    """A context that notes when it is entered and left (the sweep's slow: fault is entered around blocks)."""
-
-    def __init__(self, calls, name):
-        self.calls, self.name = calls, name
-
-    def __enter__(self):
-        self.calls.append(f"enter {self.name}")
-
-    def __exit__(self, *exc):
-        self.calls.append(f"leave {self.name}")
-
-
-def test_interleaved_variants_warm_up_alone_then_alternate_in_blocks_a_b_b_a():
-    calls = []
-    records = runner.measure_interleaved(torch.device("cpu"), [fake_variant("A", calls, steps=12),
-                                                               fake_variant("B", calls, steps=12)],
-                                         [contextlib.nullcontext(), Entered(calls, "slow")])
-    # each variant is built and warmed up on its own, in turn
-    assert calls[:4] == ["build A", "A", "build B", "B"]
-    timed = [c for c in calls[4:] if c in ("A", "B")]
-    # 1 ms steps: blocks of 2 (5 ms wanted, but 12 steps must leave the 6 rounds of a 95% interval): A B | B A | ...
-    assert "".join(timed) == "AABBBBAA" * 3
-    assert calls[4:10] == ["A", "A", "enter slow", "B", "B", "leave slow"]  # B's context around B's blocks only
-    for record in records:
-        assert len(record["step_ms"]) == 12 and record["pairing"]["rounds"] == [[i, i + 2] for i in range(0, 12, 2)]
-        assert record["pairing"]["steps_per_block"] == 2 and record["load"]["before"]["cpu_count"] >= 1
-    assert records[0]["pairing"]["group"] == records[1]["pairing"]["group"]
-    assert [r["pairing"]["position"] for r in records] == [0, 1]
-
-
-def test_each_interleaved_variant_keeps_its_own_peak_memory(monkeypatch):
-    """On CUDA a variant's peak is what it holds plus what its own steps allocate, as if it ran alone: the other
-    variant's resident bytes are not counted (a fake allocator stands in for CUDA's counters)."""
-    allocator = {"now": 1000, "peak": 1000}  # 1000 bytes allocated before the variants
-
-    def reset(device):
-        allocator["peak"] = allocator["now"]
-
-    monkeypatch.setattr(runner, "allocated_bytes", lambda device: allocator["now"])
-    monkeypatch.setattr(runner, "reset_peak_memory", reset)
-    monkeypatch.setattr(runner, "peak_memory_bytes", lambda device: {"peak_mem_allocated_bytes": allocator["peak"]})
-    monkeypatch.setattr(runner, "environment", lambda device: {"device": str(device)})
-    monkeypatch.setattr(runner, "machine_load", lambda device: {})
-    calls = []
-    records = runner.measure_interleaved(torch.device("cuda"), [
-        fake_variant("A", calls, resident=100, transient=50, allocator=allocator),
-        fake_variant("B", calls, resident=300, transient=20, allocator=allocator)])
-    assert [r["peak_mem_allocated_bytes"] for r in records] == [150, 320]
-    assert not any("peak_mem_reserved_bytes" in r for r in records)  # shared by the variants: not given
-
-
 # ---- the sweep through bench_e2e's command line ----
 
 
@@ -338,21 +264,6 @@ def test_a_closed_stdout_loses_no_rows(tmp_path):
     assert "Traceback" not in err and "stdout was closed" in err
     assert len(read_records(tmp_path / "e2e" / "s.jsonl")) == 2
     assert (tmp_path / "e2e" / "s.md").read_text().count("| tiny ") == 1 + 2  # config row, two result rows
-
-
-def test_one_timed_step_has_no_std_and_the_row_says_so(tmp_path, capsys):
-    code = bench_e2e.main([*SMALL, "--context-length", "8", "--steps", "1", "--in-process",
-                           "--results-dir", str(tmp_path), "--out", "one"])
-    assert code == 0
-    (record,) = read_records(tmp_path / "e2e" / "one.jsonl")
-    assert record["step_ms_std"] is None and record["forward_ms_std"] is None and record["step_ms_n"] == 1
-    assert record["note"] == runner.ONE_SAMPLE_NOTE
-    lines = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if "step ms" in line
-             or "| tiny " in line]
-    header, row = [c.strip() for c in lines[-2]], [c.strip() for c in lines[-1]]
-    cells = dict(zip(header, row))
-    assert cells["step ms"] and cells.get("step std", "") == "" and cells.get("fwd std", "") == ""  # not 0.00
-    assert cells["status"] == "ok (1 timed step: no std)"
 
 
 def assert_complete(records, experiment):
