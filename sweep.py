@@ -49,17 +49,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def safe_sys_path(path: list[str]) -> list[str]:
-    """`path` with this folder first and without the working directory ('' or its name): a student's optim.py
-    there never replaces ours. Their code is imported from there only where a flag names it (common.load)."""
+    """`path` with this folder first and without the working directory, where a student's optim.py would replace
+    ours: their code is imported from there only where a flag names it (common.load)."""
     cwd = os.getcwd()
     return [HERE] + [p for p in path if os.path.abspath(p or ".") not in (HERE, cwd)]
 
 
 # ---- child processes ----
 
-# Modules the fork server imports once, so that a child starts with torch and the toolkit loaded (~0.1 s, where a
-# fresh interpreter takes 6-9 s; torch._dynamo, which the first optimizer imports, 3-5 s more). None touches CUDA at
-# import: a CUDA driver initialised before fork() is unusable in the children (test_runner checks).
+# Imported once by the fork server, so a child starts in ~0.1 s (a fresh interpreter: 6-9 s, and 3-5 s more for
+# torch._dynamo). None touches CUDA at import: a driver initialised before fork() is unusable in the children.
 PRELOAD = ["__main__", "torch", "torch._dynamo", "torch.optim", "common", "model", "optim", "runner", "sweep"]
 HEARTBEAT_S = 10.0  # at most one heartbeat line per this many seconds
 EXIT_PARENT_GONE = 75  # what a child exits with when its parent is gone (nobody reads it)
@@ -69,10 +68,10 @@ _server: list[Any] = []  # the forkserver context, once started
 
 
 def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
-    """The forkserver context, started on first use with PRELOAD and the modules of `fn` and of its callable
-    arguments. Children fork from the server, not from this process: no CUDA context, threads or locks inherited.
-    The server runs `python -c`, which puts the working directory first on its path (and Python 3.11 ignores the
-    path it is handed): it starts with PYTHONSAFEPATH (no such entry) and this folder first on PYTHONPATH."""
+    """The forkserver context, started on first use with PRELOAD and the modules of `fn` and its arguments.
+    Children fork from the server: no CUDA context, threads or locks of this process. The server runs `python -c`,
+    which puts the working directory first on its path (3.11 ignores the path it is handed): it starts with
+    PYTHONSAFEPATH (no such entry) and this folder first on PYTHONPATH."""
     if not _server:
         ctx = multiprocessing.get_context("forkserver")
         todo, modules = [fn, *kwargs.values()], []
@@ -99,9 +98,8 @@ def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
 
 
 def _watch_parent(lifeline: Any) -> None:
-    """Exit at once when the parent is gone, even killed with -9: only it holds the other end of `lifeline`, so a
-    read returns EOF exactly when it dies. (PR_SET_PDEATHSIG would watch the fork server, our OS parent, which
-    outlives the parent while children hold its pipe.)"""
+    """Exit when the parent is gone, even killed with -9: only it holds the other end of `lifeline`. (Not
+    PR_SET_PDEATHSIG: our OS parent is the fork server, which outlives the parent while children hold its pipe.)"""
     def wait() -> None:
         with contextlib.suppress(EOFError, OSError):
             lifeline.recv()
@@ -133,8 +131,7 @@ def _child_main(result: Any, lifeline: Any, fn: Callable, kwargs: dict[str, Any]
 
 
 def oom_kill_counts() -> tuple[int | None, int | None]:
-    """The kernel's OOM-kill counters: system-wide (/proc/vmstat) and this process's cgroup v2 (memory.events,
-    which counts kills under a container's limit too). None where unreadable."""
+    """The kernel's OOM-kill counters, system-wide and this cgroup's (a container's limit); None where unreadable."""
     def read(path: str | None, key: str) -> int | None:
         with contextlib.suppress(OSError, ValueError, TypeError):
             with open(path) as f:
@@ -150,8 +147,7 @@ def oom_kill_counts() -> tuple[int | None, int | None]:
 
 
 def died_status(exitcode: int | None, oom_before: tuple, oom_after: tuple) -> dict[str, Any]:
-    """The row of a child that died without answering: killed by SIGKILL while an OOM-kill counter rose is the
-    kernel's OOM killer, an OOM like any other; else an error with the exit code."""
+    """A child that died without a word: SIGKILL while an OOM-kill counter rose is an OOM; else an error."""
     rose = any(a is not None and b is not None and a > b for a, b in zip(oom_after, oom_before))
     if exitcode == -signal.SIGKILL and rose:
         return {"ok": False, "status": "OOM",
@@ -171,15 +167,13 @@ def _stop(proc: Any) -> None:
 def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: bool = False,
                  timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None,
                  on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`fn(**kwargs)` (module-level, returning a picklable value) in a fresh child forked from the fork server.
-    Returns {"ok": True, "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after
-    N s", "traceback" or "detail": ...}. After `timeout_s` the child is stopped; `stop_when()`, asked every
-    STOP_POLL_S, stops it early with the status it returns (a torchrun peer failed); Ctrl-C (and SIGTERM under
-    sigterm_as_interrupt) stops it and propagates. `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S,
-    written here, so nothing runs in the child beside its work. `in_process`: `fn` runs here, failures alike, with
-    no isolation, no time limit and a heartbeat line only at a phase change."""
+    """`fn(**kwargs)` (module-level, returning a picklable value) in a fresh child of the fork server: {"ok": True,
+    "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s", ...}. The child
+    is stopped after `timeout_s`, when `stop_when()` returns a status (a torchrun peer failed), or on Ctrl-C (which
+    propagates). `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S, written here: nothing runs in the
+    child beside its work. `in_process`: here, failures alike, without isolation, time limit or heartbeat."""
     if in_process:
-        return _run_here(fn, kwargs, on_heartbeat)
+        return _run_here(fn, kwargs)
     ctx = _fork_server(fn, kwargs)
     result_r, result_w = ctx.Pipe(duplex=False)
     lifeline_r, lifeline_w = ctx.Pipe(duplex=False)
@@ -240,45 +234,30 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: boo
                 end.close()
 
 
-def _run_here(fn: Callable[..., Any], kwargs: dict[str, Any], on_heartbeat: Callable[[str], None] | None) -> dict:
-    if on_heartbeat:
-        start = last = timeit.default_timer()
-
-        def line_when_due(name: str) -> None:
-            nonlocal last
-            now = timeit.default_timer()
-            if now - last >= HEARTBEAT_S:
-                last = now
-                on_heartbeat(f"{name}... {now - start:.0f} s")
-        _tell.append(line_when_due)
+def _run_here(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failure is data; Ctrl-C is not
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc(), "pid": os.getpid()}
-    finally:
-        if on_heartbeat:
-            _tell.pop()
 
 
 # ---- progress: what a configuration does now ----
 
-_tell: list[Callable[[str], None]] = []  # where phase() sends a phase's name: the parent's pipe, or a line here
+_tell: list[Callable[[str], None]] = []  # in a child: the pipe through which phase() tells the parent
 _told_at = [0.0]
 
 
 def phase(name: str) -> None:
-    """Name what this configuration does now, in untimed code (building, compiling, a warm-up step): the heartbeat
-    line says it. A no-op outside a sweep."""
+    """Name what this configuration does now (untimed code): the heartbeat says it. A no-op outside a child."""
     if _tell:
         _tell[-1](name)
         _told_at[0] = timeit.default_timer()
 
 
 def timed_phase(name: str) -> contextlib.AbstractContextManager:
-    """Called before a timed step (`with timed_phase(...), timer:`): its name, sent at most once a second before
-    the step's timer starts; nothing of the heartbeat runs during the step."""
+    """`with timed_phase(name), timer:` names a timed step (at most once a second) before its timer starts."""
     if _tell and timeit.default_timer() - _told_at[0] >= 1.0:
         phase(name)
     return contextlib.nullcontext()
@@ -293,8 +272,8 @@ INTERLEAVE = ("steps", "runs")
 
 
 def time_limit(timeout_s: float | None, slowest_s: float) -> float | None:
-    """--timeout: the seconds given (0 = none), or the larger of 15 minutes and 10x the slowest configuration so
-    far (doubling a sequence length multiplies a quadratic cost by 4; 10x leaves 2.5x for a busy machine)."""
+    """--timeout (0 = none), or the larger of 15 min and 10x the slowest configuration so far (doubling a
+    sequence length multiplies a quadratic cost by 4: 10x leaves 2.5x for a busy machine)."""
     if timeout_s is not None:
         return timeout_s or None
     return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * slowest_s)
@@ -334,8 +313,8 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def comparisons(runs: list[Any], key: Callable[[Any], Any]) -> list[Any]:
-    """A plan for run_configurations: the runs with an equal key(run) (not None) become one list, the variants of
-    one comparison, standing where the first of them stood; the others stay single runs."""
+    """A plan: the runs with an equal key(run) (not None) as one list, the variants of one comparison, where the
+    first of them stood."""
     plan: list[Any] = []
     groups: dict[Any, list[Any]] = {}
     for run in runs:
@@ -351,10 +330,9 @@ def comparisons(runs: list[Any], key: Callable[[Any], Any]) -> list[Any]:
 
 
 def merge_repeats(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list[list[int]]]]:
-    """One configuration's records from several children (--repeats) as one: the raw samples (`<phase>_ms` lists)
-    concatenated in the order they ran, the largest peaks, every child's compile time (the first is the one
-    quoted: later children find torch's caches warm), the load before the first and after the last. Also returns
-    which samples came from which child, per phase: {phase: [[start, stop) per repetition]}."""
+    """A configuration's records from its --repeats children as one: samples concatenated, the largest peaks,
+    every child's compile_s (the first is quoted: later ones find torch's caches warm), the load around them all;
+    and which samples came from which child, per phase: {phase: [[start, stop) per repetition]}."""
     merged = dict(values[0])
     bounds: dict[str, list[list[int]]] = {}
     for key in [k for k, v in values[0].items() if k.endswith("_ms") and isinstance(v, list)]:
@@ -401,8 +379,8 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
     with sigterm_as_interrupt():
         try:
             env = sweep_environment(device, args.in_process)
-            state = Sweep(measure, runs, files, args, name, finish, render, summary, measure_variants, resize,
-                          search, ranks, env)
+            state = Sweep(measure, runs, files, args, env, ranks, name=name, finish=finish, render=render,
+                          summary=summary, measure_variants=measure_variants, resize=resize, search=search)
             index = itertools.count()  # a run's index: the same on every torchrun rank
             for unit in units:
                 state.run_unit([(next(index), run) for run in unit])
@@ -420,17 +398,15 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
 
 
 def sweep_environment(device: torch.device, in_process: bool) -> dict[str, Any]:
-    """The environment for rows that carry none of their own (failed, skipped), read in a child like the
-    configurations (this process never touches CUDA)."""
+    """The environment of rows that carry none (failed, skipped), read in a child: this process never touches CUDA."""
     answer = run_isolated(environment, {"device": device}, in_process=in_process, timeout_s=TIMEOUT_FLOOR_S)
     return answer["value"] if answer["ok"] else {"device": str(device), "status": answer["status"]}
 
 
 def run_on_every_rank(measure: Callable, run: Any, index: int, ranks: Any, timeout_s: float | None,
                       on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One configuration of a torchrun sweep: this rank's child joins the configuration's process group and
-    measures, stopped as soon as another rank fails; then one agreed answer from every rank's (the slowest
-    rank's timings, or "OOM on rank k"), the same on every rank."""
+    """A torchrun configuration: this rank's child joins its process group and measures (stopped when another rank
+    fails); then one agreed answer from every rank's (the slowest timings, or "OOM on rank k")."""
     kwargs = {"measure": measure, "run": run, "prefix": ranks.configuration_prefix(index), "device": run.device,
               "timeout_s": run.pg_timeout_s}
     answer = run_isolated(parallel.measure_on_rank, kwargs, timeout_s=timeout_s, stop_when=ranks.peer_failure(index),
@@ -444,18 +420,16 @@ class Sweep:
     """The state of one run_configurations: records so far, the skip rule, progress counts, searches."""
 
     def __init__(self, measure: Callable, runs: list[Any], files: ResultFiles | None, args: argparse.Namespace,
-                 name: str, finish: Callable | None, render: Callable | None, summary: Callable | None,
-                 measure_variants: Callable | None, resize: Callable | None, search: bool, ranks: Any,
-                 env: dict[str, Any]):
-        self.measure, self.runs, self.files, self.args, self.name = measure, runs, files, args, name
-        self.finish, self.render, self.summary = finish, render, summary
-        self.measure_variants, self.resize, self.search, self.ranks, self.env = measure_variants, resize, search, ranks, env
+                 env: dict[str, Any], ranks: Any, **options: Any):
+        self.measure, self.runs, self.files, self.args, self.env, self.ranks = measure, runs, files, args, env, ranks
+        self.name, self.search = options["name"], options["search"]
+        self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
+        self.measure_variants, self.resize = options["measure_variants"], options["resize"]
         self.records: list[dict[str, Any]] = []
         self.skip = SkipAfterOOM(enabled=not args.no_skip)
         self.ended: set = set()  # search: the groups whose search has ended
         self.fits: dict = {}  # search: the longest size of each group that ran
-        self.slowest_s = 0.0
-        self.total, self.done = len(runs), 0
+        self.slowest_s, self.total, self.done = 0.0, len(runs), 0
         self.next_index = len(runs)  # bisection probes' indices (the same on every torchrun rank)
         self.mode = getattr(args, "interleave", "runs")
         self.repeats = getattr(args, "repeats", 1) if self.mode == "runs" else 1
@@ -473,7 +447,6 @@ class Sweep:
         return None if single is None else single * count
 
     def record_of(self, run: Any, answer: dict[str, Any] | None) -> dict[str, Any]:
-        """A run's record from the child's answer: its value, or its failure."""
         record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label()}
         if answer is not None and answer["ok"]:
             record.update(answer["value"])
@@ -485,7 +458,6 @@ class Sweep:
         return record
 
     def add(self, run: Any, record: dict[str, Any], number: int, elapsed: float) -> None:
-        """A finished row: the skip rule told, derived figures added, appended, the report rewritten, said."""
         group, _, size = run.skip_key()
         self.skip.record(group, size, record["status"])
         if not is_oom_status(record["status"]) and not record["status"].startswith(("skipped", "timeout")):
@@ -502,8 +474,7 @@ class Sweep:
         self.say(f"[{number}/{self.total}] {run.label()}: {said} ({elapsed:.1f} s)")
 
     def run_unit(self, unit: list[tuple[int, Any]]) -> None:
-        """One unit of the plan: the runs the skip rule or an ended search leave out are rows or nothing; the rest
-        are measured together (--interleave steps) or in children of their own."""
+        """A comparison's variants (or one run): skipped ones are rows; the rest together or each in its children."""
         todo = []
         for i, run in unit:
             group, size_name, size = run.skip_key()
@@ -521,7 +492,6 @@ class Sweep:
             self.interleave_runs(todo)
 
     def alone(self, run: Any, index: int, number: int, note: str = "") -> tuple[dict[str, Any], float]:
-        """One child for one run (on every rank under torchrun): its answer and seconds."""
         self.say(f"[{number}/{self.total}] starting {run.label()}{note}")
         beat, start = self.beat(f"[{number}/{self.total}]"), timeit.default_timer()
         if self.ranks is not None:
@@ -532,8 +502,7 @@ class Sweep:
         return answer, timeit.default_timer() - start
 
     def together(self, todo: list[tuple[int, Any]]) -> None:
-        """The variants of one comparison in one child, their timed steps interleaved by measure_variants; if that
-        child fails, each variant in a child of its own, so that an OOM row is always a real one."""
+        """The variants in one child (measure_variants); if it fails, each alone: an OOM row is always a real one."""
         where = f"[{self.done + 1}-{self.done + len(todo)}/{self.total}]"
         labels = [run.label() for _, run in todo]
         self.say(f"{where} starting {len(todo)} variants, interleaved: {' | '.join(labels)}")
@@ -554,10 +523,9 @@ class Sweep:
             self.add(run, record, self.done, elapsed)
 
     def interleave_runs(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
-        """Each run in children of its own, `repeats` rounds in stats.round_order (A B | B A ...); a run's children
-        merged into one record, paired with the others by round, added once its last repetition ended and the
-        runs before it were added. A failure ends that run's repetitions; Ctrl-C keeps what finished. A search's
-        probe may go on to a bisection."""
+        """The interleaving of runs: each in children of its own, `repeats` rounds in stats.round_order (A B | B A),
+        its children's records merged and paired with the others' by round. A failure ends that run's repeats;
+        Ctrl-C keeps what finished; a search's probe may go on to a bisection."""
         group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
         answers: dict[int, list[tuple[dict, float]]] = {i: [] for i, _ in todo}
         numbers: dict[int, int] = {}
@@ -593,8 +561,6 @@ class Sweep:
 
     def add_repeats(self, run: Any, answers: list[tuple[dict, float]], number: int, position: int, group: str,
                     labels: list[str], fallback: str | None) -> None:
-        """A run's row from its children's answers: a failure (or a status of its own) is the row; else their
-        merged record, paired with the other variants of its unit by repetition."""
         elapsed = sum(seconds for _, seconds in answers)
         oks = [answer for answer, _ in answers if answer["ok"]]
         failed = next((answer for answer, _ in answers if not answer["ok"]), None)
@@ -621,8 +587,7 @@ class Sweep:
         self.add(run, record, number, elapsed)
 
     def note_probe(self, run: Any, record: dict[str, Any]) -> None:
-        """A search's planned probe ended: a fit moves the search on; its first failure ends the group's planned
-        probes (the progress count shrinks by as many)."""
+        """A fit moves the search on; its first failure ends the group's planned probes (and shrinks the count)."""
         group, _, size = run.skip_key()
         if finished(record):
             self.fits[group] = max(self.fits.get(group, size), size)
@@ -631,8 +596,7 @@ class Sweep:
             self.total -= sum(1 for later in self.runs if later.skip_key()[0] == group and later.skip_key()[2] > size)
 
     def bisect(self, run: Any, record: dict[str, Any]) -> None:
-        """After a search's first OOM that follows a fit: the bisection between them (search.Bisection), each
-        probe in its own child, until the resolution is reached, the budget spent, or a probe fails otherwise."""
+        """After a search's first OOM that follows a fit, search.Bisection between them, a child per probe."""
         group, _, size = run.skip_key()
         if not is_oom_status(record["status"]) or group not in self.fits or self.resize is None:
             return

@@ -7,13 +7,10 @@ import contextlib
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
-import threading
 import sys
 import time
-import timeit
 from pathlib import Path
 
 import pytest
@@ -21,7 +18,6 @@ import torch
 
 import bench_attention
 import bench_e2e
-import common
 import mem_profile
 import precision_demo
 import report
@@ -458,31 +454,18 @@ def test_the_heartbeat_names_each_phase_from_the_parent(monkeypatch):
     assert sweep.run_isolated(two_phases, {"seconds": 0.5}, on_heartbeat=lines.append)["ok"]
     assert 4 <= len(lines) <= 14, lines  # about one per 0.1 s, never a flood
     assert any(line.startswith("building... ") for line in lines) and lines[-1].startswith(("compiling", "step"))
-    lines = []  # in this process: a line at a phase change, when one is due
-    assert sweep.run_isolated(two_phases, {"seconds": 0.2}, in_process=True, on_heartbeat=lines.append)["ok"]
-    assert lines and lines[0].startswith("compiling... "), lines
     sweep.phase("outside a sweep: nothing")
 
 
-def test_quiet_prints_no_progress_and_no_heartbeat(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(sweep, "HEARTBEAT_S", 0.01)  # a line at nearly every chance...
-    measure_saved = bench_attention.saved_tensor_bytes
-
-    def slow_saved_tensor_bytes(*args):  # ...and a phase slow enough for one, however fast the machine
-        time.sleep(0.1)
-        return measure_saved(*args)
-
-    monkeypatch.setattr(bench_attention, "saved_tensor_bytes", slow_saved_tensor_bytes)
+def test_quiet_prints_no_progress(tmp_path, capsys):
     argv = ["--impl", "naive", "--d", "8", "--seq-len", "16", "32", "--batch-size", "1", "--iters", "2", "--warmup",
             "1", "--device", "cpu", "--in-process", "--results-dir", str(tmp_path)]
     assert bench_attention.main(argv + ["--out", "loud"]) == 0
     err = capsys.readouterr().err
     assert "[1/2] starting naive d=8 seq=16" in err and "[2/2] naive d=8 seq=32 fp32: fwd" in err
-    assert re.search(r"\[[12]/2\] [^\n]+\.\.\. \d+ s", err), err  # a heartbeat line (in process: at a phase change)
     assert bench_attention.main(argv + ["--out", "quiet", "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "[1/2]" not in captured.err and "..." not in captured.err, captured.err
-    assert "fwd ms" in captured.out  # the report itself is printed as before
+    assert "[1/2]" not in captured.err and "fwd ms" in captured.out  # the report itself is printed as before
 
 
 def test_repeats_merge_each_phase_by_its_own_counts():
