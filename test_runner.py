@@ -1,7 +1,8 @@
-"""sweep.py and runner.py's measuring: the child-process runner (values, failures, time limit, OOM-killer
-rows, faults through test_faults_helper), interleaved variants (their order, their own memory figures), and the sweep through a real
-script's command line: SIGTERM, a hung child, a parent killed with SIGKILL, a closed stdout, one timed step, and
-records that always carry the experiment, the environment and a status. Every run is on the CPU."""
+"""sweep.py and runner.py's measuring: the child-process runner (values, failures, time limit, OOM-killer rows),
+interleaved variants (their order, their own memory figures), and the sweep through a real script's command line
+with faults from test_faults_helper: every failure a row, SIGTERM, a parent killed with SIGKILL, impostor modules
+in the working directory, a closed stdout, one timed step, and records that always carry the experiment, the
+environment and a status. Every run is on the CPU."""
 import argparse
 import contextlib
 import dataclasses
