@@ -763,3 +763,32 @@ def test_kineto_noise_is_the_markers_and_without_a_gpu_the_failed_gpu_count():
     assert common.is_kineto_noise(no_gpu, gpu=False) and not common.is_kineto_noise(no_gpu, gpu=True)
     assert not common.is_kineto_noise(other_error, gpu=False)
     assert not common.is_kineto_noise(b"a line of our own\n", gpu=False)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_started_with_die_with_parent_ends_with_its_parent_even_killed_with_sigkill():
+    read_fd, write_fd = os.pipe()
+    parent = os.fork()
+    if parent == 0:  # the parent-to-be of `sleep`: starts it, says its pid, then is killed without a word
+        child = subprocess.Popen(["sleep", "60"], preexec_fn=common.die_with_parent)
+        os.write(write_fd, f"{child.pid}\n".encode())
+        os.kill(os.getpid(), 9)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        sleeper = int(f.readline())
+    os.waitpid(parent, 0)
+    assert ended(sleeper), "the child outlived its parent"
+
+
+def ended(pid, timeout_s=10):
+    """True once `pid` has exited (gone, or a zombie waiting for its reaper)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
