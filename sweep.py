@@ -85,9 +85,15 @@ def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
         saved = {key: os.environ.get(key) for key in ("PYTHONSAFEPATH", "PYTHONPATH")}
         paths = [HERE] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else [])
         os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(paths))
+        # Ctrl-C reaches the whole process group, but only the parent acts on it (it stops the children): the
+        # server starts with SIGINT ignored, which exec and fork keep, so no traceback mid-import or mid-fork
+        main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
+            if main:
+                signal.signal(signal.SIGINT, handler)
             for key, value in saved.items():
                 if value is None:
                     del os.environ[key]
@@ -110,7 +116,7 @@ def _watch_parent(lifeline: Any) -> None:
 
 def _child_main(result: Any, lifeline: Any, fn: Callable, kwargs: dict[str, Any], environ: dict[str, str], cwd: str,
                 path: list[str], beats: Any) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: stopping us is the parent's job
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (the server's children ignore it already)
     _watch_parent(lifeline)
     os.environ.clear()  # the server started earlier: the parent's environment, folder and path as they are now
     os.environ.update(environ)
