@@ -1,11 +1,6 @@
-"""What every experiment shares at run time: device and precision contexts, the synchronised timer, memory
-counters and the saved-for-backward counter, NVTX / profiler ranges (and a profiler without kineto's marker
-lines), the GPU peak table, the environment record and the machine's load, and failures as data.
-
-The model's configuration and the handouts' sizes are in model_config.py, the command line in cli.py, result
-files and tables in results.py, the LM workload and its measured steps in runner.py, statistics of samples in
-stats.py, the sweep (and its fault injection for tests) in sweep.py.
-Nothing here does work at import time or changes global state on import.
+"""What every experiment needs at run time: device and precision, the synchronised timer, memory counters,
+NVTX / profiler ranges, the GPU peak table, the environment record, failures as data, the differences between
+torch releases, and the student's own code named on the command line as [NAME=]MODULE:CALLABLE.
 """
 from __future__ import annotations
 
@@ -13,62 +8,45 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import importlib
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import threading
 import timeit
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from model_config import ConfigError
 
-# ---- torch version compatibility ----
-# Tested from torch 2.6 (the Spring 2025 course's pin, and the first release with FSDP2's public
-# torch.distributed.fsdp.fully_shard) to 2.13 (docs/compat.md). What differs between those releases is listed and
-# decided here, from each release's own sources:
-# - DDP's "no buffer broadcast before forward" keyword: ddp_no_forward_buffer_sync() (parallel.shard_model);
-# - TF32 settings: read through the fp32_precision API from 2.9 (torch.backends.cudnn.conv exists from then):
-#   tf32_enabled();
-# - FSDP2 on the CPU (gloo), 2.7 and later: fsdp2_unsupported() (bench_e2e's --parallel check, the tests);
-# - FSDP2's reshard_after_forward=None (the root stays gathered after forward), 2.8 and later:
-#   fsdp_root_reshard_after_forward() (parallel.shard_model);
-# - kineto's USDT start/stop markers on stderr, 2.12 and later: KINETO_PRINTS_MARKERS (without_kineto_markers drops
-#   them on every release, as it drops kineto's "gpuGetDeviceCount failed" line on a CUDA build without a GPU);
-# - torch.profiler.profile's warning "Profiler clears events at the end of each cycle" at every first start, 2.10
-#   to 2.12 (2.13 warns from the second cycle only, 2.9 and before never): quiet_profiler passes acc_events=True,
-#   which a single cycle does not otherwise notice.
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# ---- torch releases: tested from 2.6 (the 2025 course's pin) to 2.13 (docs/compat.md); each difference here ----
 
 
 def torch_release(version: str) -> tuple[int, int]:
-    """(major, minor) of a torch version string: "2.11.0+cu130" -> (2, 11), "2.13.0a0+git1234" -> (2, 13)."""
+    """(major, minor): "2.11.0+cu130" -> (2, 11), "2.13.0a0+git1234" -> (2, 13)."""
     major, minor = version.split(".")[:2]
     return int(major), int(re.match(r"\d+", minor).group())
 
 
 TORCH_VERSION = torch_release(torch.__version__)
-OLDEST_TORCH = (2, 6)  # the oldest release the test suite has passed on
-KINETO_PRINTS_MARKERS = TORCH_VERSION >= (2, 12)  # seen in the 2.12.1 and 2.13.0 binaries, not in 2.6.0 or 2.11.0
+KINETO_PRINTS_MARKERS = TORCH_VERSION >= (2, 12)  # USDT lines in the 2.12.1 and 2.13.0 binaries, not 2.6 or 2.11
 
 
 def ddp_no_forward_buffer_sync() -> dict[str, bool]:
-    """DistributedDataParallel's keyword argument to skip broadcasting buffers before every forward:
-    forward_sync_buffers=False from torch 2.13, where broadcast_buffers is deprecated (a FutureWarning);
-    broadcast_buffers=False before, where forward_sync_buffers does not exist (TypeError). The old keyword also
-    skips the buffers' broadcast at construction, which the new one keeps: for buffers that every rank computes
-    identically (the RoPE cache) both mean the same."""
+    """DDP's keyword to skip the buffers' broadcast before every forward: forward_sync_buffers from 2.13, which
+    deprecates broadcast_buffers (the same for buffers every rank computes alike, the RoPE cache)."""
     return {"forward_sync_buffers": False} if TORCH_VERSION >= (2, 13) else {"broadcast_buffers": False}
 
 
 def tf32_enabled(kind: str) -> bool:
-    """Whether TF32 is allowed for "matmul" (torch.backends.cuda.matmul) or "cudnn" (cuDNN convolutions). From
-    torch 2.9, read through the fp32_precision API ("tf32", "ieee", or "none" when only the legacy flag was used),
-    since reading the legacy allow_tf32 flag raises once that API has set the precision; from allow_tf32 when the
-    API is unset, and before 2.9, where it does not exist."""
+    """Whether TF32 is allowed for "matmul" or "cudnn": from 2.9 through the fp32_precision API when it is set
+    (reading the legacy flag then raises), else the legacy allow_tf32 flag."""
     if kind not in ("matmul", "cudnn"):
         raise ValueError(f"unknown TF32 setting {kind!r}; choose from matmul, cudnn")
     legacy = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
@@ -80,9 +58,7 @@ def tf32_enabled(kind: str) -> bool:
 
 
 def fsdp2_unsupported(device: torch.device) -> str | None:
-    """Why FSDP2 cannot run on `device` with this torch, or None when it can. On the CPU it needs torch 2.7: 2.6's
-    fully_shard calls record_event() on torch.cpu.Stream, which gained it in 2.7 (AttributeError at the first
-    forward). On CUDA, 2.6's FSDP2 works."""
+    """Why FSDP2 cannot run on `device`: on the CPU, 2.6's fully_shard calls torch.cpu.Stream.record_event (2.7)."""
     if device.type == "cpu" and TORCH_VERSION < (2, 7):
         return (f"FSDP2 on the CPU needs torch 2.7 or later (torch.cpu.Stream.record_event); this is torch "
                 f"{torch.__version__}")
@@ -90,10 +66,8 @@ def fsdp2_unsupported(device: torch.device) -> str | None:
 
 
 def fsdp_root_reshard_after_forward(reshard_after_forward: bool) -> bool | None:
-    """fully_shard's reshard_after_forward for the root module, given the blocks' choice. From torch 2.8, None
-    means torch's rule (the root stays gathered after forward, since backward begins with it) and a bool is
-    obeyed; before 2.8, None is a ValueError and the root stays gathered whatever it is told (FSDPState._lazy_init
-    clears its post-forward mesh), so the blocks' bool goes through unchanged."""
+    """fully_shard's reshard_after_forward for the root: None (torch's rule: stay gathered) from 2.8; before, None
+    is a ValueError and the root stays gathered whatever it is told, so the blocks' bool goes through."""
     if TORCH_VERSION < (2, 8):
         return reshard_after_forward
     return None if reshard_after_forward else False
@@ -105,12 +79,11 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """torch.float16 -> 'float16', as tables print a tensor's dtype."""
     return str(dtype).removeprefix("torch.")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
-    """'auto' = CUDA when present, else CPU. Asking for CUDA on a machine without it is a ConfigError."""
+    """'auto' = CUDA when present, else CPU. CUDA asked for on a machine without it is a ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -124,40 +97,39 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
+def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    try:
+        return resolve_device(name)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
 def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    """fp32: nothing (fp32 everywhere). bf16 / fp16: torch.autocast mixed precision on `device`,
-    parameters stay fp32 (master weights)."""
+    """fp32: nothing. bf16 / fp16: torch.autocast on `device`; parameters stay fp32 (master weights)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    if dtype == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[dtype])
+    return contextlib.nullcontext() if dtype == "fp32" else torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on `device` (CUDA kernels run asynchronously; the CPU has nothing to wait for)."""
+    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-# ---- timing ----
-
-
 class SyncTimer:
-    """Wall-clock timer that synchronises the device before reading the clock at both ends.
+    """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
 
         with SyncTimer(device) as t:
             step()
         t.elapsed_s
-
-    `sync` replaces the device synchronisation (tests pass a fake to see it is called at both ends).
     """
 
     def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
-        self._sync = sync if sync is not None else (lambda: synchronize(device or torch.device("cpu")))
+        self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
         self.elapsed_s = float("nan")
 
-    def __enter__(self) -> "SyncTimer":
+    def __enter__(self) -> SyncTimer:
         self._sync()
         self._start = timeit.default_timer()
         return self
@@ -167,7 +139,7 @@ class SyncTimer:
         self.elapsed_s = timeit.default_timer() - self._start
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
-        """Run `fn` inside the timer; return (its result, seconds)."""
+        """(fn(), seconds)."""
         with self:
             result = fn()
         return result, self.elapsed_s
@@ -175,16 +147,16 @@ class SyncTimer:
 
 # ---- memory ----
 
+
 def reset_peak_memory(device: torch.device) -> None:
-    """Wait for queued work, then restart CUDA's peak counters (a CPU has none)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
-    """Peak bytes since the last reset: allocated (live tensors) and reserved (the caching allocator's segments);
-    {} on a CPU, which has no allocator counter."""
+    """Peak bytes since the last reset, allocated (live tensors) and reserved (the caching allocator's segments);
+    {} on a CPU, which has no such counter."""
     if device.type != "cuda":
         return {}
     torch.cuda.synchronize(device)
@@ -193,18 +165,16 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by all its views: the address of the StorageImpl. (The data pointer would
-    do for real tensors, but fake tensors have no data and all report 0.)"""
+    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are 0)."""
     return t.untyped_storage()._cdata
 
 
 @contextlib.contextmanager
 def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
                   exclude: set[int] = frozenset()) -> Iterator[dict[int, Any]]:
-    """Every storage autograd saves for backward inside the block, once per storage (a view shares its base's),
-    measured with saved-tensor hooks: {storage_key: describe(tensor), or the storage's bytes}. Storages in
-    `exclude` (weights: resident anyway) are left out. Works on every device and on fake tensors. Keys are only
-    unique while the graph lives: read the dict before freeing it."""
+    """What autograd saves for backward inside the block, once per storage: {storage_key: describe(tensor) or
+    the storage's bytes}, less the storages in `exclude` (weights). Works on fake tensors; read the dict while the
+    graph lives (keys are addresses)."""
     saved: dict[int, Any] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -219,20 +189,15 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 
 # ---- NVTX and profiler ranges ----
 
-# Names a shared library that exports the NVTX C API (nvtxRangePushA, nvtxRangePop), to use instead of torch's
-# NVTX binding: the CPU build of torch has none, so nsys_run.sh on a CPU builds a tiny library from the NVTX3
-# headers that ship with Nsight Systems into a cache (nsys_tool.nvtx_library_for_cpu) and names it here
-# (docs/nsys_run.md). On a GPU machine leave it unset.
+# A library exporting nvtxRangePushA / nvtxRangePop to call instead of torch's NVTX, which a CPU build lacks
+# (nsys_run.sh on a CPU names one: docs/nsys_run.md).
 NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
-
-_RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}  # nvtx: (push, pop) while switched on
+_RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}
 _NULL_RANGE = contextlib.nullcontext()
 
 
 def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
-    """(push, pop) of NVTX ranges: from the library named by $BENCH_NVTX_LIBRARY when set, else torch.cuda.nvtx
-    where CUDA is available. ValueError when there is no NVTX to call (a CPU build of torch raises in
-    torch.cuda.nvtx) or the named library cannot be loaded."""
+    """(push, pop) from $BENCH_NVTX_LIBRARY, else torch.cuda.nvtx; ValueError when there is none to call."""
     library = os.environ.get(NVTX_LIBRARY_ENV)
     if library:
         try:
@@ -249,13 +214,13 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
 
 
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch named ranges on: NVTX (for Nsight; a no-op where there is no NVTX to call, see nvtx_functions)
-    and/or torch.profiler.record_function labels. Both off by default."""
+    """Switch named ranges on: NVTX (a no-op where there is none, unless a named library is broken) and/or
+    torch.profiler.record_function labels."""
     try:
         _RANGES["nvtx"] = nvtx_functions() if nvtx else None
     except ValueError:
         if os.environ.get(NVTX_LIBRARY_ENV):
-            raise  # a library was named and is broken: say so rather than profile without ranges
+            raise
         _RANGES["nvtx"] = None
     _RANGES["profiler"] = bool(profiler)
 
@@ -273,174 +238,129 @@ def _active_range(name: str) -> Iterator[None]:
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
-    """A named range around a region of work: an NVTX range and/or a profiler label when switched on with
-    set_ranges(), a shared no-op context otherwise (free: no allocation, no CUDA call).
-
-    Inside code that torch.compile traces, never a range: Dynamo cannot trace the push/pop calls (it breaks the
-    graph there or drops them), and the kernels inductor generates fuse work across those boundaries, so a
-    range inside a compiled region would not hold the kernels it names. Ranges around the compiled call (the
-    forward / backward / optimizer phases) are unaffected."""
+    """A named range around a region when set_ranges switched them on, else one shared no-op context. Never inside
+    code torch.compile traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries anyway."""
     if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
 
 
-# ---- torch.profiler without kineto's trace-marker lines ----
-
-# libkineto (torch.profiler's backend) writes "USDT:<time> <pid>:<tid> SyncActivityProfilerHandler.cpp:52]
-# profiler_start" and "...profiler_stop" to std::cerr at every profiler start and stop (torch 2.12 and later):
-# probe markers for tracing tools, logged at its highest level (USDT = 5, above ERROR = 4, in libkineto's
-# ILoggerObserver.h). The only setting that hides them, KINETO_LOG_LEVEL=6, read once when kineto first starts,
-# would hide kineto's errors too; so instead these lines, and only they, are filtered out of file descriptor 2
-# while a profiler runs. So is one error that is none: a CUDA build of torch on a machine without a GPU (a login
-# node) logs "ERROR:<time> <pid>:<tid> DeviceProperties.cpp:48] gpuGetDeviceCount failed with code 35" (35 =
-# cudaErrorInsufficientDriver: no driver) at the first profiler start of a process, whatever the activities; it
-# is dropped only where torch.cuda.is_available() is False, so a GPU machine still shows it.
-KINETO_MARKER_PREFIX = b"USDT:"
+# libkineto writes "USDT:... profiler_start" / "profiler_stop" markers to std::cerr at every profiler start and stop
+# (2.12 and later), and a CUDA build without a GPU logs "ERROR:... gpuGetDeviceCount failed with code 35" once. The
+# one setting that hides them, KINETO_LOG_LEVEL=6, hides kineto's real errors too: so these lines, and only they,
+# are filtered out of file descriptor 2 while a profiler runs.
 KINETO_NO_GPU_ERROR = re.compile(rb"ERROR:.*\] gpuGetDeviceCount failed with code \d+$")
 
 
 def is_kineto_noise(line: bytes, gpu: bool) -> bool:
-    """Whether one stderr line (bytes, newline stripped or not) is what without_kineto_markers drops: a USDT
-    marker, or on a machine without a usable GPU (gpu=False) kineto's failed GPU count."""
-    return line.startswith(KINETO_MARKER_PREFIX) or (not gpu and KINETO_NO_GPU_ERROR.match(line.rstrip()) is not None)
-
-
-@contextlib.contextmanager
-def without_kineto_markers() -> Iterator[None]:
-    """Route file descriptor 2 (where C++ std::cerr writes) through a pipe whose reader thread forwards every
-    line except kineto's noise (is_kineto_noise); restored on exit. Python's own stderr writes pass through
-    unchanged."""
-    gpu = torch.cuda.is_available()
-    sys.stderr.flush()
-    original = os.dup(2)
-    read_fd, write_fd = os.pipe()
-    os.dup2(write_fd, 2)
-    os.close(write_fd)
-
-    def forward() -> None:
-        with os.fdopen(read_fd, "rb") as pipe:
-            for line in pipe:
-                if not is_kineto_noise(line, gpu):
-                    os.write(original, line)
-
-    reader = threading.Thread(target=forward, daemon=True)
-    reader.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(original, 2)  # drops the pipe's last write end: the reader sees EOF and ends
-        reader.join()
-        os.close(original)
+    return line.startswith(b"USDT:") or (not gpu and KINETO_NO_GPU_ERROR.match(line.rstrip()) is not None)
 
 
 class QuietProfiler(torch.profiler.profile):
-    """torch.profiler.profile with kineto's noise (is_kineto_noise) kept off the terminal and files while it runs.
-    The object itself is the profiler (export_chrome_trace, events, ...), as with torch.profiler.profile."""
+    """torch.profiler.profile with fd 2 routed through a thread that drops kineto's noise while it runs."""
 
-    def __enter__(self) -> "QuietProfiler":
-        self._markers = without_kineto_markers()
-        self._markers.__enter__()
+    def __enter__(self) -> QuietProfiler:
+        gpu = torch.cuda.is_available()
+        sys.stderr.flush()
+        self._stderr = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+
+        def forward() -> None:
+            with os.fdopen(read_fd, "rb") as pipe:
+                for line in pipe:
+                    if not is_kineto_noise(line, gpu):
+                        os.write(self._stderr, line)
+
+        self._reader = threading.Thread(target=forward, daemon=True)
+        self._reader.start()
         try:
             return super().__enter__()
         except BaseException:
-            self._markers.__exit__(*sys.exc_info())
+            self._restore()
             raise
+
+    def _restore(self) -> None:
+        sys.stderr.flush()
+        os.dup2(self._stderr, 2)  # drops the pipe's last write end: the reader sees EOF
+        self._reader.join()
+        os.close(self._stderr)
 
     def __exit__(self, *exc: object) -> None:
         try:
             super().__exit__(*exc)
         finally:
-            self._markers.__exit__(None, None, None)
+            self._restore()
 
 
 def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> QuietProfiler:
-    """torch.profiler.profile(activities=...) without kineto's noise (is_kineto_noise). acc_events=True only silences
-    torch 2.10-2.12's warning at every first start (see "torch version compatibility"): one cycle, same events."""
+    """acc_events=True silences 2.10-2.12's warning at every first start: one cycle, the same events."""
     return QuietProfiler(activities=activities, acc_events=True)
 
 
 # ---- hardware peaks ----
 
-# Peak dense (no sparsity) throughput in TFLOP/s from the vendors' datasheets; where a datasheet quotes only
-# sparse tensor figures (marked *), the dense figure is half of it. "tf32" is the fp32-matmul figure when TF32
-# tensor cores are allowed; bf16/fp16 are tensor-core figures with fp32 accumulation (what PyTorch uses; GeForce
-# cards run it at half their fp16-accumulate rate). None = the chip has no such unit, or no datasheet gives the
-# figure (laptop and power-limited variants, AWS's A10G): then no MFU, never a guess; --peak-tflops supplies one.
-# Patterns are tried in order on torch.cuda.get_device_name() ("NVIDIA H100 80GB HBM3", "Tesla V100-PCIE-16GB"),
-# so specific names come first: GH200 before H200, H100 NVL/PCIe before H100, V100S before V100, L40S before L40.
-_NO_FIGURES: dict[str, float | None] = {"fp32": None, "tf32": None, "bf16": None, "fp16": None}
-
-
-def _peaks(fp32: float | None, tf32: float | None, bf16: float | None, fp16: float | None) -> dict[str, float | None]:
-    return {"fp32": fp32, "tf32": tf32, "bf16": bf16, "fp16": fp16}
-
-
-PEAK_TFLOPS: list[tuple[str, str, dict[str, float | None]]] = [
-    # (regex on torch.cuda.get_device_name, label, peaks)
-    (r"Laptop", "laptop GPU (power-limited: no datasheet peak)", _NO_FIGURES),
-    # Blackwell: GB200 NVL72 per GPU (360 PFLOPS* bf16 / 72), HGX B200 per GPU (36 PFLOPS* bf16 / 8)
-    (r"GB200", "GB200", _peaks(80.0, 1250.0, 2500.0, 2500.0)),
-    (r"\bB200\b", "B200", _peaks(75.0, 1125.0, 2250.0, 2250.0)),
-    # RTX PRO 6000 Blackwell Workstation Edition: 125 TFLOPS fp32, 4000 AI TOPS (fp4*): bf16 = 4000 / 2 / 4
+# Peak dense TFLOP/s (fp32, tf32, bf16, fp16) from the vendors' datasheets; where one quotes only sparse figures
+# the dense one is half. tf32 is the fp32-matmul figure with TF32 allowed; bf16/fp16 are tensor-core figures with
+# fp32 accumulation (GeForce cards run that at half their fp16-accumulate rate). None = no such unit, or no
+# datasheet figure: then no MFU, never a guess (--peak-tflops supplies one). The first pattern that matches
+# torch.cuda.get_device_name() wins, so specific names come first.
+NO_FIGURES = (None, None, None, None)
+PEAK_TFLOPS: list[tuple[str, str, tuple[float | None, ...]]] = [
+    (r"Laptop", "laptop GPU (power-limited: no datasheet peak)", NO_FIGURES),
+    (r"GB200", "GB200", (80.0, 1250.0, 2500.0, 2500.0)),  # GB200 NVL72: 360 PFLOPS* bf16 / 72
+    (r"\bB200\b", "B200", (75.0, 1125.0, 2250.0, 2250.0)),  # HGX B200: 36 PFLOPS* bf16 / 8
     (r"RTX PRO 6000 Blackwell (Max-Q|Server)", "RTX PRO 6000 Blackwell (Max-Q / Server: no figures here)",
-     _NO_FIGURES),
-    (r"RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Workstation", _peaks(125.0, 250.0, 500.0, 500.0)),
-    # Hopper: the GH200 superchip's GPU, H200 and H800 have H100's compute
-    (r"GH200", "GH200", _peaks(67.0, 494.7, 989.4, 989.4)),
-    (r"H200 NVL", "H200 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
-    (r"H200", "H200 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
-    (r"H20\b", "H20", _peaks(44.0, 74.0, 148.0, 148.0)),
-    (r"H100 NVL", "H100 NVL", _peaks(60.0, 417.5, 835.5, 835.5)),
-    (r"H100.*PCIe", "H100 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
-    (r"H100", "H100 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
-    (r"H800.*PCIe", "H800 PCIe", _peaks(51.2, 378.0, 756.0, 756.0)),
-    (r"H800", "H800 SXM", _peaks(67.0, 494.7, 989.4, 989.4)),
-    # Ampere / Ada data centre: every A100 and A800 form factor has the same compute
-    (r"A100", "A100", _peaks(19.5, 156.0, 312.0, 312.0)),
-    (r"A800", "A800", _peaks(19.5, 156.0, 312.0, 312.0)),
-    (r"L40S", "L40S", _peaks(91.6, 183.0, 362.05, 362.05)),
-    (r"\bL40\b", "L40", _peaks(90.5, 90.5, 181.0, 181.0)),
-    (r"\bL4\b", "L4", _peaks(30.3, 60.0, 121.0, 121.0)),
-    (r"\bA40\b", "A40", _peaks(37.4, 74.8, 149.7, 149.7)),
-    (r"\bA10\b", "A10", _peaks(31.2, 62.5, 125.0, 125.0)),
-    (r"\bA10G\b", "A10G (AWS: no NVIDIA datasheet)", _NO_FIGURES),
-    # workstation: full-rate fp32 accumulation
-    (r"RTX 6000 Ada", "RTX 6000 Ada", _peaks(91.1, 182.1, 364.2, 364.2)),
-    (r"RTX A6000", "RTX A6000", _peaks(38.7, 77.4, 154.8, 154.8)),
-    # GeForce (whitepapers: Ampere GA102, Ada AD102, Blackwell GB202); the China-only D variants differ
-    (r"RTX (5090|4090) D", "RTX 5090 D / 4090 D (no figures here)", _NO_FIGURES),
-    (r"RTX 5090", "RTX 5090", _peaks(104.8, 104.8, 209.5, 209.5)),
-    (r"RTX 4090", "RTX 4090", _peaks(82.6, 82.6, 165.2, 165.2)),
-    (r"RTX 3090 Ti", "RTX 3090 Ti", _peaks(40.0, 40.0, 80.0, 80.0)),
-    (r"RTX 3090", "RTX 3090", _peaks(35.6, 35.6, 71.0, 71.0)),
-    # Volta / Turing / Pascal: no TF32 or bf16 units
-    (r"V100S", "V100S PCIe", _peaks(16.4, None, None, 130.0)),
-    (r"V100-SXM2", "V100 SXM2", _peaks(15.7, None, None, 125.0)),
-    (r"V100-PCIE", "V100 PCIe", _peaks(14.0, None, None, 112.0)),
-    (r"V100", "V100 (other variant: no figures here)", _NO_FIGURES),
-    (r"\bT4\b", "T4", _peaks(8.1, None, None, 65.0)),
-    (r"P100-SXM2", "P100 SXM2", _peaks(10.6, None, None, 21.2)),
-    (r"P100", "P100 PCIe", _peaks(9.3, None, None, 18.7)),
+     NO_FIGURES),
+    (r"RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell Workstation", (125.0, 250.0, 500.0, 500.0)),
+    (r"GH200", "GH200", (67.0, 494.7, 989.4, 989.4)),
+    (r"H200 NVL", "H200 NVL", (60.0, 417.5, 835.5, 835.5)),
+    (r"H200", "H200 SXM", (67.0, 494.7, 989.4, 989.4)),
+    (r"H20\b", "H20", (44.0, 74.0, 148.0, 148.0)),
+    (r"H100 NVL", "H100 NVL", (60.0, 417.5, 835.5, 835.5)),
+    (r"H100.*PCIe", "H100 PCIe", (51.2, 378.0, 756.0, 756.0)),
+    (r"H100", "H100 SXM", (67.0, 494.7, 989.4, 989.4)),
+    (r"H800.*PCIe", "H800 PCIe", (51.2, 378.0, 756.0, 756.0)),
+    (r"H800", "H800 SXM", (67.0, 494.7, 989.4, 989.4)),
+    (r"A100", "A100", (19.5, 156.0, 312.0, 312.0)),  # every A100 / A800 form factor: the same compute
+    (r"A800", "A800", (19.5, 156.0, 312.0, 312.0)),
+    (r"L40S", "L40S", (91.6, 183.0, 362.05, 362.05)),
+    (r"\bL40\b", "L40", (90.5, 90.5, 181.0, 181.0)),
+    (r"\bL4\b", "L4", (30.3, 60.0, 121.0, 121.0)),
+    (r"\bA40\b", "A40", (37.4, 74.8, 149.7, 149.7)),
+    (r"\bA10\b", "A10", (31.2, 62.5, 125.0, 125.0)),
+    (r"\bA10G\b", "A10G (AWS: no NVIDIA datasheet)", NO_FIGURES),
+    (r"RTX 6000 Ada", "RTX 6000 Ada", (91.1, 182.1, 364.2, 364.2)),
+    (r"RTX A6000", "RTX A6000", (38.7, 77.4, 154.8, 154.8)),
+    (r"RTX (5090|4090) D", "RTX 5090 D / 4090 D (no figures here)", NO_FIGURES),
+    (r"RTX 5090", "RTX 5090", (104.8, 104.8, 209.5, 209.5)),
+    (r"RTX 4090", "RTX 4090", (82.6, 82.6, 165.2, 165.2)),
+    (r"RTX 3090 Ti", "RTX 3090 Ti", (40.0, 40.0, 80.0, 80.0)),
+    (r"RTX 3090", "RTX 3090", (35.6, 35.6, 71.0, 71.0)),
+    (r"V100S", "V100S PCIe", (16.4, None, None, 130.0)),  # Volta / Turing / Pascal: no TF32 or bf16 units
+    (r"V100-SXM2", "V100 SXM2", (15.7, None, None, 125.0)),
+    (r"V100-PCIE", "V100 PCIe", (14.0, None, None, 112.0)),
+    (r"V100", "V100 (other variant: no figures here)", NO_FIGURES),
+    (r"\bT4\b", "T4", (8.1, None, None, 65.0)),
+    (r"P100-SXM2", "P100 SXM2", (10.6, None, None, 21.2)),
+    (r"P100", "P100 PCIe", (9.3, None, None, 18.7)),
 ]
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str | None]:
-    """(peak dense TFLOP/s, matched GPU label) for a CUDA device name and a precision key
-    ('fp32', 'tf32', 'bf16', 'fp16'); (None, None) for an unknown device, (None, label) where the chip has
-    no such unit or no datasheet gives the figure. Never a guess."""
+    """(peak dense TFLOP/s, matched label) for a CUDA device name and one of PRECISIONS; (None, None) for an
+    unknown device, (None, label) where the chip has no such unit or no datasheet gives it."""
     for pattern, label, peaks in PEAK_TFLOPS:
         if re.search(pattern, device_name):
-            return peaks.get(precision), label
+            return peaks[PRECISIONS.index(precision)] if precision in PRECISIONS else None, label
     return None, None
 
 
 def matmul_precision_key(dtype: str, tf32: bool) -> str:
-    """Which peak applies: autocast dtypes use their tensor-core peak; fp32 uses TF32's when it is allowed."""
-    if dtype == "fp32":
-        return "tf32" if tf32 else "fp32"
-    return dtype
+    """Which peak applies: autocast dtypes their tensor-core peak; fp32 TF32's when it is allowed."""
+    return ("tf32" if tf32 else "fp32") if dtype == "fp32" else dtype
 
 
 # ---- environment record ----
@@ -449,28 +369,23 @@ def matmul_precision_key(dtype: str, tf32: bool) -> str:
 def git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+                             cwd=HERE)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:  # Linux: the CPU's marketing name; platform.processor() is often empty there
+    with contextlib.suppress(OSError, StopIteration):  # Linux: the CPU's name; platform.processor() is often empty
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     return platform.processor() or platform.machine() or "cpu"
 
 
 def float32_matmul_precision() -> str | None:
-    """torch.get_float32_matmul_precision(); None when the new fp32_precision API has set the precision, where
-    that legacy getter raises (tf32_matmul then says what matters)."""
+    """None where the fp32_precision API has set the precision (the legacy getter raises then)."""
     try:
         return torch.get_float32_matmul_precision()
     except RuntimeError:
@@ -478,33 +393,25 @@ def float32_matmul_precision() -> str | None:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """Everything needed to interpret (or reproduce) a number: device, versions, TF32, threads, commit, time."""
+    """Everything needed to read (or reproduce) a number: device, versions, TF32, threads, commit, time."""
     env: dict[str, Any] = {
-        "device": str(device),
-        "device_name": device_name(device),
-        "torch": torch.__version__,
+        "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled("matmul"),
-        "tf32_cudnn": tf32_enabled("cudnn"),
-        "float32_matmul_precision": float32_matmul_precision(),
-        "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "git_commit": git_commit(),
+        "tf32_matmul": tf32_enabled("matmul"), "tf32_cudnn": tf32_enabled("cudnn"),
+        "float32_matmul_precision": float32_matmul_precision(), "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(), "python": platform.python_version(), "git_commit": git_commit(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env["gpu_memory_bytes"] = props.total_memory
-        env["gpu_sm_count"] = props.multi_processor_count
+        env.update(gpu_memory_bytes=props.total_memory, gpu_sm_count=props.multi_processor_count)
     return env
 
 
 def machine_load(device: torch.device) -> dict[str, Any]:
-    """What else the machine was doing, read (untimed) before and after a measurement: the 1-minute load average
-    (runnable processes; above the usable CPUs means work is queued), the CPUs and the usable ones (affinity); on
-    CUDA also gpu_load. A CPU run never reaches a CUDA call."""
+    """What else the machine was doing, read (untimed) around a measurement: the 1-minute load average (above the
+    usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's load too."""
     load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                             "cpu_count": os.cpu_count(),
                             "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
@@ -513,50 +420,163 @@ def machine_load(device: torch.device) -> dict[str, Any]:
     return load
 
 
-# record key (its unit in the name) -> the torch.cuda reader of it (each reads NVML: needs pynvml, or amdsmi on ROCm)
-GPU_READERS: dict[str, str] = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "temperature",
-                               "gpu_power_mw": "power_draw", "gpu_sm_clock_mhz": "clock_rate"}
+# record key -> torch.cuda's reader of it (through NVML: needs pynvml)
+GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "temperature",
+               "gpu_power_mw": "power_draw", "gpu_sm_clock_mhz": "clock_rate"}
 
 
 def gpu_load(device: torch.device) -> dict[str, Any]:
-    """Through NVML (torch.cuda's readers, which need pynvml): the GPU's utilisation over its last sample period
-    (%), temperature (C), power draw (mW), SM clock (MHz) and the pids of the other processes using it (a
-    neighbour's job, a throttled clock or a hot GPU changes every timing). {"nvml": why} when NVML cannot be read."""
+    """The GPU's utilisation, temperature, power, SM clock and the other processes on it; {"nvml": why} when NVML
+    cannot be read."""
     out: dict[str, Any] = {}
     try:
         for key, reader in GPU_READERS.items():
             out[key] = getattr(torch.cuda, reader)(device)
         listing = torch.cuda.list_gpu_processes(device)  # "process   1234 uses  512.000 MB GPU memory" lines
-    except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML in the driver, a MIG slice: the load is unknown
-        return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"[:200]}
+    except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML, a MIG slice: the load is unknown
+        return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"}
     out["gpu_other_pids"] = [pid for pid in map(int, re.findall(r"process\s+(\d+)\s+uses", listing))
                              if pid != os.getpid()]
     return out
 
 
-def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
-    """resolve_device, with a user mistake (no CUDA, unknown device) as a one-line exit 2."""
-    try:
-        return resolve_device(name)
-    except ConfigError as exc:
-        parser.error(str(exc))
-
-
-# ---- failures as data ----
+# ---- failures as data, and the processes we start ----
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for an out-of-memory error from any allocator (CUDA's or the CPU's)."""
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
+    """An out-of-memory error from any allocator (CUDA's or the CPU's)."""
     text = str(exc)
-    return isinstance(exc, (RuntimeError, MemoryError)) and (
-        isinstance(exc, MemoryError) or "out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate" in text)
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate"
+                                           in text))
 
 
 def failure_status(exc: BaseException) -> str:
-    """'OOM' or 'error: <one line>' for a failed configuration."""
+    """'OOM', or 'error: Type: message' with the message's first line whole (the rest is in the traceback)."""
     if is_oom(exc):
         return "OOM"
     first_line = (str(exc).strip().splitlines() or [""])[0]
-    return f"error: {type(exc).__name__}: {first_line}"[:200]
+    return f"error: {type(exc).__name__}: {first_line}"
+
+
+def die_with_parent() -> None:
+    """preexec_fn for subprocess.Popen: the child gets SIGKILL when this process dies, even of kill -9 (Linux's
+    prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+# ---- the student's code: --model / --optimizer / --impl [NAME=]MODULE:CALLABLE ----
+
+OURS = "ours"
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # cs336_basics.model:BasicsTransformerLM, flash:Outer.Inner
+SPEC = re.compile(rf"^(?:([\w.+-]+)=)?({_DOTTED}):({_DOTTED})$")  # NAME= labels tables and records
+
+
+class LoadError(Exception):
+    """The code a spec names cannot be found or imported; the message is one line: which and why."""
+
+
+def is_spec(text: str) -> bool:
+    return SPEC.match(text) is not None
+
+
+def user_code_name(text: str) -> str:
+    """What tables and records call a --model / --optimizer / --impl value: NAME of NAME=MODULE:CALLABLE, else
+    the value as given."""
+    match = SPEC.match(text)
+    return match.group(1) or text if match else text
+
+
+def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
+    """argparse type of a flag taking one of `names` (ours) or [NAME=]MODULE:CALLABLE (yours)."""
+    names = tuple(names)
+
+    def parse(text: str) -> str:
+        if text in names or is_spec(text):
+            return text
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names)}, or "
+                                         "[NAME=]MODULE:CALLABLE for your own)")
+    return parse
+
+
+def load(spec: str) -> Any:
+    """The object [NAME=]MODULE:CALLABLE names: imported from the working directory first (then PYTHONPATH and the
+    installed packages), as `python -c` would, though never in place of one of this toolkit's modules."""
+    match = SPEC.match(spec)
+    if match is None:
+        raise LoadError(f"{spec!r} is not [NAME=]MODULE:CALLABLE")
+    _, module_name, attribute = match.groups()
+    cwd, top = os.getcwd(), module_name.partition(".")[0]
+    theirs = [p for p in (os.path.join(cwd, top + ".py"), os.path.join(cwd, top)) if os.path.exists(p)]
+    if theirs and os.path.exists(os.path.join(HERE, top + ".py")) and os.path.realpath(cwd) != os.path.realpath(HERE):
+        raise LoadError(f"{theirs[0]} has the name of this toolkit's {top}.py: rename it or put it in a package "
+                        f"(for {spec})")
+    if cwd not in sys.path:  # after the toolkit's folder, before the installed packages
+        sys.path.insert(sys.path.index(HERE) + 1 if HERE in sys.path else 0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {exc.name!r} in the current "
+                            f"directory ({cwd}), PYTHONPATH or the installed packages") from None
+        raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
+        raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
+    found: Any = module
+    for part in attribute.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise LoadError(f"{module_name} ({getattr(module, '__file__', None) or 'a namespace package'}) has no "
+                            f"{attribute!r} (for {spec})") from None
+    return found
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, with the file and line of a SyntaxError."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        first = f"{exc.msg} ({exc.filename}, line {exc.lineno})"
+    return f"{type(exc).__name__}: {first}"
+
+
+def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: bool) -> None:
+    """--model and --optimizer (and bench_e2e's --flops): our model and AdamW, or yours."""
+    parser.add_argument("--model", nargs="+", type=named_or_spec([OURS]), default=[OURS], metavar="MODEL",
+                        help="ours = model.TransformerLM (the staff architecture); or yours as [NAME=]MODULE:CALLABLE, "
+                             "a factory of an nn.Module taking the staff constructor's keywords (vocab_size, "
+                             "context_length, d_model, num_layers, num_heads, d_ff, rope_theta) whose forward maps "
+                             "token ids (batch, seq) to logits (batch, seq, vocab), e.g. "
+                             "staff=cs336_basics.model:BasicsTransformerLM (NAME labels the tables); imported from "
+                             "the current directory or PYTHONPATH; several to compare them (docs/your_code.md)")
+    parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
+                        metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built as "
+                        "CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
+    if flops:
+        parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
+                            help="the FLOPs behind TFLOP/s and MFU: formula = model_config's for our architecture "
+                                 "(the default for our model; for yours only if it is the same architecture, as "
+                                 "the staff model is); counted = torch.utils.flop_counter's count of one more, "
+                                 "untimed step; none (the default for yours): no TFLOP/s, no MFU")
+
+
+def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, ours_only: dict[str, bool]) -> None:
+    """--model without repeats; a flag that changes only our model (`ours_only`: flag -> given) is a usage error
+    when only yours run."""
+    args.model = list(dict.fromkeys(args.model))
+    if OURS not in args.model:
+        for flag, given in ours_only.items():
+            if given:
+                parser.error(f"{flag} changes our model only, and --model runs only yours "
+                             f"({', '.join(args.model)}): drop it, or add ours (--model ours ...)")
+
+
+def model_factory(name: str) -> str | None:
+    """RunConfig.model_factory of a --model value: None for ours, the spec for yours."""
+    return None if name == OURS else name
+
+
+def flops_source(name: str, given: str | None) -> str:
+    """--flops as given, else formula for our model and none for yours (the formula is our architecture's)."""
+    return given or ("formula" if name == OURS else "none")

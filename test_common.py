@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 def test_torch_release_reads_major_and_minor():
     assert common.torch_release("2.11.0+cu130") == (2, 11)
     assert common.torch_release("2.13.0a0+git1234abc") == (2, 13)
-    assert common.torch_release("2.6.0") == (2, 6) and common.TORCH_VERSION >= common.OLDEST_TORCH
+    assert common.torch_release("2.6.0") == (2, 6) and common.TORCH_VERSION >= (2, 6)
 
 
 def test_ddp_keyword_is_one_this_torch_takes():
@@ -283,7 +283,7 @@ def test_peak_table_variants_and_never_guesses():
     # every entry is reachable: no pattern is shadowed by an earlier one for the names above
     assert {label for label, _ in REAL_DEVICE_NAMES.values()} == {label for _, label, _ in common.PEAK_TFLOPS}
     for _, _, peaks in common.PEAK_TFLOPS:  # dense tensor figures are never below the plain fp32 figure
-        assert all(peaks[k] is None or peaks["fp32"] is None or peaks[k] >= peaks["fp32"] for k in peaks)
+        assert all(p is None or peaks[0] is None or p >= peaks[0] for p in peaks)
     assert matmul_precision_key("fp32", tf32=True) == "tf32"
     assert matmul_precision_key("fp32", tf32=False) == "fp32"
     assert matmul_precision_key("bf16", tf32=False) == "bf16"
@@ -763,3 +763,32 @@ def test_kineto_noise_is_the_markers_and_without_a_gpu_the_failed_gpu_count():
     assert common.is_kineto_noise(no_gpu, gpu=False) and not common.is_kineto_noise(no_gpu, gpu=True)
     assert not common.is_kineto_noise(other_error, gpu=False)
     assert not common.is_kineto_noise(b"a line of our own\n", gpu=False)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_started_with_die_with_parent_ends_with_its_parent_even_killed_with_sigkill():
+    read_fd, write_fd = os.pipe()
+    parent = os.fork()
+    if parent == 0:  # the parent-to-be of `sleep`: starts it, says its pid, then is killed without a word
+        child = subprocess.Popen(["sleep", "60"], preexec_fn=common.die_with_parent)
+        os.write(write_fd, f"{child.pid}\n".encode())
+        os.kill(os.getpid(), 9)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as f:
+        sleeper = int(f.readline())
+    os.waitpid(parent, 0)
+    assert ended(sleeper), "the child outlived its parent"
+
+
+def ended(pid, timeout_s=10):
+    """True once `pid` has exited (gone, or a zombie waiting for its reaper)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,6 +1,7 @@
-"""Smoke tests across the whole toolkit: every script answers --help, importing does no work, and the model,
-loss and AdamW together actually learn."""
+"""Smoke tests across the whole toolkit: every script answers --help, also from a folder of impostors named as our
+modules, importing does no work, and the model, loss and AdamW together actually learn."""
 import importlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +18,29 @@ SCRIPTS = ["bench_e2e.py", "bench_attention.py", "mem_profile.py", "precision_de
            "kernel_tables.py"]
 
 
+@pytest.fixture(scope="module")
+def impostors(tmp_path_factory):
+    """A student's folder holding a file named as each of our modules (and torch's): importing one leaves a mark."""
+    folder = tmp_path_factory.mktemp("impostors")
+    for name in [p.stem for p in HERE.glob("*.py")] + ["torch", "numpy", "tabulate"]:
+        (folder / f"{name}.py").write_text(f"open('marks', 'a').write('{name} ')\nraise SystemExit('impostor')\n")
+    return folder
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_every_script_answers_help(script):
-    result = subprocess.run([sys.executable, str(HERE / script), "--help"], cwd=HERE, capture_output=True,
+def test_every_script_answers_help_from_a_folder_of_impostors(script, impostors):
+    result = subprocess.run([sys.executable, str(HERE / script), "--help"], cwd=impostors, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
     assert "--fmt" in result.stdout  # every script takes any tabulate format
+    assert not (impostors / "marks").exists(), (impostors / "marks").read_text()
 
 
 def test_nsys_run_answers_help():
-    result = subprocess.run(["bash", str(HERE / "nsys_run.sh"), "--help"], capture_output=True, text=True, timeout=30)
+    env = {**os.environ, "PYTHON": sys.executable}  # this interpreter, whatever python3 is on PATH
+    result = subprocess.run(["bash", str(HERE / "nsys_run.sh"), "--help"], capture_output=True, text=True, timeout=30,
+                            env=env)
     assert result.returncode == 0 and "nsys_run.sh" in result.stdout
 
 

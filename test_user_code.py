@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import bench_e2e
+import common
 import mem_profile
 import model_config
 import runner
@@ -114,19 +115,24 @@ def tiny_lm_train_flops(cfg: model_config.ModelConfig, batch: int) -> int:
 # ---- the spec and the loader ----
 
 
-@pytest.mark.parametrize("text", ["student_lm:TinyLM", "cs336_basics.model:BasicsTransformerLM", "a:B.c", "ours"])
-def test_spec_forms_accepted(text):
-    assert user_code.named_or_spec(["ours"])(text) == text
+@pytest.mark.parametrize("text,name", [("student_lm:TinyLM", "student_lm:TinyLM"), ("a:B.c", "a:B.c"),
+                                       ("staff=cs336_basics.model:BasicsTransformerLM", "staff"), ("ours", "ours"),
+                                       ("flash-v2.1=flash:Outer.Inner", "flash-v2.1")])
+def test_spec_forms_accepted_and_named(text, name):
+    assert common.named_or_spec(["ours"])(text) == text
+    assert common.user_code_name(text) == name  # what tables and records call it
 
 
-@pytest.mark.parametrize("text", ["student_lm", "student_lm:", ":TinyLM", "a:b:c", "a-b:c", "a:1b", "a.:b", "torch"])
+@pytest.mark.parametrize("text", ["student_lm", "student_lm:", ":TinyLM", "a:b:c", "a-b:c", "a:1b", "a.:b", "torch",
+                                  "=a:b", "a b=c:d"])
 def test_spec_forms_refused_as_usage_errors(text):
-    with pytest.raises(argparse.ArgumentTypeError, match=r"\(choose from ours, or MODULE:CALLABLE for your own\)"):
-        user_code.named_or_spec(["ours"])(text)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"choose from ours, or \[NAME=\]MODULE:CALLABLE for your"):
+        common.named_or_spec(["ours"])(text)
 
 
 def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):
-    assert user_code.load("student_lm:TinyLM").__name__ == "TinyLM"
+    assert common.load("student_lm:TinyLM").__name__ == "TinyLM"
+    assert common.load("mine=student_lm:TinyLM").__name__ == "TinyLM"  # NAME= only names it
     assert user_code.load("student_lm:SGD.step").__name__ == "step"  # a dotted attribute
     (student / "broken_syntax.py").write_text("def f(:\n")
     (student / "needs_triton.py").write_text("import a_package_nobody_installed\n")
@@ -143,6 +149,9 @@ def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):
         user_code.load("student_lm:Missing")
     with pytest.raises(user_code.LoadError, match=r"broken_syntax.py, line 1\)"):
         user_code.load("broken_syntax:f")
+    (student / "optim.py").write_text("raise SystemExit('an impostor ran')\n")  # named as one of ours
+    with pytest.raises(common.LoadError, match=r"optim.py has the name of this toolkit's optim.py: rename it"):
+        common.load("optim:AdamW")
 
 
 # ---- your model and optimizer, built where ours are ----
@@ -232,9 +241,9 @@ def test_your_optimizer_beside_ours(student, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    (bench_e2e, ["--model", "student_lm"], "invalid choice: 'student_lm' (choose from ours, or MODULE:CALLABLE"),
+    (bench_e2e, ["--model", "student_lm"], "invalid choice: 'student_lm' (choose from ours, or [NAME=]MODULE:CALLABLE"),
     (bench_e2e, ["--model", "student_lm:TinyLM", "--attn", "sdpa"], "--attn changes our model only"),
-    (bench_e2e, ["--optimizer", "sgd"], "invalid choice: 'sgd' (choose from ours, torch, or MODULE:CALLABLE"),
+    (bench_e2e, ["--optimizer", "sgd"], "invalid choice: 'sgd' (choose from ours, torch, or [NAME=]MODULE:CALLABLE"),
     (bench_e2e, ["--flops", "measured"], "invalid choice: 'measured'"),
     (mem_profile, ["--model", "student_lm:TinyLM", "--checkpoint", "2"], "--checkpoint changes our model only"),
 ])
