@@ -875,8 +875,9 @@ def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, ma
             record.update(compiled_block_record(run), compiled_status="ok")
         except Exception as exc:  # noqa: BLE001
             record.update(compiled_status=common.failure_status(exc), compiled_traceback=traceback.format_exc())
-    if not measure_peaks:
-        return {**record, "status": "skipped: measured peaks need a CUDA device"}
+    if not measure_peaks:  # the row's status is its saved stage's where that failed
+        failed = record["saved_status"] != "ok"
+        return {**record, "status": record["saved_status"] if failed else "skipped: measured peaks need a CUDA device"}
     path = f"{snapshot_prefix}_{re.sub(r'[= ]+', '_', run.label())}.pickle" if snapshot_prefix else None
     try:
         record.update(measure_peak(run, path, max_entries), status="ok")
