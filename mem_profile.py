@@ -317,53 +317,43 @@ def record_snapshot(step: Callable[..., None], device: torch.device, path: str, 
 # --- measure: what autograd saves for backward (any device) ---
 
 
-class ModuleTracker:
-    """Forward hooks on every module: the path of the module running now, and which module produced each
-    output. A module shared between blocks (the RoPE cache) takes the path under its caller."""
+class CreatedIn(TorchDispatchMode):
+    """Which module each storage was made in (the innermost one running; the RoPE cache, shared between blocks,
+    takes its caller's path), through module hooks; every tensor made is kept (free on fake tensors), so no
+    storage key is reused while this lives."""
 
     def __init__(self, model: nn.Module):
-        self._paths: dict[int, list[str]] = {}
+        super().__init__()
+        self.paths: dict[int, list[str]] = {}
         for path, module in model.named_modules(remove_duplicate=False):
-            self._paths.setdefault(id(module), []).append(path)
-        self._stack: list[str] = []
-        self.produced_by: dict[int, tuple[str, torch.Tensor]] = {}  # the tensor is kept: its key is not reused
-        self._handles = [h for m in model.modules()
-                         for h in (m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit))]
+            self.paths.setdefault(id(module), []).append(path)
+        self.stack, self.module_of, self.outputs = [""], {}, []
+        self.hooks = [nn.modules.module.register_module_forward_pre_hook(self.enter),
+                      nn.modules.module.register_module_forward_hook(self.exit)]
 
-    def producer(self, t: torch.Tensor) -> str:
-        """The module whose output this storage is; else the module running now (a tensor made inside it)."""
-        key = storage_key(t)
-        return self.produced_by[key][0] if key in self.produced_by else (self._stack or [""])[-1]
+    def enter(self, module: nn.Module, args: Any) -> None:
+        paths = self.paths.get(id(module), [type(module).__name__])
+        prefix = self.stack[-1] + "." if self.stack[-1] else ""
+        self.stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
 
-    def _note(self, path: str, tensors: Any) -> None:
-        for t in tensors if isinstance(tensors, (tuple, list)) else (tensors,):
-            if isinstance(t, torch.Tensor):  # inner modules exit first: they win
-                self.produced_by.setdefault(storage_key(t), (path, t))
+    def exit(self, *_: Any) -> None:  # (a forward hook that returned something would replace the output)
+        self.stack.pop()
 
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        self._note((self._stack or [""])[-1], args)  # an input made by the caller, running now
-        prefix = self._stack[-1] + "." if self._stack and self._stack[-1] else ""
-        paths = self._paths[id(module)]
-        self._stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
-
-    def _exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._note(self._stack.pop(), output)
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self.produced_by.clear()
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.outputs.append(t)
+                self.module_of.setdefault(storage_key(t), self.stack[-1])
+        return out
 
 
-def op_name(t: torch.Tensor) -> str:
-    """The autograd op that made `t` ('Where' for WhereBackward0)."""
-    return re.sub(r"Backward\d*$", "", t.grad_fn.name()) if t.grad_fn is not None else "(no grad_fn)"
-
-
-def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True) -> dict[str, Any]:
+def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
+                       backward: bool = False) -> dict[str, Any]:
     """Every storage autograd saves during one forward pass plus the loss, each once (a view shares its base's),
-    weights and buffers left out (resident anyway; autocast's weight copies are not): {"rows": [{module, op, shape,
-    dtype, bytes}], "blocks": the block paths, "params", "block_params"}. fake=False: real tensors (tests)."""
+    weights and buffers left out (resident anyway; autocast's copies are listed), with the module it was made in;
+    the block paths, the parameter count, one block's gradient bytes, the largest transient (a storage neither
+    saved, a weight nor a gradient, e.g. the logits' gradient with `backward`). fake=False: real tensors."""
     device = torch.device(device)
     if fake:
         build = fake_model(run, device)
@@ -375,23 +365,30 @@ def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake:
     with build as (model, tokens):
         prefix, blocks = find_blocks(model)
         resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-        tracker = ModuleTracker(model)
+        made = CreatedIn(model)
 
         def describe(t: torch.Tensor) -> dict[str, Any]:
             base = t._base if t._base is not None else t  # a view: the tensor that owns the storage
-            return {"bytes": t.untyped_storage().nbytes(), "module": tracker.producer(t), "op": op_name(base),
-                    "shape": list(base.shape), "dtype": common.dtype_name(base.dtype)}
+            return {"bytes": t.untyped_storage().nbytes(), "module": made.module_of.get(storage_key(t), ""),
+                    "shape": list(base.shape), "dtype": common.dtype_name(base.dtype),
+                    "op": re.sub(r"Backward\d*$", "", base.grad_fn.name()) if base.grad_fn else "(no grad_fn)"}
         try:
-            with saved_tensors(describe, exclude=resident) as saved:
+            with saved_tensors(describe, exclude=resident) as saved, made:
                 loss = fake_loss(run, model, tokens, device)
-            rows = list(saved.values())
-            del loss  # the graph kept every saved storage alive until now, so no key was reused
+            out = {"rows": list(saved.values()), "params": sum(p.numel() for p in model.parameters()),
+                   "blocks": [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))],
+                   "block_grad_bytes": sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+                   if blocks else None}
+            if backward:
+                with made:
+                    loss.backward()
+            lasting = resident | set(saved) | {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
+            out["transient_bytes"] = max((t.untyped_storage().nbytes() for t in made.outputs
+                                          if storage_key(t) not in lasting), default=0)
         finally:
-            tracker.remove()
-        return {"rows": rows, "blocks": [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))],
-                "params": sum(p.numel() for p in model.parameters()),
-                "block_grad_bytes": sum(p.numel() * p.element_size() for p in blocks[0].parameters()) if blocks
-                else None}
+            for hook in made.hooks:
+                hook.remove()
+        return out
 
 
 def block_of(module: str, block_paths: list[str]) -> str | None:
@@ -475,46 +472,17 @@ def compiled_block_record(run: MemConfig) -> dict[str, Any]:
 # --- predict: the peak with activation checkpointing ---
 
 
-class OutputsKept(TorchDispatchMode):
-    """Keeps every tensor an op returns (free on fake tensors; no storage key is reused while they live)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.outputs: list[torch.Tensor] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.outputs += [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return out
-
-
-def largest_transient_bytes(run: MemConfig, device: torch.device, backward: bool) -> int:
-    """The largest storage a forward (and backward) makes that is neither saved, nor a weight, nor a gradient:
-    a temporary such as the logits' gradient, on top of what is kept when it is made."""
-    with fake_model(run, device, checkpoint_every=0) as (model, tokens):
-        outputs = OutputsKept()
-        with saved_tensors() as saved, outputs:
-            loss = fake_loss(run, model, tokens, device)
-        if backward:
-            with outputs:
-                loss.backward()
-        lasting = set(saved) | {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
-        lasting |= {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
-        sizes = {storage_key(t): t.untyped_storage().nbytes() for t in outputs.outputs}
-        return max((size for key, size in sizes.items() if key not in lasting), default=0)
-
-
 @functools.lru_cache(maxsize=16)
 def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
-    """What every K's prediction needs, from `run` without checkpointing (cached: the same for every K): a = what a block keeps (the largest
-    block's) and its largest tensor, what the rest keeps, the largest transient, a block's and the embedding's
-    gradient bytes."""
-    saved = saved_for_backward(run, device)
+    """What every K's prediction needs, from `run` without checkpointing (cached: the same for every K): a = what
+    a block keeps (the largest block's) and its largest tensor, what the rest keeps, the largest transient, a
+    block's and the embedding's gradient bytes."""
+    saved = saved_for_backward(run, device, backward=run.mode != "forward")
     summary = summarize_saved(saved)
     in_blocks = [s["bytes"] for s in saved["rows"] if block_of(s["module"], saved["blocks"])]
     return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
-            "transient_bytes": largest_transient_bytes(run, device, run.mode != "forward"),
-            "block_transient_bytes": max(in_blocks, default=0), "block_grad_bytes": saved["block_grad_bytes"],
+            "transient_bytes": saved["transient_bytes"], "block_transient_bytes": max(in_blocks, default=0),
+            "block_grad_bytes": saved["block_grad_bytes"],
             "embedding_grad_bytes": run.model.vocab_size * run.model.d_model * FP32_BYTES}
 
 
