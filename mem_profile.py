@@ -526,7 +526,8 @@ def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, in
 
     def peak(kept: int, blocks: int) -> tuple[int, str]:
         moments = peak_moments(kept, blocks, figures, static, run.mode)
-        return max((v, k) for k, v in moments.items())
+        moment = max(moments, key=moments.get)
+        return moments[moment], moment
 
     def single(k: int) -> tuple[int, str]:
         return peak(n * figures["block_bytes"] if k == 0 else -(-n // k) * b, min(k, n))
@@ -534,7 +535,7 @@ def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, in
     predicted, moment = single(run.checkpoint_every)
     curve = [{"k": k, "predicted_peak_bytes": single(k)[0]} for k in range(n + 1)]
     best = min(curve, key=lambda point: point["predicted_peak_bytes"])
-    nested_kept = (math.ceil(math.log2(n)) + 1) * b if n > 1 else b
+    nested_kept = (math.ceil(math.log2(n)) + 1) * b
     return {**figures, "state_bytes": static["weights_bytes"] + static["adamw_state_bytes"],
             "grads_bytes": static["grads_bytes"], "boundary_bytes": b, "kept_bytes": kept_bytes,
             "predicted_peak_bytes": predicted, "peak_moment": moment, "curve": curve, "best_k": best["k"],
