@@ -11,10 +11,8 @@ activation checkpointing buys (single-level every K blocks, and nested).
     python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle      # re-read anyone's snapshot
     python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot   # the staff model
 
-Measured peaks and snapshots need CUDA; the accounting, the saved-for-backward tables (fake tensors: shapes and
-dtypes without memory), the checkpointing prediction and the compiled block's count run on any device. Each
-configuration runs in a child process (a student's model too, on every device), an OOM or a crash is a row.
-docs/mem_profile.md explains every table.
+Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child process (a
+student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains every table.
 """
 from __future__ import annotations
 
@@ -211,12 +209,11 @@ def check_logits(logits: Any, run: MemConfig) -> None:
 
 
 @contextlib.contextmanager
-def fake_model(run: MemConfig, device: torch.device, checkpoint_every: int | None = None) -> Any:
+def fake_model(run: MemConfig, device: torch.device) -> Any:
     """The model on fake tensors of `device` (FakeTensorMode: a real run's graph, shapes and autocast dtypes, no
     memory, no arithmetic, so 2.7B takes seconds), and fake token ids; used inside the mode."""
-    k = run.checkpoint_every if checkpoint_every is None else checkpoint_every
     with torch.device("meta"):
-        model = build_model(run.model, run.attn, k, run.model_factory)
+        model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
     with FakeTensorMode(allow_non_fake_inputs=True):  # to_empty turns the meta weights into fake ones
         yield model.to_empty(device=device), torch.randint(0, run.model.vocab_size,
                                                            (run.batch_size, run.context_length), device=device)
@@ -233,8 +230,7 @@ def fake_loss(run: MemConfig, model: nn.Module, tokens: torch.Tensor, device: to
 
 
 def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
-    """One step of run.mode (forward; + backward; + optimizer step and zero_grad), calling mark(phase) before
-    each phase and mark("end") after: the snapshot's timeline shades the phases by these host-clock marks."""
+    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline's shading)."""
     torch.manual_seed(run.seed)
     with device:  # parameters made on the GPU, as in training
         model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
@@ -291,8 +287,7 @@ def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) ->
     return record
 
 
-def snapshot_meta_path(pickle_path: str | Path) -> Path:
-    """The JSON beside a snapshot: phase marks and the peaks of the recorded step."""
+def snapshot_meta_path(pickle_path: str | Path) -> Path:  # phase marks and the peaks of the recorded step
     return Path(pickle_path).with_name(Path(pickle_path).stem + "_meta.json")
 
 
@@ -423,7 +418,7 @@ def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int 
     return {"saved_block_bytes_mean": blocks_total / n, "saved_block_bytes_max": max(per_block.values(), default=0),
             "saved_blocks_bytes": blocks_total, "saved_outside_bytes": outside,
             "saved_total_bytes": blocks_total + outside, "saved_storages": len(saved["rows"]),
-            "num_blocks": len(paths), "block_path": paths[0].rpartition(".")[0] if paths else None,
+            "num_blocks": len(paths),
             "saved_block_top": top("in", top_block, n, blocks_total),
             "saved_outside_top": top("out", top_outside, 1, blocks_total + outside)}
 
@@ -547,7 +542,6 @@ def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, in
 # --- the snapshot reader (anyone's, no GPU) ---
 
 BEFORE_RECORDING = "(allocated before recording: weights, optimizer state, ...)"
-PHASE_COLORS = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
 
 
 class DataOnlyUnpickler(pickle.Unpickler):
@@ -612,7 +606,6 @@ def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int,
 class Timeline:
     """Allocated and reserved bytes after every trace entry of one device."""
 
-    device: int
     times_us: list[float] | None  # host clock, µs since the epoch; None if not recorded
     allocated_bytes: list[int]
     reserved_bytes: list[int]  # empty when nothing says what the allocator held
@@ -644,7 +637,7 @@ def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
     if peak_index < 0 or allocated[peak_index] <= base:
         peak_index = -1
     times = [e["time_us"] for e in trace] if trace and all("time_us" in e for e in trace) else None
-    return Timeline(device, times, allocated, reserved, base, base_reserved, before,
+    return Timeline(times, allocated, reserved, base, base_reserved, before,
                     allocated[peak_index] if peak_index >= 0 else base, peak_index)
 
 
@@ -780,7 +773,7 @@ def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
                                                 meta.get("max_memory_allocated_bytes")),
               "snapshot_largest": largest_allocations(snapshot, top, root, spans),
               "snapshot_live_at_peak": live_at_peak(snapshot, timeline, top, root),
-              "snapshot_code_root": str(root), "snapshot_baseline_bytes": timeline.baseline_bytes}
+              "snapshot_code_root": str(root)}
     return fields, timeline, spans
 
 
@@ -807,8 +800,8 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
         ax.step([0] + xs, [timeline.baseline_reserved_bytes / scale] + [b / scale for b in timeline.reserved_bytes],
                 where="post", color="gray", linestyle="--", label="reserved (allocator segments)")
     for name, begin, end in spans if timeline.times_us else ():
-        ax.axvspan((begin - t0) / 1e3, (end - t0) / 1e3, color=PHASE_COLORS.get(name, "tab:purple"), alpha=0.15,
-                   label=name)
+        color = {"forward": "tab:blue", "backward": "tab:orange"}.get(name, "tab:green")
+        ax.axvspan((begin - t0) / 1e3, (end - t0) / 1e3, color=color, alpha=0.15, label=name)
     peak_x = xs[timeline.peak_index] if timeline.peak_index >= 0 else 0
     ax.plot([peak_x], [timeline.peak_bytes / scale], "o", color="tab:red")
     ax.annotate(f"peak {timeline.peak_bytes / scale:.2f} {unit}", (peak_x, timeline.peak_bytes / scale),
@@ -825,9 +818,8 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
 
 
 def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, max_entries: int) -> dict[str, Any]:
-    """The configuration's stages, each with its own status, so one failing keeps the others: what autograd
-    saves (fake tensors, any device; the checkpointing prediction for ours), the compiled block (--compile), the
-    measured peak and snapshot (CUDA)."""
+    """The stages, each with its own status (one failing keeps the others): saved for backward and, for ours,
+    the checkpointing prediction (any device); the compiled block; the measured peak and snapshot (CUDA)."""
     device = resolve_device(run.device)
     record: dict[str, Any] = {}
     try:

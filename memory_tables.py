@@ -47,7 +47,8 @@ def accounting_table(records: list[dict], fmt: str) -> str:
         rows.append({**ident, "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
                      "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
                      "residual stream MiB": rec["residual_stream_bytes"] / MIB,
-                     "= B x S x d_model x 4 B": f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
+                     "= B x S x d_model x 4 B":
+                         f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
                      "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
                      "= B x H x S x S x bytes": rec["attention_scores_formula"]})
     return render_table(rows, list(dict.fromkeys(k for row in rows for k in row)), fmt)
@@ -99,8 +100,8 @@ def compiled_block_table(records: list[dict], fmt: str) -> str | None:
     return render_table(rows, columns, fmt)
 
 
-MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB",
-                             "transient MiB", "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
+MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB", "transient MiB",
+                             "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
 
 
 def checkpoint_table(records: list[dict], fmt: str) -> str | None:
@@ -125,8 +126,8 @@ def checkpoint_table(records: list[dict], fmt: str) -> str | None:
         notes[tuple(ident.values())] = (
             f"{' '.join(map(str, ident.values()))}: N = {n}, a = {p['block_bytes'] / MIB:.2f} MiB per block, "
             f"b = {p['boundary_bytes'] / MIB:.2f} MiB per boundary; single level: K* = sqrt(N b / a) = "
-            f"{sqrt_k:.2f}, smallest predicted peak at K = {p['best_k']} ({p['best_predicted_peak_bytes'] / GIB:.3f} "
-            f"GiB); nested (recursive halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} "
+            f"{sqrt_k or 0:.2f}, smallest predicted peak at K = {p['best_k']} "
+            f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} "
             f"boundaries kept, one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
     columns = with_run_column([c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)], records)
     return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments "
