@@ -127,7 +127,8 @@ def checkpoint_table(records: list[dict], fmt: str) -> str | None:
             f"{' '.join(map(str, ident.values()))}: N = {n}, a = {p['block_bytes'] / MIB:.2f} MiB per block, "
             f"b = {p['boundary_bytes'] / MIB:.2f} MiB per boundary; single level: K* = sqrt(N b / a) = "
             f"{sqrt_k or 0:.2f}, smallest predicted peak at K = {p['best_k']} "
-            f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} "
+            f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive halving, ceil(log2 N) + 1 = "
+            f"{p['nested_kept_bytes'] // p['boundary_bytes']} "
             f"boundaries kept, one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
     columns = with_run_column([c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)], records)
     return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments "
