@@ -1,34 +1,18 @@
-"""Memory of the Transformer LM: peak memory of a forward pass and of a training step, the allocation timeline,
-where the largest allocations come from, and what autograd keeps for backward.
-
-Answers the study's memory questions: how much memory do forward-only and a full training step (forward,
-backward, AdamW) need at each context length, with and without bf16 mixed precision; how big is one
-residual-stream activation tensor; which allocations are the largest and which line of code makes them; what
-does activation checkpointing buy, and at what cost in step time.
+"""Memory of the Transformer LM (memory_profiling, gradient_checkpointing): the peak of a forward pass and of a
+training step per context length, fp32 and bf16; one residual-stream tensor; the largest allocations and the line
+that made them; what autograd keeps for backward, per block and for the handout's compiled block (§3.2); what
+activation checkpointing buys (single-level every K blocks, and nested).
 
     python3 mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
     python3 mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
-    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot     # + pickle, PNG
-    python3 mem_profile.py --mode train --checkpoint 0 1 2 4 8     # checkpointing: 2026's xl, batch 4, ctx 2048
-    python3 mem_profile.py --size xl --context-length 512 --attn naive sdpa --mode train           # attention kernels
-    python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle                          # re-read a snapshot
-    python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot               # the staff model
+    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot   # pickle, PNG, HTML
+    python3 mem_profile.py --mode train --checkpoint 0 1 2 4 8   # checkpointing: 2026's xl, batch 4, ctx 2048
+    python3 mem_profile.py --size xl --num-heads 16 --context-length 2048 --mode forward --compile   # §3.2's block
+    python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle      # re-read anyone's snapshot
+    python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot   # the staff model
 
-Peak memory is measured on CUDA only (torch.cuda.max_memory_allocated after warm-up, with the peak counter
-reset; reserved memory too), each configuration in its own child process, an OOM is a row. `--snapshot`
-records the allocator's history around one more step and saves the pickle (open it at pytorch.org/memory_viz),
-a timeline PNG with the forward / backward / optimizer phases shaded, the largest allocations with the line of
-code that made them, what was live at the peak, and a check of the peak rebuilt from the trace against
-torch.cuda.memory_stats()["requested_bytes.all.peak"] (max_memory_allocated beside it). Three things need no GPU
-(lm_memory.py): the accounting (weights, gradients, AdamW state, residual-stream and attention-score tensor
-sizes), the saved-for-backward tables, measured with torch.autograd.graph.saved_tensors_hooks on fake tensors
-(shapes and dtypes without memory, so even 2.7B takes seconds on a laptop), and with --checkpoint K the peak those
-figures predict for each K (the model state, the N/K segment inputs, one segment's K recomputed blocks, the largest
-transient), with the K that minimises it. Tables (memory_tables.py, the code report.py re-renders saved runs with)
-go to stdout and, with one JSON record per configuration, to results/memory/.
-
-Sizes and the default sizes and contexts come from the study's handout: the current one (2026, v26.1.1) unless
---handout or CS336_HANDOUT says 2025. --dry-run lists the configurations and runs nothing.
+Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child process (a
+student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains every table.
 """
 from __future__ import annotations
 
@@ -38,255 +22,116 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import pickle
+import re
+import statistics
 import sys
 import time
+import timeit
 import traceback
-from pathlib import Path
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cli
 import common
-import isolation
-import memory_snapshot
 import memory_tables
 import model_config
 import report
-import runner
 import sweep
 import user_code
-from cli import non_negative_int, positive_int
-from common import DTYPES, resolve_device
+from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from e2e_tables import config_table
-from lm_memory import (FP32_BYTES, activation_figures, attention_scores_bytes, checkpoint_prediction,
-                       residual_stream_bytes, saved_for_backward, static_memory_bytes, summarize_saved)
-from model import ATTENTION
-from model_config import DEFAULT_BATCH_SIZE, MODES, get_config
-from results import ResultFiles, finished, format_bytes
-from runner import RunConfig, Workload, run_step
+from model import ATTENTION, cross_entropy
+from model_config import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
+from results import ResultFiles, emit, format_bytes
+from runner import build_model, build_optimizer  # (model.py at integration)
 
-# ---- accounting from the config ----
+FP32_BYTES = 4
+PROJECT_ROOT = Path(__file__).resolve().parent
 
-
-def accounting(run: RunConfig, num_params: int | None = None) -> dict[str, Any]:
-    """The formulas' figures for one configuration; `num_params` (counted on your --model) replaces our
-    architecture's count in the weights, gradients and AdamW state."""
-    cfg, batch, ctx = run.model, run.batch_size, run.context_length
-    record: dict[str, Any] = static_memory_bytes(cfg, run.mode, num_params)
-    record["residual_stream_bytes"] = residual_stream_bytes(batch, ctx, cfg.d_model)
-    record["residual_stream_formula"] = f"{batch} x {ctx} x {cfg.d_model} x {FP32_BYTES} B"
-    record["attention_scores_layer_bytes"] = attention_scores_bytes(batch, cfg.num_heads, ctx, run.dtype)
-    record["attention_scores_formula"] = (f"{batch} x {cfg.num_heads} x {ctx} x {ctx} x "
-                                          f"{DTYPES[run.dtype].itemsize} B")
-    return record
+# --- arguments ---
 
 
-# ---- saved for backward ----
+@dataclass(frozen=True)
+class MemConfig:
+    """One configuration; its fields are the record's `config`."""
 
+    size: str
+    model: ModelConfig  # its context_length is the measured sequence length
+    handout: str = model_config.DEFAULT_HANDOUT
+    batch_size: int = DEFAULT_BATCH_SIZE
+    warmup: int = 3
+    steps: int = 5
+    mode: str = "train"
+    dtype: str = "fp32"
+    attn: str = "naive"
+    checkpoint_every: int = 0
+    compile: bool = False
+    model_factory: str | None = None  # yours, MODULE:CALLABLE; None = ours
+    optimizer: str = user_code.OURS
+    device: str = "auto"
+    seed: int = 0
 
-def saved_for_backward_record(run: RunConfig) -> dict[str, Any]:
-    """The saved-for-backward summary of one configuration, on fake tensors of its device (CUDA picks other
-    attention kernels than the CPU, so sdpa's residuals differ); for our model also the peak it predicts
-    (lm_memory.checkpoint_prediction: checkpointing is ours only)."""
-    isolation.phase("saved for backward (fake tensors)")
-    device = resolve_device(run.device)
-    saved = saved_for_backward(run.model, run.batch_size, run.dtype, run.attn, run.checkpoint_every, device,
-                               model_factory=run.model_factory)
-    summary = summarize_saved(saved, run.model.num_layers)
-    if run.model_factory is not None:  # your parameters, counted on meta tensors (no memory)
-        with torch.device("meta"):
-            model = runner.build_model(run.model, factory=run.model_factory)
-        summary["model_num_params"] = sum(p.numel() for p in model.parameters())
-        return summary
-    isolation.phase("predicting the peak (fake tensors)")
-    figures = activation_figures(run.model, run.batch_size, run.dtype, run.attn, str(device), run.mode != "forward")
-    summary["checkpoint_prediction"] = checkpoint_prediction(run.model, run.batch_size, run.mode, run.checkpoint_every,
-                                                             summary["saved_blocks_bytes"], figures)
-    return summary
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
 
+    def label(self) -> str:
+        parts = [self.size, f"ctx={self.context_length}", self.mode, self.dtype, self.model_factory or self.attn]
+        parts += [f"ckpt={self.checkpoint_every}"] * bool(self.checkpoint_every)
+        parts += [f"optimizer={self.optimizer}"] * (self.optimizer != user_code.OURS)
+        return " ".join(parts + ["compiled"] * self.compile)
 
-# ---- measured peaks and snapshots (CUDA only) ----
+    def skip_key(self) -> tuple[tuple, str, int]:
+        """After an OOM, the longer contexts of the same settings are skipped (sweep.run_sweep)."""
+        return (dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1)), "ctx",
+                self.context_length)
 
-
-def snapshot_meta_path(pickle_path: str | Path) -> Path:
-    """The JSON beside a snapshot pickle: phase marks and max_memory_allocated of the recorded step."""
-    pickle_path = Path(pickle_path)
-    return pickle_path.with_name(pickle_path.stem + "_meta.json")
-
-
-def record_snapshot(work: Workload, path: str, max_entries: int) -> dict[str, Any]:
-    """One more step with the allocator's history recorded (Python stacks, up to `max_entries` events, peak
-    counter reset first); the snapshot pickled to `path`, recording stopped afterwards whatever happens.
-    Phase boundaries are host-clock marks in microseconds since the epoch, the clock of the trace's time_us."""
-    device = work.device
-    marks: list[tuple[str, float]] = []
-    isolation.phase("recording a memory snapshot")
-    common.reset_peak_memory(device)
-    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries,
-                                             clear_history=True)
-    try:
-        run_step(work, on_phase=lambda phase: marks.append((phase, time.time_ns() / 1e3)))
-        torch.cuda.synchronize(device)
-        snapshot = torch.cuda.memory._snapshot()
-    finally:
-        torch.cuda.memory._record_memory_history(enabled=None)
-    measured = common.peak_memory_bytes(device)["peak_mem_allocated_bytes"]
-    # the trace records requested sizes: their peak is the counterpart of the rebuilt peak (memory_snapshot)
-    requested = torch.cuda.memory_stats(device).get("requested_bytes.all.peak")
-    with open(path, "wb") as f:
-        pickle.dump(snapshot, f)
-    snapshot_meta_path(path).write_text(json.dumps({"phase_marks": marks, "max_memory_allocated_bytes": measured,
-                                                    "requested_bytes_peak": requested}))
-    return {"snapshot_path": path, "snapshot_phase_marks": marks, "snapshot_max_allocated_bytes": measured,
-            "snapshot_requested_peak_bytes": requested}
-
-
-def measure_config(run: RunConfig, snapshot_path: str | None = None, max_entries: int = 1_000_000) -> dict[str, Any]:
-    """CUDA only: the shared run path (warm-up, peak counter reset, `run.steps` timed steps, peaks): peak
-    allocated and reserved bytes and the step times. With snapshot_path, one more step is recorded
-    (record_snapshot)."""
-    if resolve_device(run.device).type != "cuda":
-        raise ValueError(f"measured peaks need a CUDA device, not {run.device}")
-    work = Workload(run)
-    record = runner.measure(runner.Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup,
-                                            steps=run.steps))
-    if snapshot_path:
-        record.update(record_snapshot(work, snapshot_path, max_entries))
-    return record
-
-
-def analyze_snapshot(path: str | Path, marks: list[tuple[str, float]] | None, measured_peak: int | None,
-                     png_path: Path, title: str, top: int, requested_peak: int | None = None,
-                     code_root: str | Path | None = None) -> dict[str, Any]:
-    """Timeline, peak check, largest allocations, what was live at the peak, and the PNG, from a pickle. The
-    sites name the user's own lines: frames under `code_root`, else under the snapshot's own most common source
-    root (memory_snapshot.code_root; this project's folder for its own runs)."""
-    snapshot = memory_snapshot.load_snapshot(path)
-    timeline = memory_snapshot.rebuild_timeline(snapshot)
-    spans = memory_snapshot.phase_spans([tuple(m) for m in marks or []])
-    root = Path(code_root) if code_root else memory_snapshot.code_root(snapshot) or memory_snapshot.PROJECT_ROOT
-    out: dict[str, Any] = {
-        "snapshot_peak_check": memory_snapshot.peak_check(timeline.peak_bytes, requested_peak, measured_peak),
-        "snapshot_largest": memory_snapshot.largest_allocations(snapshot, top, timeline.device, spans, root),
-        "snapshot_live_at_peak": memory_snapshot.live_at_peak(snapshot, timeline, top, root),
-        "snapshot_code_root": str(root),
-        "snapshot_baseline_bytes": timeline.baseline_bytes, "snapshot_events": len(timeline.allocated_bytes)}
-    try:
-        out["snapshot_png"] = str(memory_snapshot.render_timeline_png(timeline, png_path, title, spans))
-    except ImportError as exc:
-        out["snapshot_png_note"] = str(exc)
-    return out
-
-
-# ---- the sweep ----
-
-
-def slug(run: RunConfig) -> str:
-    """The part of a file name that says which configuration a snapshot or PNG belongs to."""
-    return run.label().replace("=", "").replace(" ", "_")
-
-
-def profile_config(run: RunConfig, measure: bool, snapshot_prefix: str | None = None,
-                   max_entries: int = 1_000_000) -> dict[str, Any]:
-    """The measured part of one configuration's record: what autograd saves for backward and, on CUDA, the
-    measured peak (and snapshot). A failed measurement is the row's status; the saved-for-backward summary,
-    which needs no GPU, is kept either way."""
-    record: dict[str, Any] = {}
-    try:
-        with stage(run, "saved"):
-            record.update(saved_for_backward_record(run), saved_status="ok")
-    except Exception as exc:  # noqa: BLE001 - a failure is data
-        record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
-    if not measure:
-        record["status"] = "skipped: measured peaks need a CUDA device"
-        return record
-    snapshot_path = f"{snapshot_prefix}_{slug(run)}.pickle" if snapshot_prefix else None
-    try:
-        with stage(run, "measure"):
-            record.update(measure_config(run, snapshot_path, max_entries), status="ok")
-    except Exception as exc:  # noqa: BLE001
-        record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
-    return record
-
-
-@contextlib.contextmanager
-def stage(run: RunConfig, name: str) -> Any:
-    """One of a configuration's two stages, each with its own status: the sweep's fault hook (tests) with the
-    run's fields and `stage=saved|measure`, so either can be made to fail alone."""
-    with sweep.injected_fault({**run.fault_fields(), "stage": name}):
-        yield
-
-
-def finish_record(run: RunConfig, record: dict[str, Any], files: ResultFiles, top: int) -> None:
-    """The accounting from the config, the step-time statistics and the snapshot's analysis (timeline PNG,
-    largest allocations, peak check), added in this process. A configuration that failed before its stages ran (a
-    child killed or timed out, a fault injected for the whole configuration) has its status as its saved stage's."""
-    record.update(accounting(run, record.get("model_num_params")))
-    record.setdefault("saved_status", record["status"])
-    if finished(record):
-        record.update(runner.sample_stats(record, ("step",)))
-    if "snapshot_path" in record:
-        try:
-            record.update(analyze_snapshot(record["snapshot_path"], record["snapshot_phase_marks"],
-                                           record["snapshot_max_allocated_bytes"],
-                                           files.path(f"_{slug(run)}_timeline.png"), run.label(), top,
-                                           record.get("snapshot_requested_peak_bytes")))
-        except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
-            record["snapshot_status"] = common.failure_status(exc)
-
-
-def profile_sweep(runs: list[RunConfig], args: argparse.Namespace, files: ResultFiles, measure: bool,
-                  render: Callable[[list[dict], str], str] | None = None) -> tuple[list[dict], int]:
-    """Every configuration through the shared sweep. Without a GPU only fake tensors run: no child processes."""
-    experiment = sweep.Experiment(
-        name="mem_profile",
-        measure=functools.partial(profile_config, measure=measure, max_entries=args.max_entries,
-                                  snapshot_prefix=str(files.path("")) if args.snapshot and measure else None),
-        finish=lambda run, record: finish_record(run, record, files, args.top),
-        summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}",
-        render=render or report.LiveReport("mem_profile", args.columns))
-    if not measure:
-        args.in_process = True  # fake tensors only: nothing to isolate, and a child would cost more than the work
-    return sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
-
-
-# ---- command line ----
+    def fault_fields(self) -> dict[str, Any]:  # what a test's BENCH_INJECT_FAULT clause matches on
+        return {"size": self.size, "context_length": self.context_length, "mode": self.mode, "dtype": self.dtype,
+                "attn": self.attn, "checkpoint": self.checkpoint_every}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.ArgParser(description=__doc__.split("\n\n")[0])
-    cli.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B; with --checkpoint K > 0, "
-                            "the gradient_checkpointing size, 2026: xl")
-    p.add_argument("--context-length", type=positive_int, nargs="+", default=None,
+    cli.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B")
+    p.add_argument("--context-length", type=cli.positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
-                        "2025: 128 256 512; with --checkpoint K > 0, the gradient_checkpointing context, 2026: 2048)")
+                        "2025: 128 256 512; with --checkpoint K > 0, 2026's gradient_checkpointing context 2048)")
     cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
-    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU) in a "
-                                "training step; several to compare their peaks", flops=False)
-    p.add_argument("--checkpoint", type=non_negative_int, nargs="+", default=[0], metavar="K",
-                   help="activation checkpointing every K blocks (non-reentrant torch.utils.checkpoint); 0 = off; "
-                        "each K's predicted peak (any device) beside its measured peak and step time (CUDA)")
-    p.add_argument("--num-heads", type=positive_int, default=None,
-                   help="override the preset's number of heads: the 2026 handout's section 3.2 code builds the xl "
-                        "block with 16 heads where its Table 1 says 32 (docs/mem_profile.md#the-handouts-xl-block-"
-                        "has-16-heads); --num-heads 16 compares with its per-block figure")
-    p.add_argument("--batch-size", type=positive_int, default=None,
-                   help=f"batch size (default: {DEFAULT_BATCH_SIZE}, or the gradient_checkpointing batch with "
-                        "--checkpoint K > 0: 4 in 2026)")
+    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW in a training step; several to "
+                                "compare their peaks", flops=False)
+    p.add_argument("--checkpoint", type=cli.non_negative_int, nargs="+", default=[0], metavar="K",
+                   help="activation checkpointing every K blocks (0 = off): each K's predicted peak (any device) "
+                        "beside its measured peak (CUDA), with the nested strategy's")
+    p.add_argument("--compile", action="store_true",
+                   help="count what one torch.compile(block, fullgraph=True) saves for backward, as the 2026 "
+                        "handout's §3.2 does (real tensors: xl at ctx 2048 needs ~8 GiB); on CUDA the measured "
+                        "step runs the compiled model")
+    p.add_argument("--num-heads", type=cli.positive_int, default=None,
+                   help="override the preset's heads: §3.2 of the 2026 handout builds the xl block with 16")
+    p.add_argument("--batch-size", type=cli.positive_int, default=None,
+                   help=f"batch size (default {DEFAULT_BATCH_SIZE}; the handout's with --checkpoint K > 0)")
     p.add_argument("--snapshot", action="store_true",
-                   help="CUDA only: record the allocator's history around one more step; save the pickle "
-                        "(pytorch.org/memory_viz), a timeline PNG, the largest allocations and the peak check")
-    p.add_argument("--max-entries", type=positive_int, default=1_000_000,
-                   help="allocator events kept by --snapshot (a ring buffer: older events are dropped)")
-    p.add_argument("--top", type=positive_int, default=10, help="rows in the largest-allocations tables")
+                   help="CUDA: record the allocator's history around one more step: pickle, timeline PNG and "
+                        "interactive HTML, largest allocations, the peak check")
+    p.add_argument("--max-entries", type=cli.positive_int, default=1_000_000,
+                   help="allocator events --snapshot keeps (a ring buffer)")
+    p.add_argument("--top", type=cli.positive_int, default=10, help="rows in the largest-allocations tables")
     p.add_argument("--analyze", metavar="PICKLE", default=None,
-                   help="analyse a saved snapshot instead of running (timeline PNG, largest allocations, peak "
-                        "check when its _meta.json is beside it); needs no GPU; anyone's snapshot")
+                   help="read a saved snapshot (anyone's) instead of running: tables, PNG and HTML; no GPU")
     p.add_argument("--code-root", metavar="DIR", default=None,
-                   help="--analyze: the folder of the code whose lines the tables name (as the snapshot's frames "
-                        "spell it; default: the most common source root of the snapshot's own Python frames)")
+                   help="--analyze: the folder whose lines the tables name (default: the most common source "
+                        "root of the snapshot's Python frames)")
     cli.add_device_args(p)
     sweep.add_sweep_args(p)
     cli.add_output_args(p, default_stem="memory")
@@ -295,81 +140,767 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[MemConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.analyze is not None:
-        if args.dry_run:
-            parser.error("--dry-run lists a sweep's configurations; --analyze runs none")
-        if not Path(args.analyze).is_file():
-            parser.error(f"--analyze: {'not a file' if Path(args.analyze).exists() else 'no such file'}: "
-                         f"{args.analyze}")
-        if args.code_root is not None:  # frames hold absolute paths: a relative folder is this machine's
-            args.code_root = str(Path(args.code_root).absolute())
+        cli.refuse(parser, [(args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
+                            (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
+        args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
-    if args.code_root is not None:
-        parser.error("--code-root goes with --analyze")
+    cli.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
     user_code.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
-    args.attn = list(dict.fromkeys(args.attn or ["naive"]))
-    args.optimizer = list(dict.fromkeys(args.optimizer))
-    # the study's setup when none is given: gradient_checkpointing (b) when checkpointing is asked for and the
-    # handout has that question, its memory_profiling question otherwise
-    if any(args.checkpoint) and handout.checkpoint_setup is not None:
-        default_size, default_batch, default_context = handout.checkpoint_setup
-        default_contexts = (default_context,)
-    else:
-        default_size, default_batch = handout.memory_size, DEFAULT_BATCH_SIZE
-        default_contexts = handout.memory_contexts
-    args.batch_size = args.batch_size or default_batch
-    sizes = cli.sizes_or_exit(parser, args, args.size or [default_size])
-    args.context_length = args.context_length or list(default_contexts)
+    size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
+    if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
+        size, batch, context = handout.checkpoint_setup
+        contexts = (context,)
+    sizes = cli.sizes_or_exit(parser, args, args.size or [size])
     runs = []
     try:
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
-                sizes, args.context_length, args.mode, args.dtype, args.model, args.attn, args.checkpoint,
-                args.optimizer):
-            if model != user_code.OURS:  # our attention and checkpointing do not multiply the rows of yours
-                attn, k = "naive", 0
-            if mode != "train":  # no optimizer step: the optimizer does not multiply these rows
-                optimizer = user_code.OURS
-            runs.append(RunConfig(size=size, handout=args.handout,
-                                  model=get_config(size, args.handout, context_length=ctx,
-                                                   num_heads=args.num_heads),
-                                  batch_size=args.batch_size, warmup=args.warmup, steps=args.steps, mode=mode,
-                                  dtype=dtype, attn=attn, device=args.device, seed=args.seed, checkpoint_every=k,
-                                  model_factory=user_code.model_factory(model), optimizer=optimizer))
+                sizes, args.context_length or contexts, args.mode, args.dtype, args.model, args.attn or ["naive"],
+                args.checkpoint, args.optimizer):
+            ours = model == user_code.OURS  # our attention and checkpointing do not multiply your rows
+            runs.append(MemConfig(
+                size, get_config(size, args.handout, context_length=ctx, num_heads=args.num_heads), args.handout,
+                args.batch_size or batch, args.warmup, args.steps, mode, dtype, attn if ours else "naive",
+                k if ours else 0, args.compile, user_code.model_factory(model),
+                optimizer if mode == "train" else user_code.OURS, args.device, args.seed))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
-    runs = list(dict.fromkeys(runs))  # your model's rows are not multiplied by --attn and --checkpoint
+    runs = list(dict.fromkeys(runs))
     for run in runs:
         cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
-def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
-    """--analyze: the snapshot tables and PNG from a pickle, with the phases and measured peak of its
-    _meta.json when there is one."""
-    meta_path = snapshot_meta_path(args.analyze)
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+# --- build ---
+
+
+def find_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:
+    """The model's blocks, found by structure, not by name: the children of the nn.ModuleList of one repeated
+    module class that holds the most parameters (`layers` in ours, anything in yours). ("", []) if none."""
+    lists = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
+    if not lists:
+        return "", []
+    name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    return name, list(blocks)
+
+
+def first_block(model: nn.Module, run: MemConfig) -> nn.Module:
+    blocks = find_blocks(model)[1]
+    if not blocks:
+        raise ValueError(f"{run.model_factory or 'the model'} has no nn.ModuleList of repeated blocks")
+    return blocks[0]
+
+
+def check_logits(logits: Any, run: MemConfig) -> None:
+    """Your model must map token ids (batch, seq) to logits (batch, seq, vocab); one line naming it otherwise."""
+    expected = (run.batch_size, run.context_length, run.model.vocab_size)
+    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
+        return
+    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
+    raise ValueError(f"{run.model_factory or 'the model'} returned {got} for token ids {expected[:2]}; expected "
+                     f"floating-point logits (batch, seq, vocab) = {expected}")
+
+
+@contextlib.contextmanager
+def fake_model(run: MemConfig, device: torch.device) -> Any:
+    """The model on fake tensors of `device` (FakeTensorMode: a real run's graph, shapes and autocast dtypes, no
+    memory, no arithmetic, so 2.7B takes seconds), and fake token ids; used inside the mode."""
+    with torch.device("meta"):
+        model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
+    with FakeTensorMode(allow_non_fake_inputs=True):  # to_empty turns the meta weights into fake ones
+        yield model.to_empty(device=device), torch.randint(0, run.model.vocab_size,
+                                                           (run.batch_size, run.context_length), device=device)
+
+
+def fake_loss(run: MemConfig, model: nn.Module, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    with torch.enable_grad(), precision_context(device, run.dtype):
+        logits = model(tokens)
+        check_logits(logits, run)  # before the loss: a wrong shape is one line, not a fake-tensor traceback
+        return cross_entropy(logits, tokens)
+
+
+# --- measure: the peak of a step (CUDA) ---
+
+
+def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
+    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline's shading)."""
+    torch.manual_seed(run.seed)
+    with device:  # parameters made on the GPU, as in training
+        model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
+    forward = torch.compile(model) if run.compile else model
+    tokens, targets = torch.randint(0, run.model.vocab_size, (2, run.batch_size, run.context_length), device=device)
+    optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+    scaler = torch.amp.GradScaler(device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+
+    def step(mark: Callable[[str], None] = lambda phase: None) -> None:
+        mark("forward")
+        with precision_context(device, run.dtype):
+            logits = forward(tokens)
+            check_logits(logits, run)
+            loss = cross_entropy(logits, targets)
+        if run.mode != "forward":
+            mark("backward")
+            (scaler.scale(loss) if scaler else loss).backward()
+            if optimizer is not None:
+                mark("optimizer")
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+            model.zero_grad(set_to_none=True)
+        mark("end")
+    return step
+
+
+def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
+    """Warm-up steps, then the peak counter reset and `steps` timed steps: max_memory_allocated (tensors) and
+    max_memory_reserved (what the caching allocator holds from the driver) over them."""
+    device = resolve_device(run.device)
+    if device.type != "cuda":
+        raise ValueError(f"measured peaks need a CUDA device, not {device}")
+    step = build_step(run, device)
+    for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
+        step()
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    times_ms = []
+    for _ in range(run.steps):
+        start = timeit.default_timer()
+        step()
+        torch.cuda.synchronize(device)  # the step's kernels are done before the clock is read
+        times_ms.append((timeit.default_timer() - start) * 1e3)
+    record = {"environment": common.environment(device), "step_ms": times_ms,
+              "step_ms_mean": statistics.fmean(times_ms),
+              "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
+              "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    if snapshot_path:
+        record.update(record_snapshot(step, device, snapshot_path, max_entries))
+    return record
+
+
+def snapshot_meta_path(pickle_path: str | Path) -> Path:  # phase marks and the peaks of the recorded step
+    return Path(pickle_path).with_name(Path(pickle_path).stem + "_meta.json")
+
+
+def record_snapshot(step: Callable[..., None], device: torch.device, path: str, max_entries: int) -> dict[str, Any]:
+    """One more step with the allocator's history recorded (Python stacks), dumped by torch to `path`; recording
+    stops whatever happens. The trace holds requested sizes: requested_bytes.all.peak is its exact counterpart."""
+    marks: list[tuple[str, float]] = []
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries)
     try:
-        fields = analyze_snapshot(args.analyze, meta.get("phase_marks"), meta.get("max_memory_allocated_bytes"),
-                                  files.path("_timeline.png"), Path(args.analyze).name, args.top,
-                                  meta.get("requested_bytes_peak"), args.code_root)
-    # Not a pickle, truncated, or a pickle of something else (entries lacking fields or of the wrong type): bad
-    # input, so one line and exit 2.
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError, ImportError, KeyError, TypeError, AttributeError,
-            IndexError) as exc:
+        step(lambda phase: marks.append((phase, time.time_ns() / 1e3)))  # µs since the epoch, as the trace
+        torch.cuda.synchronize(device)
+        torch.cuda.memory._dump_snapshot(path)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    meta = {"phase_marks": marks, "max_memory_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "requested_bytes_peak": torch.cuda.memory_stats(device).get("requested_bytes.all.peak")}
+    snapshot_meta_path(path).write_text(json.dumps(meta))
+    return {"snapshot_path": path, "snapshot_meta": meta}
+
+
+# --- measure: what autograd saves for backward (any device) ---
+
+
+class CreatedIn(TorchDispatchMode):
+    """Which module each storage was made in (the innermost one running; the RoPE cache, shared between blocks,
+    takes its caller's path), through module hooks; every tensor made is kept (free on fake tensors), so no
+    storage key is reused while this lives."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.paths: dict[int, list[str]] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self.paths.setdefault(id(module), []).append(path)
+        self.stack, self.module_of, self.outputs = [""], {}, []
+        self.hooks = [nn.modules.module.register_module_forward_pre_hook(self.enter),
+                      nn.modules.module.register_module_forward_hook(self.exit)]
+
+    def enter(self, module: nn.Module, args: Any) -> None:
+        paths = self.paths.get(id(module), [type(module).__name__])
+        prefix = self.stack[-1] + "." if self.stack[-1] else ""
+        self.stack.append(next((p for p in paths if p.startswith(prefix)), paths[0]))
+
+    def exit(self, *_: Any) -> None:  # (a forward hook that returned something would replace the output)
+        self.stack.pop()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.outputs.append(t)
+                self.module_of.setdefault(storage_key(t), self.stack[-1])
+        return out
+
+
+def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
+                       backward: bool = False) -> dict[str, Any]:
+    """Every storage autograd saves during one forward pass plus the loss, each once (a view shares its base's),
+    weights and buffers left out (resident anyway; autocast's copies are listed), with the module it was made in;
+    the block paths, the parameter count, one block's gradient bytes, the largest transient (a storage neither
+    saved, a weight nor a gradient, e.g. the logits' gradient with `backward`). fake=False: real tensors."""
+    device = torch.device(device)
+    if fake:
+        build = fake_model(run, device)
+    else:
+        with device:
+            model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
+        build = contextlib.nullcontext((model, torch.randint(0, run.model.vocab_size,
+                                                             (run.batch_size, run.context_length), device=device)))
+    with build as (model, tokens):
+        prefix, blocks = find_blocks(model)
+        resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
+        made = CreatedIn(model)
+
+        def describe(t: torch.Tensor) -> dict[str, Any]:
+            base = t._base if t._base is not None else t  # a view: the tensor that owns the storage
+            return {"bytes": t.untyped_storage().nbytes(), "module": made.module_of.get(storage_key(t), ""),
+                    "shape": list(base.shape), "dtype": common.dtype_name(base.dtype),
+                    "op": re.sub(r"Backward\d*$", "", base.grad_fn.name()) if base.grad_fn else "(no grad_fn)"}
+        try:
+            with saved_tensors(describe, exclude=resident) as saved, made:
+                loss = fake_loss(run, model, tokens, device)
+            out = {"rows": list(saved.values()), "params": sum(p.numel() for p in model.parameters()),
+                   "blocks": [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))],
+                   "block_grad_bytes": sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+                   if blocks else None}
+            if backward:
+                with made:
+                    loss.backward()
+            lasting = resident | set(saved) | {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
+            out["transient_bytes"] = max((t.untyped_storage().nbytes() for t in made.outputs
+                                          if storage_key(t) not in lasting), default=0)
+        finally:
+            for hook in made.hooks:
+                hook.remove()
+        return out
+
+
+def block_of(module: str, block_paths: list[str]) -> str | None:
+    """The block whose path `module` (a module path such as 'layers.3.ffn.w1') lies under, or None."""
+    return next((p for p in block_paths if module == p or module.startswith(p + ".")), None)
+
+
+def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int = 3) -> dict[str, Any]:
+    """Saved bytes per block (by the block that produced them), outside the blocks (embedding, final norm, head,
+    loss) and in all; the largest groups of tensors per block (averaged over blocks) and outside."""
+    paths = saved["blocks"]
+    per_block = dict.fromkeys(paths, 0)
+    groups: dict[str, Counter] = {"in": Counter(), "out": Counter()}
+    counts: dict[str, Counter] = {"in": Counter(), "out": Counter()}
+    for s in saved["rows"]:
+        block = block_of(s["module"], paths)
+        if block is not None:
+            per_block[block] += s["bytes"]
+            inner = s["module"][len(block) + 1:] or "(block)"
+        else:
+            inner = s["module"] or "(model)"
+        key, side = (inner, s["op"], "x".join(map(str, s["shape"])), s["dtype"]), "in" if block else "out"
+        groups[side][key] += s["bytes"]
+        counts[side][key] += 1
+    blocks_total, outside = sum(per_block.values()), sum(groups["out"].values())
+    n = max(len(paths), 1)
+
+    def top(side: str, limit: int, per: int, of: int) -> list[dict[str, Any]]:
+        return [{"module": m, "op": op, "shape": shape, "dtype": dtype, "bytes": total / per,
+                 "tensors": counts[side][(m, op, shape, dtype)] / per, "share": total / of if of else 0.0}
+                for (m, op, shape, dtype), total in groups[side].most_common(limit)]
+    return {"saved_block_bytes_mean": blocks_total / n, "saved_block_bytes_max": max(per_block.values(), default=0),
+            "saved_blocks_bytes": blocks_total, "saved_outside_bytes": outside,
+            "saved_total_bytes": blocks_total + outside, "saved_storages": len(saved["rows"]),
+            "num_blocks": len(paths),
+            "saved_block_top": top("in", top_block, n, blocks_total),
+            "saved_outside_top": top("out", top_outside, 1, blocks_total + outside)}
+
+
+# --- measure: the handout's compiled block (§3.2) ---
+
+
+def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
+    """The handout's count of what fn(*args) saves for backward: every tensor autograd packs, numel x element
+    size (a view or a tensor saved twice counts again), nn.Parameters left out. (bytes, tensors, output)."""
+    counted = [0, 0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, nn.Parameter):
+            counted[0] += t.numel() * t.element_size()
+            counted[1] += 1
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return counted[0], counted[1], out
+
+
+def compiled_block_record(run: MemConfig) -> dict[str, Any]:
+    """One block of the model (built with one layer) under torch.compile(block, fullgraph=True), its forward on a
+    real (batch, ctx, d_model) input counted as the handout counts (inductor's partitioner decides what is
+    saved: it recomputes cheap pointwise ops in backward); the same block eager, on fake tensors, beside it."""
+    device = resolve_device(run.device)
+    one = dataclasses.replace(run, model=dataclasses.replace(run.model, num_layers=1), checkpoint_every=0)
+    shape = (run.batch_size, run.context_length, run.model.d_model)
+    with fake_model(one, device) as (model, _):
+        block = first_block(model, run)
+        with precision_context(device, run.dtype):
+            eager_bytes, eager_tensors, _ = count_saved(block, torch.randn(shape, device=device, requires_grad=True))
+    torch.manual_seed(run.seed)
+    with device:
+        block = first_block(build_model(one.model, run.attn, 0, run.model_factory), run)
+    x = torch.randn(shape, device=device, requires_grad=True)
+    start = timeit.default_timer()
+    with precision_context(device, run.dtype):
+        compiled_bytes, compiled_tensors, _ = count_saved(torch.compile(block, fullgraph=True), x)
+    return {"block_eager_saved_bytes": eager_bytes, "block_eager_saved_tensors": eager_tensors,
+            "block_compiled_saved_bytes": compiled_bytes, "block_compiled_saved_tensors": compiled_tensors,
+            "block_compile_s": timeit.default_timer() - start}
+
+
+# --- predict: the peak with activation checkpointing ---
+
+
+@functools.lru_cache(maxsize=16)
+def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
+    """What every K's prediction needs, from `run` without checkpointing (cached: the same for every K): a = what
+    a block keeps (the largest block's) and its largest tensor, what the rest keeps, the largest transient, a
+    block's and the embedding's gradient bytes."""
+    saved = saved_for_backward(run, device, backward=run.mode != "forward")
+    summary = summarize_saved(saved)
+    in_blocks = [s["bytes"] for s in saved["rows"] if block_of(s["module"], saved["blocks"])]
+    return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
+            "transient_bytes": saved["transient_bytes"], "block_transient_bytes": max(in_blocks, default=0),
+            "block_grad_bytes": saved["block_grad_bytes"],
+            "embedding_grad_bytes": run.model.vocab_size * run.model.d_model * FP32_BYTES}
+
+
+def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
+    """fp32 weights (master copies, also under autocast), their gradients with backward, AdamW's two moments
+    in a training step. `num_params`: counted on the model (yours); None: our architecture's."""
+    weights = (cfg.num_params if num_params is None else num_params) * FP32_BYTES
+    return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
+            "adamw_state_bytes": 2 * weights if mode == "train" else 0}
+
+
+def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], static: dict[str, int],
+                 mode: str) -> dict[str, int]:
+    """Bytes in use at each moment a step's peak can fall in: backward starts (the state without gradients, what
+    the forward kept, what the rest keeps, the largest transient); the first segment's backward, which runs last
+    (the state, the gradients already made, the kept tensors, its blocks recomputed, a block's largest tensor
+    again); backward ends (state and gradients); the optimizer step (+ one parameter-sized temporary: our
+    AdamW's denominator). A block's own gradients arrive as its activations go: not added to its moment."""
+    state = static["weights_bytes"] + static["adamw_state_bytes"]
+    start = state + kept + figures["outside_bytes"] + figures["transient_bytes"]
+    if mode == "forward":
+        return {"forward ends": start}
+    moments = {"backward starts": start}
+    if recomputed_blocks:
+        later_grads = (static["grads_bytes"] - figures["embedding_grad_bytes"]
+                       - recomputed_blocks * figures["block_grad_bytes"])
+        moments["first segment's backward"] = (state + later_grads + kept + figures["block_transient_bytes"]
+                                               + recomputed_blocks * figures["block_bytes"])
+    moments["backward ends"] = state + static["grads_bytes"]
+    if mode == "train":
+        moments["optimizer step"] = moments["backward ends"] + static["weights_bytes"]
+    return moments
+
+
+def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
+    """The predicted peak with checkpointing every K blocks (single level: ceil(N/K) segment inputs kept, one
+    segment's K blocks recomputed) for this K and every K = 0..N, and the nested strategy's (recursive halving:
+    ceil(log2 N) + 1 segment inputs on the stack, one block recomputed, log2 N extra forwards)."""
+    n, static = run.model.num_layers, static_memory_bytes(run.model, run.mode)
+    b = run.batch_size * run.context_length * run.model.d_model * FP32_BYTES  # a segment's input
+
+    def peak(kept: int, blocks: int) -> tuple[int, str]:
+        moments = peak_moments(kept, blocks, figures, static, run.mode)
+        moment = max(moments, key=moments.get)
+        return moments[moment], moment
+
+    def single(k: int) -> tuple[int, str]:
+        return peak(n * figures["block_bytes"] if k == 0 else -(-n // k) * b, min(k, n))
+
+    predicted, moment = single(run.checkpoint_every)
+    curve = [{"k": k, "predicted_peak_bytes": single(k)[0]} for k in range(n + 1)]
+    best = min(curve, key=lambda point: point["predicted_peak_bytes"])
+    nested_kept = (math.ceil(math.log2(n)) + 1) * b
+    return {**figures, "state_bytes": static["weights_bytes"] + static["adamw_state_bytes"],
+            "grads_bytes": static["grads_bytes"], "boundary_bytes": b, "kept_bytes": kept_bytes,
+            "predicted_peak_bytes": predicted, "peak_moment": moment, "curve": curve, "best_k": best["k"],
+            "best_predicted_peak_bytes": best["predicted_peak_bytes"],
+            "sqrt_k": math.sqrt(n * b / figures["block_bytes"]) if figures["block_bytes"] else None,
+            "nested_kept_bytes": nested_kept, "nested_predicted_peak_bytes": peak(nested_kept, 1)[0]}
+
+
+# --- the snapshot reader (anyone's, no GPU) ---
+
+BEFORE_RECORDING = "(allocated before recording: weights, optimizer state, ...)"
+
+
+class DataOnlyUnpickler(pickle.Unpickler):
+    """A CUDA snapshot is dicts, lists, strings, numbers and booleans. Any global (a class or function: how a
+    pickle runs code) is refused before it is looked up, so loading data never runs code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: a memory snapshot holds only plain data")
+
+
+def load_snapshot(path: str | Path) -> dict[str, Any]:
+    """A pickle written by torch.cuda.memory._dump_snapshot (the dict torch.cuda.memory._snapshot() returns)."""
+    with open(path, "rb") as f:
+        snapshot = DataOnlyUnpickler(f).load()
+    if not (isinstance(snapshot, dict) and isinstance(snapshot.get("device_traces"), list)
+            and all(isinstance(t, list) for t in snapshot["device_traces"])
+            and isinstance(snapshot.get("segments", []), list)):
+        raise ValueError("not a CUDA memory snapshot (no list of 'device_traces'; record one with "
+                         "torch.cuda.memory._record_memory_history)")
+    return snapshot
+
+
+def device_trace(snapshot: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    """(device, its trace): the first device with a non-empty trace."""
+    traces = snapshot["device_traces"] or [[]]
+    device = next((i for i, trace in enumerate(traces) if trace), 0)
+    return device, traces[device]
+
+
+def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int, dict], int]:
+    """Allocated and reserved byte changes, summed after each entry; the allocations live at the end; the bytes
+    freed of blocks allocated before recording. The level drops at free_requested (as memory_allocated does); a
+    free_completed after it changes nothing. map/unmap: expandable segments growing and shrinking."""
+    live: dict[int, dict] = {}
+    pending: set[int] = set()
+    level = held = before = 0
+    allocated, reserved = [], []
+    for entry in trace:
+        action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
+        if action == "alloc":
+            pending.discard(addr)
+            live[addr] = entry
+            level += size
+        elif action == "free_completed" and addr in pending:  # already counted at free_requested
+            pending.discard(addr)
+        elif action in ("free_requested", "free_completed"):
+            if action == "free_requested":
+                pending.add(addr)
+            freed = live.pop(addr, None)
+            before += size if freed is None else 0  # a block allocated before recording began
+            level -= size if freed is None else freed["size"]
+        elif action in ("segment_alloc", "segment_map"):
+            held += size
+        elif action in ("segment_free", "segment_unmap"):
+            held -= size
+        allocated.append(level)
+        reserved.append(held)
+    return allocated, reserved, live, before
+
+
+@dataclass
+class Timeline:
+    """Allocated and reserved bytes after every trace entry of one device."""
+
+    times_us: list[float] | None  # host clock, µs since the epoch; None if not recorded
+    allocated_bytes: list[int]
+    reserved_bytes: list[int]  # empty when nothing says what the allocator held
+    baseline_bytes: int  # allocated when recording began
+    baseline_reserved_bytes: int
+    freed_before_recording_bytes: int
+    peak_bytes: int
+    peak_index: int  # entry after which the peak is first reached; -1 = at the start
+
+
+def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
+    """The trace replayed from the level at which recording began: what the segments held at the end minus the
+    trace's net change, never less than what it frees of blocks it never allocated (so never negative)."""
+    device, trace = device_trace(snapshot)
+    allocated, reserved, _, before = replay(trace)
+    segments = [s for s in snapshot.get("segments", []) if s.get("device", device) == device]
+    end_alloc = sum(b.get("requested_size", b["size"]) for s in segments for b in s.get("blocks", [])
+                    if b.get("state") == "active_allocated")
+    base = max(end_alloc - (allocated[-1] if allocated else 0), before)
+    allocated = [a + base for a in allocated]
+    base_reserved = 0
+    if segments or any(e["action"].startswith("segment_") for e in trace):
+        end_reserved = sum(s["total_size"] for s in segments)
+        base_reserved = max(end_reserved - (reserved[-1] if reserved else 0), -min(reserved, default=0), base)
+        reserved = [r + base_reserved for r in reserved]
+    else:
+        reserved = []
+    peak_index = max(range(len(allocated)), key=allocated.__getitem__, default=-1)
+    if peak_index < 0 or allocated[peak_index] <= base:
+        peak_index = -1
+    times = [e["time_us"] for e in trace] if trace and all("time_us" in e for e in trace) else None
+    return Timeline(times, allocated, reserved, base, base_reserved, before,
+                    allocated[peak_index] if peak_index >= 0 else base, peak_index)
+
+
+# Frames that are nobody's own code: installed packages and the standard library, wherever they sit.
+_LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|^<")
+# C++ frames that say nothing about who asked: unwinding, the recorder, the allocator, creation, dispatch.
+_CPP_NOISE = re.compile(r"unwind|CapturedTraceback|gather_with_cpp|CachingAllocator|Allocator::|empty_|_empty|"
+                        r"TensorImpl|TensorBase|TensorIterator|create_out|set_output|wrap_kernel_functor|"
+                        r"c10::impl::|c10::Dispatcher|boxed|redispatch|^\?\?$|^$")
+
+
+def own_file(filename: str, root: PurePosixPath) -> str | None:
+    """`filename` relative to `root` when it is the user's own Python file under it (compared as text: a
+    snapshot is often read on another machine than the one that recorded it)."""
+    if not filename.endswith(".py") or _LIBRARY.search(filename):
+        return None
+    path = PurePosixPath(filename)
+    return str(path.relative_to(root)) if path.is_relative_to(root) else None
+
+
+def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
+    """The most common source root of the snapshot's own Python frames: from '/', descend into the folder that
+    holds nearly all (near_all) of the frames below, stop where they part (a student's repository, whose two
+    packages share its frames). None when no frame is anyone's own code."""
+    files: Counter = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
+                             for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
+    parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
+    node: tuple[str, ...] = ()
+    while True:
+        below = [(p, n) for p, n in parts if p[:len(node)] == node]
+        folders: Counter = Counter()
+        for p, n in below:
+            if len(p) > len(node) + 1:
+                folders[p[len(node)]] += n
+        if not folders or folders.most_common(1)[0][1] < near_all * sum(n for _, n in below):
+            return PurePosixPath(*node) if len(node) > 1 else None
+        node += (folders.most_common(1)[0][0],)
+
+
+def cpp_site(frames: list[dict[str, Any]]) -> str:
+    """A stack without a Python frame (autograd's backward thread, a C++ caller), named by the autograd node and
+    the operator that allocated, else by its first frame that is not plumbing."""
+    names = [frame.get("name", "") for frame in frames]
+    node = next((m.group(1) for n in names if (m := re.search(r"autograd::(?:generated::)?(\w+)::apply\(", n))), None)
+    ops = [m.group(1) for n in names if (m := re.search(r"at::_ops::(\w+)::call\(", n))]
+    op = next((op for op in ops if not re.match(r"(new_)?(empty|zeros)(_|$)", op)), ops[0] if ops else None)
+    if node:
+        return f"{node}{f' > {op}' if op else ''} (no Python frame: autograd's C++ backward)"
+    if op:
+        return f"{op} (no Python frame: C++ operator)"
+    meaningful = next((n for n in names if not _CPP_NOISE.search(n)), None)
+    if meaningful:
+        return f"{re.sub(r'[(<].*', '', meaningful)} (no Python frame: C++)"
+    return "(no Python frame: C++ allocator frames only)"
+
+
+@functools.lru_cache(maxsize=65536)  # a trace repeats a few stacks millions of times
+def _site(frames: tuple[tuple[str, int, str], ...], root: PurePosixPath) -> str:
+    for filename, line, name in frames:
+        if relative := own_file(filename, root):
+            return f"{relative}:{line} {name}"
+    for filename, line, name in frames:
+        if filename.endswith(".py"):
+            return f"{PurePosixPath(filename).name}:{line} {name} (outside the project)"
+    return cpp_site([{"name": name} for _, _, name in frames])
+
+
+def allocation_site(frames: list[dict[str, Any]], root: PurePosixPath) -> str:
+    """'file.py:line function' of the innermost frame under `root`; else the innermost Python frame; else C++."""
+    return _site(tuple((f["filename"], f["line"], f["name"]) for f in frames), root)
+
+
+def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
+                        spans: list[tuple[str, float, float]] = ()) -> list[dict[str, Any]]:
+    """The `top` largest allocation sizes: how many allocations of each, the sites and the phases."""
+    by_size: dict[int, tuple[Counter, Counter]] = {}
+    for e in device_trace(snapshot)[1]:
+        if e["action"] == "alloc":
+            sites, phases = by_size.setdefault(e["size"], (Counter(), Counter()))
+            sites[allocation_site(e.get("frames", []), root)] += 1
+            phases.update(name for name, begin, end in spans if begin <= e.get("time_us", -1) < end)
+    rows = []
+    for size in sorted(by_size, reverse=True)[:top]:
+        sites, phases = by_size[size]
+        named = "; ".join(f"{site} (x{n})" for site, n in sites.most_common(2))
+        rows.append({"size_bytes": size, "count": sum(sites.values()), "total_bytes": size * sum(sites.values()),
+                     "sites": named + (f"; +{len(sites) - 2} more" if len(sites) > 2 else ""),
+                     "phases": ", ".join(f"{p} x{n}" for p, n in phases.most_common())})
+    return rows
+
+
+def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
+    """The bytes live at the peak by allocation site, largest first, after one row for what was allocated
+    before recording; shares are of the peak."""
+    live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
+    sizes: Counter = Counter()
+    counts: Counter = Counter()
+    for entry in live.values():
+        site = allocation_site(entry.get("frames", []), root)
+        sizes[site] += entry["size"]
+        counts[site] += 1
+    rows = [{"site": BEFORE_RECORDING, "count": None, "bytes": timeline.peak_bytes - sum(sizes.values())}]
+    rows += [{"site": site, "count": counts[site], "bytes": n} for site, n in sizes.most_common(top)]
+    if rest := sum(sizes.values()) - sum(r["bytes"] for r in rows[1:]):
+        rows.append({"site": f"(other sites: {len(sizes) - top})", "count": None, "bytes": rest})
+    return [{**row, "share": row["bytes"] / timeline.peak_bytes if timeline.peak_bytes else 0.0} for row in rows]
+
+
+def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None, tolerance: float = 0.01) -> dict:
+    """The peak rebuilt from the trace against requested_bytes.all.peak, its exact counterpart (both count
+    requested sizes); max_memory_allocated (rounded blocks, 2-3% above for large models) shown beside it."""
+    row: dict[str, Any] = {"rebuilt_peak_bytes": rebuilt, "requested_peak_bytes": requested,
+                           "max_memory_allocated_bytes": allocated}
+    if allocated is not None:
+        row["allocator_rounding_bytes"] = allocated - rebuilt
+    if requested is None:
+        return {**row, "status": "no requested_bytes.all.peak recorded with this snapshot"}
+    row["diff_bytes"] = requested - rebuilt
+    fraction = row["diff_bytes"] / requested if requested else 0.0
+    row["status"] = ("ok (exact)" if not row["diff_bytes"] else f"ok (within {tolerance:.0%})"
+                     if abs(fraction) <= tolerance else f"MISMATCH (more than {tolerance:.0%} apart)")
+    return row
+
+
+def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
+                     root: PurePosixPath | None = None) -> tuple[dict[str, Any], Timeline, list]:
+    """The tables' fields (peak check, largest allocations, live at the peak), the timeline and the phases."""
+    timeline = rebuild_timeline(snapshot)
+    marks = [tuple(m) for m in meta.get("phase_marks") or []]
+    spans = [(name, start, end) for (name, start), (_, end) in zip(marks, marks[1:]) if name != "end"]
+    root = root or code_root(snapshot) or PurePosixPath(PROJECT_ROOT)
+    fields = {"snapshot_peak_check": peak_check(timeline.peak_bytes, meta.get("requested_bytes_peak"),
+                                                meta.get("max_memory_allocated_bytes")),
+              "snapshot_largest": largest_allocations(snapshot, top, root, spans),
+              "snapshot_live_at_peak": live_at_peak(snapshot, timeline, top, root),
+              "snapshot_code_root": str(root)}
+    return fields, timeline, spans
+
+
+def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, stem: Path, title: str) -> dict:
+    """<stem>.html: torch's interactive viewer (torch.cuda._memory_viz.trace_plot, every allocation with its
+    stack); <stem>.png: allocated and reserved memory over the step, phases shaded, the peak marked (matplotlib,
+    optional). OSError (a full disk) propagates."""
+    from torch.cuda import _memory_viz
+    html = stem.with_suffix(".html")
+    html.write_text(_memory_viz.trace_plot(snapshot))
+    out: dict[str, Any] = {"snapshot_html": str(html)}
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return {**out, "snapshot_png_note": "the timeline PNG needs matplotlib: pip install matplotlib"}
+    unit, scale = ("GiB", 2**30) if timeline.peak_bytes >= 2**30 else ("MiB", 2**20)
+    t0 = timeline.times_us[0] if timeline.times_us else 0
+    xs = ([(t - t0) / 1e3 for t in timeline.times_us] if timeline.times_us
+          else list(range(len(timeline.allocated_bytes))))
+    ax = (fig := Figure(figsize=(10, 4.5))).add_subplot()
+    ax.step([0] + xs, [timeline.baseline_bytes / scale] + [b / scale for b in timeline.allocated_bytes],
+            where="post", color="black", label="allocated (tensors)")
+    if timeline.reserved_bytes:
+        ax.step([0] + xs, [timeline.baseline_reserved_bytes / scale] + [b / scale for b in timeline.reserved_bytes],
+                where="post", color="gray", linestyle="--", label="reserved (allocator segments)")
+    for name, begin, end in spans if timeline.times_us else ():
+        color = {"forward": "tab:blue", "backward": "tab:orange"}.get(name, "tab:green")
+        ax.axvspan((begin - t0) / 1e3, (end - t0) / 1e3, color=color, alpha=0.15, label=name)
+    peak_x = xs[timeline.peak_index] if timeline.peak_index >= 0 else 0
+    ax.plot([peak_x], [timeline.peak_bytes / scale], "o", color="tab:red")
+    ax.annotate(f"peak {timeline.peak_bytes / scale:.2f} {unit}", (peak_x, timeline.peak_bytes / scale),
+                textcoords="offset points", xytext=(6, 4), color="tab:red")
+    ax.set(xlabel="ms since recording began (host clock)" if timeline.times_us else "allocator event #",
+           ylabel=f"{unit} (2^{30 if unit == 'GiB' else 20} bytes)", title=title,
+           ylim=(0, max([timeline.peak_bytes, 1] + timeline.reserved_bytes) / scale * 1.12))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, fontsize="small", frameon=False)
+    fig.savefig(stem.with_suffix(".png"), dpi=150, bbox_inches="tight")
+    return {**out, "snapshot_png": str(stem.with_suffix(".png"))}
+
+
+# --- one configuration (in its child process) ---
+
+
+def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, max_entries: int) -> dict[str, Any]:
+    """The stages, each with its own status (one failing keeps the others): saved for backward and, for ours,
+    the checkpointing prediction (any device); the compiled block; the measured peak and snapshot (CUDA)."""
+    device = resolve_device(run.device)
+    record: dict[str, Any] = {}
+    try:
+        saved = saved_for_backward(run, device)
+        record.update(summarize_saved(saved), model_num_params=saved["params"],
+                      block_grad_bytes=saved["block_grad_bytes"], saved_status="ok")
+        if run.model_factory is None:
+            figures = activation_figures(dataclasses.replace(run, checkpoint_every=0), device)
+            record["checkpoint_prediction"] = checkpoint_prediction(run, record["saved_blocks_bytes"], figures)
+    except Exception as exc:  # noqa: BLE001 - a failure is data
+        record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
+    if run.compile:
+        try:
+            record.update(compiled_block_record(run), compiled_status="ok")
+        except Exception as exc:  # noqa: BLE001
+            record.update(compiled_status=common.failure_status(exc), compiled_traceback=traceback.format_exc())
+    if not measure_peaks:  # the row's status is its saved stage's where that failed
+        failed = record["saved_status"] != "ok"
+        return {**record, "status": record["saved_status"] if failed else "skipped: measured peaks need a CUDA device"}
+    path = f"{snapshot_prefix}_{re.sub(r'[= ]+', '_', run.label())}.pickle" if snapshot_prefix else None
+    try:
+        record.update(measure_peak(run, path, max_entries), status="ok")
+    except Exception as exc:  # noqa: BLE001
+        record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
+    return record
+
+
+def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
+    """In this process: the accounting (only for what was counted: your model's parameters, or ours), and the
+    snapshot's analysis. A configuration that died before its stages has its status as theirs."""
+    record.setdefault("saved_status", record["status"])
+    num_params = record.get("model_num_params")
+    if num_params is not None or run.model_factory is None:
+        cfg, batch, ctx = run.model, run.batch_size, run.context_length
+        record.update(static_memory_bytes(cfg, run.mode, num_params))
+        record["residual_stream_bytes"] = batch * ctx * cfg.d_model * FP32_BYTES  # fp32 even under autocast
+        record["residual_stream_formula"] = f"{batch} x {ctx} x {cfg.d_model} x {FP32_BYTES} B"
+        scores_item = DTYPES[run.dtype].itemsize  # the QK^T matmul's dtype
+        record["attention_scores_layer_bytes"] = batch * cfg.num_heads * ctx * ctx * scores_item
+        record["attention_scores_formula"] = f"{batch} x {cfg.num_heads} x {ctx} x {ctx} x {scores_item} B"
+    if "snapshot_path" in record:
+        path = Path(record["snapshot_path"])
+        try:
+            snapshot = load_snapshot(path)
+            fields, timeline, spans = analyze_snapshot(snapshot, record["snapshot_meta"], top)
+            record.update(fields, **write_timeline(snapshot, timeline, spans, path.with_name(path.stem + "_timeline"),
+                                                   run.label()))
+        except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
+            record["snapshot_status"] = common.failure_status(exc)
+
+
+# --- main ---
+
+
+def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
+    """--analyze: the tables on stdout first, then the files (a full disk after the tables: one line, exit 1)."""
+    meta_path = snapshot_meta_path(args.analyze)
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        snapshot = load_snapshot(args.analyze)
+        fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top,
+                                                   PurePosixPath(args.code_root) if args.code_root else None)
+    # not a pickle, truncated, a refused global, or entries lacking fields: bad input, one line, exit 2
+    except (OSError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError, AttributeError,
+            IndexError, RecursionError, MemoryError) as exc:
         print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
         files.release()
         return 2
-    files.append_record({"snapshot_path": args.analyze, **fields})
     how = "--code-root" if args.code_root else "the most common source root of its Python frames; --code-root DIR"
     print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})", file=sys.stderr)
-    files.publish(lambda fmt: memory_tables.snapshot_report(args.analyze, fields, fmt), args.fmt,
-                  [fields["snapshot_png"]] if "snapshot_png" in fields else [])
+    emit(memory_tables.snapshot_report(args.analyze, fields, args.fmt))
+    try:
+        fields.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"), Path(args.analyze).name))
+    except OSError as exc:
+        print(f"error: cannot write {exc.filename or files.folder}: {exc.strerror or exc}; the tables above are "
+              "complete", file=sys.stderr)
+        files.release()
+        return 1
+    files.append_record({"snapshot_path": args.analyze, **fields})
+    files.write_report(lambda fmt: memory_tables.snapshot_report(args.analyze, fields, fmt), args.fmt)
+    files.say_written(args.fmt, [fields[k] for k in ("snapshot_png", "snapshot_html") if k in fields])
     return 0
 
 
@@ -381,14 +912,24 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)
+    device = resolve_device(args.device)
+    cuda = device.type == "cuda"
+    if not cuda and all(run.model_factory is None for run in runs):
+        args.in_process = True  # only our model on fake tensors: nothing to isolate, a child costs more
     live = report.LiveReport("mem_profile", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    records, code = profile_sweep(runs, args, files, resolve_device(args.device).type == "cuda", live)
-    if records:
-        published = report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot, live=live,
-                                   extra_paths=[r[k] for r in records for k in ("snapshot_path", "snapshot_png")
-                                                if k in r])
-        return code or published  # an interrupted sweep says so first
-    return code
+    experiment = sweep.Experiment(
+        name="mem_profile", render=live,
+        measure=functools.partial(measure, measure_peaks=cuda, max_entries=args.max_entries,
+                                  snapshot_prefix=str(files.path("")) if args.snapshot and cuda else None),
+        finish=lambda run, record: finish_record(run, record, args.top),
+        summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}")
+    records, code = sweep.run_sweep(experiment, runs, files, device, args)
+    if not records:
+        return code
+    extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]
+    return code or report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot, live=live,
+                                  extra_paths=extra)
+
 
 if __name__ == "__main__":
     sys.exit(main())
