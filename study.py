@@ -16,6 +16,7 @@ at most the configuration that was running. docs/study.md is the manual.
 """
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import re
@@ -30,14 +31,14 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+import cli
+
 TOOLKIT = Path(__file__).resolve().parent
 HANDOUTS = ("2026", "2025")
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
           "precision_demo.py": "precision", "toy_autocast.py": "precision", "report.py": "report",
           "nsys_run.sh": "nsys"}
 GIB = 2 ** 30
-# the study's size order per handout (its Table 1); `--size all` is the same list
-SIZES = {"2026": ["small", "medium", "large", "xl", "10B"], "2025": ["small", "medium", "large", "xl", "2.7B"]}
 DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest first), "
               "then the attention grids' largest head dimensions, then the warm-up study's sizes past the first")
 
@@ -54,8 +55,7 @@ def parse_duration(text: str) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = cli.ArgParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--handout", choices=HANDOUTS, default=os.environ.get("CS336_HANDOUT") or "2026",
                         help="whose part 1 to run: 2026 (v26.1.1) or 2025 (Spring 2025) (default: $CS336_HANDOUT, "
                         "else 2026)")
@@ -108,15 +108,15 @@ def probe_machine(device: str, handout: str) -> dict:
 
 
 def predicted_states(handout: str) -> dict:
-    """size -> (bytes of fp32 AdamW training state, bytes of activations at batch 4, the handout's context), from
-    the size table bench_e2e.py --dry-run prints: parameters x 16 (weights, grads, two moments) and, per layer,
+    """size -> (bytes of fp32 AdamW training state, bytes of activations at batch 4, the handout's context), in
+    Table 1's order, from the size table bench_e2e.py --dry-run --size all prints: parameters x 16 (weights, grads, two moments) and, per layer,
     about 16 fp32 tensors of batch x ctx x d_model plus the scores and softmax (2 x batch x heads x ctx^2)."""
     out = subprocess.run([sys.executable, "bench_e2e.py", "--dry-run", "--size", "all", "--handout", handout,
                           "--device", "cuda"], capture_output=True, text=True, cwd=TOOLKIT).stdout
     ctx, batch, states = (512 if handout == "2026" else 128), 4, {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[0] in SIZES[handout] and cells[-1].replace(",", "").isdigit():
+        if len(cells) == 7 and cells[1].isdigit() and cells[-1].replace(",", "").isdigit():
             d, _, layers, heads = (int(c) for c in cells[1:5])
             act = 4 * layers * batch * ctx * (16 * d + 2 * heads * ctx) + 2 * 4 * batch * ctx * 10_000
             states[cells[0]] = (16 * int(cells[-1].replace(",", "")), act)
@@ -202,11 +202,12 @@ def build_plan(args, machine) -> list:
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
     e2e_s = 20.0 if cpu else 40.0
+    plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # the figures, where a script draws one
     if cpu or quick:
         sizes, too_big = ["tiny"], {}
     else:  # fits when the predicted state and activations fit in free memory
         free, sizes, too_big = machine["free_bytes"], [], {}
-        for size in SIZES[h]:
+        for size in machine["states"]:
             state, act = machine["states"].get(size, (0, 0))
             if state + act > 0.9 * free:
                 too_big[size] = (f"skipped: predicted state {state / GIB:.1f} GiB + activations {act / GIB:.1f} GiB "
@@ -215,32 +216,37 @@ def build_plan(args, machine) -> list:
                 sizes.append(size)
         sizes = sizes or ["tiny"]
 
-    def per_size(prefix, flags, per_config_s, configs=1):
-        cmds = [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs, per_config_s,
+    def cost(size, extra_s):  # seconds per configuration: start-up + 15 steps of 6 x params x tokens at 50 TFLOP/s
+        params = machine["states"].get(size, (0, 0))[0] / 16
+        return e2e_s + extra_s + (0 if cpu else 15 * 6 * params * 4 * (512 if h == "2026" else 128) / 50e12)
+
+    def per_size(prefix, flags, extra_s, configs=1):
+        cmds = [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs, cost(s, extra_s),
                         drop=100 + 10 * i if i else 0) for i, s in enumerate(sizes)]
         cmds += [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], skipped=why)
                  for s, why in too_big.items()]
         if len(sizes) > 1:
-            cmds.append(Command(f"{prefix}_all", "report.py", [], per_config_s=1, merge=[c.name for c in cmds]))
+            cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1, merge=[c.name for c in cmds]))
         return cmds
 
     def per_d(prefix, flags, ds, per_config_s, configs):
         cmds = [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev], configs,
                         per_config_s, drop=50 + i if i else 0) for i, d in enumerate(ds)]
         if len(ds) > 1:
-            cmds.append(Command(f"{prefix}_all", "report.py", [], per_config_s=1, merge=[c.name for c in cmds]))
+            cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1, merge=[c.name for c in cmds]))
         return cmds
 
     plan = {p.key: p for p in problems(h)}
     plan["benchmarking_script_a"].commands = [Command("e2e_" + sizes[0], "bench_e2e.py",
-                                                      ["--size", sizes[0], *ctx, *steps, *lm], 1, e2e_s)]
+                                                      ["--size", sizes[0], *ctx, *steps, *lm], 1,
+                                                      cost(sizes[0], 0))]
     b = plan["benchmarking_script_b"]
-    b.commands = per_size("e2e", [*ctx, *steps], e2e_s)[1:] if len(sizes) > 1 else []
+    b.commands = per_size("e2e", [*ctx, *steps], 0)[1:] if len(sizes) > 1 else []
     b.show = ["e2e_all"] if len(sizes) > 1 else ["e2e_" + sizes[0]]
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
-    c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else [])],
-                          e2e_s, len(warmups))
+    c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else []), *plot],
+                          0, len(warmups))
     for cmd in c.commands[1:]:
         cmd.drop = cmd.drop and 20 + cmd.drop % 100
 
@@ -265,10 +271,10 @@ def build_plan(args, machine) -> list:
             n.commands.append(Command(f"profile_{mode}", "bench_e2e.py", ["--size", two[0], *prof_ctx, "--mode", mode,
                                                                           "--profile", *steps, *lm], 1, e2e_s))
 
-    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", [], 1, 3)]
+    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1, 3)]
     plan["benchmarking_mixed_precision_ab"].commands = [Command("toy_autocast", "toy_autocast.py", dev, 1, 3)]
-    plan["benchmarking_mixed_precision_c"].commands = per_size("bf16", [*ctx, *steps, "--dtype", "fp32", "bf16"],
-                                                               e2e_s, 2)
+    plan["benchmarking_mixed_precision_c"].commands = per_size("bf16", [*ctx, *steps, "--dtype", "fp32", "bf16",
+                                                                                   *plot], 0, 2)
 
     # memory: the handout's size and contexts are mem_profile.py's defaults (one command per context on a GPU)
     mem_steps = ["--warmup", "1", "--steps", "2"] if quick else []
@@ -290,7 +296,7 @@ def build_plan(args, machine) -> list:
                                                               "train", "--dtype", "fp32", "bf16", *mem_steps, *lm],
                             4, 15.0 if cpu else 40.0, drop=40 if i else 0) for i, c in enumerate(mem_ctxs)]
     if len(mem_ctxs) > 1:
-        bcd.commands.append(Command("memory_all", "report.py", [], per_config_s=1,
+        bcd.commands.append(Command("memory_all", "report.py", plot, per_config_s=1,
                                     merge=[c.name for c in bcd.commands]))
     if "memory_profiling_f" in plan:
         f = plan["memory_profiling_f"]
@@ -306,13 +312,14 @@ def build_plan(args, machine) -> list:
         ks = ["0", "1", "2"] if quick or cpu else ["0", "1", "2", "4", "8"]
         if cpu or quick:
             g.commands = [Command("checkpoint", "mem_profile.py", [*mem_size, "--mode", "train", "--context-length",
-                                                                  mem_ctxs[0], "--checkpoint", *ks, *mem_steps, *lm],
+                                                                  mem_ctxs[0], "--checkpoint", *ks, *mem_steps, *lm, *plot],
                                   len(ks), 15.0)]
         else:
-            g.commands = [Command(f"checkpoint_k{k}", "mem_profile.py", [*mem_size, "--mode", "train",
-                                                                        "--checkpoint", k, *lm], 1, 60.0)
+            ckpt = mem_size or ["--size", "xl"]  # the gradient_checkpointing setup, also for K = 0
+            g.commands = [Command(f"checkpoint_k{k}", "mem_profile.py", [*ckpt, "--context-length", "2048",
+                                  "--batch-size", "4", "--mode", "train", "--checkpoint", k, *lm], 1, 60.0)
                           for k in ks]
-            g.commands.append(Command("checkpoint_all", "report.py", [], per_config_s=1,
+            g.commands.append(Command("checkpoint_all", "report.py", plot, per_config_s=1,
                                       merge=[c.name for c in g.commands]))
 
     # attention: the grids are bench_attention.py's defaults; on a CPU or --quick, d 16 at short sequences
@@ -322,7 +329,8 @@ def build_plan(args, machine) -> list:
     seqs = 2 if cpu or quick else 5
     plan["pytorch_attention"].commands = per_d("attention", ["--impl", "naive", *grid], ds, 5.0, seqs)
     plan["torch_compile_a"].commands = per_d("compiled", ["--impl", "naive", "compiled", *grid], ds, 20.0, 2 * seqs)
-    plan["torch_compile_b"].commands = per_size("compile", [*ctx, *steps, "--compile", "off", "on"], 60.0, 2)
+    plan["torch_compile_b"].commands = per_size("compile", [*ctx, *steps, "--compile", "off", "on", *plot],
+                                                  40.0, 2)
     impl = ["--impl", args.impl] if args.impl else []
     flash_grid = (["--seq-len", "128", "256"] if quick else []) if not cpu else ["--seq-len", "64", "128"]
     fb = plan["flash_benchmarking"]
@@ -388,6 +396,12 @@ class Study:
                     entry = json.loads(line)
                     self.ledger[entry["name"]] = entry
 
+    def scale(self) -> tuple:
+        """How much longer than estimated the commands measured so far took (1 before any)."""
+        measured = [e for e in self.ledger.values() if e.get("estimate_s") and e["status"] == "ok"]
+        estimated = sum(e["estimate_s"] for e in measured)
+        return measured, (sum(e["seconds"] for e in measured) / estimated) if estimated else 1.0
+
     def rel(self, path) -> str:
         path = Path(path).resolve()
         return str(path.relative_to(TOOLKIT)) if path.is_relative_to(TOOLKIT) else str(path)
@@ -408,7 +422,7 @@ class Study:
             return ["bash", "nsys_run.sh", *sum(args, []), "--results-dir", self.rel(self.root)]
         args = list(cmd.args)
         if cmd.merge:
-            args = [self.rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)]
+            args = [self.rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)] + args
         return [sys.executable, cmd.script, *args, "--results-dir", self.rel(self.root), "--out", stem]
 
     def contexts(self) -> list:
@@ -470,6 +484,20 @@ class Study:
         self.record(entry)
         return entry
 
+    def checks(self, plan) -> list:
+        """(problem, 'passed' | 'failed') for each problem that ran a command: passed when every command
+        finished and no row of its records is an error or a timeout."""
+        verdicts = []
+        for p in plan:
+            names = [c.name for c in p.commands if not c.skipped]
+            if not names or not all(n in self.ledger for n in names):
+                continue
+            rows = [json.loads(line) for n in names if "jsonl" in self.files(n) and self.files(n)["jsonl"].is_file()
+                    for line in self.files(n)["jsonl"].read_text().splitlines() if line.strip()]
+            bad = any(str(r.get("status", "")).startswith(("error", "timeout")) for r in rows)
+            verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
+        return verdicts
+
     def outputs(self, cmd, stem, started) -> dict:
         folder = self.root / SUBDIR[cmd.script]
         if cmd.script != "nsys_run.sh":
@@ -480,6 +508,15 @@ class Study:
             summary = [p for p in new if p.name.startswith("summary-")]
             found = {"md": summary[-1]} if summary else {f"md{i}": p for i, p in enumerate(new)}
         return {k: self.rel(v) for k, v in found.items() if v.is_file()}
+
+
+# what each problem exercises, for --quick's verdict (on a GPU: every GPU path)
+PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep", "nsys_profile": "profiler",
+         "mixed_precision_accumulation": "precision", "benchmarking_mixed_precision_ab": "autocast",
+         "benchmarking_mixed_precision_c": "bf16 autocast", "memory_profiling_ae": "memory snapshot",
+         "memory_profiling_bcd": "peak memory", "memory_profiling_f": "nsys memory", "gradient_checkpointing":
+         "checkpointing", "pytorch_attention": "attention timing", "torch_compile_a": "compiled attention",
+         "torch_compile_b": "compiled model", "flash_benchmarking": "flash grid", "flash_forward": "kernel check"}
 
 
 def stop_child(child, signum):
@@ -553,7 +590,8 @@ def facts_for(key, records) -> list:
         facts += [f"{r.get('label')}: forward {ms(r, 'forward')}" for r in done
                   if "forward_ms_mean" in r and not r.get("context_search")]
     elif key == "mixed_precision_accumulation":
-        facts += [f"case {r['case']} ({r['accumulator_dtype']} += {r['addend_dtype']}): {r['result']!r}, "
+        facts += [f"case {r['case']} ({r['accumulator_dtype']} += {r['addend_dtype']}"
+                  f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): {r['result']!r}, "
                   f"error {r['abs_error']!r}" for r in done if "case" in r]
     elif key == "benchmarking_mixed_precision_c":
         facts += compare(done, "dtype", ("fp32", "bf16"))
@@ -660,6 +698,10 @@ def writeup(study, plan, machine, args) -> list:
                          f"{args.impl or 'none (PyTorch SDPA stands in)'}",
                          f"study folder: {study.rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
                          f"every command below ran from {TOOLKIT}; its log is in the study folder's logs/"])]
+    verdicts = study.checks(plan)
+    if verdicts:
+        blocks.append(("p", "Checks: " + "; ".join(f"{p.title} ({PATHS.get(p.key, p.key)}) {v}"
+                                                   for p, v in verdicts)))
     for n, p in enumerate(plan, 1):
         blocks += [("h2", f"{n}. {p.title}"), ("p", f"Deliverable: {p.deliverable}")]
         if p.note:
@@ -676,13 +718,15 @@ def writeup(study, plan, machine, args) -> list:
                 lines.append(f"# {c.name}: not run (--only)")
             else:
                 lines.append(f"# {c.name}: not run yet")
-        blocks.append(("code", "\n".join(lines) if lines else "# (no command of its own: the tables below)"))
-        records = []
+        blocks.append(("code", "\n".join(lines) if lines else
+                       f"# no command of its own: it reads the tables of {', '.join(p.show)}"))
+        records, tables = [], 0
         for name in shown(study, p):
             files = study.files(name)
             if "md" in files or "md0" in files:
                 for k in sorted(k for k in files if k.startswith("md")):
                     blocks.append(("table", files[k].read_text()))
+                    tables += 1
             for k in sorted(k for k in files if k.endswith(".png")):
                 blocks.append(("img", os.path.relpath(files[k], study.root)))
             if "jsonl" in files and files["jsonl"].is_file() and not study.ledger[name].get("inputs"):
@@ -691,7 +735,8 @@ def writeup(study, plan, machine, args) -> list:
             if "jsonl" in study.files(name) and name not in shown(study, p):
                 records += [json.loads(l) for l in study.files(name)["jsonl"].read_text().splitlines() if l.strip()]
         facts = facts_for(p.key, records)
-        blocks += [("p", "Measured:"), ("items", facts or ["(the table above)"]), ("p", "Answer:")]
+        blocks += [("p", "Measured:"), ("items", facts or ["(the tables above)" if tables else "(not run)"]),
+                   ("p", "Answer:")]
     return blocks
 
 
@@ -747,8 +792,7 @@ def main(argv=None) -> int:
         for c in p.commands:
             if not selected(p, args.only) and not c.skipped:
                 c.skipped = "skipped: not in --only"
-    measured = [e for e in study.ledger.values() if e.get("estimate_s")]
-    scale = (sum(e["seconds"] for e in measured) / sum(e["estimate_s"] for e in measured)) if measured else 1.0
+    measured, scale = study.scale()
     for p in plan:  # what is already done costs nothing
         for c in p.commands:
             if study.done(c.name) and not c.merge:
@@ -783,7 +827,7 @@ def main(argv=None) -> int:
     failed = []
     try:
         for n, p in enumerate(plan, 1):
-            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * scale
+            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()[1]
             todo = [c for c in p.commands if not c.skipped]
             print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
             for c in todo:
@@ -804,11 +848,12 @@ def main(argv=None) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     path = write_writeup(study, plan, machine, args)
-    checks = {p.title: all(study.done(c.name) for c in p.commands if not c.skipped) for p in plan
-              if selected(p, args.only) and any(not c.skipped for c in p.commands)}
-    print("passed: " + ", ".join(t for t, ok in checks.items() if ok))
+    checks = study.checks(plan)
+    for verdict in ("passed", "failed"):
+        names = [f"{p.title} ({PATHS.get(p.key, p.key)})" for p, v in checks if v == verdict]
+        print(f"{verdict}: {', '.join(names) or 'none'}")
     if failed:
-        print("failed: " + ", ".join(failed) + " (causes in the writeup and logs/)")
+        print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {study.rel(path)} and {study.rel(path.with_suffix('.tex'))}")
     return 1 if failed else 0
 
