@@ -390,11 +390,12 @@ class Study:
         self.root, self.args, self.machine = root, args, machine
         self.ledger_path = root / "study.jsonl"
         self.ledger = {}
-        if self.ledger_path.is_file():
-            for line in self.ledger_path.read_text().splitlines():
-                if line.strip():
-                    entry = json.loads(line)
-                    self.ledger[entry["name"]] = entry
+        for line in self.ledger_path.read_text().splitlines() if self.ledger_path.is_file() else []:
+            try:  # a line cut short by a kill while it was written is not a finished command
+                entry = json.loads(line)
+                self.ledger[entry["name"]] = entry
+            except ValueError:
+                continue
 
     def scale(self) -> tuple:
         """How much longer than estimated the commands measured so far took (1 before any)."""
@@ -489,7 +490,7 @@ class Study:
         finished and no row of its records is an error or a timeout."""
         verdicts = []
         for p in plan:
-            names = [c.name for c in p.commands if not c.skipped]
+            names = [c.name for c in p.commands if not c.skipped and not c.merge]
             if not names or not all(n in self.ledger for n in names):
                 continue
             rows = [json.loads(line) for n in names if "jsonl" in self.files(n) and self.files(n)["jsonl"].is_file()
@@ -556,17 +557,18 @@ def size_of(r) -> str:
     return str(r.get("config", {}).get("size") or r.get("label", "?").split()[0])
 
 
-def compare(records, variant, names) -> list:
-    """fp32 vs bf16, eager vs compiled: per size, each phase's mean and the ratio of the first to the second."""
+def compare(records, variant, names, labels) -> list:
+    """fp32 vs bf16, eager vs compiled: per size, each phase's two means and their ratio (first / second)."""
     facts, by_size = [], {}
     for r in records:
         by_size.setdefault(size_of(r), {})[r.get("config", {}).get(variant)] = r
     for size, rows in by_size.items():
-        (a, b) = (rows.get(k) for k in names)
-        if a and b and finished(a) and finished(b):
-            facts.append(f"{size}: " + "; ".join(f"{phase} {a[phase + '_ms_mean']:.2f} ms vs "
-                         f"{b[phase + '_ms_mean']:.2f} ms ({a[phase + '_ms_mean'] / b[phase + '_ms_mean']:.2f}x)"
-                         for phase in ("forward", "backward", "step") if phase + "_ms_mean" in a))
+        a, b = (rows.get(k) for k in names)
+        if a and b:
+            facts.append(f"{size}: " + "; ".join(
+                f"{phase} {labels[0]} {a[phase + '_ms_mean']:.2f} ms, {labels[1]} {b[phase + '_ms_mean']:.2f} ms, "
+                f"{labels[0]}/{labels[1]} {a[phase + '_ms_mean'] / b[phase + '_ms_mean']:.2f}x"
+                for phase in ("forward", "backward", "step") if phase + "_ms_mean" in a))
     return facts
 
 
@@ -594,15 +596,15 @@ def facts_for(key, records) -> list:
                   f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): {r['result']!r}, "
                   f"error {r['abs_error']!r}" for r in done if "case" in r]
     elif key == "benchmarking_mixed_precision_c":
-        facts += compare(done, "dtype", ("fp32", "bf16"))
+        facts += compare(done, "dtype", ("fp32", "bf16"), ("fp32", "bf16"))
     elif key == "torch_compile_b":
-        facts += compare(done, "compile", (False, True))
+        facts += compare(done, "compile", (False, True), ("eager", "compiled"))
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
         for r in records:
             peaks = [f"{k} {v / GIB:.3f} GiB" for k, v in r.items()
                      if "peak" in k and k.endswith("_bytes") and isinstance(v, (int, float))]
             pred = r.get("checkpoint_prediction") or {}
-            if key == "gradient_checkpointing" and pred:
+            if key == "gradient_checkpointing" and pred and r is records[0]:
                 peaks.append(f"predicted best K {pred.get('best_k')} at "
                              f"{pred.get('best_predicted_peak_bytes', 0) / GIB:.3f} GiB")
             if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
