@@ -148,7 +148,6 @@ class Problem:
     commands: list = field(default_factory=list)
     show: list = field(default_factory=list)     # commands whose tables the section shows (default: its own)
     note: str = ""
-    facts: str = ""                              # which fact reader applies
 
 
 PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts
@@ -300,13 +299,13 @@ def build_plan(args, machine) -> list:
                                     merge=[c.name for c in bcd.commands]))
     if "memory_profiling_f" in plan:
         f = plan["memory_profiling_f"]
-        f.show = [bcd.commands[0].name]
         if not cpu and machine["nsys"]:
             f.commands = [Command("nsys_memory", "nsys_run.sh", ["--handout", h, "--pytorch=autograd-nvtx",
                                       "--cuda-memory-usage=true", "--size", mem_size[1] if mem_size else "xl",
                                       "--context-length", mem_ctxs[0], "--mode", "train"], 1, 120.0)]
         else:
             f.note = "the Nsight memory view needs nsys and a GPU: the saved-for-backward table is the check."
+        f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
         g = plan["gradient_checkpointing"]
         ks = ["0", "1", "2"] if quick or cpu else ["0", "1", "2", "4", "8"]
@@ -349,7 +348,6 @@ def build_plan(args, machine) -> list:
     order = [p.key for p in problems(h)]
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
-        p.facts = p.key
     return [plan[k] for k in order]
 
 
@@ -420,7 +418,7 @@ class Study:
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":
             args = [self.contexts() if a == "CONTEXTS" else [a] for a in cmd.args]
-            return ["bash", "nsys_run.sh", *sum(args, []), "--results-dir", self.rel(self.root)]
+            return ["bash", "nsys_run.sh", "--results-dir", self.rel(self.root), *sum(args, [])]  # before its --
         args = list(cmd.args)
         if cmd.merge:
             args = [self.rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)] + args
@@ -769,7 +767,7 @@ def write_writeup(study, plan, machine, args):
 
 def study_root(args, settings) -> Path:
     base = Path(args.results_dir) / "study"
-    if args.out:
+    if args.out and not (args.fresh and (base / args.out).exists()):
         return base / args.out
     if not args.fresh and base.is_dir():
         for folder in sorted(base.iterdir(), reverse=True):
@@ -778,8 +776,9 @@ def study_root(args, settings) -> Path:
                     return folder
             except (OSError, ValueError):
                 continue
-    stem = f"study-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
-    return base / (stem if not (base / stem).exists() else stem + f"-{os.getpid()}")
+    stem = args.out or f"study-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+    return next(base / f"{stem}{f'-{n}' if n > 1 else ''}" for n in range(1, 10**6)
+                if not (base / f"{stem}{f'-{n}' if n > 1 else ''}").exists())
 
 
 def main(argv=None) -> int:
