@@ -731,7 +731,10 @@ def writeup(study, plan, machine, args) -> list:
         for name in (m for c in p.commands for m in c.merge):  # the facts come from the merged runs' own records
             if "jsonl" in study.files(name) and name not in shown(study, p):
                 records += [json.loads(l) for l in study.files(name)["jsonl"].read_text().splitlines() if l.strip()]
-        facts = facts_for(p.key, records)
+        try:
+            facts = facts_for(p.key, records)
+        except (KeyError, TypeError, ZeroDivisionError):  # a record without a field: its table stands alone
+            facts = []
         blocks += [("p", "Measured:"), ("items", facts or ["(the tables above)" if tables else "(not run)"]),
                    ("p", "Answer:")]
     return blocks
