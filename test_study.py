@@ -1,0 +1,125 @@
+"""study.py: the plan and its estimate, the budget's drop order, bad input, and one short study (two problems,
+killed after its first command, then run again) whose writeup is checked: a section per problem, the script's own
+table, the LaTeX."""
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import study
+
+HERE = Path(__file__).resolve().parent
+PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
+                     "benchmarking_mixed_precision", "memory_profiling", "gradient_checkpointing", "pytorch_attention",
+                     "torch_compile", "flash_benchmarking"],
+            "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
+                     "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
+                     "flash_forward", "flash_backward", "flash_benchmarking"]}
+ONLY = ["mixed_precision_accumulation", "benchmarking_mixed_precision_ab"]  # the two cheapest problems
+
+
+def run_study(*args, **kwargs):
+    return subprocess.run([sys.executable, "study.py", *args], cwd=HERE, capture_output=True, text=True, **kwargs)
+
+
+def ledger(root: Path) -> list:
+    path = root / "study.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory):
+    """The study of ONLY, stopped by SIGTERM once its first command is recorded, then run again to the end."""
+    results = tmp_path_factory.mktemp("results")
+    root = results / "study" / "s"
+    argv = [sys.executable, "study.py", "--quick", "--device", "cpu", "--only", *ONLY, "--results-dir",
+            str(results), "--out", "s"]
+    first = subprocess.Popen(argv, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not ledger(root) and first.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    before = ledger(root)
+    jsonl = HERE / before[0]["files"]["jsonl"] if before else None
+    stamp = (jsonl.stat().st_mtime_ns, len(jsonl.read_text().splitlines())) if jsonl else None
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    second = run_study(*argv[2:], timeout=300)
+    return {"root": root, "first_rc": first.returncode, "before": before, "stamp": stamp, "jsonl": jsonl,
+            "second": second, "after": ledger(root)}
+
+
+def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_resumed):
+    r = killed_and_resumed
+    assert r["first_rc"] == 128 + signal.SIGTERM
+    assert [e["name"] for e in r["before"]] == ["precision_demo"]
+    assert r["second"].returncode == 0, r["second"].stdout + r["second"].stderr
+    names = [e["name"] for e in r["after"]]
+    assert sorted(names) == ["precision_demo", "toy_autocast"]  # each recorded once: nothing ran twice
+    assert r["after"][0] == r["before"][0]
+    assert (r["jsonl"].stat().st_mtime_ns, len(r["jsonl"].read_text().splitlines())) == r["stamp"]
+    assert "recorded earlier" in r["second"].stdout
+
+
+def test_writeup_has_every_problem_and_the_scripts_own_table(killed_and_resumed):
+    root = killed_and_resumed["root"]
+    text = (root / "writeup.md").read_text()
+    assert text.splitlines()[0].startswith("# ") and "on a CPU" in text.splitlines()[0]
+    headings = [line for line in text.splitlines() if re.match(r"## \d+\. ", line)]  # the scripts' own ## stay
+    for name in PROBLEMS["2026"]:
+        assert any(name in h for h in headings), name
+    assert text.count("\nAnswer:") == len(headings)
+    for entry in killed_and_resumed["after"]:
+        table = (HERE / entry["files"]["md"]).read_text()
+        assert table.rstrip("\n") in text  # exactly what the script wrote
+        assert entry["command"] in text
+    assert "case 2 (float16 += float16): 9.953125" in text  # a measured fact, from the records
+
+
+def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
+    root = killed_and_resumed["root"]
+    tex = (root / "writeup.tex").read_text()
+    assert "\\begin{document}" in tex and "\\toprule" in tex and tex.isascii()
+    if not shutil.which("pdflatex"):
+        pytest.skip("pdflatex is not installed")
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-output-directory",
+                           str(tmp_path), "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, capsys):
+    assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
+    assert "[1/15] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert not any(tmp_path.iterdir())
+    assert study.main(["--dry-run", "--device", "cpu", "--handout", "2025", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name in PROBLEMS["2025"]:
+        assert f"] {name}" in out, name
+    assert "gradient_checkpointing" not in out and "needs your kernel" in out
+
+
+def test_budget_drops_the_largest_sizes_first_on_a_gpu():
+    args = study.parse_args(["--budget", "1h", "--device", "cuda"])
+    states = {"small": (2e9, 1e9), "medium": (7e9, 2e9), "large": (16e9, 3e9), "xl": (55e9, 6e9),
+              "10B": (205e9, 9e9)}
+    machine = {"device": "cuda", "name": "GPU", "free_bytes": 80e9, "nsys": None, "states": states}
+    plan = study.build_plan(args, machine)
+    commands = {c.name: c for p in plan for c in p.commands}
+    assert "predicted state" in commands["e2e_10B"].skipped and "free GPU memory" in commands["e2e_10B"].skipped
+    dropped = study.apply_budget(plan, 3600, 1.0)
+    assert dropped[0].endswith("_xl") and "e2e_small" not in dropped and "precision_demo" not in dropped
+    assert sum(c.estimate() for p in plan for c in p.commands) <= 3600 or not [
+        c for p in plan for c in p.commands if c.drop and not c.skipped]
+
+
+@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"]])
+def test_bad_input_is_one_line_and_exit_2(bad):
+    done = run_study(*bad, "--dry-run", "--device", "cpu")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
