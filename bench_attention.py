@@ -33,12 +33,10 @@ import torch
 
 import cli
 import common
-import isolation
 import model_config
 import report
 import stats
 import sweep
-import user_code
 from attention_tables import (ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, PHASES,
                               check_summary)
 from common import DTYPES, SyncTimer, resolve_device
@@ -93,7 +91,7 @@ def impl_choice(text: str) -> tuple[str, str | None]:
     name, _, spec = text.rpartition("=")
     if text in IMPLEMENTATIONS:
         return text, None
-    if user_code.is_spec(spec) and name not in IMPLEMENTATIONS and re.fullmatch(r"[\w.+-]*", name):
+    if common.is_spec(spec) and name not in IMPLEMENTATIONS and re.fullmatch(r"[\w.+-]*", name):
         return name or spec, spec
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from naive, compiled, "
                                      "sdpa, or [NAME=]MODULE:CALLABLE for your own)")
@@ -179,11 +177,11 @@ def attention_function(impl: str) -> Attention:
     for a torch.autograd.Function subclass."""
     if impl in IMPLEMENTATIONS:
         return IMPLEMENTATIONS[impl]()
-    found = user_code.load(impl)
+    found = common.load(impl)
     if isinstance(found, type) and issubclass(found, torch.autograd.Function):
         found = found.apply
     elif isinstance(found, type) or not callable(found):
-        raise user_code.LoadError(f"{impl} is {found!r:.60}, not a function f(q, k, v, is_causal) "
+        raise common.LoadError(f"{impl} is {found!r:.60}, not a function f(q, k, v, is_causal) "
                                   "or a torch.autograd.Function subclass")
     return lambda q, k, v: found(q, k, v, True)
 
@@ -250,7 +248,7 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
     except Exception as exc:  # noqa: BLE001 - the implementation's failure, its row
         if isinstance(exc, ImplementationError) or common.is_oom(exc):
             raise
-        raise ImplementationError(f"{name} raised {user_code.one_line(exc)} in {where}") from exc
+        raise ImplementationError(f"{name} raised {common.one_line(exc)} in {where}") from exc
     return (out.detach(), *grads)  # autograd itself refuses gradients shaped unlike the inputs
 
 
@@ -307,7 +305,7 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
     """Milliseconds per call of fn(), one sample per timed call; what it returns is freed after the
     clock stops (freeing a forward's graph is not part of the forward)."""
     do_bench = triton_do_bench() if device.type == "cuda" else None
-    with isolation.timed_phase(f"timing {label}"):
+    with sweep.timed_phase(f"timing {label}"):
         if do_bench is not None:  # sized in ms, L2 flushed before each call, CUDA events
             return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         for _ in range(warmup):
@@ -422,15 +420,15 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
                               "load": {"before": common.machine_load(device)}}
     inputs, grad_out = make_inputs(run, device)
     try:  # a kernel that cannot load or run is a row; the others are still timed together
-        isolation.phase(f"loading {run.impl}")
+        sweep.phase(f"loading {run.impl}")
         attention = attention_function(run.spec or run.impl)
         if run.impl == "compiled":
-            isolation.phase("compiling (first forward and backward)")
+            sweep.phase("compiling (first forward and backward)")
             record["compile_s"] = SyncTimer(device).time(
                 lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))[1]
-        isolation.phase("checking against the float64 reference")
+        sweep.phase("checking against the float64 reference")
         record["check"] = check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
-    except (ImplementationError, user_code.LoadError) as exc:
+    except (ImplementationError, common.LoadError) as exc:
         return None, {"status": common.failure_status(exc)}
     return attention, record
 
@@ -465,7 +463,7 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
                 kept.extend(values)
     group = uuid.uuid4().hex[:12]
     for position, (i, attention, inputs, grad_out) in enumerate(timed):
-        isolation.phase("after the timed steps")
+        sweep.phase("after the timed steps")
         record = records[i]
         record.update(timing=timing_settings(run0, device),
                       saved_tensor_bytes=saved_tensor_bytes(attention, inputs))

@@ -48,17 +48,15 @@ import cli
 import common
 import model_config
 import parallel
-import profile_readers
-import profile_tables
+import kernel_tables
 import report
 import sweep
-import user_code
 from cli import positive_float, positive_int
 from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
 from e2e_tables import (E2E_COLUMNS, PROBE_BUDGET, RESOLUTION, SEARCH_START, config_key, config_table,
                         context_searches, probe_contexts, variants)
-from isolation import phase, timed_phase
+from sweep import phase, timed_phase
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
@@ -99,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
                    help="torch.compile the whole model (--compile alone = on; 'off on' compares them); the compile "
                         "step is timed apart")
-    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
+    common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
                                 "several to compare them in one table (train mode)", flops=True)
     model_flag = next(a for a in p._actions if a.dest == "model")
     model_flag.type, model_flag.help = named_model, model_flag.help + "; NAME=MODEL names it in tables and records"
@@ -136,7 +134,7 @@ def named_model(text: str) -> tuple[str | None, str]:
     name, _, spec = text.rpartition("=")
     if name and not MODEL_NAME.match(name):
         raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
-    return name or None, user_code.named_or_spec([user_code.OURS])(spec)
+    return name or None, common.named_or_spec([common.OURS])(spec)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
@@ -164,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
          "comparing optimizers needs --mode train (other modes take no optimizer step)"),
         (len(set(args.model)) < len(given) or len(set(names)) < len(names),
          "--model: give each model once, and each NAME to one model")])
-    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    common.models_or_exit(parser, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(parser, args.device)
     world_size = parallel.check_parallel_args(parser, args, device)
@@ -197,7 +195,7 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
             c = dict(zip(order, values))
             if c["parallel"] != "fsdp":  # FSDP-only settings do not multiply the other rows
                 c["fsdp_mp"], c["reshard"] = "off", "on"
-            if c["model"] != user_code.OURS:  # nor does our model's attention multiply the rows of yours
+            if c["model"] != common.OURS:  # nor does our model's attention multiply the rows of yours
                 c["attn"] = "naive"
             model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"]) if c["size"] == "custom"
                      else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
@@ -205,9 +203,9 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
             runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
                                   warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
                                   dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
-                                  model_factory=user_code.model_factory(c["model"]),
+                                  model_factory=common.model_factory(c["model"]),
                                   model_name=args.model_names.get(c["model"]),
-                                  flops=user_code.flops_source(c["model"], args.flops),
+                                  flops=common.flops_source(c["model"], args.flops),
                                   tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
                                   seed=args.seed, nvtx=args.nvtx,
                                   profile_results_dir=args.results_dir if args.profile else None,
@@ -620,9 +618,9 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
             with open(trace) as f:
                 out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
         if keep:
-            tables = profile_tables.build_tables(profile_readers.load_torch_trace(trace),
-                                                 profile_tables.stopwatch_ms(record),
-                                                 profile_tables.attention_shape(dataclasses.asdict(run)),
+            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
+                                                 kernel_tables.stopwatch_ms(record),
+                                                 kernel_tables.attention_shape(dataclasses.asdict(run)),
                                                  compiled=run.compile)
             out["profile"] = {"trace": str(trace), "tables": tables}
     finally:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import profile_tables
+import kernel_tables
 import stats
 from model_config import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
 from model_config import config_table as model_config_table
@@ -466,7 +466,7 @@ def profile_report(records: list[dict], fmt: str) -> str | None:
         if "profile" in rec:
             whose = " (rank 0)" if rec["config"].get("parallel") else ""
             parts.append(f"## torch.profiler: {label}{whose} (timings above were taken with the profiler on)\n\n"
-                         + profile_tables.render_tables(rec["profile"]["tables"], fmt)
+                         + kernel_tables.render_tables(rec["profile"]["tables"], fmt)
                          + f"\n\ntrace: {rec['profile']['trace']} (open in https://ui.perfetto.dev)")
         rows = [{**row, "rank": rank["rank"], "share": f"{row['share']:.0%}" if row.get("share") is not None else None}
                 for rank in rec.get("ranks", []) for row in rank.get("collectives", [])]

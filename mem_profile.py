@@ -47,13 +47,12 @@ import memory_tables
 import model_config
 import report
 import sweep
-import user_code
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from e2e_tables import config_table
 from model import ATTENTION, cross_entropy
 from model_config import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
 from results import ResultFiles, emit, format_bytes
-from runner import build_model, build_optimizer  # (model.py at integration)
+from model import build_model, build_optimizer
 
 FP32_BYTES = 4
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -77,7 +76,7 @@ class MemConfig:
     checkpoint_every: int = 0
     compile: bool = False
     model_factory: str | None = None  # yours, MODULE:CALLABLE; None = ours
-    optimizer: str = user_code.OURS
+    optimizer: str = common.OURS
     device: str = "auto"
     seed: int = 0
 
@@ -88,7 +87,7 @@ class MemConfig:
     def label(self) -> str:
         parts = [self.size, f"ctx={self.context_length}", self.mode, self.dtype, self.model_factory or self.attn]
         parts += [f"ckpt={self.checkpoint_every}"] * bool(self.checkpoint_every)
-        parts += [f"optimizer={self.optimizer}"] * (self.optimizer != user_code.OURS)
+        parts += [f"optimizer={self.optimizer}"] * (self.optimizer != common.OURS)
         return " ".join(parts + ["compiled"] * self.compile)
 
     def skip_key(self) -> tuple[tuple, str, int]:
@@ -108,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
                         "2025: 128 256 512; with --checkpoint K > 0, 2026's gradient_checkpointing context 2048)")
     cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
-    user_code.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW in a training step; several to "
+    common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW in a training step; several to "
                                 "compare their peaks", flops=False)
     p.add_argument("--checkpoint", type=cli.non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (0 = off): each K's predicted peak (any device) "
@@ -152,7 +151,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
     handout = cli.handout_or_exit(parser, args)
-    user_code.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
+    common.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
         size, batch, context = handout.checkpoint_setup
@@ -163,12 +162,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
                 sizes, args.context_length or contexts, args.mode, args.dtype, args.model, args.attn or ["naive"],
                 args.checkpoint, args.optimizer):
-            ours = model == user_code.OURS  # our attention and checkpointing do not multiply your rows
+            ours = model == common.OURS  # our attention and checkpointing do not multiply your rows
             runs.append(MemConfig(
                 size, get_config(size, args.handout, context_length=ctx, num_heads=args.num_heads), args.handout,
                 args.batch_size or batch, args.warmup, args.steps, mode, dtype, attn if ours else "naive",
-                k if ours else 0, args.compile, user_code.model_factory(model),
-                optimizer if mode == "train" else user_code.OURS, args.device, args.seed))
+                k if ours else 0, args.compile, common.model_factory(model),
+                optimizer if mode == "train" else common.OURS, args.device, args.seed))
     except model_config.ConfigError as exc:
         parser.error(str(exc))
     runs = list(dict.fromkeys(runs))

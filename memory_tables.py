@@ -9,7 +9,7 @@ from e2e_tables import config_section
 from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES
 from results import GIB, MIB, RUN_COLUMN, environment_lines, is_merged, pick_columns, render_table, run_of
 from results import with_run_column
-from user_code import OURS
+from common import OURS
 
 MEMORY_PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "model", "optimizer", "peak alloc MiB",
                        "peak alloc GiB", "peak reserved MiB", "peak reserved GiB", "step ms", "status"]

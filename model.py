@@ -224,24 +224,24 @@ USER_OPTIMIZER_LR = 1e-3  # what ours and torch's AdamW default to: the step's c
 def build_model(cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0,
                 factory: str | None = None) -> nn.Module:
     """Ours, or `factory` (MODULE:CALLABLE) called with the staff constructor's keywords, on the current default
-    device. A factory that cannot take them or returns no nn.Module is a user_code.LoadError (one line)."""
+    device. A factory that cannot take them or returns no nn.Module is a common.LoadError (one line)."""
     if factory is None:
         return TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
     import inspect
 
-    import user_code
-    make = user_code.load(factory)
+    import common
+    make = common.load(factory)
     keywords = {name: getattr(cfg, name) for name in STAFF_MODEL_KEYWORDS}
     try:
         inspect.signature(make).bind(**keywords)
     except TypeError as exc:
-        raise user_code.LoadError(f"{factory} cannot be called with the staff model's keywords "
+        raise common.LoadError(f"{factory} cannot be called with the staff model's keywords "
                                   f"({', '.join(STAFF_MODEL_KEYWORDS)}): {exc}") from None
     except ValueError:  # no signature to read (a builtin): let the call say
         pass
     model = make(**keywords)
     if not isinstance(model, nn.Module):
-        raise user_code.LoadError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise common.LoadError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
@@ -250,18 +250,18 @@ def build_optimizer(name: str, params, device: torch.device) -> torch.optim.Opti
     CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)."""
     import inspect
 
-    import user_code
+    import common
     from optim import AdamW
     if name == "ours":
         return AdamW(params)
     if name == "torch":
         return torch.optim.AdamW(params, **({"fused": True} if device.type == "cuda" else {"foreach": True}))
-    make = user_code.load(name)
+    make = common.load(name)
     try:
         takes_lr = "lr" in inspect.signature(make).parameters
     except (TypeError, ValueError):
         takes_lr = True
     optimizer = make(params, lr=USER_OPTIMIZER_LR) if takes_lr else make(params)
     if not (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))):
-        raise user_code.LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
+        raise common.LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
     return optimizer

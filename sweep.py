@@ -40,7 +40,7 @@ import cli
 import parallel
 from common import environment, failure_status
 from results import ResultFiles, SkipAfterOOM, Terminated, finished, is_oom_status, progress, sigterm_as_interrupt
-from search import PROBE_BUDGET, RESOLUTION, Bisection
+from e2e_tables import PROBE_BUDGET, RESOLUTION, Bisection
 from stats import round_order
 
 # ---- the toolkit's modules, in every process ----

@@ -18,12 +18,11 @@ import torch
 import bench_attention
 import bench_e2e
 import common
-import kernel_timing
 import mem_profile
 import model_config
-import profile_readers as pr
-import profile_tables as pt
-import runner
+import kernel_tables as pr
+import kernel_tables as pt
+from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
 import toy_autocast
 from results import read_records
 from test_bench_attention import student  # noqa: F401 - a fixture: the stand-in attention in the current directory
@@ -65,12 +64,12 @@ def test_nvtx_ranges_through_torch_on_cuda(tmp_path, monkeypatch):
 
 
 def test_fp16_training_steps_through_the_gradient_scaler():
-    run = runner.RunConfig(size="tiny", model=model_config.get_config("tiny", context_length=64), batch_size=2,
+    run = bench_e2e.RunConfig(size="tiny", model=model_config.get_config("tiny", context_length=64), batch_size=2,
                               dtype="fp16", device="cuda")
-    work = runner.Workload(run)
+    work = bench_e2e.Workload(run)
     assert work.scaler is not None and work.scaler.is_enabled()
     for _ in range(3):
-        times = runner.run_step(work)
+        times = bench_e2e.run_step(work)
     assert all(t > 0 for t in times.values())
     assert math.isfinite(work.scaler.get_scale()) and work.scaler.get_scale() > 0
     assert all(torch.isfinite(p).all() for p in work.model.parameters())  # fp32 master weights, updated
@@ -156,7 +155,7 @@ def test_flash_grid_on_cuda_checks_then_times_your_kernel(student, tmp_path):  #
 
 def test_cuda_events_time_real_kernels(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)  # as on a machine without triton
-    method = kernel_timing.choose_timing(torch.device("cuda"), warmup=2, iters=5)
+    method = bench_attention.choose_timing(torch.device("cuda"), warmup=2, iters=5)
     assert method.name == "cuda events"
     a = torch.randn(1024, 1024, device="cuda")
     samples = method.samples(lambda: a @ a)
@@ -165,7 +164,7 @@ def test_cuda_events_time_real_kernels(monkeypatch):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_do_bench_times_real_kernels():
-    method = kernel_timing.choose_timing(torch.device("cuda"), warmup=2, iters=5, warmup_ms=5, rep_ms=20)
+    method = bench_attention.choose_timing(torch.device("cuda"), warmup=2, iters=5, warmup_ms=5, rep_ms=20)
     assert method.name == "triton.testing.do_bench", method.describe()
     a = torch.randn(1024, 1024, device="cuda")
     samples = method.samples(lambda: a @ a)

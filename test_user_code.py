@@ -1,4 +1,4 @@
-"""Your own code measured by our scripts: MODULE:CALLABLE specs (user_code.py), your model (runner.build_model,
+"""Your own code measured by our scripts: MODULE:CALLABLE specs (common.py), your model (build_model,
 bench_e2e --model, mem_profile --model, nsys_run.sh's pass-through), your optimizer (--optimizer MODULE:CLASS) and
 the FLOPs behind TFLOP/s and MFU (--flops). Test-local modules written to a temporary current directory stand in
 for the student's code. (Your attention kernel: test_bench_attention.py.)"""
@@ -14,8 +14,7 @@ import bench_e2e
 import common
 import mem_profile
 import model_config
-import runner
-import user_code
+from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
 from results import read_records
 from test_nsys import TINY_APP, fake, run_script  # noqa: F401 - fake is a fixture
 
@@ -133,7 +132,7 @@ def test_spec_forms_refused_as_usage_errors(text):
 def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):
     assert common.load("student_lm:TinyLM").__name__ == "TinyLM"
     assert common.load("mine=student_lm:TinyLM").__name__ == "TinyLM"  # NAME= only names it
-    assert user_code.load("student_lm:SGD.step").__name__ == "step"  # a dotted attribute
+    assert common.load("student_lm:SGD.step").__name__ == "step"  # a dotted attribute
     (student / "broken_syntax.py").write_text("def f(:\n")
     (student / "needs_triton.py").write_text("import a_package_nobody_installed\n")
     cases = {"nowhere_lm:TinyLM": "cannot import nowhere_lm (for nowhere_lm:TinyLM): no module named 'nowhere_lm' in "
@@ -142,13 +141,13 @@ def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):
              "broken_syntax:f": "importing broken_syntax (for broken_syntax:f) failed: SyntaxError: ",
              "needs_triton:f": "failed: ModuleNotFoundError: No module named 'a_package_nobody_installed'"}
     for spec, message in cases.items():
-        with pytest.raises(user_code.LoadError) as exc:
-            user_code.load(spec)
+        with pytest.raises(common.LoadError) as exc:
+            common.load(spec)
         assert message in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
-    with pytest.raises(user_code.LoadError, match=r"has no 'Missing' \(for student_lm:Missing\)"):
-        user_code.load("student_lm:Missing")
-    with pytest.raises(user_code.LoadError, match=r"broken_syntax.py, line 1\)"):
-        user_code.load("broken_syntax:f")
+    with pytest.raises(common.LoadError, match=r"has no 'Missing' \(for student_lm:Missing\)"):
+        common.load("student_lm:Missing")
+    with pytest.raises(common.LoadError, match=r"broken_syntax.py, line 1\)"):
+        common.load("broken_syntax:f")
     (student / "optim.py").write_text("raise SystemExit('an impostor ran')\n")  # named as one of ours
     with pytest.raises(common.LoadError, match=r"optim.py has the name of this toolkit's optim.py: rename it"):
         common.load("optim:AdamW")
@@ -158,31 +157,31 @@ def test_load_finds_the_current_directory_and_says_why_not_in_one_line(student):
 
 
 def test_build_model_calls_your_factory_with_the_staff_keywords(student):
-    model = runner.build_model(SMALL_CONFIG, factory="student_lm:TinyLM")
+    model = build_model(SMALL_CONFIG, factory="student_lm:TinyLM")
     assert type(model).__name__ == "TinyLM" and model.embedding.weight.shape == (64, 32)
-    assert list(runner.STAFF_MODEL_KEYWORDS) == ["vocab_size", "context_length", "d_model", "num_layers", "num_heads",
+    assert list(STAFF_MODEL_KEYWORDS) == ["vocab_size", "context_length", "d_model", "num_layers", "num_heads",
                                                  "d_ff", "rope_theta"]
-    with pytest.raises(user_code.LoadError, match="cannot be called with the staff model's keywords"):
-        runner.build_model(SMALL_CONFIG, factory="student_lm:from_config")
-    with pytest.raises(user_code.LoadError, match="returned a dict, not a torch.nn.Module"):
-        runner.build_model(SMALL_CONFIG, factory="student_lm:not_a_module")
-    assert type(runner.build_model(SMALL_CONFIG)).__name__ == "TransformerLM"  # ours without a factory
+    with pytest.raises(common.LoadError, match="cannot be called with the staff model's keywords"):
+        build_model(SMALL_CONFIG, factory="student_lm:from_config")
+    with pytest.raises(common.LoadError, match="returned a dict, not a torch.nn.Module"):
+        build_model(SMALL_CONFIG, factory="student_lm:not_a_module")
+    assert type(build_model(SMALL_CONFIG)).__name__ == "TransformerLM"  # ours without a factory
 
 
 def test_build_optimizer_yours_beside_ours(student):
     params = [torch.nn.Parameter(torch.ones(3))]
-    sgd = runner.build_optimizer("student_lm:SGD", params, torch.device("cpu"))
-    assert type(sgd).__name__ == "SGD" and sgd.param_groups[0]["lr"] == runner.USER_OPTIMIZER_LR
-    assert runner.build_optimizer("student_lm:NoLearningRate", params, torch.device("cpu")).param_groups[0]["lr"] == 0.1
-    with pytest.raises(user_code.LoadError, match="made a list, which has no step"):
-        runner.build_optimizer("student_lm:not_an_optimizer", params, torch.device("cpu"))
-    assert type(runner.build_optimizer("torch.optim:SGD", params, torch.device("cpu"))) is torch.optim.SGD
+    sgd = build_optimizer("student_lm:SGD", params, torch.device("cpu"))
+    assert type(sgd).__name__ == "SGD" and sgd.param_groups[0]["lr"] == USER_OPTIMIZER_LR
+    assert build_optimizer("student_lm:NoLearningRate", params, torch.device("cpu")).param_groups[0]["lr"] == 0.1
+    with pytest.raises(common.LoadError, match="made a list, which has no step"):
+        build_optimizer("student_lm:not_an_optimizer", params, torch.device("cpu"))
+    assert type(build_optimizer("torch.optim:SGD", params, torch.device("cpu"))) is torch.optim.SGD
 
 
 def test_logits_of_the_wrong_shape_fail_the_first_forward(student):
-    run = runner.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
+    run = bench_e2e.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
                            model_factory="student_lm:LastPositionOnly")
-    work = runner.Workload(run)
+    work = bench_e2e.Workload(run)
     with pytest.raises(ValueError, match=r"student_lm:LastPositionOnly returned \(2, 64\) torch.float32 for token "
                                          r"ids \(2, 16\); expected floating-point logits \(batch, seq, vocab\) = "
                                          r"\(2, 16, 64\)"):
