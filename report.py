@@ -311,8 +311,10 @@ def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
             if s is None and status and not status[0].isdigit():  # OOM, error: said where the bar would be
                 ax.annotate(status, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}\n{name}" + (f"\n{row[RUN_COLUMN]}" if
-                                     RUN_COLUMN in row else "") for row, name in bars], fontsize=8)
+    warmups = len({row["warmup"] for row in rows}) > 1
+    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if warmups
+                                     else "") + f"\n{name}" + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
+                                     for row, name in bars], fontsize=8)
     ax.set_ylabel(f"speed-up over {names[0]} (x)")
     legend_outside(fig, ax)
     return fig
@@ -334,6 +336,7 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
             ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o", label=f"warm-up {r['config']['warmup']}")
         ax.set_title(label_of(group[0], ["size", *varying(records, [*E2E_VARIANTS])]), fontsize=9)
         log_axes(ax, x_base=None)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("timed step index")
         ax.set_ylabel("step time (ms)")
         ax.legend(fontsize=8)
