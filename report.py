@@ -244,8 +244,10 @@ def legend_outside(fig: Any, ax: Any) -> None:
 
 
 def label_of(record: Record, keys: list[str]) -> str:
-    c = {**record.get("config", {}), "run": run_of(record)}
-    return " ".join(str(c.get(k)) for k in keys if c.get(k) is not None)
+    c = record.get("config", {})
+    c = {**c, "ctx": (c.get("model") or {}).get("context_length"), "run": run_of(record)}
+    named = {"ctx": "ctx ", "batch_size": "batch ", "warmup": "warm-up "}
+    return " ".join(named.get(k, "") + str(c[k]) for k in keys if c.get(k) is not None)
 
 
 def varying(records: list[Record], keys: list[str]) -> list[str]:
@@ -372,28 +374,43 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
     return fig
 
 
-def plot_memory(records: list[Record], notes: Notes) -> Any | None:
-    """Peak memory (CUDA) and bytes saved for backward against context length, at the smallest checkpoint K."""
-    k = min(r["config"]["checkpoint_every"] for r in records)
-    chosen = [r for r in records if r["config"]["checkpoint_every"] == k]
-    if len({r["config"]["model"]["context_length"] for r in chosen}) < 2:
+def memory_lines(records: list[Record], x_of: Callable[[Record], Any], keys: list[str]) -> dict[str, list]:
+    """label -> (x, MiB) points: the measured peak (CUDA) per mode, the bytes saved for backward (any device) and
+    the predicted peak of checkpointing, where the records hold them."""
+    lines: dict[str, list] = {}
+    for r in records:
+        name = label_of(r, keys)
+        for what, key, ok in (("peak", "peak_mem_allocated_bytes", r.get("status") == "ok"),
+                              ("saved for backward", "saved_total_bytes", r.get("saved_status") == "ok"),
+                              ("predicted peak", "predicted_peak_bytes", True)):
+            value = (r.get("checkpoint_prediction") or {}) if key == "predicted_peak_bytes" else r
+            if ok and number(value.get(key)):
+                mode = f"{r['config']['mode']} " if what != "saved for backward" else ""
+                lines.setdefault(f"{what}, {mode}{name}", []).append((x_of(r), value[key] / MIB))
+    return {name: sorted(set(points)) for name, points in lines.items()}
+
+
+def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any | None:
+    """Memory against context length (at the smallest checkpoint K), or against the checkpoint K (by="K")."""
+    ks = sorted({r["config"]["checkpoint_every"] for r in records})
+    chosen = records if by == "K" else [r for r in records if r["config"]["checkpoint_every"] == ks[0]]
+    contexts = {r["config"]["model"]["context_length"] for r in chosen}
+    if len(ks if by == "K" else contexts) < 2:
         return None
     keys = ["dtype"] + varying(chosen, ["size", "attn", "model_factory", "optimizer", "batch_size"])
-    lines: dict[str, list] = {}
-    for r in chosen:
-        ctx = r["config"]["model"]["context_length"]
-        if r.get("status") == "ok" and number(r.get("peak_mem_allocated_bytes")):
-            lines.setdefault(f"peak, {r['config']['mode']} {label_of(r, keys)}", []).append(
-                (ctx, r["peak_mem_allocated_bytes"] / MIB))
-        if r.get("saved_status") == "ok" and number(r.get("saved_total_bytes")):
-            lines.setdefault(f"saved for backward, {label_of(r, keys)}", []).append((ctx, r["saved_total_bytes"] / MIB))
+    keys += ["ctx"] if by == "K" and len(contexts) > 1 else []
+    x_of = (lambda r: ks.index(r["config"]["checkpoint_every"])) if by == "K" else (
+        lambda r: r["config"]["model"]["context_length"])
+    lines = memory_lines(chosen, x_of, keys)
     if not lines:
         return None
-    fig, (ax,) = new_figure(chosen, "Memory against context length")
+    fig, (ax,) = new_figure(chosen, f"Memory against {'checkpoint block size' if by == 'K' else 'context length'}")
     for name, points in lines.items():
-        ax.plot(*zip(*sorted(set(points))), "--" if name.startswith("saved") else "-", marker="o", label=name)
-    log_axes(ax)
-    ax.set_xlabel("context length")
+        ax.plot(*zip(*points), "-" if name.startswith("peak") else "--", marker="o", label=name)
+    log_axes(ax, x_base=None if by == "K" else 2)
+    if by == "K":  # evenly spaced: K = 0 has no place on a log axis
+        ax.set_xticks(range(len(ks)), [str(k) if k else "0 (off)" for k in ks])
+    ax.set_xlabel("checkpoint every K blocks" if by == "K" else "context length")
     ax.set_ylabel("memory (MiB)")
     legend_outside(fig, ax)
     return fig
@@ -426,7 +443,8 @@ def plot_precision(records: list[Record], notes: Notes) -> Any | None:
 FIGURES: dict[str, dict[str, Callable[[list[Record], Notes], Any]]] = {
     "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
     "bench_attention": {"attention": plot_attention},
-    "mem_profile": {"memory_context": plot_memory},
+    "mem_profile": {"memory_context": plot_memory,
+                    "memory_checkpoint": lambda records, notes: plot_memory(records, notes, by="K")},
     "precision_demo": {"sums": plot_precision},
     "toy_autocast": {},
 }
@@ -434,7 +452,7 @@ FIGURE_NEEDS = {
     "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants for the "
                  "speed-ups)",
     "bench_attention": "at least one finished configuration",
-    "mem_profile": "two or more context lengths",
+    "mem_profile": "two or more context lengths, or two or more --checkpoint values",
     "precision_demo": "records with partial sums",
     "toy_autocast": "nothing: its answer is a table of dtypes",
 }

@@ -408,7 +408,7 @@ def speedup_note(baseline: str, steps: str) -> str:
     """What a speed-up cell means, said under every comparison table."""
     return (f"Speed-up = {baseline}'s time / the variant's (above 1: faster): for variants measured together, the "
             f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {steps} (A B B A ...) with its "
-            "95% Wilcoxon signed-rank interval in brackets (not resolved when it contains 1); for rows measured "
+            "95% Wilcoxon signed-rank interval (not resolved when it contains 1); for rows measured "
             "apart, the ratio of the means.")
 
 

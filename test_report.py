@@ -184,3 +184,19 @@ def test_plot_writes_pngs_beside_the_report(precision_run, tmp_path, capsys):
     code, out, _ = run([str(precision_run / "run.jsonl"), "--plot", "--results-dir", str(tmp_path)], capsys)
     png = tmp_path / "report" / "run_sums.png"
     assert code == 0 and png.stat().st_size > 10_000 and str(png) in out
+
+
+def test_memory_figures_against_context_and_checkpoint_size():
+    def memory(ctx: int, k: int) -> dict:
+        return {"experiment": "mem_profile", "status": "ok", "saved_status": "ok", "environment": ENV,
+                "config": {"model": {"context_length": ctx}, "checkpoint_every": k, "dtype": "fp32", "mode": "train",
+                           "size": "tiny"}, "saved_total_bytes": ctx * MIB // (k + 1),
+                "checkpoint_prediction": {"predicted_peak_bytes": (100 + ctx / (k + 1)) * MIB}}
+    MIB = 2**20
+    made = report.figures("mem_profile", [memory(ctx, k) for ctx in (16, 32) for k in (0, 1, 2)])
+    assert set(made) == {"memory_context", "memory_checkpoint"}
+    for fig in made.values():
+        check_axes(fig)
+    ax = made["memory_checkpoint"].axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0 (off)", "1", "2"]
+    assert "predicted peak, train fp32 ctx 16" in {line.get_label() for line in ax.get_lines()}
