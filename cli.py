@@ -1,3 +1,3 @@
 """Moved into results.py; this shim keeps old imports."""
 from results import *  # noqa: F401,F403
-from results import _bounded_int  # noqa: F401
+from results import _bounded  # noqa: F401

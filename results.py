@@ -327,11 +327,6 @@ def signed_rank_depth(n: int, confidence: float = CONFIDENCE) -> int | None:
     return k or None
 
 
-def walsh_averages(values: list[float]) -> list[float]:
-    """Every (x_i + x_j) / 2 with i <= j, sorted."""
-    return sorted((values[i] + values[j]) / 2.0 for i in range(len(values)) for j in range(i, len(values)))
-
-
 @dataclass(frozen=True)
 class PairedRatio:
     """A speed-up (baseline time / variant time: above 1 is faster) with its interval (None: too few rounds);
@@ -360,7 +355,8 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
     if len(baseline) > MAX_ROUNDS:  # neighbouring rounds merged: they stay paired
         group = math.ceil(len(baseline) / MAX_ROUNDS)
         baseline, variant = ([sum(t[i:i + group]) for i in range(0, len(t), group)] for t in (baseline, variant))
-    walsh = walsh_averages([math.log(b / v) for b, v in zip(baseline, variant)])
+    logs = [math.log(b / v) for b, v in zip(baseline, variant)]
+    walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
     centre = math.exp(statistics.median(walsh))
     depth = signed_rank_depth(len(baseline), confidence)
     if depth is None:
@@ -873,45 +869,24 @@ MAX_STEPS = 1_000_000  # raw samples are kept in the record (~20 bytes each): a 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # torch.manual_seed's documented range
 
 
-def _bounded_int(text: str, low: int, high: int, what: str) -> int:
-    value = int(text)
-    if not low <= value <= high:
-        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-    return value
+def _bounded(kind: type, low: float, high: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)` within [low, high], else "must be <what>" (exit 2)."""
+    def parse(text: str) -> Any:
+        value = kind(text)  # a non-number is argparse's "invalid ... value"
+        if not (low <= value <= high and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _bounded_int(text, 1, INT64_MAX, f"a positive integer at most {INT64_MAX} (int64)")
-
-
-def non_negative_int(text: str) -> int:
-    return _bounded_int(text, 0, INT64_MAX, f">= 0 and at most {INT64_MAX} (int64)")
-
-
-def step_count(text: str) -> int:
-    return _bounded_int(text, 1, MAX_STEPS, f"a positive integer at most {MAX_STEPS:,} (raw samples are kept)")
-
-
-def warmup_count(text: str) -> int:
-    return _bounded_int(text, 0, MAX_STEPS, f">= 0 and at most {MAX_STEPS:,}")
-
-
-def seed_int(text: str) -> int:
-    return _bounded_int(text, *SEED_RANGE, f"within torch.manual_seed's range [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+positive_int = _bounded(int, 1, INT64_MAX, f"a positive integer at most {INT64_MAX} (int64)")
+non_negative_int = _bounded(int, 0, INT64_MAX, f">= 0 and at most {INT64_MAX} (int64)")
+step_count = _bounded(int, 1, MAX_STEPS, f"a positive integer at most {MAX_STEPS:,} (raw samples are kept)")
+warmup_count = _bounded(int, 0, MAX_STEPS, f">= 0 and at most {MAX_STEPS:,}")
+seed_int = _bounded(int, *SEED_RANGE, f"within torch.manual_seed's range [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+positive_float = _bounded(float, math.ulp(0.0), math.inf, "a positive finite number")
+non_negative_float = _bounded(float, 0.0, math.inf, "a finite number >= 0")
 
 
 def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
