@@ -1,3 +1,6 @@
-"""Moved into results.py; this shim keeps old imports."""
-from results import *  # noqa: F401,F403
-from results import _bounded  # noqa: F401
+"""Moved into results.py: `import cli` gives that module itself (patches reach it too) until imports are renamed."""
+import sys
+
+import results
+
+sys.modules[__name__] = results

@@ -1,3 +1,6 @@
-"""Moved: the configuration is in results.py (torch-free), re-exported by model.py. This shim keeps old imports."""
-from results import *  # noqa: F401,F403
-from results import _check_preset  # noqa: F401
+"""Moved into results.py: `import model_config` gives that module itself (patches reach it too) until imports are renamed."""
+import sys
+
+import results
+
+sys.modules[__name__] = results

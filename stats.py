@@ -1,2 +1,6 @@
-"""Moved into results.py; this shim keeps old imports."""
-from results import *  # noqa: F401,F403
+"""Moved into results.py: `import stats` gives that module itself (patches reach it too) until imports are renamed."""
+import sys
+
+import results
+
+sys.modules[__name__] = results
