@@ -1,13 +1,11 @@
-"""The Transformer language model under study: the same architecture, parameter names and numerics as the
-course's reference ("basics") model, so that numbers measured here compare with everyone else's.
+"""The Transformer LM under study, with its configuration: the same architecture, parameter names and numerics
+as the course's reference ("basics") model, so that numbers measured here compare with everyone else's.
 
 Pre-norm blocks (RMSNorm -> causal multi-head self-attention with RoPE -> residual; RMSNorm -> SwiGLU ->
-residual), a final RMSNorm and an untied lm_head. No biases. A state dict saved from the reference model loads
-here with strict=True and gives the same logits.
+residual), a final RMSNorm and an untied lm_head, no biases. A reference state dict loads with strict=True.
 
-    from common import get_config
-    from model import TransformerLM, cross_entropy
-    model = TransformerLM(get_config("tiny"), attn="naive")
+    from model import TransformerLM, cross_entropy, get_config
+    model = TransformerLM(get_config("small", handout="2025"), attn="naive")
 """
 from __future__ import annotations
 
@@ -20,7 +18,14 @@ from einops import rearrange
 from torch.utils.checkpoint import checkpoint
 
 from common import annotate
-from model_config import ModelConfig
+
+# ---- configuration: ModelConfig, both handouts' presets (Table 1), FLOPs ----
+# Plain Python defined in results.py, so that report.py and kernel_tables.py read configurations from records
+# without importing torch; here because the model is where a reader looks for them (gpt-fast's ModelArgs).
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUT_ENV, HANDOUTS, MODES, PHASES_BY_MODE,  # noqa: F401
+                     PRESETS_2025, PRESETS_2026, TINY, ConfigError, Handout, ModelConfig, attention_matmul_flops,
+                     config_row, config_table, expand_sizes, forward_flops, get_config, get_handout,
+                     model_tensor_shapes, step_flops)
 
 
 # ---- numerically stable primitives, written out by hand as in the reference ----

@@ -1,12 +1,5 @@
-"""AdamW (Loshchilov & Hutter, decoupled weight decay) written with multi-tensor `torch._foreach_*` operations,
-so that its step costs what torch.optim.AdamW(foreach=True) costs and can be timed as part of training.
-
-The update, for each parameter p with gradient g at step t (the same order of operations as torch's foreach
-AdamW, so the two agree to float rounding):
-    p      <- p * (1 - lr * weight_decay)
-    m      <- m + (1 - beta1) * (g - m)               (= beta1 m + (1 - beta1) g)
-    v      <- beta2 v + (1 - beta2) g^2
-    p      <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+"""AdamW (Loshchilov & Hutter, decoupled weight decay) with multi-tensor `torch._foreach_*` operations, in the order
+torch.optim.AdamW(foreach=True) uses, so the two agree to float rounding and cost the same (docs/model.md).
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""Result files, records and tables: where a run's `.md`/`.jsonl` go (never overwriting another run's), how a
-record is written (one strict-JSON line, whole or not at all), how tables are rendered in any tabulate format
-(and which columns they show, a merge's `run` column included), and the statuses every record carries.
-torch-free: report.py and kernel_tables.py read results without torch.
-
-The lowest floor of the rendering path: the experiments' table modules (e2e_tables.py, attention_tables.py,
-memory_tables.py, precision_tables.py) build on it, report.py on them, the scripts on report.py.
+"""Records, tables and result files, without torch: statuses, the model's configuration as records and tables name
+it (ModelConfig, both handouts' presets, FLOPs; model.py re-exports them), the paired statistics of interleaved
+comparisons, ONE table renderer, ONE comparison table, ONE run-settings header, result files that never overwrite
+another run's, strict-JSON records written whole, and the command-line helpers every script shares.
+report.py and kernel_tables.py read results with it and start without torch.
 """
 from __future__ import annotations
 
@@ -17,21 +15,25 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
 from tabulate import tabulate, tabulate_formats
 
+Record = dict[str, Any]
+
 # ---- statuses ----
-# Every record has a "status": "ok", "noisy" (measured, but a phase varied by more than the script's threshold),
-# "OOM" (or "OOM on rank N" under torchrun), "error: ...", "timeout after N s", "skipped: ...".
-FINISHED = ("ok", "noisy")  # the statuses of a configuration that measured every step
+# Every record has a "status": "ok", "noisy" (measured, a phase varied more than the script's threshold), "OOM"
+# (or "OOM on rank N"), "error: ...", "timeout after N s", "skipped: ...".
+FINISHED = ("ok", "noisy")
 
 
-def finished(record: dict[str, Any]) -> bool:
-    """Whether a record measured every step (its figures can be quoted, with "noisy" flagged)."""
+def finished(record: Record) -> bool:
+    """Whether a record measured every step."""
     return record.get("status") in FINISHED
 
 
@@ -40,34 +42,29 @@ def is_oom_status(status: str) -> bool:
 
 
 class SkipAfterOOM:
-    """The sweeps' rule, one for runner's sweep and nsys_run.sh's: once a configuration runs out of memory, the
-    larger sizes (contexts) of its group (the same model and settings) are skipped: they need more memory still.
-    `enabled=False` (--no-skip) runs them anyway."""
+    """Once a configuration runs out of memory, the larger sizes of its group (same model and settings) are
+    skipped: they need more memory still. `enabled=False` (--no-skip) runs them anyway."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.oom_at: dict[Any, int] = {}  # group -> the smallest size that ran out of memory
 
     def reason(self, group: Any, size_name: str, size: int) -> str | None:
-        """The status of a configuration to skip ("skipped: OOM at ctx=256"), or None to run it."""
         if self.enabled and group in self.oom_at and size > self.oom_at[group]:
             return f"skipped: OOM at {size_name}={self.oom_at[group]}"
         return None
 
     def record(self, group: Any, size: int, status: str) -> None:
-        """Note a configuration's outcome."""
         if is_oom_status(status):
             self.oom_at[group] = min(self.oom_at.get(group, size), size)
 
 
-# ---- units ----
-
-MIB, GIB = 2**20, 2**30  # MiB and GiB are powers of two
+MIB, GIB = 2**20, 2**30
 
 
-def format_bytes(n: int | float | None) -> str | None:
-    """Bytes in the largest power-of-two unit that keeps the number >= 1 (KiB, MiB, GiB)."""
-    if n is None:
+def format_bytes(n: float | None) -> str | None:
+    """Bytes in the largest power-of-two unit that keeps the number >= 1."""
+    if not number(n):
         return None
     for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 2**10)):
         if n >= size:
@@ -75,108 +72,449 @@ def format_bytes(n: int | float | None) -> str | None:
     return f"{n:.0f} B"
 
 
+def number(value: Any) -> bool:
+    """A finite int or float (not None, a status string or a bool): what a table or a figure can use as one."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---- the model's configuration (torch-free: records, tables and --size read it; model.py builds from it) ----
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot exist (unknown preset, bad shape): scripts make it a one-line usage error."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of the Transformer LM in model.py (the course's "basics" model)."""
+
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = 10_000
+    context_length: int = 128  # the longest sequence the RoPE cache covers
+    rope_theta: float = 10_000.0
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.d_head % 2:
+            raise ConfigError(f"d_model / num_heads = {self.d_head} must be even for RoPE (it rotates pairs)")
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def block_params(self) -> int:
+        """One TransformerBlock: Q, K, V, output projections (4 d^2), SwiGLU (3 d d_ff), two RMSNorm gains."""
+        return 4 * self.d_model**2 + 3 * self.d_model * self.d_ff + 2 * self.d_model
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or the norms."""
+        return self.num_layers * (self.block_params - 2 * self.d_model) + self.d_model * self.vocab_size
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count of model.TransformerLM (untied embedding and lm_head)."""
+        return self.num_layers * self.block_params + 2 * self.vocab_size * self.d_model + self.d_model
+
+
+# Table 1 of the handouts (vocab 10,000): the same name can mean another model in the Spring 2025 handout and the
+# current one (v26.1.1), so every script resolves names in one handout's table and says which.
+TINY = ModelConfig(d_model=512, d_ff=1344, num_layers=4, num_heads=16)  # the CPU size, not in Table 1
+_SMALL = ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12)
+_MEDIUM = ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16)
+_LARGE = ModelConfig(d_model=1280, d_ff=5120, num_layers=36, num_heads=20)
+_D2560 = ModelConfig(d_model=2560, d_ff=10240, num_layers=32, num_heads=32)  # 2026's xl = 2025's 2.7B
+PRESETS_2026 = {"tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARGE, "xl": _D2560,
+                "10B": ModelConfig(d_model=4608, d_ff=12288, num_layers=50, num_heads=36)}
+PRESETS_2025 = {"tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARGE,
+                "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25), "2.7B": _D2560}
+
+
+@dataclass(frozen=True)
+class Handout:
+    """One handout of the study: its Table 1 and the setups its questions name."""
+
+    name: str  # what --handout and CS336_HANDOUT take
+    version: str
+    presets: dict[str, ModelConfig]  # Table 1 plus tiny
+    default_context_length: int
+    memory_size: str  # memory_profiling: the size and its context lengths
+    memory_contexts: tuple[int, ...]
+    checkpoint_setup: tuple[str, int, int] | None  # gradient_checkpointing (b): (size, batch, context)
+
+    @property
+    def table1(self) -> list[str]:
+        return [name for name in self.presets if name != "tiny"]
+
+    @property
+    def title(self) -> str:
+        return f"handout {self.name} ({self.version})"
+
+
+HANDOUTS = {
+    "2026": Handout("2026", "v26.1.1", PRESETS_2026, 512, "xl", (128, 2048), ("xl", 4, 2048)),
+    "2025": Handout("2025", "Spring 2025", PRESETS_2025, 128, "2.7B", (128, 256, 512), None),
+}
+DEFAULT_HANDOUT = "2026"
+HANDOUT_ENV = "CS336_HANDOUT"  # set once in the shell instead of --handout on every command
+DEFAULT_BATCH_SIZE = 4
+MODES = ("forward", "forward-backward", "train")  # what one measured step does
+PHASES_BY_MODE = {"forward": ("forward",), "forward-backward": ("forward", "backward"),
+                  "train": ("forward", "backward", "optimizer")}
+
+
+def get_handout(name: str) -> Handout:
+    if name not in HANDOUTS:
+        raise ConfigError(f"unknown handout {name!r}; valid handouts: {', '.join(HANDOUTS)}")
+    return HANDOUTS[name]
+
+
+def get_config(name: str, handout: str = DEFAULT_HANDOUT, **overrides: Any) -> ModelConfig:
+    """The preset called exactly `name` in `handout`'s table, at its default context length, with the non-None
+    `overrides` applied."""
+    chosen = get_handout(handout)
+    _check_preset(name, chosen)
+    changes = {"context_length": chosen.default_context_length,
+               **{k: v for k, v in overrides.items() if v is not None}}
+    return dataclasses.replace(chosen.presets[name], **changes)
+
+
+def _check_preset(name: str, handout: Handout, also_valid: tuple[str, ...] = ()) -> None:
+    if name in handout.presets:
+        return
+    elsewhere = [h.name for h in HANDOUTS.values() if name in h.presets]
+    if elsewhere:
+        raise ConfigError(f"preset {name!r} is in handout {elsewhere[0]}'s table, not in handout {handout.name}'s "
+                          f"({', '.join(handout.presets)}); use --handout {elsewhere[0]} "
+                          f"(or {HANDOUT_ENV}={elsewhere[0]})")
+    raise ConfigError(f"unknown preset {name!r}; valid presets in handout {handout.name}: "
+                      f"{', '.join([*handout.presets, *also_valid])}")
+
+
+def expand_sizes(names: list[str], handout: str) -> list[str]:
+    """--size values with 'all' replaced by the handout's Table 1 (in order, no repeats), each checked."""
+    sizes: list[str] = []
+    chosen = get_handout(handout)
+    for name in names:
+        if name != "all":
+            _check_preset(name, chosen, also_valid=("all",))
+        sizes += [s for s in (chosen.table1 if name == "all" else [name]) if s not in sizes]
+    return sizes
+
+
+def sizes_from(record: Record) -> str:
+    """The title of the handout whose table a record's size names come from."""
+    return get_handout((record.get("config") or {}).get("handout") or DEFAULT_HANDOUT).title
+
+
+def model_tensor_shapes(cfg: ModelConfig, batch: int) -> dict[str, tuple[int, ...]]:
+    """The largest tensors a step of model.py builds (check_tensor_sizes bounds them)."""
+    seq = cfg.context_length
+    return {"logits": (batch, seq, cfg.vocab_size), "attention scores": (batch, cfg.num_heads, seq, seq),
+            "embedding": (cfg.vocab_size, cfg.d_model), "feed-forward weight": (cfg.d_ff, cfg.d_model)}
+
+
+def config_row(name: str, cfg: ModelConfig) -> Record:
+    return {"size": name, "d_model": cfg.d_model, "d_ff": cfg.d_ff, "layers": cfg.num_layers,
+            "heads": cfg.num_heads, "vocab": cfg.vocab_size, "params": cfg.num_params}
+
+
+def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: str = "github") -> str:
+    """One row per size (context lengths aside), under a line naming the handout."""
+    seen = dict.fromkeys((size, dataclasses.replace(cfg, context_length=1)) for size, cfg in models)
+    rows = [{**config_row(size, cfg), "params": f"{cfg.num_params:,}"} for size, cfg in seen]
+    return f"Model sizes from {handout.title}:\n\n" + render_table(rows, list(rows[0]) if rows else [], fmt)
+
+
+# FLOPs: a multiply-add is 2 FLOPs, so (m x k) @ (k x n) costs 2mkn (Kaplan et al. 2020, "Scaling Laws for Neural
+# Language Models", Table 1; the convention of torch.utils.flop_counter).
+
+
+def attention_matmul_flops(batch: int, seq: int, d_model: int) -> int:
+    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S: the causal half is masked)."""
+    return 2 * (2 * batch * seq * seq * d_model)
+
+
+def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> int:
+    """2 x matmul parameters x tokens plus every layer's attention matmuls; elementwise work (norms, softmax,
+    RoPE, SwiGLU gating, < 1% here) is not counted."""
+    return 2 * cfg.matmul_params * batch * seq + cfg.num_layers * attention_matmul_flops(batch, seq, cfg.d_model)
+
+
+def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
+    """Forward only: forward FLOPs; with backward 3x (two matmuls per forward matmul: input and weight
+    gradients). AdamW is elementwise and not counted."""
+    return forward_flops(cfg, batch, seq) * (1 if mode == "forward" else 3)
+
+
+# ---- statistics of interleaved comparisons ----
+# Variants are timed in rounds, A B | B A | A B ..., so a drift of the machine falls on both sides alike. Each
+# round gives one ratio; the speed-up is the Hodges-Lehmann estimate of the per-round log-ratios (the median of
+# their Walsh averages) with the exact Wilcoxon signed-rank interval: a few wild rounds (a background job waking
+# during one block) move it little, where a mean of ratios jumps. scipy is not a dependency and `statistics` has
+# no signed-rank distribution, so the counts are built below.
+
+CONFIDENCE = 0.95
+MIN_ROUNDS_FOR_INTERVAL = 6  # 5 rounds of one sign still happen 2/32 of the time: no 95% interval below 6
+EXACT_SIGNED_RANK_N = 50  # the exact null distribution up to this many rounds, the normal approximation beyond
+MAX_ROUNDS = 500  # more rounds are merged in neighbouring groups (n^2 Walsh averages)
+DRIFT_MIN_CHANGE = 0.05  # a control phase that moved by less than 5% is not called drift
+
+
+def summarize(samples: list[float]) -> dict[str, float | None]:
+    """Mean, sample std (n-1), median, min, max, cv; one sample has no std (None, never a made-up 0)."""
+    if not samples:
+        return {}
+    mean = statistics.fmean(samples)
+    std = statistics.stdev(samples) if len(samples) > 1 else None
+    return {"mean": mean, "std": std, "median": statistics.median(samples), "min": min(samples),
+            "max": max(samples), "cv": std / mean if std is not None and mean else None, "n": len(samples)}
+
+
+def round_order(variants: int, round_index: int) -> list[int]:
+    """0..n-1 in even rounds, reversed in odd ones: A B | B A | A B ..."""
+    order = list(range(variants))
+    return order if round_index % 2 == 0 else order[::-1]
+
+
+def block_sizes(steps: int, block: int) -> list[int]:
+    """`steps` timed steps taken in blocks of `block`: each round's block size (the last may be shorter)."""
+    if steps < 1 or block < 1:
+        raise ValueError(f"steps and block must be positive, got {steps} and {block}")
+    return [min(block, steps - start) for start in range(0, steps, block)]
+
+
+def steps_per_block(step_s: float | None, steps: int, min_block_s: float,
+                    min_rounds: int = MIN_ROUNDS_FOR_INTERVAL) -> int:
+    """Consecutive steps per variant: enough that a block lasts `min_block_s` (a switch costs cold caches), but
+    leaving at least `min_rounds` rounds. `step_s`: a warm-up step's time; None gives blocks of one step."""
+    if step_s is None or step_s <= 0:
+        return 1
+    return max(1, min(math.ceil(min_block_s / step_s), steps // min_rounds))
+
+
+def signed_rank_counts(n: int) -> list[int]:
+    """counts[t]: how many of the 2**n sign patterns of ranks 1..n have positive ranks summing to t."""
+    counts = [1] + [0] * (n * (n + 1) // 2)
+    for rank in range(1, n + 1):
+        for total in range(rank * (rank + 1) // 2, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    return counts
+
+
+def signed_rank_depth(n: int, confidence: float = CONFIDENCE) -> int | None:
+    """The interval runs from the k-th smallest to the k-th largest Walsh average, for the largest k with
+    P(T <= k - 1) <= (1 - confidence) / 2; None when even k = 1 covers less (n < 6 at 95%). Exact up to
+    EXACT_SIGNED_RANK_N (as R's wilcox.test), then the normal approximation with continuity correction."""
+    tail = (1.0 - confidence) / 2.0
+    if n > EXACT_SIGNED_RANK_N:
+        sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+        z = statistics.NormalDist().inv_cdf(1.0 - tail)
+        return max(1, math.floor(n * (n + 1) / 4.0 - z * sd + 0.5))
+    counts, below, k = signed_rank_counts(n), 0, 0
+    while (below + counts[k]) / 2**n <= tail:
+        below += counts[k]
+        k += 1
+    return k or None
+
+
+@dataclass(frozen=True)
+class PairedRatio:
+    """A speed-up (baseline time / variant time: above 1 is faster) with its interval (None: too few rounds);
+    rounds = 0 when the two were measured apart (the ratio of their means)."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    rounds: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def resolved(self) -> bool | None:
+        """True when the interval excludes 1, False when it contains 1, None without one."""
+        return None if self.low is None else (self.low > 1.0 or self.high < 1.0)
+
+    def interval_text(self) -> str | None:
+        return None if self.low is None else f"{self.low:.2f}-{self.high:.2f}x"
+
+
+def paired_ratio(baseline: list[float], variant: list[float], confidence: float = CONFIDENCE) -> PairedRatio:
+    """The speed-up of `variant` over `baseline` from per-round times: the Hodges-Lehmann estimate of the
+    log-ratios and the signed-rank interval, taken back with exp."""
+    if len(baseline) != len(variant) or not baseline:
+        raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
+    if len(baseline) > MAX_ROUNDS:  # neighbouring rounds merged: they stay paired
+        group = math.ceil(len(baseline) / MAX_ROUNDS)
+        baseline, variant = ([sum(t[i:i + group]) for i in range(0, len(t), group)] for t in (baseline, variant))
+    logs = [math.log(b / v) for b, v in zip(baseline, variant)]
+    walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
+    centre = math.exp(statistics.median(walsh))
+    depth = signed_rank_depth(len(baseline), confidence)
+    if depth is None:
+        return PairedRatio(centre, None, None, len(baseline), confidence)
+    return PairedRatio(centre, math.exp(walsh[depth - 1]), math.exp(walsh[-depth]), len(baseline), confidence)
+
+
+def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
+    """Per round of the record's pairing, the summed mean of `phases` (ms). pairing["rounds"] holds each round's
+    [start, stop) in the `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own counts)."""
+    pairing = record.get("pairing")
+    if not pairing or not all(f"{p}_ms" in record for p in phases):
+        return None
+    bounds = {p: pairing.get("rounds_by_phase", {}).get(p, pairing["rounds"]) for p in phases}
+    return [sum(statistics.fmean(record[f"{p}_ms"][slice(*bounds[p][r])]) for p in phases)
+            for r in range(len(pairing["rounds"]))]
+
+
+def paired(baseline: Record, variant: Record) -> bool:
+    """Whether two records were measured as a pair: the same comparison group, the same number of rounds."""
+    a, b = baseline.get("pairing"), variant.get("pairing")
+    return bool(a and b and a["group"] == b["group"] and len(a["rounds"]) == len(b["rounds"]))
+
+
+def ratio_of_means(baseline: Record, variant: Record, phases: tuple[str, ...]) -> float:
+    return sum(baseline[f"{p}_ms_mean"] for p in phases) / sum(variant[f"{p}_ms_mean"] for p in phases)
+
+
+def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> PairedRatio:
+    """Paired by round when measured as a pair, else the ratio of the means with no interval."""
+    if paired(baseline, variant):
+        return paired_ratio(round_times(baseline, phases), round_times(variant, phases))
+    return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
+
+
+def means_outside(found: PairedRatio, baseline: Record, variant: Record, phases: tuple[str, ...]) -> float | None:
+    """The ratio of the means when it lies outside the paired interval (a few slow steps pull a mean), else None."""
+    if found.low is None:
+        return None
+    ratio = ratio_of_means(baseline, variant, phases)
+    return None if found.low <= ratio <= found.high else ratio
+
+
+def speedup_note(baseline: str, steps: str) -> str:
+    """What a speed-up cell means, said under every comparison table."""
+    return (f"Speed-up = {baseline}'s time / the variant's (above 1: faster): for variants measured together, the "
+            f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {steps} (A B B A ...) with its "
+            "95% Wilcoxon signed-rank interval (not resolved when it contains 1); for rows measured "
+            "apart, the ratio of the means.")
+
+
+def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
+                   calls: str) -> list[str]:
+    """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that gives
+    more)), ratios of means outside the interval."""
+    notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
+    notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
+              for name, (n, knob) in few_rounds.items()]
+    if pulled:
+        notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): {', '.join(pulled)}")
+    return notes
+
+
+@dataclass(frozen=True)
+class Drift:
+    phase: str
+    change: float  # the variant's mean / the baseline's mean - 1
+
+    def text(self) -> str:
+        return f"drift: {self.phase} changed by {self.change:+.0%}"
+
+
+def drift(baseline: Record, variant: Record, phase: str) -> Drift | None:
+    """A control phase (the same work in both variants) whose means differ by more than twice the standard error
+    of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed between the variants."""
+    a, b = baseline.get(f"{phase}_ms"), variant.get(f"{phase}_ms")
+    if not a or not b or len(a) < 2 or len(b) < 2:
+        return None
+    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
+    spread = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    if abs(mean_b - mean_a) > max(2 * spread, DRIFT_MIN_CHANGE * mean_a):
+        return Drift(phase, mean_b / mean_a - 1.0)
+    return None
+
+
 # ---- tables ----
 
 TABLE_FORMATS = sorted(tabulate_formats)
 LATEX_FORMATS = ("latex", "latex_raw", "latex_booktabs", "latex_longtable")
-# file suffix for a report in each table format: only markdown goes into a .md file
 REPORT_SUFFIXES = {"github": ".md", "pipe": ".md", "html": ".html", "unsafehtml": ".html", "rst": ".rst",
                    "tsv": ".tsv", **{fmt: ".tex" for fmt in LATEX_FORMATS}}
+MODEL_SHAPE_COLUMNS = ("d_model", "d_ff", "layers", "heads")  # LaTeX tables leave them to the config table
+RUN_KEY, RUN_COLUMN = "_run", "run"  # a merged record's run (a key no script writes), and its column
 
 
 def report_suffix(fmt: str) -> str:
-    """'.md' for markdown formats, '.tex' for LaTeX ones, '.html', '.rst', '.tsv'; '.txt' for the rest."""
     return REPORT_SUFFIXES.get(fmt, ".txt")
 
 
 def as_report_file(text: str, fmt: str) -> str:
-    """A report in `fmt` as its file holds it. LaTeX: a file to \\input, the tables as they are and every other
-    line a comment; any other format: the text itself."""
+    """A report as its file holds it; LaTeX: a file to \\input, every line outside the tables a comment."""
     if fmt not in LATEX_FORMATS:
         return text if text.endswith("\n") else text + "\n"
     out, in_table = [], False
     for line in text.splitlines():
-        if line.startswith(("\\begin{tabular}", "\\begin{longtable}")):
-            in_table = True
+        in_table = in_table or line.startswith(("\\begin{tabular}", "\\begin{longtable}"))
         out.append(line if in_table or not line.strip() else "% " + line)
-        if line.startswith(("\\end{tabular}", "\\end{longtable}")):
-            in_table = False
-    # (the same header whoever writes the file: a run's .tex and report.py's re-render of it are equal, byte for byte)
+        in_table = in_table and not line.startswith(("\\end{tabular}", "\\end{longtable}"))
     header = "% latex_booktabs needs \\usepackage{booktabs}; latex_longtable needs \\usepackage{longtable}.\n"
     return header + "\n".join(out) + "\n"
 
 
-def render_table(rows: list[dict[str, Any]], columns: list[str], fmt: str = "github",
-                 floatfmt: str = ".2f") -> str:
-    """Rows (dicts) as a table with `columns` as headers, in any tabulate format; missing values print empty."""
-    body = [[row.get(c) for c in columns] for row in rows]
+def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str = ".2f") -> str:
+    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN and missing print
+    empty."""
+    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
+            for row in rows]
     return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
 
 
-# the model's shape, which the config table above the results already shows: left out of LaTeX tables by default
-MODEL_SHAPE_COLUMNS = ("d_model", "d_ff", "layers", "heads")
-
-
 def pick_columns(default: list[str], requested: list[str] | None, fmt: str) -> list[str]:
-    """--columns as given, else `default` without the model-shape columns for LaTeX formats (a table that fits a
-    page: the config table above it already shows the shape). A merge's run column stays first either way: without
-    it, rows of two runs cannot be told apart."""
+    """--columns as given (a merge's run column kept first), else `default` (LaTeX: without the model shape)."""
     if requested:
         return ([RUN_COLUMN] if RUN_COLUMN in default and RUN_COLUMN not in requested else []) + requested
     return [c for c in default if not (fmt in LATEX_FORMATS and c in MODEL_SHAPE_COLUMNS)]
 
 
 def unknown_column(requested: list[str], valid: list[str]) -> str | None:
-    """The message for the first requested column that is not one of `valid` (listing them); None if all are."""
     unknown = [c for c in requested if c not in valid]
     return f"unknown column {unknown[0]!r}; valid columns: " + ", ".join(valid) if unknown else None
 
 
-# ---- merged runs: the `run` column ----
-# report.py merges several files into one report: each record then carries the file it came from under RUN_KEY
-# (a key no script writes), and every table of the report gets a RUN_COLUMN naming it. A record without it is
-# from a single run, whose report has no run column.
-
-RUN_KEY = "_run"
-RUN_COLUMN = "run"
-
-
-def run_of(record: dict[str, Any]) -> str | None:
+def run_of(record: Record) -> str | None:
     return record.get(RUN_KEY)
 
 
-def run_names(records: list[dict[str, Any]]) -> list[str | None]:
-    """The runs of these records, in the order they come."""
-    return list(dict.fromkeys(run_of(r) for r in records))
-
-
-def is_merged(records: list[dict[str, Any]]) -> bool:
-    return len(run_names(records)) > 1
-
-
-def by_run(records: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
-    groups: dict[str | None, list[dict[str, Any]]] = {}
+def by_run(records: list[Record]) -> dict[str | None, list[Record]]:
+    groups: dict[str | None, list[Record]] = {}
     for r in records:
         groups.setdefault(run_of(r), []).append(r)
     return groups
 
 
-def runs_cell(records: list[dict[str, Any]]) -> str:
-    """The run column's cell of a row built from several records: their runs, in order ("monday, tuesday")."""
-    return ", ".join(str(run) for run in run_names(records))
+def is_merged(records: list[Record]) -> bool:
+    return len(by_run(records)) > 1
 
 
-def with_run_column(columns: list[str], records: list[dict[str, Any]]) -> list[str]:
-    """`columns` with the run column first when the records are a merge."""
+def runs_cell(records: list[Record]) -> str:
+    return ", ".join(str(run) for run in by_run(records))
+
+
+def with_run_column(columns: list[str], records: list[Record]) -> list[str]:
     return [RUN_COLUMN] + columns if is_merged(records) else columns
 
 
-def comparison_groups(records: list[dict[str, Any]], identity: Callable[[dict[str, Any]], Any]
-                      ) -> list[list[dict[str, Any]]]:
-    """The records that a comparison table may set side by side. Normally all of them: a merge of an fp32 run
-    and a bf16 run is compared across the two. But when a configuration (`identity(record)`) appears in more
-    than one run, putting them in one table would keep only one of its measurements: each run is then compared
-    within itself, and no run's pair is dropped."""
+def comparison_groups(records: list[Record], identity: Callable[[Record], Any]) -> list[list[Record]]:
+    """The records a comparison may set side by side: all of them, unless one configuration (`identity`) is in
+    two runs of a merge; then each run is compared within itself, so no measurement is dropped."""
     if is_merged(records):
         runs_of: dict[str, set] = {}
         for r in records:
@@ -186,44 +524,151 @@ def comparison_groups(records: list[dict[str, Any]], identity: Callable[[dict[st
     return [records]
 
 
-def environment_lines(records: list[dict[str, Any]], settings: Callable[[list[dict[str, Any]]], dict[str, Any]]
-                      ) -> list[str]:
-    """The line above a report's tables: the environment of the records (environment_header) with
-    `settings(records)`; for a merge, one such line per run, named."""
+def environment_header(env: Record, **extra: Any) -> str:
+    """One line naming what the numbers were measured on, then `extra` settings."""
+    parts = [f"device: {env['device_name']} ({env['device']})", f"torch {env['torch']}"]
+    parts += [f"CUDA {env['cuda']}"] if env.get("cuda") else []
+    if str(env["device"]).startswith("cuda"):
+        parts.append(f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}")
+    else:
+        parts.append(f"{env.get('threads')} threads")
+    return " | ".join(parts + [f"{k}: {v}" for k, v in extra.items()])
+
+
+Setting = str | Callable[[Record], Any]  # a config key, or a function of the record
+
+
+def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str, str]:
+    """What a run's rows were measured with: label -> the values of `fields` (config keys or functions of a
+    record) these records hold, in order, joined with 'and'; a field no record has is left out."""
+    settings = {}
+    for label, field in fields.items():
+        values = [field(r) if callable(field) else (r.get("config") or {}).get(field) for r in records]
+        shown = [str(v) for v in dict.fromkeys(values) if v is not None]
+        if shown:
+            settings[label] = " and ".join(shown)
+    return settings
+
+
+def environment_lines(records: list[Record],
+                      settings: dict[str, Setting] | Callable[[list[Record]], dict[str, Any]]) -> list[str]:
+    """The run-settings header above a report's tables: the environment and the run's settings (a fields dict
+    for run_settings, or a function of the records); in a merge, one line per run, named."""
     lines = []
     for run, group in by_run(records).items():
+        found = run_settings(group, settings) if isinstance(settings, dict) else settings(group)
         env = next((r["environment"] for r in group if "device_name" in (r.get("environment") or {})), None)
-        line = environment_header(env, **settings(group)) if env else f"settings: {settings(group)}"
+        line = environment_header(env, **found) if env else " | ".join(f"{k}: {v}" for k, v in found.items())
         lines.append(f"{run}: {line}" if is_merged(records) else line)
     return lines
 
 
-# A result stem names files inside the results folder, nothing else: no path separators (a stem cannot reach
-# another folder, so the no-overwrite rule holds), no leading '.' (hidden files, '.', '..') or '-' (read as a
-# flag by the next command), and short enough that the longest file name made from it ("<stem>-<n>_timeline.png")
-# stays under the 255-byte name limit of common file systems.
+def comparison_rows(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
+                    ratios: dict[str, tuple[str, ...]], *, calls: str = "steps", more_rounds: str = "--steps",
+                    control: str | None = None, cells: Callable[[Record], Record] | None = None
+                    ) -> tuple[list[str], list[Record]]:
+    """The variants (the first seen is the baseline) and the rows of the comparison table: one row per
+    `row(record)` (the cells naming a configuration), then per variant its time for each ratio label ("fwd":
+    ("forward",) sums those phases' means; a failed row: its status) and `cells(record)` (memory, a check), then
+    each other variant's PairedRatio over the baseline, and notes. `control`: a phase every variant runs alike,
+    checked for drift."""
+    names = list(dict.fromkeys(variant(r) for r in records))
+    key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
+    by_row: dict[tuple[int, str], dict[str, Record]] = {}
+    for i, group in enumerate(comparison_groups(records, lambda r: (key(r), variant(r)))):
+        for r in group:
+            by_row.setdefault((i, key(r)), {})[variant(r)] = r
+    rows = []
+    for found in by_row.values():
+        out: Record = {**({RUN_COLUMN: runs_cell(list(found.values()))} if is_merged(records) else {}),
+                       **row(next(iter(found.values())))}
+        unresolved, few, pulled, drifts = [], {}, [], []
+        base = found.get(names[0])
+        for name in names:
+            r = found.get(name)
+            ok = r is not None and finished(r)
+            for label, phases in ratios.items():
+                means = [r.get(f"{p}_ms_mean") for p in phases] if ok else []
+                # formatted here: a column of numbers and statuses is text to tabulate
+                out[f"{label} ms: {name}"] = (f"{sum(means):.2f}" if means and all(map(number, means)) else
+                                              r["status"].split(":")[0] if r is not None and not ok else None)
+            if ok and cells:
+                out.update({f"{k}: {name}": v for k, v in cells(r).items()})
+            if name == names[0] or not ok or base is None or not finished(base):
+                continue
+            for label, phases in ratios.items():
+                if all(number(x.get(f"{p}_ms_mean")) for x in (base, r) for p in phases):
+                    out[f"{label} speed-up: {name}"] = s = speedup(base, r, phases)
+                    unresolved += [f"{label} {name}"] if s.resolved is False else []
+                    if s.rounds and s.low is None:
+                        few[name] = (s.rounds, more_rounds)
+                    if (means := means_outside(s, base, r, phases)) is not None:
+                        pulled.append(f"{label} {name} {means:.2f}x")
+            if control and (moved := drift(base, r, control)):
+                drifts.append(f"{moved.text()} ({name})")
+        out["notes"] = "; ".join(interval_notes(unresolved, few, pulled, calls) + drifts) or None
+        rows.append(out)
+    return names, rows
+
+
+def comparison_table(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
+                     ratios: dict[str, tuple[str, ...]], fmt: str = "github", **options: Any) -> str | None:
+    """The one comparison table (comparison_rows; `options` are its keywords): a speed-up cell reads
+    "1.93x (1.85-2.01x)", the estimate and its 95% interval; None for a single variant."""
+    names, rows = comparison_rows(records, variant, row, ratios, **options)
+    if len(names) < 2:
+        return None
+    for out in rows:
+        for c, s in out.items():
+            if isinstance(s, PairedRatio):
+                out[c] = f"{s.ratio:.2f}x" + (f" ({s.interval_text()})" if s.low is not None else "")
+    columns = list(dict.fromkeys(c for out in rows for c in out if c != "notes" and " speed-up: " not in c))
+    columns += [c for c in (f"{label} speed-up: {n}" for n in names[1:] for label in ratios)
+                if any(c in out for out in rows)]
+    columns += ["notes"] if any(out["notes"] for out in rows) else []
+    return render_table(rows, columns, fmt) + "\n\n" + speedup_note(names[0], options.get("calls", "steps"))
+
+
+# ---- result files and records ----
+
+# A stem names files inside the results folder and nothing else: no folder, no leading '.' (hidden, '..') or '-'
+# (read as a flag by the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255 bytes.
 MAX_STEM_BYTES = 200
+
+
+def stem_problem(text: str) -> str | None:
+    """Why `text` cannot be a result stem, or None."""
+    if not text:
+        return "must be a non-empty file-name stem"
+    if any(sep and sep in text for sep in ("/", "\\", os.sep, os.altsep)):
+        return f"must be a file-name stem without a folder, got {text!r} (use --results-dir to choose the folder)"
+    if text[0] in ".-":
+        return f"must not start with '.' or '-', got {text!r}"
+    if not text.isprintable():
+        return f"must be printable characters only, got {text!r}"
+    if len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
+        return f"must be at most {MAX_STEM_BYTES} bytes long"
+    return None
 
 
 def result_stem(text: str) -> str:
     """--out: a plain file-name stem, checked at parse time."""
-    if not text:
-        raise argparse.ArgumentTypeError("must be a non-empty file-name stem")
-    if "/" in text or "\\" in text or (os.sep in text) or (os.altsep and os.altsep in text):
-        raise argparse.ArgumentTypeError(f"must be a file-name stem without a folder, got {text!r} "
-                                         "(use --results-dir to choose the folder)")
-    if text[0] in ".-":
-        raise argparse.ArgumentTypeError(f"must not start with '.' or '-', got {text!r}")
-    if not text.isprintable():
-        raise argparse.ArgumentTypeError(f"must be printable characters only, got {text!r}")
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_STEM_BYTES} bytes long")
+    if problem := stem_problem(text):
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 
+def stem_from(name: str, default: str) -> str:
+    """A stem made from an input's name under --out's rules: unprintable characters and path separators
+    replaced, leading '.' and '-' dropped, cut to MAX_STEM_BYTES; `default` when nothing is left."""
+    text = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name).lstrip(".-")
+    while len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
+        text = text[:-1]
+    return text if text and stem_problem(text) is None else default
+
+
 def results_folder(text: str) -> str:
-    """--results-dir: a folder, created with its parents when missing; what cannot be created or written is
-    refused when the result files are opened, before any work."""
+    """--results-dir: a folder (created when missing); a file there is refused at parse time."""
     if not text:
         raise argparse.ArgumentTypeError("must be a folder name, got ''")
     if os.path.exists(text) and not os.path.isdir(text):
@@ -231,16 +676,8 @@ def results_folder(text: str) -> str:
     return text
 
 
-def json_default(obj: Any) -> Any:
-    # torch.dtype and torch.device print as their names; checked by module so that this file needs no torch
-    if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch":
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
 def strict_json_value(obj: Any) -> Any:
-    """`obj` with every NaN or infinity (in nested dicts, lists and dataclasses too) replaced by None, since
-    NaN and Infinity are not JSON and strict readers (jq, JavaScript, most JSON libraries) refuse them."""
+    """`obj` with NaN and infinities (nested, dataclasses too) replaced by None: they are not JSON."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -252,68 +689,69 @@ def strict_json_value(obj: Any) -> Any:
     return obj
 
 
-def to_json_line(record: dict[str, Any]) -> str:
-    """One record as one line of strict JSON (no NaN/Infinity tokens)."""
+def json_default(obj: Any) -> Any:
+    # torch.dtype and torch.device as their names, told by module so that this file needs no torch
+    if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch":
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def to_json_line(record: Record) -> str:
     return json.dumps(strict_json_value(record), default=json_default, allow_nan=False)
 
 
+def read_records(path: str | os.PathLike) -> list[Record]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def exit_usage_error(message: str) -> NoReturn:
-    """A user mistake found after parsing (e.g. a results folder that cannot be written): one line, exit 2."""
+    """A user mistake found after parsing: one line, exit 2."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
 class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run, the stem reserved for this run alone.
-
-    A stem is taken when any file of that stem exists (<stem>.jsonl, <stem>.md, <stem>_timeline.png, ...); then
-    <stem>-2, <stem>-3, ... are tried. The stem is reserved by creating <stem>.jsonl with O_EXCL, so two runs
-    started together (same --out, or the same second for the default stem) never share one, and no run
-    overwrites another's files (a run that writes no JSONL reserves the file it does write: `reserve`). Records
-    are appended one by one, each whole or not at all, so an interrupted run keeps what it finished; reports are
-    replaced atomically, so a failed write leaves the previous version.
-
-    A folder that cannot be created or written is a one-line exit 2; a write that fails later (a full disk) is a
-    one-line exit 1 that keeps the records already written and names only files that hold them."""
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem is taken when any file of it exists; then
+    <stem>-2, <stem>-3, ... The stem is reserved by creating <stem><reserve> with O_EXCL, so two runs never share
+    one and none overwrites another's files. Records are appended whole or not at all; reports are replaced
+    atomically. A folder that cannot be written is exit 2; a write that fails later (a full disk) is exit 1 that
+    names only files holding the records."""
 
     def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
                  reserve: str = ".jsonl"):
         self.folder = Path(results_dir) / subdir
         self.records_written = 0
-        chosen = stem is not None
-        if stem is None:
-            stem = f"{default_stem}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+        self.records_elsewhere: str | None = None  # report.py: the inputs holding the records it renders
+        wanted = stem or f"{default_stem}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.stem = self._reserve_stem(stem, reserve)
+            self.stem = self._reserve_stem(wanted, reserve)
         except OSError as exc:
             exit_usage_error(f"cannot write results in {self.folder}: {exc.strerror or exc}")
-        self.reserved = self.path(reserve)  # created empty: this run's, until something is written into it
-        self.records_elsewhere: str | None = None  # report.py: the input files that hold the records it renders
-        if self.stem != stem and chosen:  # (a default stem taken in the same second needs no note)
-            print(f"note: results for {stem!r} already exist; writing {self.stem!r} instead", file=sys.stderr)
+        self.reserved = self.path(reserve)
+        if stem and self.stem != stem:
+            progress(f"note: results for {stem!r} already exist; writing {self.stem!r} instead")
 
     def _reserve_stem(self, stem: str, reserve: str) -> str:
         for n in itertools.count(1):
             candidate = stem if n == 1 else f"{stem}-{n}"
-            # a stem is taken if any file of an earlier run uses it: <stem>.jsonl, <stem>.md, <stem>_timeline.png
             if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
                 continue
             try:  # atomic: of two runs that both saw the stem free, exactly one creates the file
                 os.close(os.open(self.folder / f"{candidate}{reserve}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                return candidate
             except FileExistsError:
                 continue
-            return candidate
         raise AssertionError("unreachable")
 
     def release(self) -> None:
-        """Give the stem back when the run failed before writing anything: remove the empty reserved file."""
+        """Give the stem back when nothing was written: remove the empty reserved file."""
         with contextlib.suppress(OSError):
-            if self.reserved.is_file() and self.reserved.stat().st_size == 0 and self.records_written == 0:
+            if self.records_written == 0 and self.reserved.is_file() and self.reserved.stat().st_size == 0:
                 self.reserved.unlink()
 
     def path(self, suffix: str) -> Path:
-        """Path for a file of this run, e.g. path('.md') or path('_timeline.png')."""
         return self.folder / f"{self.stem}{suffix}"
 
     @property
@@ -325,143 +763,258 @@ class ResultFiles:
         return self.path(".md")
 
     def kept(self) -> str:
-        """Where this run's finished records are, for a message: only a file that exists and holds them."""
         if self.records_elsewhere:
             return f"the records are unchanged in {self.records_elsewhere}"
         if self.records_written:
             return f"the {self.records_written} record(s) written before it are kept in {self.jsonl}"
         return "no record of this run was written"
 
-    def _write_failed(self, path: Path, exc: OSError) -> NoReturn:
-        self.release()  # no empty file is left behind for a report that was never written
-        print(f"error: cannot write {path}: {exc.strerror or exc}; {self.kept()}", file=sys.stderr)
+    def _failed(self, path: Path, exc: OSError, more: str = "") -> NoReturn:
+        self.release()
+        progress(f"error: cannot write {path}: {exc.strerror or exc}; {self.kept()}{more}")
         raise SystemExit(1)
 
-    def append_record(self, record: dict[str, Any]) -> None:
-        """Append one record as a line of strict JSON, whole or not at all: the line is built first and written
-        with os.write on an O_APPEND descriptor (a buffered file would write a failed remainder again when it is
-        closed, after the cut below). A failed write (a full disk, a file-size limit) or an interrupt cuts the
-        file back to its last whole line; a failed write then prints the record on stdout, so the measurement is
-        not lost, and ends the run (exit 1) with one line."""
+    def append_record(self, record: Record) -> None:
+        """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file would
+        write a failed remainder again on close); a failed write or an interrupt cuts the file back to its last
+        whole line, and a failed write prints the record on stdout and ends the run (exit 1)."""
         line = (to_json_line(record) + "\n").encode()
         try:
             fd = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         except OSError as exc:
-            self._record_lost(line, exc)
+            emit(line.decode().rstrip("\n"))
+            self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
         try:
             end = os.fstat(fd).st_size
             try:
                 view = memoryview(line)
-                while view:  # os.write may write less than asked (a disk filling up): write the rest
+                while view:  # a short write (a disk filling up): write the rest
                     view = view[os.write(fd, view):]
             except BaseException as exc:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, end)
                 if isinstance(exc, OSError):
-                    self._record_lost(line, exc)
+                    emit(line.decode().rstrip("\n"))
+                    self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
                 raise
         finally:
             os.close(fd)
         self.records_written += 1
 
-    def _record_lost(self, line: bytes, exc: OSError) -> NoReturn:
-        self.release()
-        emit(line.decode().rstrip("\n"))  # the measured configuration, as the JSON line it would have been
-        print(f"error: cannot write {self.jsonl}: {exc.strerror or exc}; {self.kept()}; the record that could not "
-              "be written is printed on stdout", file=sys.stderr)
-        raise SystemExit(1)
-
     def _replace(self, path: Path, text: str) -> None:
-        """Replace a report file (called again as rows finish): written beside it, then renamed over it."""
+        """Write beside `path`, then rename over it: a full disk or Ctrl-C leaves the previous version."""
         partial = path.with_name(path.name + ".partial")
         try:
             partial.write_text(text if text.endswith("\n") else text + "\n")
             os.replace(partial, path)
-        except BaseException as exc:  # a full disk, or Ctrl-C half-way: no partial file is left
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 partial.unlink()
             if isinstance(exc, OSError):
-                self._write_failed(path, exc)
+                self._failed(path, exc)
             raise
 
     def write_markdown(self, text: str) -> None:
-        """Replace this run's markdown with `text`."""
         self._replace(self.markdown, text)
 
     def report_paths(self, fmt: str) -> list[Path]:
-        """The report files of a run printed in `fmt`: the .md, and <stem>.tex (.html, .rst, ...) beside it."""
-        suffix = report_suffix(fmt)
-        return [self.markdown] + ([self.path(suffix)] if suffix != ".md" else [])
-
-    def _report_files(self, render: Callable[[str], str | None], fmt: str) -> dict[Path, str | None]:
-        """The files write_report writes for `fmt` and their text (None where `render` has none)."""
-        if report_suffix(fmt) == ".md":
-            return {self.markdown: render(fmt)}
-        text = render(fmt)
-        return {self.markdown: render("github"),
-                self.path(report_suffix(fmt)): None if text is None else as_report_file(text, fmt)}
-
-    def holds_report(self, render: Callable[[str], str | None], fmt: str) -> bool:
-        """Whether the report files already hold what write_report(render, fmt) would write (a sweep saved them
-        after its last row, and no interrupt cut that short): then there is nothing to write again."""
-        for path, text in self._report_files(render, fmt).items():
-            try:
-                if text is None or path.read_text() != (text if text.endswith("\n") else text + "\n"):
-                    return False
-            except (OSError, UnicodeDecodeError):
-                return False
-        return True
+        """The .md, and <stem>.tex (.html, ...) beside it for other formats."""
+        return [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
 
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:
-        """Save the report that `render(fmt)` makes: the .md always in markdown, and when `fmt` is not markdown
-        (LaTeX, plain, html, ...) also in `fmt` beside it (report_paths). Returns the text in `fmt`."""
+        """Save the report `render(fmt)` makes: the .md always in markdown, the file of `fmt` beside it."""
         text = render(fmt)
-        if report_suffix(fmt) == ".md":
-            self.write_markdown(text)
-        else:
-            self.write_markdown(render("github"))
+        self.write_markdown(text if report_suffix(fmt) == ".md" else render("github"))
+        if report_suffix(fmt) != ".md":
             self._replace(self.path(report_suffix(fmt)), as_report_file(text, fmt))
         return text
 
-    def publish(self, render: Callable[[str], str], fmt: str, extra_paths: list[str] = ()) -> None:
-        """Save the report (write_report), print it, and say where it and the other files are. The files are
-        written first, so a closed stdout (`... | head -1`) loses nothing."""
-        text = self.write_report(render, fmt)
-        if emit(text):
-            self.say_written(fmt, extra_paths)
-
-    def say_written(self, fmt: str, extra_paths: list[str] = ()) -> None:
-        records = [self.jsonl] if self.jsonl.is_file() else []  # report.py writes none of its own
+    def say_written(self, fmt: str, extra_paths: list[Any] = ()) -> None:
+        records = [self.jsonl] if self.jsonl.is_file() else []
         emit("\nwrote " + " and ".join(map(str, [*self.report_paths(fmt), *records, *extra_paths])))
 
+    def publish(self, render: Callable[[str], str], fmt: str, extra_paths: list[Any] = ()) -> None:
+        """Save the report, print it, say where the files are (files first: a closed stdout loses nothing)."""
+        if emit(self.write_report(render, fmt)):
+            self.say_written(fmt, extra_paths)
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+
+# ---- the command line ----
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default said once: none added to a help that names it, or to a default of None/False."""
 
-def environment_header(env: dict[str, Any], **extra: Any) -> str:
-    """One line to print above a table, naming what the numbers were measured on."""
-    parts = [f"device: {env['device_name']} ({env['device']})", f"torch {env['torch']}"]
-    if env.get("cuda"):
-        parts.append(f"CUDA {env['cuda']}")
-    if env["device"].startswith("cuda"):
-        parts.append(f"TF32 matmul {'on' if env['tf32_matmul'] else 'off'}")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2); under torchrun only rank 0
+    says it."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
+
+
+INT64_MAX = 2**63 - 1  # torch's sizes are int64: a larger dimension can never be allocated
+MAX_STEPS = 1_000_000  # raw samples are kept in the record (~20 bytes each): a million is a 20 MB line
+SEED_RANGE = (-(2**63), 2**64 - 1)  # torch.manual_seed's documented range
+
+
+def _bounded(kind: type, low: float, high: float, what: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)` within [low, high], else "must be <what>" (exit 2)."""
+    def parse(text: str) -> Any:
+        value = kind(text)  # a non-number is argparse's "invalid ... value"
+        if not (low <= value <= high and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    parse.__name__ = kind.__name__  # argparse's "invalid int value: 'x'"
+    return parse
+
+
+positive_int = _bounded(int, 1, INT64_MAX, f"a positive integer at most {INT64_MAX} (int64)")
+non_negative_int = _bounded(int, 0, INT64_MAX, f">= 0 and at most {INT64_MAX} (int64)")
+step_count = _bounded(int, 1, MAX_STEPS, f"a positive integer at most {MAX_STEPS:,} (raw samples are kept)")
+warmup_count = _bounded(int, 0, MAX_STEPS, f">= 0 and at most {MAX_STEPS:,}")
+seed_int = _bounded(int, *SEED_RANGE, f"within torch.manual_seed's range [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+positive_float = _bounded(float, math.ulp(0.0), math.inf, "a positive finite number")
+non_negative_float = _bounded(float, 0.0, math.inf, "a finite number >= 0")
+
+
+def refuse(parser: argparse.ArgumentParser, rules: list[tuple[bool, str]]) -> None:
+    """The first rule whose condition holds is the user's mistake: one line, exit 2."""
+    for broken, message in rules:
+        if broken:
+            parser.error(message)
+
+
+def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[int, ...]]) -> None:
+    """A tensor of more bytes than int64 counts (8 bytes per element, the widest here) is a usage error."""
+    for name, shape in shapes.items():
+        if math.prod(shape) * 8 > INT64_MAX:
+            parser.error(f"the {name} tensor {tuple(shape)} would have more than 2**63 bytes; use smaller sizes")
+
+
+def add_device_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+
+
+def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, attentions: Any, *,
+                      several_modes: bool, several_warmups: bool, warmup: int, steps: int) -> None:
+    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload's settings (bench_e2e, mem_profile)."""
+    parser.add_argument("--mode", nargs="+" if several_modes else None, choices=list(modes),
+                        default=["forward", "train"] if several_modes else "train",
+                        help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+    parser.add_argument("--dtype", nargs="+", choices=list(dtypes), default=["fp32"],
+                        help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad "
+                             "scaler); several to compare them")
+    parser.add_argument("--attn", nargs="+", choices=list(attentions), default=None,
+                        help="our model's attention: naive = softmax(QK^T)V in the model's own code, sdpa = torch's "
+                             "fused scaled_dot_product_attention; both to compare them (default: naive)")
+    parser.add_argument("--warmup", type=warmup_count, nargs="+" if several_warmups else None,
+                        default=[warmup] if several_warmups else warmup,
+                        help="untimed warm-up steps before the timed ones"
+                             + (" (several: the warm-up study)" if several_warmups else ""))
+    parser.add_argument("--steps", type=step_count, default=steps, help="timed steps")
+    parser.add_argument("--seed", type=seed_int, default=0, help="random seed for weights and data")
+
+
+def add_size_args(parser: argparse.ArgumentParser, default_help: str) -> None:
+    parser.add_argument("--size", nargs="+", default=None, metavar="SIZE",
+                        help="model preset(s) of the handout's Table 1 ("
+                             + "; ".join(f"{h.name}: {', '.join(h.presets)}" for h in HANDOUTS.values())
+                             + f"), or 'all' for its Table 1 (default: {default_help})")
+    add_handout_arg(parser)
+
+
+def add_handout_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--handout", choices=list(HANDOUTS), default=None,
+                        help="which handout's Table 1 the size names and the defaults come from: "
+                             + ", ".join(f"{h.name} = {h.version}" for h in HANDOUTS.values())
+                             + f" (default: ${HANDOUT_ENV} if set, else {DEFAULT_HANDOUT})")
+
+
+def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Handout:
+    """--handout, else $CS336_HANDOUT (read at parse time), else the current one; sets args.handout and
+    args.handout_source. A bad variable is a one-line exit 2, like a bad flag."""
+    if args.handout is not None:
+        args.handout_source = "--handout"
+    elif os.environ.get(HANDOUT_ENV, "").strip():
+        args.handout, args.handout_source = os.environ[HANDOUT_ENV].strip(), HANDOUT_ENV
+        if args.handout not in HANDOUTS:
+            parser.error(f"{HANDOUT_ENV}={args.handout!r} is not a handout; valid handouts: {', '.join(HANDOUTS)}")
     else:
-        parts.append(f"{env['threads']} threads")
-    parts += [f"{k}: {v}" for k, v in extra.items()]
-    return " | ".join(parts)
+        args.handout, args.handout_source = DEFAULT_HANDOUT, "default"
+    return HANDOUTS[args.handout]
+
+
+def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> list[str]:
+    """expand_sizes in args.handout (a bad name: exit 2). When the handout was not chosen and a name means
+    another model in the other handout (xl), a note says which runs."""
+    try:
+        sizes = expand_sizes(names, args.handout)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    mine = HANDOUTS[args.handout].presets
+    for size in sizes if args.handout_source == "default" else []:
+        for other in HANDOUTS.values():
+            theirs = other.presets.get(size, mine[size])
+            if theirs != mine[size]:
+                progress(f"note: {size} is handout {args.handout}'s {size} (d_model {mine[size].d_model}, "
+                         f"{mine[size].num_layers} layers), not handout {other.name}'s (d_model {theirs.d_model}, "
+                         f"{theirs.num_layers} layers): for that one pass --handout {other.name} "
+                         f"(or set {HANDOUT_ENV}={other.name})")
+    return sizes
+
+
+def add_dry_run_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the configurations that would run, numbered, and exit: nothing is built, "
+                             "run or written")
+
+
+def print_dry_run(labels: list[str], preamble: str = "", notes: list[str] = (), at_most: bool = False) -> int:
+    """--dry-run: the preamble, the numbered plan, the notes. Returns the exit status."""
+    if preamble:
+        print(preamble + "\n")
+    count = f"{'at most ' if at_most else ''}{len(labels)} configuration{'s' if len(labels) != 1 else ''}"
+    print(f"dry run: {count} would run, in this order:")
+    for i, label in enumerate(labels, 1):
+        print(f"  {i:>{len(str(len(labels)))}}. {label}")
+    for note in notes:
+        print("\n" + note)
+    print("\nnothing was built, run or written (drop --dry-run to run them)")
+    return 0
+
+
+def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
+    parser.add_argument("--fmt", default="github", choices=TABLE_FORMATS, metavar="FMT",
+                        help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
+    parser.add_argument("--out", default=None, type=result_stem,
+                        help=f"result file stem inside the results folder (default: {default_stem}-<UTC time>); "
+                             "an existing result is never overwritten: a numbered suffix is added instead")
+    parser.add_argument("--results-dir", default="results", type=results_folder,
+                        help="root folder for result files (created when missing)")
+
+
+# ---- output and signals ----
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the run is so that it stops like Ctrl-C does (the sweep: child stopped, rows kept)."""
+    """SIGTERM, raised where the run is, so that it stops as Ctrl-C does."""
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's time limit, `timeout`, plain `kill`) raises Terminated while the block runs (the
-    sweep, bench_noise); the previous handler is back afterwards."""
+    """SIGTERM raises Terminated while the block runs; the previous handler is back afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -477,13 +1030,13 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def progress(message: str) -> None:
-    """Progress lines go to stderr so stdout stays a clean table."""
+    """Progress and notes go to stderr, so stdout stays a clean table."""
     print(message, file=sys.stderr, flush=True)
 
 
 def emit(text: str) -> bool:
-    """Print to stdout; False once stdout is closed (`... | head -1`): later output then goes to /dev/null, so
-    neither a BrokenPipeError nor Python's exit-time flush interrupts the work or its result files."""
+    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so neither a
+    BrokenPipeError nor the exit-time flush interrupts the work."""
     try:
         print(text, flush=True)
         return True

@@ -1,12 +1,15 @@
-"""model.py: parameter counts, state-dict names, reference equivalence, attention variants, masking, RoPE."""
+"""model.py: parameter counts, FLOPs against torch's counter, state-dict names, reference equivalence, attention
+variants, masking, RoPE."""
 import math
 
 import pytest
 import torch
 from einops import einsum, rearrange
 
-from model import RotaryEmbedding, TransformerLM, cross_entropy, naive_attention, sdpa_attention
-from model_config import HANDOUTS, ModelConfig, get_config
+from torch.utils.flop_counter import FlopCounterMode
+
+from model import (HANDOUTS, ModelConfig, RotaryEmbedding, TransformerLM, cross_entropy, get_config, naive_attention,
+                   sdpa_attention, step_flops)
 
 # (handout, size) -> parameters, worked out by hand from the handouts' Table 1 (vocab 10,000, untied lm_head)
 EXPECTED_PARAMS = {("2026", "tiny"): 22_696_448, ("2026", "small"): 128_625_408, ("2026", "medium"): 423_183_360,
@@ -32,6 +35,18 @@ def test_parameter_counts_on_meta_device(handout, name):
 
 def test_every_preset_of_both_handouts_has_an_expected_count():
     assert {(h, name) for h, handout in HANDOUTS.items() for name in handout.presets} == set(EXPECTED_PARAMS)
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_flops_formula_equals_torchs_flop_counter(mode):
+    """Every matmul counted at 2 FLOPs per multiply-add, as torch.utils.flop_counter counts them: the formula is
+    exact for our model (elementwise work is in neither)."""
+    model, tokens = TransformerLM(SMALL), torch.randint(0, SMALL.vocab_size, (2, 24))
+    with FlopCounterMode(display=False) as counter:
+        logits = model(tokens)
+        if mode == "train":
+            cross_entropy(logits, tokens).backward()
+    assert counter.get_total_flops() == step_flops(SMALL, 2, 24, mode)
 
 
 def test_state_dict_keys_are_the_reference_names():

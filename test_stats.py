@@ -1,11 +1,12 @@
-"""stats.py: summaries, the order of interleaved rounds, paired speed-ups with their interval from known samples,
-and the drift test. torch-free, so these run without it."""
+"""results.py's statistics and tables: summaries, the order of interleaved rounds, paired speed-ups with their
+interval against the classic critical-value tables, the drift test, the one comparison table and the run-settings
+header."""
 import math
 import statistics
 
 import pytest
 
-import stats
+import results as stats
 
 
 def test_summarize():
@@ -141,3 +142,38 @@ def test_drift_is_a_control_phase_moving_by_more_than_its_spread():
     assert stats.drift({"optimizer_ms": [50.0, 52.0, 49.0, 51.0, 50.0] * 20}, many, "optimizer").change > 0.15
     assert stats.drift({"optimizer_ms": [50.0]}, slowed, "optimizer") is None  # one sample: no spread to judge by
     assert stats.drift(steady, {"forward_ms": [1.0, 2.0]}, "optimizer") is None
+
+
+def e2e_record(dtype: str, ctx: int, forward: list[float], status: str = "ok") -> dict:
+    rounds = [[i, i + 1] for i in range(len(forward))]
+    return {"status": status, "config": {"size": "tiny", "ctx": ctx, "dtype": dtype, "batch_size": 4},
+            "forward_ms": forward, "forward_ms_mean": statistics.fmean(forward) if forward else None,
+            "pairing": {"group": f"ctx{ctx}", "rounds": rounds}}
+
+
+def test_the_comparison_table_pairs_variants_and_keeps_failed_rows():
+    records = [e2e_record("fp32", 16, [10.0] * 20), e2e_record("bf16", 16, [5.0] * 19 + [50.0]),
+               e2e_record("fp32", 32, [20.0] * 20), e2e_record("bf16", 32, [], status="OOM")]
+    text = stats.comparison_table(records, lambda r: r["config"]["dtype"],
+                                  lambda r: {"size": r["config"]["size"], "ctx": r["config"]["ctx"]},
+                                  {"fwd": ("forward",)}, calls="steps")
+    header, _, first, second = text.splitlines()[:4]
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "size", "ctx", "fwd ms: fp32", "fwd ms: bf16", "fwd speed-up: bf16", "notes"]
+    # 20 paired rounds, one wild: the estimate and the interval stay at 2x; the mean (7.25 ms) says otherwise
+    assert "| 2.00x (2.00-2.00x) " in first and "7.25" in first and "ratio of the means outside" in first
+    assert "| OOM " in second and "x (" not in second
+    assert stats.comparison_table(records[:1], lambda r: "one", lambda r: {}, {"fwd": ("forward",)}) is None
+
+
+def test_run_settings_say_what_the_rows_share_once_per_run():
+    records = [{"config": {"batch_size": 4, "dtype": d}, "environment": {"device": "cpu", "device_name": "x",
+                                                                      "torch": "2", "threads": 2}}
+               for d in ("fp32", "bf16")]
+    fields = {"batch": "batch_size", "dtype": "dtype", "sizes from": stats.sizes_from, "absent": "nothing"}
+    assert stats.run_settings(records, fields) == {"batch": "4", "dtype": "fp32 and bf16",
+                                                   "sizes from": "handout 2026 (v26.1.1)"}
+    (line,) = stats.environment_lines(records, fields)
+    assert line.startswith("device: x (cpu) | torch 2 | 2 threads | batch: 4")
+    merged = [{**r, stats.RUN_KEY: name} for r, name in zip(records, ("mon", "tue"))]
+    assert [line.split(":")[0] for line in stats.environment_lines(merged, fields)] == ["mon", "tue"]
