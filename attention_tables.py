@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import stats
+import results
 from results import (RUN_COLUMN, comparison_groups, environment_lines, format_bytes, is_merged,
                      pick_columns, render_table, run_of, runs_cell, with_run_column)
 
@@ -86,7 +86,7 @@ def impl_table(records: list[dict[str, Any]], fmt: str, columns: list[str] | Non
 def attention_comparison(records: list[dict[str, Any]], impls: list[str], fmt: str,
                          columns: list[str] | None = None) -> tuple[str, list[str]]:
     """(table, notes): a row per (d, seq, dtype, batch) and implementation other than naive, with
-    naive's times, the speed-ups over naive (paired by round when timed together: stats.speedup)
+    naive's times, the speed-ups over naive (paired by round when timed together: results.speedup)
     and the check. In a merge where a configuration is in two runs, each run has its own rows."""
     def shape(c: dict[str, Any]) -> tuple:
         return c["d"], c["seq_len"], c["dtype"], c["batch_size"]
@@ -109,7 +109,7 @@ def attention_comparison(records: list[dict[str, Any]], impls: list[str], fmt: s
             if naive and check_cell(naive) != "ok":
                 row["check"] = f"naive {check_cell(naive)}; {row['check']}"
             if timed(naive) and timed(r):
-                speedups = [stats.speedup(naive, r, (phase,)) for phase in PHASES]
+                speedups = [results.speedup(naive, r, (phase,)) for phase in PHASES]
                 row["speed-up"] = "/".join(f"{s.ratio:.2f}" for s in speedups) + "x"
                 where = f"d={d} seq={seq} {dtype} {impl}"
                 unresolved += [f"{where} {short} ({s.interval_text()})"
@@ -118,14 +118,14 @@ def attention_comparison(records: list[dict[str, Any]], impls: list[str], fmt: s
                     few[impl] = (speedups[0].rounds, "--iters")
                 pulled += [f"{where} {short} {ratio:.2f}x"
                            for phase, short, s in zip(PHASES, shorts, speedups)
-                           if (ratio := stats.means_outside(s, naive, r, (phase,))) is not None]
+                           if (ratio := results.means_outside(s, naive, r, (phase,))) is not None]
             rows.append(row)
     base = BASELINE in impls
     several = [key for key in ("dtype", "batch") if len({row[key] for row in rows}) > 1]
     default = with_run_column(["d", "seq", *several, "impl"] + BASELINE_TIMES * base + [
         "fwd ms", "bwd ms", "fwd+bwd ms"] + ["speed-up"] * base + ["check"], records)
     table = render_table(rows, picked(default, columns, fmt, default), fmt, floatfmt=".3f")
-    return table, stats.interval_notes(unresolved, few, pulled, "calls")
+    return table, results.interval_notes(unresolved, few, pulled, "calls")
 
 
 def timing_label(records: list[dict[str, Any]]) -> str:
@@ -176,7 +176,7 @@ def render_attention(records: list[dict[str, Any]], fmt: str,
                f"K, V (the worst named) against causal attention in float64 on copies of the "
                f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs "
                "or returning NaN/inf; a WRONG kernel is still timed") if tolerances else ""
-    lines += ["", NOTE + checked + ". " + stats.speedup_note(BASELINE, "calls")]
+    lines += ["", NOTE + checked + ". " + results.speedup_note(BASELINE, "calls")]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
     python3 bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
     python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2  # your kernel
 
-Inputs are (batch, seq, d), causal. Each shape runs in a child process (sweep.py); its
+Inputs are (batch, seq, d), causal. Each shape runs in a child process (runner.py); its
 implementations share it, each on inputs of its own, their timed calls alternating in rounds
 (A B | B A ...).
 docs/bench_attention.md and docs/your_code.md say more.
@@ -31,12 +31,10 @@ from typing import Any, Callable
 
 import torch
 
-import cli
+import results
 import common
-import model_config
 import report
-import stats
-import sweep
+import runner
 from attention_tables import (ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, PHASES,
                               check_summary)
 from common import DTYPES, SyncTimer, resolve_device
@@ -98,7 +96,7 @@ def impl_choice(text: str) -> tuple[str, str | None]:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=list(GRIDS), default="attention",
                    help="the defaults of the flags below: attention = pytorch_attention (batch 8, "
                         "fp32, naive compiled sdpa, d 16..128, seq 256..16384); flash = "
@@ -109,28 +107,28 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                         "yours as [NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a "
                         "torch.autograd.Function, imported from the current directory or "
                         "PYTHONPATH; NAME: its name in tables")
-    p.add_argument("--d", nargs="+", type=cli.positive_int, help="head dimension(s)")
-    p.add_argument("--seq-len", nargs="+", type=cli.positive_int, help="sequence length(s)")
-    p.add_argument("--batch-size", type=cli.positive_int, help="batch size")
+    p.add_argument("--d", nargs="+", type=results.positive_int, help="head dimension(s)")
+    p.add_argument("--seq-len", nargs="+", type=results.positive_int, help="sequence length(s)")
+    p.add_argument("--batch-size", type=results.positive_int, help="batch size")
     p.add_argument("--dtype", nargs="+", choices=("fp32", "bf16"), help="dtype(s) of Q, K and V")
-    p.add_argument("--iters", type=cli.step_count, default=100,
+    p.add_argument("--iters", type=results.step_count, default=100,
                    help="timed calls per phase (sync timer, CUDA events; do_bench sizes its own)")
-    p.add_argument("--warmup", type=cli.warmup_count, default=10, help="untimed calls before them")
-    p.add_argument("--warmup-ms", type=cli.positive_float, default=25.0,
+    p.add_argument("--warmup", type=results.warmup_count, default=10, help="untimed calls before them")
+    p.add_argument("--warmup-ms", type=results.positive_float, default=25.0,
                    help="triton.testing.do_bench's warmup: ms of untimed calls")
-    p.add_argument("--rep-ms", type=cli.positive_float, default=100.0,
+    p.add_argument("--rep-ms", type=results.positive_float, default=100.0,
                    help="triton.testing.do_bench's rep: ms of timed calls")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for Q, K, V")
+    p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations predicted not to fit in free memory (else skipped)")
-    cli.add_device_args(p)
-    sweep.add_sweep_args(p, compares=True)
-    cli.add_output_args(p, default_stem="attention")
+    results.add_device_args(p)
+    runner.add_sweep_args(p, compares=True)
+    results.add_output_args(p, default_stem="attention")
     report.add_columns_and_plot_args(p, "bench_attention")
-    cli.add_dry_run_arg(p)
+    results.add_dry_run_arg(p)
     args = p.parse_args(argv)
     common.device_or_exit(p, args.device)
-    sweep.check_sweep_args(p, args)
+    runner.check_sweep_args(p, args)
     report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
     grid = GRIDS[args.grid]
     for name in ("d", "seq_len", "batch_size", "dtype"):
@@ -143,7 +141,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         p.error("--impl: two implementations with one name: name them (NAME=MODULE:CALLABLE)")
     if args.grid == "flash" and (BASELINE, None) not in args.impl:  # the speed-ups are over it
         args.impl.insert(0, (BASELINE, None))
-    cli.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
+    results.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     runs = [AttentionRun(impl, d, seq, args.batch_size, dtype, spec, args.warmup, args.iters,
                          args.warmup_ms, args.rep_ms, args.device, args.seed, args.force)
@@ -305,7 +303,7 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
     """Milliseconds per call of fn(), one sample per timed call; what it returns is freed after the
     clock stops (freeing a forward's graph is not part of the forward)."""
     do_bench = triton_do_bench() if device.type == "cuda" else None
-    with sweep.timed_phase(f"timing {label}"):
+    with runner.timed_phase(f"timing {label}"):
         if do_bench is not None:  # sized in ms, L2 flushed before each call, CUDA events
             return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         for _ in range(warmup):
@@ -397,7 +395,7 @@ def sdpa_backend(attention: Attention, inputs: tuple[torch.Tensor, ...]) -> str:
 
 # --- one shape: each implementation checked, then all timed in rounds ---
 
-ROUNDS = 20  # not 10: the signed-rank interval then reaches three wild rounds, not one (stats.py)
+ROUNDS = 20  # not 10: the signed-rank interval then reaches three wild rounds, not one (results.py)
 
 
 def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Tensor, ...],
@@ -420,13 +418,13 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
                               "load": {"before": common.machine_load(device)}}
     inputs, grad_out = make_inputs(run, device)
     try:  # a kernel that cannot load or run is a row; the others are still timed together
-        sweep.phase(f"loading {run.impl}")
+        runner.phase(f"loading {run.impl}")
         attention = attention_function(run.spec or run.impl)
         if run.impl == "compiled":
-            sweep.phase("compiling (first forward and backward)")
+            runner.phase("compiling (first forward and backward)")
             record["compile_s"] = SyncTimer(device).time(
                 lambda: torch.autograd.grad(attention(*inputs), inputs, grad_out))[1]
-        sweep.phase("checking against the float64 reference")
+        runner.phase("checking against the float64 reference")
         record["check"] = check_implementation(attention, inputs, grad_out, run.dtype, run.impl)
     except (ImplementationError, common.LoadError) as exc:
         return None, {"status": common.failure_status(exc)}
@@ -447,13 +445,13 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
         return records
     run0 = runs[timed[0][0]]
     rounds = min(ROUNDS, run0.iters) if len(timed) > 1 else 1
-    sizes = stats.block_sizes(run0.iters, -(-run0.iters // rounds))
+    sizes = results.block_sizes(run0.iters, -(-run0.iters // rounds))
     bounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i, *_ in timed}
     for r, size in enumerate(sizes):
         time = functools.partial(time_calls, device=device, warmup=run0.warmup if r == 0 else 1,
                                  iters=size, warmup_ms=run0.warmup_ms,
                                  rep_ms=run0.rep_ms / len(sizes))
-        for position in stats.round_order(len(timed), r):
+        for position in results.round_order(len(timed), r):
             i, attention, inputs, grad_out = timed[position]
             with faults[i]:
                 samples = time_phases(attention, inputs, grad_out, time)
@@ -463,7 +461,7 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
                 kept.extend(values)
     group = uuid.uuid4().hex[:12]
     for position, (i, attention, inputs, grad_out) in enumerate(timed):
-        sweep.phase("after the timed steps")
+        runner.phase("after the timed steps")
         record = records[i]
         record.update(timing=timing_settings(run0, device),
                       saved_tensor_bytes=saved_tensor_bytes(attention, inputs))
@@ -500,13 +498,13 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
         return
     for phase in PHASES:
         samples = record[f"{phase}_ms"]
-        record.update({f"{phase}_ms_{k}": value for k, value in stats.summarize(samples).items()})
+        record.update({f"{phase}_ms_{k}": value for k, value in results.summarize(samples).items()})
         if len(samples) > 1:  # do_bench's summary quantiles, interpolated as torch.quantile does
             p20, _, _, p80 = statistics.quantiles(samples, n=5, method="inclusive")
             record.update({f"{phase}_ms_p20": p20, f"{phase}_ms_p80": p80})
     if record["forward_ms_n"] < 2:
         record["note"] = "1 timed call: no std"
-    flops = model_config.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
+    flops = results.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
     record["forward_flops"] = flops
     record["forward_tflops"] = flops / record["forward_ms_mean"] / 1e9
     if not record["check"]["ok"]:  # still timed: you see what you are debugging
@@ -519,7 +517,7 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        return cli.print_dry_run(
+        return results.print_dry_run(
             [f"{run.label()} (predicted need {format_bytes(predicted_need_bytes(run))})"
              for run in runs],
             preamble=f"settings: grid {args.grid}, batch {args.batch_size}, "
@@ -531,9 +529,9 @@ def main(argv: list[str] | None = None) -> int:
     def said(r: dict[str, Any]) -> str:
         return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in PHASES)
 
-    experiment = sweep.Experiment(name="bench_attention", measure=measure, finish=finish_record,
+    experiment = runner.Experiment(name="bench_attention", measure=measure, finish=finish_record,
                                   summary=said, render=live, measure_together=measure_together)
-    records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
     if records:  # an interrupted sweep's code comes first
         return code or report.publish("bench_attention", records, files, args.fmt, args.columns,
                                       plot=args.plot, live=live)

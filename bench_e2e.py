@@ -21,7 +21,7 @@ Method (the `measure` section below): the model, optimizer and one random batch 
 then --steps timed steps, each phase (forward with the loss, backward, optimizer step) between two device
 synchronisations (common.SyncTimer), and the whole step the same way. Variants compared (--dtype, --compile, --attn,
 --model, --optimizer) are built in one process and their timed steps alternate A B | B A | ... so a machine that
-drifts drifts for all of them alike. Each configuration runs in a child process (sweep.py): an OOM or a crash is a
+drifts drifts for all of them alike. Each configuration runs in a child process (runner.py): an OOM or a crash is a
 row. The tables are e2e_tables.py's (report.py re-renders saved runs); docs/bench_e2e.md is the manual.
 """
 from __future__ import annotations
@@ -44,24 +44,23 @@ from typing import Any, Callable
 
 import torch
 
-import cli
+import results
 import common
-import model_config
 import parallel
 import kernel_tables
 import report
-import sweep
-from cli import positive_float, positive_int
+import runner
+from results import positive_float, positive_int
 from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
 from e2e_tables import (E2E_COLUMNS, PROBE_BUDGET, RESOLUTION, SEARCH_START, config_key, config_table,
                         context_searches, probe_contexts, variants)
-from sweep import phase, timed_phase
+from runner import phase, timed_phase
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
-from model_config import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
+from results import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
 from results import GIB, ResultFiles, finished
-from stats import block_sizes, round_order, steps_per_block, summarize
+from results import block_sizes, round_order, steps_per_block, summarize
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
@@ -73,8 +72,8 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
-    cli.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
+    results.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
                        ("--num-heads", "the number of heads")):
         p.add_argument(flag, type=positive_int, help=f"override {what}")
@@ -88,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"on CUDA, {MAX_CONTEXT_DEFAULT['cpu']} on a CPU)")
     p.add_argument("--search-resolution", type=positive_int, default=RESOLUTION, metavar="N",
                    help="--context-length max: after the first OOM, bisect to a multiple of N")
-    p.add_argument("--search-probes", type=cli.non_negative_int, default=PROBE_BUDGET, metavar="N",
+    p.add_argument("--search-probes", type=results.non_negative_int, default=PROBE_BUDGET, metavar="N",
                    help="--context-length max: at most N bisection probes per search (0: no bisection)")
     p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
-    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
+    results.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
                           steps=10)
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
     p.add_argument("--compile", nargs="*", choices=["off", "on"], default=["off"],
@@ -110,12 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "under results/profile/ and kernel tables; the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
-    cli.add_device_args(p)
+    results.add_device_args(p)
     parallel.add_parallel_args(p)
-    sweep.add_sweep_args(p, compares=True)
-    cli.add_output_args(p, default_stem="e2e")
+    runner.add_sweep_args(p, compares=True)
+    results.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
-    cli.add_dry_run_arg(p)
+    results.add_dry_run_arg(p)
     return p
 
 
@@ -140,14 +139,14 @@ def named_model(text: str) -> tuple[str | None, str]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handout = cli.handout_or_exit(parser, args)
+    handout = results.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
-    sweep.check_sweep_args(parser, args)
+    runner.check_sweep_args(parser, args)
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
-        args.size = cli.sizes_or_exit(parser, args, args.size)
+        args.size = results.sizes_or_exit(parser, args, args.size)
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
@@ -155,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     names = [n for n, _ in given if n is not None]
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
-    cli.refuse(parser, [
+    results.refuse(parser, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
@@ -168,7 +167,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     world_size = parallel.check_parallel_args(parser, args, device)
     args.context_length = context_lengths(parser, args, handout, device)
     if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (nsys_run.sh's)
-        cli.refuse(parser, [
+        results.refuse(parser, [
             (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
              f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
              "NVTX library (bash nsys_run.sh builds one and sets it; docs/nsys_run.md)"),
@@ -212,15 +211,15 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
                                   parallel=c["parallel"], world_size=world_size if c["parallel"] else 1,
                                   fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
                                   pg_timeout_s=args.pg_timeout))
-    except model_config.ConfigError as exc:
+    except results.ConfigError as exc:
         parser.error(str(exc))
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
-        cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
+        results.check_tensor_sizes(parser, results.model_tensor_shapes(run.model, run.batch_size))
     return runs
 
 
-def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: model_config.Handout,
+def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: results.Handout,
                     device: torch.device) -> list[int]:
     """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
     (sets args.context_search, args.max_context and args.max_context_default)."""
@@ -230,7 +229,7 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
                                                ("--search-probes", PROBE_BUDGET))
                     if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        cli.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
+        results.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
                                                  "--context-length max")])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run
@@ -238,7 +237,7 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
         args.max_context = MAX_CONTEXT_DEFAULT["cuda" if device.type == "cuda" else "cpu"]
         args.max_context_default = ("the default on CUDA" if device.type == "cuda" else
                                     f"the default on a CPU; on CUDA {MAX_CONTEXT_DEFAULT['cuda']}")
-    cli.refuse(parser, [
+    results.refuse(parser, [
         (len(given) > 1, "--context-length max searches for the longest context on its own: give max or numbers, "
                          f"not both (got {' '.join(map(str, given))})"),
         (args.max_context < SEARCH_START,
@@ -311,7 +310,7 @@ class RunConfig:
                                    warmup=0, steps=0), "ctx", self.context_length
 
     def fault_fields(self) -> dict[str, Any]:
-        """What a BENCH_INJECT_FAULT clause can match on (sweep.injected_fault)."""
+        """What a BENCH_INJECT_FAULT clause can match on (runner.injected_fault)."""
         return {"size": self.size, "context_length": self.context_length, "dtype": self.dtype, "warmup": self.warmup,
                 "parallel": self.parallel, "mode": self.mode, "compile": self.compile, "attn": self.attn,
                 "optimizer": self.optimizer, "checkpoint": self.checkpoint_every, "model": self.model_factory}
@@ -641,7 +640,7 @@ def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
     """FLOPs of one global step: model_config's formula for our architecture (formula), FlopCounterMode's count
     (counted), or None (none)."""
     if run.flops == "formula":
-        return model_config.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
+        return results.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
     return record["counted_step_flops"] * run.world_size if run.flops == "counted" else None
 
 
@@ -717,15 +716,15 @@ def main(argv: list[str] | None = None) -> int:
         states = [parallel.state_bytes_per_rank(r.model, r.parallel, r.world_size, r.mode)["state_bytes"] for r in runs]
         labels = [f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
                   for run, state in zip(runs, states)]
-        return cli.print_dry_run(labels, preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
+        return results.print_dry_run(labels, preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = sweep.Experiment(
+    experiment = runner.Experiment(
         name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
         finish=lambda run, record: finish_record(run, record, args),
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step", render=live)
-    records, code = sweep.run_sweep(experiment, runs, files, resolve_device(args.device), args,
+    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args,
                                     search=args.context_search)
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,

@@ -26,10 +26,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import cli
 import results
-import stats
 from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
@@ -107,7 +104,7 @@ def check_comparison(bench_args: list[str]) -> str | None:
 
 
 def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: str) -> dict[str, Any]:
-    """One bench_e2e run: the second variant's step speed-up over the first (stats.speedup: paired by round when
+    """One bench_e2e run: the second variant's step speed-up over the first (results.speedup: paired by round when
     interleaved), its interval and the load it ran under."""
     start = time.monotonic()
     done = bench_e2e([*bench_args, "--interleave", interleave, "--quiet", "--results-dir", str(folder), "--out", stem])
@@ -118,7 +115,7 @@ def run_comparison(bench_args: list[str], interleave: str, folder: Path, stem: s
     records = results.read_records(jsonl)
     if len(records) != 2 or not all(results.finished(r) for r in records):
         raise RunFailed("not two finished variants: " + ", ".join(r["status"] for r in records))
-    found = stats.speedup(records[0], records[1], ("step",))
+    found = results.speedup(records[0], records[1], ("step",))
     loads = [r["load"][when]["loadavg_1m"] for r in records for when in ("before", "after") if "load" in r]
     return {"interleave": interleave, "jsonl": str(jsonl), "speedup": found.ratio, "low": found.low,
             "high": found.high, "rounds": found.rounds, "seconds": time.monotonic() - start,
@@ -141,13 +138,13 @@ def spread_row(how: str, runs: list[dict[str, Any]], failed: int = 0) -> dict[st
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--runs", type=cli.positive_int, default=5, help="runs of the comparison each way")
-    p.add_argument("--on", type=cli.positive_float, default=5.0, metavar="SECONDS", help="load on for this long")
-    p.add_argument("--off", type=cli.positive_float, default=5.0, metavar="SECONDS", help="then off for this long")
-    p.add_argument("--burners", type=cli.non_negative_int, default=os.cpu_count() or 1,
+    p = results.ArgParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=results.positive_int, default=5, help="runs of the comparison each way")
+    p.add_argument("--on", type=results.positive_float, default=5.0, metavar="SECONDS", help="load on for this long")
+    p.add_argument("--off", type=results.positive_float, default=5.0, metavar="SECONDS", help="then off for this long")
+    p.add_argument("--burners", type=results.non_negative_int, default=os.cpu_count() or 1,
                    help="processes of background load (0: none, to see the machine's own noise)")
-    cli.add_output_args(p, default_stem="noise")
+    results.add_output_args(p, default_stem="noise")
     p.add_argument("bench_args", nargs="*", metavar="-- BENCH_E2E_ARGS",
                    help=f"the comparison, as bench_e2e.py's arguments (default: {' '.join(DEFAULT_COMPARISON)})")
     return p

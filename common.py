@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from model_config import ConfigError
+from results import ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

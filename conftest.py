@@ -1,10 +1,8 @@
 """Shared pytest set-up: the tests see the scripts' own defaults, whatever the developer's shell exports."""
 import pytest
 
-import model_config
-
-
+import results
 @pytest.fixture(autouse=True)
 def no_handout_from_the_shell(monkeypatch):
     """CS336_HANDOUT picks the default handout; a test that wants it sets it (child processes inherit this)."""
-    monkeypatch.delenv(model_config.HANDOUT_ENV, raising=False)
+    monkeypatch.delenv(results.HANDOUT_ENV, raising=False)

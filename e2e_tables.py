@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import kernel_tables
-import stats
-from model_config import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
-from model_config import config_table as model_config_table
+import results
+from results import DEFAULT_HANDOUT, HANDOUTS, PHASES_BY_MODE, ModelConfig, config_row
+from results import config_table as model_config_table
 from results import (FINISHED, GIB, RUN_COLUMN, by_run, comparison_groups, environment_lines, finished,
                      is_merged, is_oom_status, pick_columns, render_table, run_of, runs_cell, with_run_column)
 
@@ -250,7 +250,7 @@ def comparison(records: list[dict]) -> Comparison | None:
             other = cells.get(name)
             both = bool(base and other and finished(base) and finished(other))
             for label, summed in ratios:
-                found = stats.speedup(base, other, summed) if both else None
+                found = results.speedup(base, other, summed) if both else None
                 row[f"{label} speed-up: {name}"] = (
                     f"{found.ratio:.2f}x" if found else short_status(other["status"]) if other and not finished(other)
                     else "not run" if not other else f"baseline {short_status(base['status']) if base else 'not run'}")
@@ -262,13 +262,13 @@ def comparison(records: list[dict]) -> Comparison | None:
                             "mode") == "runs" else "--steps")
                 if found and found.resolved is False:
                     unresolved.append(f"{label} {name}")
-                if found and (means := stats.means_outside(found, base, other, summed)) is not None:
+                if found and (means := results.means_outside(found, base, other, summed)) is not None:
                     pulled.append(f"{label} {name} {means:.2f}x")
-            if both and control and (moved := stats.drift(base, other, control)):
+            if both and control and (moved := results.drift(base, other, control)):
                 drifts.append(f"{moved.text()} ({name})")
         # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
         noisy = [n for n in names if n in cells and cells[n]["status"] == "noisy" and n not in paired]
-        notes = stats.interval_notes(unresolved, few_rounds, pulled, "steps") + drifts
+        notes = results.interval_notes(unresolved, few_rounds, pulled, "steps") + drifts
         row["notes"] = "; ".join(notes + ([f"noisy: {', '.join(noisy)}"] if noisy else [])) or None
         rows.append(row)
     intervals = any(row.get(f"{label} 95% CI: {n}") for row in rows for n in names[1:] for label, _ in ratios)
@@ -282,7 +282,7 @@ def comparison(records: list[dict]) -> Comparison | None:
 
 def comparison_note(baseline: str) -> str:
     return ("Mean ms per phase from the rows above; fwd+bwd sums the two phases. "
-            f"{stats.speedup_note(baseline, 'steps')} drift: a phase every variant runs alike changed between them by more than twice its standard error. "
+            f"{results.speedup_note(baseline, 'steps')} drift: a phase every variant runs alike changed between them by more than twice its standard error. "
             "A failed row shows its status, not a number.")
 
 

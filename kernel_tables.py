@@ -42,9 +42,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
-
-import cli
-import model_config
 import results
 from results import FINISHED
 
@@ -504,10 +501,10 @@ NO_STOPWATCH = "no stopwatch record"
 
 def attention_step_flops(shape: dict[str, int]) -> dict[str, int]:
     """FLOPs of one call (one layer, all heads) of each attention sub-step: QK^T and PV are each half of
-    model_config.attention_matmul_flops; the hand-written softmax counts max, subtract, exp, sum and divide as one
+    results.attention_matmul_flops; the hand-written softmax counts max, subtract, exp, sum and divide as one
     FLOP per score each (an exp costs more instructions than that)."""
     b, s = shape["batch"], shape["seq"]
-    matmul = model_config.attention_matmul_flops(b, s, shape["d_model"]) // 2
+    matmul = results.attention_matmul_flops(b, s, shape["d_model"]) // 2
     return {"computing attention scores": matmul, "final matmul": matmul,
             "computing softmax": 5 * b * shape["heads"] * s * s}
 
@@ -853,7 +850,7 @@ def say(message: str) -> None:
 
 
 def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
-    p = cli.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = results.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                       description="Nsight Systems profiles of bench_e2e.py's measured steps, one report per "
                                   "configuration in results/nsys/,\nits kernel tables beside it, and a summary "
                                   "across them. Anything after -- goes to bench_e2e.py. docs/nsys_run.md.")
@@ -872,11 +869,11 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                    help="true: passed to nsys profile (GPU memory over time); adds _cudamem to the name")
     p.add_argument("--results-dir", default="results", type=results.results_folder,
                    help="results root (reports go to its nsys/ folder)")
-    cli.add_handout_arg(p)
+    results.add_handout_arg(p)
     own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # a bare --cuda-memory-usage means true and must not take the SIZE after it
     a = p.parse_intermixed_args(["--cuda-memory-usage=true" if arg == "--cuda-memory-usage" else arg for arg in own])
-    cli.handout_or_exit(p, a)
+    results.handout_or_exit(p, a)
     if a.pytorch is not None and not a.pytorch.strip():
         p.error("--pytorch needs a value, e.g. --pytorch=autograd-nvtx")
     if a.config and (a.size or a.context_length or a.mode):
@@ -895,17 +892,17 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
         a.dtype = (value or (extra[i + 1:] or [""])[0]) if name == "--dtype" else a.dtype
         if arg in ONE_VALUE_OPTIONS and len(extra[i + 1:i + 3]) == 2 and "-" not in extra[i + 1][0] + extra[i + 2][0]:
             p.error(f"profile one {arg} at a time")
-    cli.refuse(p, [  # a size and a dtype name the report: nothing that could leave the results folder
+    results.refuse(p, [  # a size and a dtype name the report: nothing that could leave the results folder
         (any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", s) for s in a.size or []),
          f"SIZE must be a preset name such as tiny or 2.7B, got {a.size!r}"),
         (any(not re.fullmatch(r"[1-9][0-9]*", c) for c in a.context_length or []),
          f"CTX must be a positive integer, got {a.context_length!r}"),
-        (any(m not in model_config.MODES for m in a.mode or []),
+        (any(m not in results.MODES for m in a.mode or []),
          f"MODE must be forward, forward-backward or train, got {a.mode!r}"),
         (a.dtype not in ("", "fp32", "bf16", "fp16"), f"--dtype must be fp32, bf16 or fp16, got {a.dtype!r}")])
     a.context_length = sorted({int(c) for c in a.context_length or contexts})  # ascending: an OOM skips the rest
     a.mode = list(dict.fromkeys(a.mode or ["forward", "train"]))
-    a.size = cli.sizes_or_exit(p, a, a.size or sizes)
+    a.size = results.sizes_or_exit(p, a, a.size or sizes)
     # flags that change what a report holds also name it: such a report never stands in for a plain one
     a.pass_through = [f"--pytorch={a.pytorch}"] * bool(a.pytorch) + ["--cuda-memory-usage=true"] * (
         a.cuda_memory_usage == "true")
@@ -913,7 +910,7 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                       "--capture-range-end=stop", f"--env-var={REGISTER_ONLY}=0", "--force-overwrite=true",
                       *["--cudabacktrace=all", "--python-backtrace=cuda"] * a.backtrace, *a.pass_through]
     suffix = (f"_{a.dtype}" * (a.dtype not in ("", "fp32")) + "_pytorch" * bool(a.pytorch) + "_cudamem" * (
-        a.cuda_memory_usage == "true") + f"_h{a.handout}" * (a.handout != model_config.DEFAULT_HANDOUT))
+        a.cuda_memory_usage == "true") + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
     # --in-process: the measured steps and their kernels live in the process nsys runs
     a.plan = [Config(size, ctx, mode, Path(a.results_dir) / "nsys" / f"{size}_ctx{ctx}_{mode}{suffix}",
                      ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", *extra,
@@ -1141,7 +1138,7 @@ def is_trace(source: str | Path) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0],
+    p = results.ArgParser(description=__doc__.split("\n\n")[0],
                       epilog="bash nsys_run.sh runs `kernel_tables.py --nsys-run ARGS` (its --help: bash nsys_run.sh "
                              "--help).")
     p.add_argument("source", nargs="+", help="a torch.profiler trace (.json, .json.gz), an nsys report X.nsys-rep, "
@@ -1165,7 +1162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv-dir", "--export-dir", dest="export_dir", default=None, metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it; a temporary folder when that "
                         "is not writable)")
-    p.add_argument("--top", type=cli.positive_int, default=10, help="kernels per top-kernels table")
+    p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
     p.add_argument("--fmt", default="github", choices=results.TABLE_FORMATS, metavar="FMT",
                    help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
     p.add_argument("--md", default=None, help="also write the tables to this file, replacing it")
@@ -1173,7 +1170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.summary:
         args.source = [Path(s).with_suffix("") if Path(s).suffix in (*REPORT_SUFFIXES, ".sqlite") else Path(s)
                        for s in args.source]
-        cli.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
+        results.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
                         "--summary reads each report's own export and <report>_e2e.jsonl: no --e2e-jsonl, --md, "
                         "--stopwatch, --ranges or --csv-dir")] + [
             (is_trace(s) or not REPORT_NAME.fullmatch(s.name), f"{s}: --summary reads nsys_run.sh's reports "
@@ -1181,7 +1178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "kernel_tables.py SOURCE")
             for s in args.source])
         return args
-    cli.refuse(p, [(args.out is not None, "--out goes with --summary"),
+    results.refuse(p, [(args.out is not None, "--out goes with --summary"),
                    (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); --summary "
                                            "tabulates several"),
                    (args.stopwatch and args.e2e_jsonl, "give --e2e-jsonl (bench_e2e's record) or --stopwatch (your "
@@ -1201,7 +1198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     while not export_dir.exists():  # created when missing: its first existing parent must be a writable folder
         export_dir = export_dir.parent
     md = Path(args.md or "x")
-    cli.refuse(p, [
+    results.refuse(p, [
         (any(not 0 < ms < float("inf") for ms in args.stopwatch.values()),
          "--stopwatch: times must be positive finite milliseconds"),
         (not found.is_file(), f"no such trace or report: {found} (a .json trace, X.nsys-rep, X.sqlite or X)"),

@@ -41,16 +41,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import cli
+import results
 import common
 import memory_tables
-import model_config
 import report
-import sweep
+import runner
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
 from e2e_tables import config_table
 from model import ATTENTION, cross_entropy
-from model_config import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
+from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
 from results import ResultFiles, emit, format_bytes
 from model import build_model, build_optimizer
 
@@ -66,7 +65,7 @@ class MemConfig:
 
     size: str
     model: ModelConfig  # its context_length is the measured sequence length
-    handout: str = model_config.DEFAULT_HANDOUT
+    handout: str = results.DEFAULT_HANDOUT
     batch_size: int = DEFAULT_BATCH_SIZE
     warmup: int = 3
     steps: int = 5
@@ -91,7 +90,7 @@ class MemConfig:
         return " ".join(parts + ["compiled"] * self.compile)
 
     def skip_key(self) -> tuple[tuple, str, int]:
-        """After an OOM, the longer contexts of the same settings are skipped (sweep.run_sweep)."""
+        """After an OOM, the longer contexts of the same settings are skipped (runner.run_sweep)."""
         return (dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1)), "ctx",
                 self.context_length)
 
@@ -101,41 +100,41 @@ class MemConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
-    cli.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B")
-    p.add_argument("--context-length", type=cli.positive_int, nargs="+", default=None,
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
+    results.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B")
+    p.add_argument("--context-length", type=results.positive_int, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
                         "2025: 128 256 512; with --checkpoint K > 0, 2026's gradient_checkpointing context 2048)")
-    cli.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
+    results.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
     common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW in a training step; several to "
                                 "compare their peaks", flops=False)
-    p.add_argument("--checkpoint", type=cli.non_negative_int, nargs="+", default=[0], metavar="K",
+    p.add_argument("--checkpoint", type=results.non_negative_int, nargs="+", default=[0], metavar="K",
                    help="activation checkpointing every K blocks (0 = off): each K's predicted peak (any device) "
                         "beside its measured peak (CUDA), with the nested strategy's")
     p.add_argument("--compile", action="store_true",
                    help="count what one torch.compile(block, fullgraph=True) saves for backward, as the 2026 "
                         "handout's §3.2 does (real tensors: xl at ctx 2048 needs ~8 GiB); on CUDA the measured "
                         "step runs the compiled model")
-    p.add_argument("--num-heads", type=cli.positive_int, default=None,
+    p.add_argument("--num-heads", type=results.positive_int, default=None,
                    help="override the preset's heads: §3.2 of the 2026 handout builds the xl block with 16")
-    p.add_argument("--batch-size", type=cli.positive_int, default=None,
+    p.add_argument("--batch-size", type=results.positive_int, default=None,
                    help=f"batch size (default {DEFAULT_BATCH_SIZE}; the handout's with --checkpoint K > 0)")
     p.add_argument("--snapshot", action="store_true",
                    help="CUDA: record the allocator's history around one more step: pickle, timeline PNG and "
                         "interactive HTML, largest allocations, the peak check")
-    p.add_argument("--max-entries", type=cli.positive_int, default=1_000_000,
+    p.add_argument("--max-entries", type=results.positive_int, default=1_000_000,
                    help="allocator events --snapshot keeps (a ring buffer)")
-    p.add_argument("--top", type=cli.positive_int, default=10, help="rows in the largest-allocations tables")
+    p.add_argument("--top", type=results.positive_int, default=10, help="rows in the largest-allocations tables")
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="read a saved snapshot (anyone's) instead of running: tables, PNG and HTML; no GPU")
     p.add_argument("--code-root", metavar="DIR", default=None,
                    help="--analyze: the folder whose lines the tables name (default: the most common source "
                         "root of the snapshot's Python frames)")
-    cli.add_device_args(p)
-    sweep.add_sweep_args(p)
-    cli.add_output_args(p, default_stem="memory")
+    results.add_device_args(p)
+    runner.add_sweep_args(p)
+    results.add_output_args(p, default_stem="memory")
     report.add_columns_and_plot_args(p, "mem_profile")
-    cli.add_dry_run_arg(p)
+    results.add_dry_run_arg(p)
     return p
 
 
@@ -143,20 +142,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.analyze is not None:
-        cli.refuse(parser, [(args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
+        results.refuse(parser, [(args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
                             (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
         args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
-    cli.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
+    results.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
-    handout = cli.handout_or_exit(parser, args)
+    handout = results.handout_or_exit(parser, args)
     common.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
         size, batch, context = handout.checkpoint_setup
         contexts = (context,)
-    sizes = cli.sizes_or_exit(parser, args, args.size or [size])
+    sizes = results.sizes_or_exit(parser, args, args.size or [size])
     runs = []
     try:
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
@@ -168,11 +167,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                 args.batch_size or batch, args.warmup, args.steps, mode, dtype, attn if ours else "naive",
                 k if ours else 0, args.compile, common.model_factory(model),
                 optimizer if mode == "train" else common.OURS, args.device, args.seed))
-    except model_config.ConfigError as exc:
+    except results.ConfigError as exc:
         parser.error(str(exc))
     runs = list(dict.fromkeys(runs))
     for run in runs:
-        cli.check_tensor_sizes(parser, model_config.model_tensor_shapes(run.model, run.batch_size))
+        results.check_tensor_sizes(parser, results.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
@@ -906,7 +905,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        return cli.print_dry_run([run.label() for run in runs],
+        return results.print_dry_run([run.label() for run in runs],
                                  preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
@@ -916,13 +915,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and all(run.model_factory is None for run in runs):
         args.in_process = True  # only our model on fake tensors: nothing to isolate, a child costs more
     live = report.LiveReport("mem_profile", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = sweep.Experiment(
+    experiment = runner.Experiment(
         name="mem_profile", render=live,
         measure=functools.partial(measure, measure_peaks=cuda, max_entries=args.max_entries,
                                   snapshot_prefix=str(files.path("")) if args.snapshot and cuda else None),
         finish=lambda run, record: finish_record(run, record, args.top),
         summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}")
-    records, code = sweep.run_sweep(experiment, runs, files, device, args)
+    records, code = runner.run_sweep(experiment, runs, files, device, args)
     if not records:
         return code
     extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from e2e_tables import config_section
-from model_config import DEFAULT_HANDOUT, HANDOUTS, MODES
+from results import DEFAULT_HANDOUT, HANDOUTS, MODES
 from results import GIB, MIB, RUN_COLUMN, environment_lines, is_merged, pick_columns, render_table, run_of
 from results import with_run_column
 from common import OURS

@@ -31,10 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import cli
+import results
 import common
 from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
-from model_config import ModelConfig
+from results import ModelConfig
 from results import progress
 
 PARALLEL = ("ddp", "fsdp")
@@ -92,9 +92,9 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reshard-after-forward", nargs="+", choices=["on", "off"], default=None,
                         help="fsdp: on (default) = blocks free their gathered parameters after forward; off = keep "
                              "them until backward (more memory, fewer all-gathers)")
-    parser.add_argument("--pg-timeout", type=cli.positive_float, default=DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
+    parser.add_argument("--pg-timeout", type=results.positive_float, default=DEFAULT_PG_TIMEOUT_S, metavar="SECONDS",
                         help="--parallel: a collective waiting longer than this for a peer fails its configuration")
-    parser.add_argument("--world-size", type=cli.positive_int, default=None, metavar="N",
+    parser.add_argument("--world-size", type=results.positive_int, default=None, metavar="N",
                         help="--parallel --dry-run without torchrun: plan for N ranks (the predicted state per rank)")
 
 
@@ -107,7 +107,7 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     args.fsdp_mixed_precision = args.fsdp_mixed_precision or ["off"]
     args.reshard_after_forward = args.reshard_after_forward or ["on"]
     world = launch.world_size if launch else None
-    cli.refuse(parser, [
+    results.refuse(parser, [
         (args.world_size is not None and not args.parallel, "--world-size only applies to --parallel (with --dry-run)"),
         (args.world_size is not None and not args.dry_run,
          "--world-size only plans a --parallel run with --dry-run; a real run takes its world size from torchrun: "
@@ -122,7 +122,7 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
     if not args.parallel:
         return 1
     args.parallel = list(dict.fromkeys(args.parallel))
-    cli.refuse(parser, [
+    results.refuse(parser, [
         (args.in_process, "--parallel with --in-process is not supported yet: every rank runs each configuration in "
                           "a child process of its own, which joins that configuration's process group"),
         (device.type == "cuda" and device.index is not None,
@@ -131,7 +131,7 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         return args.world_size
     if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
         parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
-    cli.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK "
+    results.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK "
                                          "and WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to "
                                          "plan without it: --dry-run --world-size N)")])
     if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:

@@ -19,7 +19,7 @@ from decimal import Decimal
 
 import torch
 
-import cli
+import results
 import report
 from common import dtype_name, environment
 from results import ResultFiles
@@ -49,16 +49,16 @@ def accumulate(accumulator: torch.dtype, addend: torch.dtype, to_float32: bool, 
 # --- arguments ---
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--value", type=float, default=0.01, help="the number added each time")
-    p.add_argument("--count", type=cli.positive_int, default=1000, help="how many times to add it")
+    p.add_argument("--count", type=results.positive_int, default=1000, help="how many times to add it")
     p.add_argument("--plot", action="store_true",
                    help="also draw the running sums against the number of additions as a PNG "
                         "(needs matplotlib)")
-    cli.add_output_args(p, default_stem="precision_demo")
+    results.add_output_args(p, default_stem="precision_demo")
     args = p.parse_args(argv)
     f16_max = torch.finfo(torch.float16).max  # past it case 2's sum is inf; the study is rounding
-    cli.refuse(p, [
+    results.refuse(p, [
         (not math.isfinite(args.value) or args.value == 0,
          f"--value must be a finite non-zero number, got {args.value}"),
         (args.count > 1_000_000, f"--count must be at most 1000000 (a Python add each), got "

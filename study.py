@@ -31,8 +31,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-import cli
-
+import results
 TOOLKIT = Path(__file__).resolve().parent
 HANDOUTS = ("2026", "2025")
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
@@ -55,7 +54,7 @@ def parse_duration(text: str) -> float:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = cli.ArgParser(description=__doc__.split("\n\n")[0])
+    parser = results.ArgParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--handout", choices=HANDOUTS, default=os.environ.get("CS336_HANDOUT") or "2026",
                         help="whose part 1 to run: 2026 (v26.1.1) or 2025 (Spring 2025) (default: $CS336_HANDOUT, "
                         "else 2026)")

@@ -20,11 +20,10 @@ import bench_e2e
 import common
 import e2e_tables
 import model
-import model_config
 import parallel
-import stats
-import sweep
-from model_config import forward_flops, get_config
+import results
+import runner
+from results import forward_flops, get_config
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
@@ -39,7 +38,7 @@ CALLS = []  # (model tag, autocast dtype or fp32) of every forward of a Transfor
 
 
 def tagged(tag, **kw):
-    m = model.TransformerLM(model_config.ModelConfig(kw["d_model"], kw["d_ff"], kw["num_layers"], kw["num_heads"],
+    m = model.TransformerLM(results.ModelConfig(kw["d_model"], kw["d_ff"], kw["num_layers"], kw["num_heads"],
                                                      kw["vocab_size"], kw["context_length"]))
     m.tag = tag
     return m
@@ -129,7 +128,7 @@ def test_each_mode_times_its_phases_and_they_add_up_to_the_step(tmp_path, capsys
 
 
 def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
-    run = bench_e2e.RunConfig(size="custom", model=model_config.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    run = bench_e2e.RunConfig(size="custom", model=results.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
     work = bench_e2e.Workload(run)
     order = []
 
@@ -154,7 +153,7 @@ def test_flops_formula_matches_flop_counter():
         loss.backward()
     assert fwd.get_total_flops() == pytest.approx(forward_flops(cfg, 2, 64), rel=0.01)
     step = fwd.get_total_flops() + bwd.get_total_flops()
-    assert step == pytest.approx(model_config.step_flops(cfg, 2, 64, "train"), rel=0.01)
+    assert step == pytest.approx(results.step_flops(cfg, 2, 64, "train"), rel=0.01)
 
 
 def test_mfu_only_for_a_known_peak():
@@ -163,7 +162,7 @@ def test_mfu_only_for_a_known_peak():
             "optimizer_ms": [10.0, 10.0], "environment": {"device": "cpu", "device_name": "cpu"}}
     assert bench_e2e.derive_figures(run, fake)["mfu"] is None  # a CPU has no peak: no MFU rather than a guess
     fake["environment"] = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}
-    tflops = model_config.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
+    tflops = results.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
     assert bench_e2e.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 67.0)  # fp32 without TF32
     fake["environment"]["tf32_matmul"] = True
     assert bench_e2e.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 494.7)
@@ -300,12 +299,12 @@ def test_comparison_speedups_come_from_the_rows_above():
 
 def test_attention_comparison_is_paired_in_one_process_and_drift_is_reported(tmp_path, monkeypatch, capsys):
     # sdpa's timed blocks run under the sweep's slow: fault: every phase slows, the optimizer (the control) too
-    monkeypatch.setenv(sweep.FAULT_ENV, "slow:attn=sdpa")
+    monkeypatch.setenv(runner.FAULT_ENV, "slow:attn=sdpa")
     code, records = run_main(tmp_path, "--in-process", "--attn", "naive", "sdpa", "--steps", "4")
     assert code == 0 and records[0]["pid"] == records[1]["pid"]
     (row,) = cells(capsys.readouterr().out.split("## Comparison: naive vs sdpa")[1], "ctx")
     assert row["fwd speed-up: sdpa"] == f"{paired_ratio(*records, 'forward'):.2f}x"
-    moved = stats.drift(*records, "optimizer")
+    moved = results.drift(*records, "optimizer")
     assert moved is not None and f"drift: optimizer changed by {moved.change:+.0%} (sdpa)" in row["notes"]
 
 
@@ -376,7 +375,7 @@ def test_ctrl_c_on_a_real_sweep(tmp_path):
 
 def test_max_context_search_doubles_to_the_first_oom_then_bisects(tmp_path, monkeypatch, capsys):
     # a fake device: in train mode every context from 330 up runs out of memory
-    monkeypatch.setenv(sweep.FAULT_ENV, "oom:context_length>=330,mode=train")
+    monkeypatch.setenv(runner.FAULT_ENV, "oom:context_length>=330,mode=train")
     code, records = run_main(tmp_path, "--context-length", "max", "--max-context", "65536", "--steps", "1")
     probes, answer = records[:-1], records[-1]
     assert code == 0 and [(r["config"]["model"]["context_length"], r["status"]) for r in probes] == [
@@ -453,7 +452,7 @@ def test_bad_input_exits_2_with_one_line(capsys, argv, message):
 def test_bad_input_from_the_shell_is_one_line_without_a_traceback():
     result = subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), "--size", "huge"], cwd=HERE,
                             capture_output=True, text=True, timeout=120,
-                            env={**os.environ, model_config.HANDOUT_ENV: "2026"})
+                            env={**os.environ, results.HANDOUT_ENV: "2026"})
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "unknown preset 'huge'" in result.stderr
 
@@ -461,7 +460,7 @@ def test_bad_input_from_the_shell_is_one_line_without_a_traceback():
 def test_size_names_and_the_default_context_follow_the_handout(monkeypatch):
     _, (run,) = bench_e2e.parse_args(["--size", "xl", "--device", "cpu"])
     assert (run.handout, run.context_length, run.model.d_model, run.model.num_layers) == ("2026", 512, 2560, 32)
-    monkeypatch.setenv(model_config.HANDOUT_ENV, "2025")  # read when the arguments are parsed, not at import
+    monkeypatch.setenv(results.HANDOUT_ENV, "2025")  # read when the arguments are parsed, not at import
     _, runs = bench_e2e.parse_args(["--size", "all", "--device", "cpu"])
     assert [r.size for r in runs] == ["small", "medium", "large", "xl", "2.7B"]
     assert {(r.handout, r.context_length) for r in runs} == {("2025", 128)}

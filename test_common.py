@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import cli
 import common
-import model_config
 import results
 from common import (SyncTimer, annotate, matmul_precision_key, peak_tflops, precision_context, resolve_device,
                     set_ranges)
 from model import naive_attention
-from model_config import get_config
+from results import get_config
 from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
@@ -446,8 +443,8 @@ def test_results_dir_is_created_or_refused_before_any_work(tmp_path, capsys):
 
 
 def common_parser():
-    parser = cli.ArgParser()
-    cli.add_output_args(parser, "e2e")
+    parser = results.ArgParser()
+    results.add_output_args(parser, "e2e")
     return parser
 
 
@@ -619,12 +616,12 @@ def test_numbers_too_large_to_use_are_refused_at_parse_time(script, argv, capsys
 
 
 def test_the_bounds_are_the_usable_ranges():
-    assert cli.seed_int(str(2**64 - 1)) == 2**64 - 1 and cli.seed_int(str(-2**63)) == -2**63
-    torch.manual_seed(cli.seed_int(str(2**64 - 1)))  # the extremes really are usable
-    torch.manual_seed(cli.seed_int(str(-2**63)))
-    assert cli.positive_int(str(2**63 - 1)) == 2**63 - 1
-    assert cli.step_count(str(cli.MAX_STEPS)) == cli.MAX_STEPS
-    assert cli.positive_float("1e300") == 1e300
+    assert results.seed_int(str(2**64 - 1)) == 2**64 - 1 and results.seed_int(str(-2**63)) == -2**63
+    torch.manual_seed(results.seed_int(str(2**64 - 1)))  # the extremes really are usable
+    torch.manual_seed(results.seed_int(str(-2**63)))
+    assert results.positive_int(str(2**63 - 1)) == 2**63 - 1
+    assert results.step_count(str(results.MAX_STEPS)) == results.MAX_STEPS
+    assert results.positive_float("1e300") == 1e300
 
 
 # ---- handouts ----
@@ -638,21 +635,21 @@ TABLE_1 = {"2026": {"small": (768, 3072, 12, 12), "medium": (1024, 4096, 24, 16)
 
 @pytest.mark.parametrize("handout", list(TABLE_1))
 def test_each_handout_has_its_table_1_and_tiny(handout):
-    chosen = model_config.HANDOUTS[handout]
+    chosen = results.HANDOUTS[handout]
     assert chosen.table1 == list(TABLE_1[handout])
     for name, dims in TABLE_1[handout].items():
         cfg = get_config(name, handout)
         assert (cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, cfg.vocab_size) == (*dims, 10_000)
     tiny = get_config("tiny", handout)
     assert (tiny.d_model, tiny.d_ff, tiny.num_layers, tiny.num_heads) == (512, 1344, 4, 16)
-    assert model_config.expand_sizes(["all"], handout) == list(TABLE_1[handout])  # 'all' is Table 1, not tiny
+    assert results.expand_sizes(["all"], handout) == list(TABLE_1[handout])  # 'all' is Table 1, not tiny
 
 
 def test_handout_defaults():
-    assert model_config.DEFAULT_HANDOUT == "2026"
+    assert results.DEFAULT_HANDOUT == "2026"
     assert get_config("small").context_length == 512 and get_config("small", "2025").context_length == 128
     assert get_config("small", "2025", context_length=64).context_length == 64
-    h26, h25 = model_config.HANDOUTS["2026"], model_config.HANDOUTS["2025"]
+    h26, h25 = results.HANDOUTS["2026"], results.HANDOUTS["2025"]
     assert (h26.memory_size, h26.memory_contexts, h26.checkpoint_setup) == ("xl", (128, 2048), ("xl", 4, 2048))
     assert (h25.memory_size, h25.memory_contexts, h25.checkpoint_setup) == ("2.7B", (128, 256, 512), None)
     assert h26.title == "handout 2026 (v26.1.1)"
@@ -665,25 +662,25 @@ def test_a_name_from_the_other_handout_says_which_handout_has_it(handout, name, 
         get_config(name, handout)
     with pytest.raises(ValueError, match=r"unknown preset 'huge'; valid presets in handout 2025: tiny, small, "
                                          r"medium, large, xl, 2\.7B, all$"):
-        model_config.expand_sizes(["small", "huge"], "2025")
+        results.expand_sizes(["small", "huge"], "2025")
     with pytest.raises(ValueError, match="unknown handout '2024'; valid handouts: 2026, 2025"):
         get_config("small", "2024")
 
 
 def resolve(argv, monkeypatch, env=None):
-    parser = cli.ArgParser(prog="t")
-    cli.add_handout_arg(parser)
-    monkeypatch.delenv(model_config.HANDOUT_ENV, raising=False)
+    parser = results.ArgParser(prog="t")
+    results.add_handout_arg(parser)
+    monkeypatch.delenv(results.HANDOUT_ENV, raising=False)
     if env is not None:
-        monkeypatch.setenv(model_config.HANDOUT_ENV, env)
+        monkeypatch.setenv(results.HANDOUT_ENV, env)
     args = parser.parse_args(argv)
-    return cli.handout_or_exit(parser, args), args
+    return results.handout_or_exit(parser, args), args
 
 
 def test_handout_comes_from_the_flag_then_the_environment_then_the_default(monkeypatch):
     assert resolve([], monkeypatch)[0].name == "2026"
     handout, args = resolve([], monkeypatch, env="2025")
-    assert handout.name == "2025" and args.handout == "2025" and args.handout_source == model_config.HANDOUT_ENV
+    assert handout.name == "2025" and args.handout == "2025" and args.handout_source == results.HANDOUT_ENV
     handout, args = resolve(["--handout", "2026"], monkeypatch, env="2025")
     assert handout.name == "2026" and args.handout_source == "--handout"
 
@@ -700,26 +697,26 @@ def test_a_bad_handout_is_a_one_line_exit_2(argv, env, message, monkeypatch, cap
 
 
 def test_the_default_handout_notes_a_name_that_means_another_model(monkeypatch, capsys):
-    parser = cli.ArgParser(prog="t")
+    parser = results.ArgParser(prog="t")
     _, args = resolve([], monkeypatch)
-    assert cli.sizes_or_exit(parser, args, ["small", "xl"]) == ["small", "xl"]
+    assert results.sizes_or_exit(parser, args, ["small", "xl"]) == ["small", "xl"]
     assert ("note: xl is handout 2026's xl (d_model 2560, 32 layers), not handout 2025's (d_model 1600, 48 layers): "
             "for that one pass --handout 2025") in capsys.readouterr().err
     _, args = resolve(["--handout", "2026"], monkeypatch)  # chosen explicitly: no note
-    cli.sizes_or_exit(parser, args, ["xl"])
+    results.sizes_or_exit(parser, args, ["xl"])
     assert capsys.readouterr().err == ""
 
 
 def test_config_table_names_the_handout_and_counts_each_size_once():
-    h = model_config.HANDOUTS["2025"]
-    text = model_config.config_table([("xl", get_config("xl", "2025", context_length=c)) for c in (128, 256)]
+    h = results.HANDOUTS["2025"]
+    text = results.config_table([("xl", get_config("xl", "2025", context_length=c)) for c in (128, 256)]
                                      + [("tiny", get_config("tiny", "2025"))], h)
     assert text.startswith("Model sizes from handout 2025 (Spring 2025):")
     assert text.count("| xl ") == 1 and "1,998,235,200" in text and "| tiny " in text
 
 
 def test_dry_run_printer_numbers_the_plan(capsys):
-    assert cli.print_dry_run(["a ctx=1", "b ctx=2"], preamble="TABLE") == 0
+    assert results.print_dry_run(["a ctx=1", "b ctx=2"], preamble="TABLE") == 0
     out = capsys.readouterr().out
     assert out.startswith("TABLE\n\ndry run: 2 configurations would run")
     assert "  1. a ctx=1\n  2. b ctx=2\n" in out and "nothing was built" in out

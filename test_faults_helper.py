@@ -12,7 +12,7 @@ import time
 import torch
 
 from model import TransformerLM
-from model_config import ModelConfig
+from results import ModelConfig
 
 FAULT = re.compile(r"(oom|error|long|hang|kill|exit|sleep)(\d+)")
 LONG_MESSAGE = "the cause, told in full: " + "x" * 375  # 400 characters

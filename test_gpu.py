@@ -19,7 +19,7 @@ import bench_attention
 import bench_e2e
 import common
 import mem_profile
-import model_config
+import results
 import kernel_tables as pr
 import kernel_tables as pt
 from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
@@ -64,7 +64,7 @@ def test_nvtx_ranges_through_torch_on_cuda(tmp_path, monkeypatch):
 
 
 def test_fp16_training_steps_through_the_gradient_scaler():
-    run = bench_e2e.RunConfig(size="tiny", model=model_config.get_config("tiny", context_length=64), batch_size=2,
+    run = bench_e2e.RunConfig(size="tiny", model=results.get_config("tiny", context_length=64), batch_size=2,
                               dtype="fp16", device="cuda")
     work = bench_e2e.Workload(run)
     assert work.scaler is not None and work.scaler.is_enabled()
@@ -179,7 +179,7 @@ def test_your_model_on_cuda_with_counted_flops_and_mfu(tmp_path, monkeypatch):
     assert bench_e2e.main(argv) == 0
     record = only_record(tmp_path / "e2e")
     assert record["status"] in ("ok", "noisy") and record["peak_mem_allocated_bytes"] > 0
-    cfg = model_config.ModelConfig(**record["config"]["model"])
+    cfg = results.ModelConfig(**record["config"]["model"])
     assert record["step_flops"] == tiny_lm_train_flops(cfg, record["config"]["batch_size"])
     if record["peak_tflops"] is not None:
         assert 0 < record["mfu"] < 1

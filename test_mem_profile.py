@@ -20,7 +20,7 @@ import mem_profile
 import memory_tables
 from mem_profile import BEFORE_RECORDING, PROJECT_ROOT, MemConfig
 from model import RotaryEmbedding, TransformerBlock, TransformerLM, cross_entropy
-from model_config import ModelConfig
+from results import ModelConfig
 from optim import AdamW
 from results import read_records
 

@@ -18,9 +18,9 @@ import torch
 
 import bench_e2e
 import parallel
-import sweep
+import runner
 from common import fsdp2_unsupported
-from model_config import ModelConfig, get_config
+from results import ModelConfig, get_config
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
@@ -140,7 +140,7 @@ def test_run_isolated_stops_a_child_when_told_to():
         asked.append(1)
         return "stopped: rank 1 failed" if len(asked) >= 3 else None
     start = time.monotonic()
-    answer = sweep.run_isolated(sleep_for, {"seconds": 60}, timeout_s=120, stop_when=stop_when)
+    answer = runner.run_isolated(sleep_for, {"seconds": 60}, timeout_s=120, stop_when=stop_when)
     assert answer == {"ok": False, "status": "stopped: rank 1 failed"}
     assert time.monotonic() - start < 30  # not the child's 60 s
 

@@ -1,4 +1,4 @@
-"""sweep.py and runner.py's measuring: the child-process runner (values, failures, time limit, OOM-killer rows),
+"""runner.py and runner.py's measuring: the child-process runner (values, failures, time limit, OOM-killer rows),
 interleaved variants (their order, their own memory figures), and the sweep through a real script's command line
 with faults from test_faults_helper: every failure a row, SIGTERM, a parent killed with SIGKILL, impostor modules
 in the working directory, a closed stdout, one timed step, and records that always carry the experiment, the
@@ -22,9 +22,8 @@ import bench_e2e
 import mem_profile
 import precision_demo
 import report
+import results
 import runner
-import stats
-import sweep
 import test_faults_helper
 from results import read_records
 
@@ -57,25 +56,25 @@ def fails(kind):
 def test_run_isolated_returns_values_and_failures(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # after the fork server started: the child still sees this folder...
     monkeypatch.setenv("TEST_MARK", "seen")  # ...and this environment
-    ok = sweep.run_isolated(returns_config, {"n": 3})
+    ok = runner.run_isolated(returns_config, {"n": 3})
     assert ok["ok"] and ok["value"]["n"] == 3 and ok["value"]["pid"] != os.getpid()  # really another process
     assert ok["value"]["mark"] == "seen" and ok["value"]["cwd"] == str(tmp_path)
     assert ok["value"]["path"][0] == str(HERE) and str(tmp_path) not in ok["value"]["path"]  # ours first, not cwd's
-    statuses = {kind: sweep.run_isolated(fails, {"kind": kind})["status"] for kind in ("oom", "value", "died", "exit")}
+    statuses = {kind: runner.run_isolated(fails, {"kind": kind})["status"] for kind in ("oom", "value", "died", "exit")}
     assert statuses == {"oom": "OOM", "value": "error: ValueError: bad thing", "exit": "error: SystemExit: 0",
                         "died": "error: child process died with exit code 7"}
     for kind, status in [("oom", "OOM"), ("exit", "error: SystemExit: 0")]:  # in this process alike
-        assert sweep.run_isolated(fails, {"kind": kind}, in_process=True)["status"] == status
+        assert runner.run_isolated(fails, {"kind": kind}, in_process=True)["status"] == status
 
 
 def test_a_hung_child_is_killed_at_its_time_limit_even_when_it_ignores_sigterm(monkeypatch):
-    sweep.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
+    runner.run_isolated(returns_config, {"n": 0})  # the fork server is up: only the child's time is measured
     start = time.monotonic()
-    assert sweep.run_isolated(fails, {"kind": "hang"}, timeout_s=1) == {"ok": False, "status": "timeout after 1 s"}
-    assert time.monotonic() - start < 1 + sweep.STOP_GRACE_S + 5
+    assert runner.run_isolated(fails, {"kind": "hang"}, timeout_s=1) == {"ok": False, "status": "timeout after 1 s"}
+    assert time.monotonic() - start < 1 + runner.STOP_GRACE_S + 5
     monkeypatch.setattr(sweep, "STOP_GRACE_S", 0.5)
     start = time.monotonic()
-    assert sweep.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
+    assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
     assert time.monotonic() - start < 10
 
 
@@ -88,7 +87,7 @@ def ignores_sigterm_and_hangs(n):
 def test_the_fork_server_is_single_threaded_when_it_forks():
     """fork() copies only the calling thread, so a lock another thread held stays held in the child. The preload
     starts one thread, OpenBLAS's, which its own fork handler joins before every fork: nothing else may run."""
-    answer = sweep.run_isolated(server_threads, {})
+    answer = runner.run_isolated(server_threads, {})
     assert answer["ok"] and answer["value"]["threads"] == 1, answer
 
 
@@ -101,7 +100,7 @@ for name in ("is_available", "device_count", "_lazy_init", "init", "current_devi
              "get_device_name", "mem_get_info", "synchronize"):
     real = getattr(torch.cuda, name)
     setattr(torch.cuda, name, lambda *a, _name=name, _real=real, **k: calls.append(_name) or _real(*a, **k))
-for module in {[m for m in sweep.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
+for module in {[m for m in runner.PRELOAD if m != "__main__"] + ["bench_e2e", "bench_attention", "mem_profile"]!r}:
     __import__(module)
 print(calls)
 """
@@ -112,21 +111,21 @@ print(calls)
 
 def test_a_sigkill_while_an_oom_kill_counter_rose_is_an_oom():
     killed = -signal.SIGKILL
-    assert sweep.died_status(killed, (5, 0), (6, 0))["status"] == "OOM"  # system-wide counter rose
-    assert sweep.died_status(killed, (None, 2), (None, 3))["status"] == "OOM"  # the cgroup's rose
+    assert runner.died_status(killed, (5, 0), (6, 0))["status"] == "OOM"  # system-wide counter rose
+    assert runner.died_status(killed, (None, 2), (None, 3))["status"] == "OOM"  # the cgroup's rose
     # killed by someone else (no counter moved), or unknowable: an error with the exit code, not a guess
-    assert sweep.died_status(killed, (5, 0), (5, 0))["status"] == "error: child process died with exit code -9"
-    assert sweep.died_status(killed, (None, None), (None, None))["status"].startswith("error")
-    assert sweep.died_status(-signal.SIGSEGV, (5, 0), (6, 0))["status"].startswith("error")
-    counts = sweep.oom_kill_counts()
+    assert runner.died_status(killed, (5, 0), (5, 0))["status"] == "error: child process died with exit code -9"
+    assert runner.died_status(killed, (None, None), (None, None))["status"].startswith("error")
+    assert runner.died_status(-signal.SIGSEGV, (5, 0), (6, 0))["status"].startswith("error")
+    counts = runner.oom_kill_counts()
     assert len(counts) == 2 and all(c is None or c >= 0 for c in counts)
 
 
 def test_default_time_limit_is_derived_from_the_sweep():
-    assert sweep.time_limit(None, 0.0) == sweep.TIMEOUT_FLOOR_S  # nothing measured yet: the floor
-    assert sweep.time_limit(None, 600.0) == 6000.0  # 10x the slowest configuration so far
-    assert sweep.time_limit(7.5, 600.0) == 7.5  # --timeout SECONDS
-    assert sweep.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
+    assert runner.time_limit(None, 0.0) == runner.TIMEOUT_FLOOR_S  # nothing measured yet: the floor
+    assert runner.time_limit(None, 600.0) == 6000.0  # 10x the slowest configuration so far
+    assert runner.time_limit(7.5, 600.0) == 7.5  # --timeout SECONDS
+    assert runner.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
 
 
 
@@ -310,7 +309,7 @@ def fails_in_some_groups(run):
 def test_a_search_ends_each_group_at_its_first_failure(capsys):
     runs = [Probe(group, n) for group in ("oom", "error", "hang", "fine") for n in (1, 2, 4, 8)]
     args = argparse.Namespace(in_process=False, timeout=5.0, no_skip=False, quiet=False)
-    records, code = sweep.run_configurations(fails_in_some_groups, runs, None, args, name="probe",
+    records, code = runner.run_configurations(fails_in_some_groups, runs, None, args, name="probe",
                                              device=torch.device("cpu"), search=True)
     assert code == 0
     assert [(r["label"], r["status"].split(" ")[0]) for r in records] == [
@@ -336,13 +335,13 @@ def measure_variants_together(runs):
 def test_a_comparison_runs_in_one_child_or_each_alone_when_that_fails():
     plan = [[Probe("fine", 1), Probe("fine", 2)], [Probe("oom", 1), Probe("oom", 2)], Probe("single", 1)]
     args = argparse.Namespace(in_process=True, timeout=None, no_skip=False, quiet=True, interleave="steps")
-    records, code = sweep.run_configurations(measure_variant, plan, None, args, name="pairs",
+    records, code = runner.run_configurations(measure_variant, plan, None, args, name="pairs",
                                              device=torch.device("cpu"), measure_variants=measure_variants_together)
     assert code == 0 and [r["label"] for r in records] == ["fine n=1", "fine n=2", "oom n=1", "oom n=2", "single n=1"]
     assert [r.get("together") for r in records] == [2, 2, None, None, None]
     assert all(r["interleave_fallback"].endswith("failed (OOM)") for r in records[2:4])
     args.interleave, args.repeats = "runs", 2  # each variant in children of its own, whole runs A B | B A
-    records, _ = sweep.run_configurations(measure_variant, plan[:1], None, args, name="pairs",
+    records, _ = runner.run_configurations(measure_variant, plan[:1], None, args, name="pairs",
                                           device=torch.device("cpu"), measure_variants=measure_variants_together)
     assert [r["step_ms"] for r in records] == [[1.0, 1.0], [2.0, 2.0]]
     assert [r["pairing"]["rounds"] for r in records] == [[[0, 1], [1, 2]]] * 2
@@ -354,10 +353,10 @@ def test_a_comparison_runs_in_one_child_or_each_alone_when_that_fails():
 def two_phases(seconds):
     """A configuration with two untimed phases of `seconds` each, then timed steps."""
     for name in ("building", "compiling"):
-        sweep.phase(name)
+        runner.phase(name)
         time.sleep(seconds)
     for i in range(3):
-        with sweep.timed_phase(f"step {i + 1}/3"):
+        with runner.timed_phase(f"step {i + 1}/3"):
             time.sleep(0.01)
     return {}
 
@@ -365,10 +364,10 @@ def two_phases(seconds):
 def test_the_heartbeat_names_each_phase_from_the_parent(monkeypatch):
     monkeypatch.setattr(sweep, "HEARTBEAT_S", 0.1)
     lines = []
-    assert sweep.run_isolated(two_phases, {"seconds": 0.5}, on_heartbeat=lines.append)["ok"]
+    assert runner.run_isolated(two_phases, {"seconds": 0.5}, on_heartbeat=lines.append)["ok"]
     assert 4 <= len(lines) <= 14, lines  # about one per 0.1 s, never a flood
     assert any(line.startswith("building... ") for line in lines) and lines[-1].startswith(("compiling", "step"))
-    sweep.phase("outside a sweep: nothing")
+    runner.phase("outside a sweep: nothing")
 
 
 def test_quiet_prints_no_progress(tmp_path, capsys):
@@ -387,8 +386,8 @@ def test_repeats_merge_each_phase_by_its_own_counts():
     decided a different count per phase (do_bench), so a paired speed-up pairs backward with backward."""
     first = {"forward_ms": [1.0, 1.0, 1.0, 1.0], "backward_ms": [2.0, 2.0], "compile_s": 3.0}
     second = {"forward_ms": [1.5, 1.5, 1.5, 1.5], "backward_ms": [3.0, 3.0], "compile_s": 0.5}
-    merged, bounds = sweep.merge_repeats([first, second])
+    merged, bounds = runner.merge_repeats([first, second])
     assert merged["forward_ms"] == [1.0] * 4 + [1.5] * 4 and merged["backward_ms"] == [2.0, 2.0, 3.0, 3.0]
     assert bounds == {"forward": [[0, 4], [4, 8]], "backward": [[0, 2], [2, 4]]}
     pairing = {"group": "g", "rounds": bounds["forward"], "rounds_by_phase": bounds}
-    assert stats.round_times({**merged, "pairing": pairing}, ("backward",)) == [2.0, 3.0]
+    assert results.round_times({**merged, "pairing": pairing}, ("backward",)) == [2.0, 3.0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model import TransformerLM, cross_entropy
-from model_config import ModelConfig
+from results import ModelConfig
 from optim import AdamW
 
 HERE = Path(__file__).resolve().parent

@@ -13,10 +13,9 @@ import torch
 import bench_e2e
 import common
 import mem_profile
-import model_config
+import results
 from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
 from results import read_records
-from test_nsys import TINY_APP, fake, run_script  # noqa: F401 - fake is a fixture
 
 # A student's model and optimizers. TinyLM has the staff constructor's exact signature but is not our architecture
 # (blocks of one Linear each, lm_head tied to the embedding), so its FLOPs are not our formula's:
@@ -88,7 +87,7 @@ def not_an_optimizer(params, lr):
 SMALL = ["--d-model", "32", "--d-ff", "64", "--num-layers", "2", "--num-heads", "2", "--vocab-size", "64",
          "--context-length", "16", "--batch-size", "2", "--warmup", "0", "--steps", "2", "--device", "cpu",
          "--in-process"]
-SMALL_CONFIG = model_config.ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=64,
+SMALL_CONFIG = results.ModelConfig(d_model=32, d_ff=64, num_layers=2, num_heads=2, vocab_size=64,
                                         context_length=16)
 
 
@@ -105,7 +104,7 @@ def student(tmp_path, monkeypatch):
     sys.modules.pop("student_lm", None)
 
 
-def tiny_lm_train_flops(cfg: model_config.ModelConfig, batch: int) -> int:
+def tiny_lm_train_flops(cfg: results.ModelConfig, batch: int) -> int:
     """TinyLM's training-step FLOPs (the comment above STUDENT_LM)."""
     tokens = batch * cfg.context_length
     return 3 * 2 * tokens * (cfg.num_layers * cfg.d_model**2 + cfg.d_model * cfg.vocab_size)
@@ -203,7 +202,7 @@ def test_your_model_beside_ours_counted_flops_and_the_model_named(student, tmp_p
     ours, yours = records
     assert ours["config"]["model_factory"] is None and yours["config"]["model_factory"] == "student_lm:TinyLM"
     # counted on one untimed step: ours equals the formula exactly; yours is what its two matmuls per block cost
-    assert ours["counted_step_flops"] == model_config.step_flops(SMALL_CONFIG, 2, 16, "train")
+    assert ours["counted_step_flops"] == results.step_flops(SMALL_CONFIG, 2, 16, "train")
     assert yours["counted_step_flops"] == tiny_lm_train_flops(SMALL_CONFIG, 2)
     assert yours["step_flops"] == yours["counted_step_flops"] and yours["flops_source"] == "counted"
     assert yours["achieved_tflops"] > 0
@@ -221,7 +220,7 @@ def test_flops_of_your_model_only_when_you_say(student, tmp_path, capsys):
     assert record["tokens_per_s"] > 0
     assert "FLOPs: none (no TFLOP/s, no MFU)" in capsys.readouterr().out
     code, (record,) = run_e2e(tmp_path / "b", "--model", "student_lm:TinyLM", "--flops", "formula")
-    assert record["step_flops"] == model_config.step_flops(SMALL_CONFIG, 2, 16, "train")  # you confirmed it
+    assert record["step_flops"] == results.step_flops(SMALL_CONFIG, 2, 16, "train")  # you confirmed it
 
 
 def test_a_model_with_the_wrong_output_is_a_row_and_the_sweep_goes_on(student, tmp_path, capsys):
@@ -270,18 +269,9 @@ def test_mem_profile_saved_for_backward_and_accounting_of_your_model(student, tm
             "--model", "student_lm:TinyLM", "--results-dir", str(tmp_path)]
     assert mem_profile.main(argv) == 0
     (record,) = read_records(next((tmp_path / "memory").glob("*.jsonl")))
-    tiny = model_config.get_config("tiny", context_length=16)
+    tiny = results.get_config("tiny", context_length=16)
     params = tiny.vocab_size * tiny.d_model + tiny.num_layers * tiny.d_model**2  # tied head: embedding + blocks
     assert record["model_num_params"] == params and record["weights_bytes"] == 4 * params
     assert record["saved_status"] == "ok" and record["saved_blocks_bytes"] > 0  # its blocks are layers.N
     out = capsys.readouterr().out
     assert "model: student_lm:TinyLM" in out and "| student_lm:TinyLM " in out
-
-
-def test_nsys_run_passes_your_model_to_bench_e2e(fake):  # noqa: F811 - the fixture from test_nsys
-    (fake["cwd"] / "student_lm.py").write_text(STUDENT_LM)
-    result = run_script(fake, "tiny", "32", "train", "--", *TINY_APP, "--model", "student_lm:TinyLM",
-                        FAKE_NSYS_RUN_APP="1")
-    assert result.returncode == 0, result.stderr[-2000:]
-    (record,) = read_records(fake["results"] / "nsys" / "tiny_ctx32_train_e2e.jsonl")
-    assert record["config"]["model_factory"] == "student_lm:TinyLM" and record["status"] in ("ok", "noisy")

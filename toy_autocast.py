@@ -19,7 +19,7 @@ import argparse
 import torch
 import torch.nn as nn
 
-import cli
+import results
 import report
 from common import DTYPES, device_or_exit, dtype_name, environment, failure_status
 from results import ResultFiles, progress
@@ -49,21 +49,21 @@ OUTPUT_LABELS = {"fc1": "fc1 output", "relu": "ReLU output", "ln": "LayerNorm ou
 # --- arguments ---
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = cli.ArgParser(description=__doc__.split("\n\n")[0])
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", nargs="+", choices=("fp16", "bf16"), default=["fp16", "bf16"],
                    help="autocast dtype(s), one table column each")
-    p.add_argument("--in-features", type=cli.positive_int, default=20,
+    p.add_argument("--in-features", type=results.positive_int, default=20,
                    help="ToyModel input features")
-    p.add_argument("--out-features", type=cli.positive_int, default=5,
+    p.add_argument("--out-features", type=results.positive_int, default=5,
                    help="ToyModel output features (classes)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=8, help="rows of random input")
-    p.add_argument("--seed", type=cli.seed_int, default=0, help="random seed for weights and data")
-    cli.add_output_args(p, default_stem="toy_autocast")
+    p.add_argument("--batch-size", type=results.positive_int, default=8, help="rows of random input")
+    p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for weights and data")
+    results.add_output_args(p, default_stem="toy_autocast")
     args = p.parse_args(argv)
     args.device = device_or_exit(p, args.device)
     args.dtype = list(dict.fromkeys(args.dtype))  # a dtype given twice is one column
-    cli.check_tensor_sizes(p, {"input": (args.batch_size, args.in_features),
+    results.check_tensor_sizes(p, {"input": (args.batch_size, args.in_features),
                                "fc1 weight": (10, args.in_features),
                                "logits": (args.batch_size, args.out_features)})
     return args
