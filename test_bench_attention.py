@@ -46,7 +46,7 @@ def correct(q, k, v, is_causal):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if is_causal:
         n = q.shape[-2]
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
 
@@ -95,7 +95,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
         scores = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).float()
         if is_causal:
             n = q.shape[-2]
-            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         lse = torch.logsumexp(scores, dim=-1)
         out = torch.exp(scores - lse[..., None]).to(v.dtype) @ v
         ctx.save_for_backward(q, k, v, out, lse)
@@ -109,7 +109,7 @@ class FlashAttentionPytorch(torch.autograd.Function):
         scores = (q @ k.transpose(-2, -1) * scale).float()
         if ctx.is_causal:
             n = q.shape[-2]
-            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         probs = torch.exp(scores - lse[..., None])
         dv = probs.to(v.dtype).transpose(-2, -1) @ grad_out
         dp = (grad_out @ v.transpose(-2, -1)).float()
