@@ -278,12 +278,12 @@ def test_reports_render_from_the_records_alone(tmp_path, capsys):
     assert "step ms" in report.render("bench_e2e", records, "plain")
 
 
-# ---- run_sweep(search=True): a group's first failure of any kind ends its search ----
+# ---- run_configurations(search=True): a group's first failure of any kind ends its search ----
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """A configuration for run_sweep: a search group and a size (label() and skip_key(), as RunConfig has)."""
+    """A configuration for run_configurations: a search group and a size (label() and skip_key(), as RunConfig has)."""
 
     group: str
     size: int
