@@ -55,7 +55,7 @@ from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matm
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
 from e2e_tables import (E2E_COLUMNS, PROBE_BUDGET, RESOLUTION, SEARCH_START, config_key, config_table,
                         context_searches, probe_contexts, variants)
-from runner import interleave, phase, timed_phase
+from runner import phase, timed_phase
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from results import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
@@ -524,7 +524,7 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
             peaks[i] = max(peaks[i] or 0, peak)
 
     with annotate("measure"):
-        interleave(len(turns), len(sizes), run_block)
+        runner.interleave(len(turns), len(sizes), run_block)
     phase("after the timed steps")
     group = uuid.uuid4().hex[:12]
     for i, (record, (p, _)) in enumerate(zip(records, turns)):
