@@ -77,9 +77,6 @@ class AttentionRun:
     def skip_key(self) -> tuple[tuple, str, int]:  # after an OOM, longer sequences are skipped
         return (self.impl, self.d, self.batch_size, self.dtype), "seq", self.seq_len
 
-    def fault_fields(self) -> dict[str, Any]:  # for the tests' BENCH_INJECT_FAULT
-        return {"impl": self.impl, "d": self.d, "seq_len": self.seq_len, "dtype": self.dtype}
-
     def comparison_key(self) -> AttentionRun:  # the implementations of one shape are compared
         return dataclasses.replace(self, impl="", spec=None)
 
@@ -431,12 +428,12 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
     return attention, record
 
 
-def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, Any]]:
+def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
     """One shape's implementations in this process: each prepared, then each on fresh inputs of its
     own (a kernel that writes into its inputs changes only its own), timed in rounds A B | B A ...
-    (one round when alone): in each, every implementation times its block of iters / ROUNDS calls
-    (do_bench: rep_ms / ROUNDS) of each phase, with one warm-up call after the first round. The
-    records' `pairing` says which samples came from which round."""
+    (runner.interleave; one round when alone): in each, every implementation times its block of
+    iters / ROUNDS calls (do_bench: rep_ms / ROUNDS) of each phase, with one warm-up call after the
+    first round. The records' `pairing` says which samples came from which round."""
     device = resolve_device(runs[0].device)
     prepared = [prepare(run, device) for run in runs]
     records = [record for _, record in prepared]
@@ -447,18 +444,18 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
     rounds = min(ROUNDS, run0.iters) if len(timed) > 1 else 1
     sizes = results.block_sizes(run0.iters, -(-run0.iters // rounds))
     bounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i, *_ in timed}
-    for r, size in enumerate(sizes):
+
+    def run_block(position: int, r: int) -> None:
+        """One implementation's block of round r: each phase timed for sizes[r] calls (time_calls)."""
+        i, attention, inputs, grad_out = timed[position]
         time = functools.partial(time_calls, device=device, warmup=run0.warmup if r == 0 else 1,
-                                 iters=size, warmup_ms=run0.warmup_ms,
-                                 rep_ms=run0.rep_ms / len(sizes))
-        for position in results.round_order(len(timed), r):
-            i, attention, inputs, grad_out = timed[position]
-            with faults[i]:
-                samples = time_phases(attention, inputs, grad_out, time)
-            for phase, values in samples.items():
-                kept = records[i].setdefault(f"{phase}_ms", [])
-                bounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
-                kept.extend(values)
+                                 iters=sizes[r], warmup_ms=run0.warmup_ms, rep_ms=run0.rep_ms / len(sizes))
+        for phase, values in time_phases(attention, inputs, grad_out, time).items():
+            kept = records[i].setdefault(f"{phase}_ms", [])
+            bounds[i].setdefault(phase, []).append([len(kept), len(kept) + len(values)])
+            kept.extend(values)
+
+    runner.interleave(len(timed), len(sizes), run_block)
     group = uuid.uuid4().hex[:12]
     for position, (i, attention, inputs, grad_out) in enumerate(timed):
         runner.phase("after the timed steps")
@@ -485,7 +482,7 @@ def measure_together(runs: list[AttentionRun], faults: list) -> list[dict[str, A
 
 def measure(run: AttentionRun) -> dict[str, Any]:
     """One implementation alone (--interleave runs)."""
-    return measure_together([run], [contextlib.nullcontext()])[0]
+    return measure_together([run])[0]
 
 
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
@@ -529,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
     def said(r: dict[str, Any]) -> str:
         return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in PHASES)
 
-    experiment = runner.Experiment(name="bench_attention", measure=measure, finish=finish_record,
-                                  summary=said, render=live, measure_together=measure_together)
-    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args)
+    plan = runner.comparisons(runs, AttentionRun.comparison_key)  # a shape's implementations, interleaved
+    records, code = runner.run_configurations(measure, plan, files, args, name="bench_attention",
+                                              device=resolve_device(args.device), finish=finish_record,
+                                              render=live, summary=said, measure_variants=measure_together)
     if records:  # an interrupted sweep's code comes first
         return code or report.publish("bench_attention", records, files, args.fmt, args.columns,
                                       plot=args.plot, live=live)

@@ -60,7 +60,7 @@ from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from results import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
 from results import GIB, ResultFiles, finished
-from results import block_sizes, round_order, steps_per_block, summarize
+from results import block_sizes, steps_per_block, summarize
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
@@ -309,12 +309,6 @@ class RunConfig:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
                                    warmup=0, steps=0), "ctx", self.context_length
 
-    def fault_fields(self) -> dict[str, Any]:
-        """What a BENCH_INJECT_FAULT clause can match on (runner.injected_fault)."""
-        return {"size": self.size, "context_length": self.context_length, "dtype": self.dtype, "warmup": self.warmup,
-                "parallel": self.parallel, "mode": self.mode, "compile": self.compile, "attn": self.attn,
-                "optimizer": self.optimizer, "checkpoint": self.checkpoint_every, "model": self.model_factory}
-
     def comparison_key(self) -> RunConfig | None:
         """The configuration without its variant fields (dtype, compile, attention, model, optimizer): runs that
         share it are measured together, interleaved. None when a variant must run alone: under --parallel (its own
@@ -489,15 +483,12 @@ def measure(p: Prepared) -> dict[str, Any]:
 MIN_BLOCK_S = 0.005
 
 
-def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]],
-                        around: list[contextlib.AbstractContextManager] | None = None) -> list[dict[str, Any]]:
+def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]]) -> list[dict[str, Any]]:
     """The variants of one comparison in this process. Each is built, compiled and warmed up in turn; then the
-    timed steps alternate in rounds, one block of steps of every variant per round in stats.round_order's order
-    (A B | B A | ...), so whatever the machine does meanwhile falls on every side alike. One record per variant:
-    its samples, compile time, load, and `pairing` (which samples came from which round). On CUDA a variant's
-    peak is its own resident bytes plus the most its blocks allocated above their start, as if it ran alone.
-    `around[i]` is entered around variant i's blocks (the sweep's `slow:` fault)."""
-    around = around or [contextlib.nullcontext() for _ in preparers]
+    timed steps alternate in rounds (runner.interleave: A B | B A | ...), one block of steps of every variant per
+    round, so whatever the machine does meanwhile falls on every side alike. One record per variant: its samples,
+    compile time, load, and `pairing` (which samples came from which round). On CUDA a variant's peak is its own
+    resident bytes plus the most its blocks allocated above their start, as if it ran alone."""
     records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
     for i, prepare in enumerate(preparers):
         level = allocated_bytes(device)
@@ -517,21 +508,23 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
     samples: list[list[dict[str, float]]] = [[] for _ in turns]
     rounds: list[list[list[int]]] = [[] for _ in turns]
     peaks: list[int | None] = [None for _ in turns]
+
+    def run_block(i: int, r: int) -> None:
+        """Variant i's block of round r: its timed steps back to back (run_step: a SyncTimer around each phase)."""
+        p, resident = turns[i]
+        start, size = len(samples[i]), sizes[r]
+        reset_peak_memory(device)
+        level = allocated_bytes(device)
+        for s in range(size):
+            with timed_phase(f"round {r + 1}/{len(sizes)}, variant {i + 1}, step {s + 1}/{size}"):
+                samples[i].append(p.step())
+        rounds[i].append([start, start + size])
+        if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
+            peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
+            peaks[i] = max(peaks[i] or 0, peak)
+
     with annotate("measure"):
-        for r, size in enumerate(sizes):
-            for i in round_order(len(turns), r):
-                p, resident = turns[i]
-                start = len(samples[i])
-                reset_peak_memory(device)
-                level = allocated_bytes(device)
-                with around[i]:
-                    for s in range(size):
-                        with timed_phase(f"round {r + 1}/{len(sizes)}, variant {i + 1}, step {s + 1}/{size}"):
-                            samples[i].append(p.step())
-                rounds[i].append([start, start + size])
-                if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
-                    peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
-                    peaks[i] = max(peaks[i] or 0, peak)
+        runner.interleave(len(turns), len(sizes), run_block)
     phase("after the timed steps")
     group = uuid.uuid4().hex[:12]
     for i, (record, (p, _)) in enumerate(zip(records, turns)):
@@ -577,9 +570,9 @@ def run_config(run: RunConfig) -> dict[str, Any]:
     return measure(prepare(run))
 
 
-def measure_together(runs: list[RunConfig], faults: list) -> list[dict[str, Any]]:
+def measure_together(runs: list[RunConfig]) -> list[dict[str, Any]]:
     """The variants of one comparison in one child process, their timed steps interleaved."""
-    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(prepare, r) for r in runs], faults)
+    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(prepare, r) for r in runs])
 
 
 def counted_step_flops(work: Workload) -> int:
@@ -720,12 +713,12 @@ def main(argv: list[str] | None = None) -> int:
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = runner.Experiment(
-        name="bench_e2e", measure=run_config, measure_together=measure_together, resize=RunConfig.with_context,
-        finish=lambda run, record: finish_record(run, record, args),
-        summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step", render=live)
-    records, code = runner.run_sweep(experiment, runs, files, resolve_device(args.device), args,
-                                    search=args.context_search)
+    plan = runs if args.context_search else runner.comparisons(runs, RunConfig.comparison_key)
+    records, code = runner.run_configurations(
+        run_config, plan, files, args, name="bench_e2e", device=resolve_device(args.device),
+        finish=lambda run, record: finish_record(run, record, args), render=live,
+        summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
+        measure_variants=measure_together, resize=RunConfig.with_context, search=args.context_search)
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,
                                    append=context_searches(records))

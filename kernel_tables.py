@@ -1056,7 +1056,7 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
     return 0, "ok", ""
 
 
-def run_sweep(args: argparse.Namespace, nsys: str) -> int:
+def profile_plan(args: argparse.Namespace, nsys: str) -> int:
     """Every configuration in order, a failure losing none of the others (a refusal stops the loop: it would
     repeat), then the summary. Returns the first failure's exit status, else 0."""
     exit_status, statuses = 0, {}
@@ -1111,7 +1111,7 @@ def sweep_main(argv: list[str]) -> int:
             return 2
     try:
         with results.sigterm_as_interrupt():
-            return run_sweep(args, nsys)
+            return profile_plan(args, nsys)
     except KeyboardInterrupt as exc:
         say("interrupted: nsys and the profiled run stopped; finished reports are kept")
         return 143 if isinstance(exc, results.Terminated) else 130

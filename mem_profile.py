@@ -90,13 +90,9 @@ class MemConfig:
         return " ".join(parts + ["compiled"] * self.compile)
 
     def skip_key(self) -> tuple[tuple, str, int]:
-        """After an OOM, the longer contexts of the same settings are skipped (runner.run_sweep)."""
+        """After an OOM, the longer contexts of the same settings are skipped (runner.run_configurations)."""
         return (dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1)), "ctx",
                 self.context_length)
-
-    def fault_fields(self) -> dict[str, Any]:  # what a test's BENCH_INJECT_FAULT clause matches on
-        return {"size": self.size, "context_length": self.context_length, "mode": self.mode, "dtype": self.dtype,
-                "attn": self.attn, "checkpoint": self.checkpoint_every}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -915,13 +911,12 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and all(run.model_factory is None for run in runs):
         args.in_process = True  # only our model on fake tensors: nothing to isolate, a child costs more
     live = report.LiveReport("mem_profile", args.columns)  # the .md and --fmt file, rewritten as rows finish
-    experiment = runner.Experiment(
-        name="mem_profile", render=live,
-        measure=functools.partial(measure, measure_peaks=cuda, max_entries=args.max_entries,
-                                  snapshot_prefix=str(files.path("")) if args.snapshot and cuda else None),
+    measure_one = functools.partial(measure, measure_peaks=cuda, max_entries=args.max_entries,
+                                    snapshot_prefix=str(files.path("")) if args.snapshot and cuda else None)
+    records, code = runner.run_configurations(
+        measure_one, runs, files, args, name="mem_profile", device=device, render=live,
         finish=lambda run, record: finish_record(run, record, args.top),
         summary=lambda record: f"peak {format_bytes(record['peak_mem_allocated_bytes'])}")
-    records, code = runner.run_sweep(experiment, runs, files, device, args)
     if not records:
         return code
     extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]

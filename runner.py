@@ -3,14 +3,14 @@ context never reaches the next row: a failure is a row (OOM, `error: ...`, `time
 a group are skipped after an OOM, each record is appended and the report rewritten as it finishes, SIGTERM and
 Ctrl-C keep the finished rows, and progress goes to stderr with a heartbeat naming a long configuration's phase.
 
-    plan = sweep.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
-    records, code = sweep.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
-                                             finish=finish_record, render=live, measure_variants=measure_together)
+    plan = runner.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
+    records, code = runner.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
+                                              finish=finish_record, render=live, measure_variants=measure_together)
 
 A comparison's variants are interleaved, so that a machine that changes speed changes it for all of them alike:
---interleave steps (the default) measures them in one child (the script's measure_variants alternates their timed
-steps), or each alone if that child fails; --interleave runs gives each variant children of its own, --repeats
-whole runs alternating A B B A. docs/running.md tells the whole story.
+--interleave steps (the default) measures them in one child, the script's measure_variants alternating their blocks
+of timed steps through interleave(), or each alone if that child fails; --interleave runs gives each variant
+children of its own, --repeats whole runs alternating A B B A (interleave() too). docs/running.md tells the rest.
 """
 from __future__ import annotations
 
@@ -26,15 +26,12 @@ import os
 import signal
 import sys
 import threading
-import time
 import timeit
 import traceback
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode  # round-1 adapter (SlowOps)
 
 import results
 import parallel
@@ -315,6 +312,19 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         parser.error("--repeats applies to --interleave runs (with steps, the rounds are within one process)")
 
 
+# ---- interleaving ----
+
+
+def interleave(variants: int, rounds: int, run_block: Callable[[int, int], None]) -> None:
+    """The interleaving loop of every comparison: `rounds` rounds, each calling run_block(variant, round) once per
+    variant in round_order (A B | B A | A B ...), so that a machine that speeds up or slows down as time goes by
+    does so for every variant alike. bench_e2e.py and bench_attention.py run their blocks of timed steps through
+    it; the sweep its --interleave runs children."""
+    for r in range(rounds):
+        for variant in round_order(variants, r):
+            run_block(variant, r)
+
+
 # ---- the sweep ----
 
 
@@ -529,7 +539,7 @@ class Sweep:
             self.add(run, record, self.done, elapsed)
 
     def interleave_runs(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
-        """The interleaving of runs: each in children of its own, `repeats` rounds in stats.round_order (A B | B A),
+        """The interleaving of runs: each in children of its own, `repeats` rounds (interleave: A B | B A),
         its children's records merged and paired with the others' by round. A failure ends that run's repeats;
         Ctrl-C keeps what finished; a search's probe may go on to a bisection."""
         group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
@@ -545,20 +555,21 @@ class Sweep:
                 added.append(i)
                 self.add_repeats(run, answers[i], numbers[i], position, group, labels, fallback)
 
+        def run_child(position: int, r: int) -> None:
+            i, run = todo[position]
+            if i in ended:
+                return
+            if i not in numbers:
+                self.done += 1
+                numbers[i] = self.done
+            note = f" (repeat {r + 1}/{self.repeats})" if self.repeats > 1 else ""
+            answers[i].append(self.alone(run, i, numbers[i], note))
+            if r == self.repeats - 1 or not answers[i][-1][0]["ok"]:
+                ended.add(i)
+                add_in_order()
+
         try:
-            for r in range(self.repeats):
-                for position in round_order(len(todo), r):
-                    i, run = todo[position]
-                    if i in ended:
-                        continue
-                    if i not in numbers:
-                        self.done += 1
-                        numbers[i] = self.done
-                    note = f" (repeat {r + 1}/{self.repeats})" if self.repeats > 1 else ""
-                    answers[i].append(self.alone(run, i, numbers[i], note))
-                    if r == self.repeats - 1 or not answers[i][-1][0]["ok"]:
-                        ended.add(i)
-                        add_in_order()
+            interleave(len(todo), self.repeats, run_child)
         except KeyboardInterrupt:
             add_in_order(interrupted=True)
             raise
@@ -620,82 +631,3 @@ class Sweep:
                 bisection.record(next_size, finished(probe_record))
             else:  # an error or a timeout: the bounds stand, the answer says why it stopped
                 break
-
-
-# ---- round-1 adapters: today's names for the scripts not yet ported; the lead removes them at integration ----
-
-FAULT_ENV = "BENCH_INJECT_FAULT"  # round-1 adapter
-SLOW_OP_S = 0.005  # round-1 adapter
-
-
-@dataclass(frozen=True)
-class Experiment:  # round-1 adapter: run_configurations' keyword arguments
-    name: str
-    measure: Callable[..., dict]
-    finish: Callable[[Any, dict], None]
-    summary: Callable[[dict], str]
-    render: Callable[[list[dict], str], str]
-    measure_together: Callable[[list, list], list[dict]] | None = None
-    resize: Callable[[Any, int], Any] | None = None
-
-
-def run_sweep(experiment: Experiment, runs: list[Any], files: ResultFiles | None, device: torch.device,
-              args: argparse.Namespace, search: bool = False) -> tuple[list[dict], int]:  # round-1 adapter
-    grouped = not search and hasattr(args, "interleave")
-    plan = comparisons(runs, lambda run: run.comparison_key() if grouped and hasattr(run, "comparison_key") else None)
-    together = (functools.partial(measured_together, experiment.measure_together)
-                if experiment.measure_together is not None else None)
-    return run_configurations(functools.partial(measured_alone, experiment.measure), plan, files, args,
-                              name=experiment.name, device=device, finish=experiment.finish,
-                              render=experiment.render, summary=experiment.summary, measure_variants=together,
-                              resize=experiment.resize, search=search)
-
-
-def measured_alone(measure: Callable[..., dict], run: Any) -> dict[str, Any]:  # round-1 adapter
-    with injected_fault(fault_fields(run)):
-        return measure(run=run)
-
-
-def measured_together(measure_together: Callable[..., list], runs: list[Any]) -> list[dict]:  # round-1 adapter
-    return measure_together(runs, [injected_fault(fault_fields(run)) for run in runs])
-
-
-def fault_fields(run: Any) -> dict[str, Any]:  # round-1 adapter
-    return run.fault_fields() if hasattr(run, "fault_fields") else {}
-
-
-class SlowOps(TorchDispatchMode):  # round-1 adapter
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        time.sleep(SLOW_OP_S)
-        return func(*args, **(kwargs or {}))
-
-
-def injected_fault(fields: dict[str, Any]) -> contextlib.AbstractContextManager:  # round-1 adapter
-    """BENCH_INJECT_FAULT="oom:context_length=256,dtype=fp32;hang:..." (oom, error, hang, kill, slow; `field>=N`);
-    the tests' test_faults_helper.py replaces it."""
-    spec, slow = os.environ.get(FAULT_ENV), False
-    fields = {"rank": os.environ.get("RANK", "0"), **fields}
-    for clause in (spec.split(";") if spec else []):
-        kind, _, conditions = clause.partition(":")
-        if not all(_fault_condition_holds(c, fields) for c in conditions.split(",") if "=" in c):
-            continue
-        if kind == "slow":
-            slow = True
-        elif kind == "oom":
-            raise torch.OutOfMemoryError("CUDA out of memory (injected by BENCH_INJECT_FAULT)")
-        elif kind == "hang":
-            print(f"injected hang in pid {os.getpid()}", file=sys.stderr, flush=True)
-            time.sleep(3600)
-        elif kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        else:
-            raise RuntimeError(f"injected failure ({clause})")
-    return SlowOps() if slow else contextlib.nullcontext()
-
-
-def _fault_condition_holds(condition: str, fields: dict[str, Any]) -> bool:  # round-1 adapter
-    if ">=" in condition:
-        key, _, bound = condition.partition(">=")
-        return isinstance(fields.get(key), (int, float)) and fields[key] >= float(bound)
-    key, _, value = condition.partition("=")
-    return str(fields.get(key)) == value

@@ -143,7 +143,7 @@ def student(tmp_path, monkeypatch):
     (folder / "student_attention.py").write_text(STUDENT_ATTENTION)
     monkeypatch.chdir(folder)
     monkeypatch.delitem(sys.modules, "student_attention", raising=False)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # user_code.load adds the current directory
+    monkeypatch.setattr(sys, "path", list(sys.path))  # common.load adds the current directory
     yield folder
     sys.modules.pop("student_attention", None)
 
@@ -218,7 +218,7 @@ def test_a_kernel_that_fails_is_one_line_naming_it(student, spec, message):
     ("no_such_module:f", "no module named 'no_such_module' in the current directory"),
 ])
 def test_what_cannot_be_loaded_is_a_load_error(student, spec, message):
-    with pytest.raises(ba.user_code.LoadError) as exc:
+    with pytest.raises(common.LoadError) as exc:
         ba.attention_function(spec)
     assert message in str(exc.value) and "\n" not in str(exc.value)
 

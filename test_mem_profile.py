@@ -661,7 +661,7 @@ def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch
 
     for name in ("build_model", "measure"):
         monkeypatch.setattr(mem_profile, name, forbidden)
-    monkeypatch.setattr(mem_profile.sweep, "run_sweep", forbidden)
+    monkeypatch.setattr(mem_profile.runner, "run_configurations", forbidden)
     assert mem_profile.main(["--handout", "2025", "--dtype", "fp32", "bf16", "--device", "cpu", "--dry-run",
                              "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out

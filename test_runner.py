@@ -4,7 +4,6 @@ with faults from test_faults_helper: every failure a row, SIGTERM, a parent kill
 in the working directory, a closed stdout, one timed step, and records that always carry the experiment, the
 environment and a status. Every run is on the CPU."""
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -72,7 +71,7 @@ def test_a_hung_child_is_killed_at_its_time_limit_even_when_it_ignores_sigterm(m
     start = time.monotonic()
     assert runner.run_isolated(fails, {"kind": "hang"}, timeout_s=1) == {"ok": False, "status": "timeout after 1 s"}
     assert time.monotonic() - start < 1 + runner.STOP_GRACE_S + 5
-    monkeypatch.setattr(sweep, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(runner, "STOP_GRACE_S", 0.5)
     start = time.monotonic()
     assert runner.run_isolated(ignores_sigterm_and_hangs, {"n": 1}, timeout_s=1)["status"] == "timeout after 1 s"
     assert time.monotonic() - start < 10
@@ -279,12 +278,12 @@ def test_reports_render_from_the_records_alone(tmp_path, capsys):
     assert "step ms" in report.render("bench_e2e", records, "plain")
 
 
-# ---- run_sweep(search=True): a group's first failure of any kind ends its search ----
+# ---- run_configurations(search=True): a group's first failure of any kind ends its search ----
 
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """A configuration for run_sweep: a search group and a size (label() and skip_key(), as RunConfig has)."""
+    """A configuration for run_configurations: a search group and a size (label() and skip_key(), as RunConfig has)."""
 
     group: str
     size: int
@@ -362,7 +361,7 @@ def two_phases(seconds):
 
 
 def test_the_heartbeat_names_each_phase_from_the_parent(monkeypatch):
-    monkeypatch.setattr(sweep, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 0.1)
     lines = []
     assert runner.run_isolated(two_phases, {"seconds": 0.5}, on_heartbeat=lines.append)["ok"]
     assert 4 <= len(lines) <= 14, lines  # about one per 0.1 s, never a flood

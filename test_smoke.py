@@ -45,7 +45,7 @@ def test_nsys_run_answers_help():
 
 
 @pytest.mark.parametrize("module", [s.removesuffix(".py") for s in SCRIPTS] + ["common", "model", "optim",
-                                                                                "memory_snapshot"])
+                                                                                "runner"])
 def test_import_does_no_work(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a script that wrote results at import would create ./results here
     importlib.import_module(module)
