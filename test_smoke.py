@@ -116,6 +116,29 @@ def test_every_file_and_function_the_docs_name_exists():
     assert not missing, "named in the docs but not in the code: " + ", ".join(sorted(set(missing)))
 
 
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    import re
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_lands():
+    import re
+    broken = []
+    for doc in DOCS:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", doc.read_text()):
+            if target.startswith("http"):
+                continue
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.exists():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and path.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+                if anchor not in {heading_anchor(h) for h in headings}:
+                    broken.append(f"{doc.name}: {target}#{anchor}")
+    assert not broken, "links that land nowhere: " + ", ".join(broken)
+
+
 def readme_table_commands() -> list[list[str]]:
     """Every command in a table of the README (a `python3 ...`, `bash ...` or `torchrun ...` code span), as argv."""
     import re
