@@ -101,7 +101,7 @@ def defined_names(path: Path) -> set[str]:
 def test_every_file_and_function_the_docs_name_exists():
     import re
     ours = {p.stem for p in HERE.glob("*.py")} - RETIRED
-    reference = re.compile(r"(?<![\w./:~-])(" + "|".join(sorted(ours | RETIRED)) + r")\.([A-Za-z_]\w*)")
+    reference = re.compile(r"(?<![\w./:~-])(" + "|".join(sorted(ours | RETIRED)) + r")\.([A-Za-z_]\w*)(?![\w-])")
     missing = []
     for doc in DOCS:
         text = doc.read_text()
@@ -152,10 +152,11 @@ def readme_table_commands() -> list[list[str]]:
     return commands
 
 
-def as_dry_run(argv: list[str], pickle: Path) -> tuple[str, list[str]]:
+def as_dry_run(argv: list[str], files: Path) -> tuple[str, list[str]]:
     """(script, its arguments) with the README's placeholders filled in; torchrun's ranks become --world-size; a
     CUDA device on a machine without one becomes the CPU (the commands are for a GPU, the test runs anywhere)."""
-    placeholders = {"MODULE:CALLABLE": "my_flash:flash", "MODULE:CLASS": "my_optim:AdamW", "PICKLE": str(pickle)}
+    placeholders = {"MODULE:CALLABLE": "my_flash:flash", "MODULE:CLASS": "my_optim:AdamW",
+                    "PICKLE": str(files / "snapshot.pickle"), "REPORT.nsys-rep": str(files / "report.nsys-rep")}
     if not torch.cuda.is_available():
         placeholders["cuda"] = "cpu"
     argv = [placeholders.get(a, a) for a in argv]
@@ -181,12 +182,12 @@ def test_every_command_of_the_readme_tables_runs_dry(capsys, tmp_path):
                   "mem_profile.py --analyze": mem_profile.parse_args}
     commands = readme_table_commands()
     assert len(commands) >= 20  # the tables were found
-    pickle = tmp_path / "snapshot.pickle"
-    pickle.touch()
+    for placeholder in ("snapshot.pickle", "report.nsys-rep"):
+        (tmp_path / placeholder).touch()
     failed = []
     for command in commands:
         capsys.readouterr()
-        script, args = as_dry_run(command, pickle)
+        script, args = as_dry_run(command, tmp_path)
         key = f"{script} --analyze" if "--analyze" in args else script
         try:
             if key in parse_only:
