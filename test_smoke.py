@@ -44,8 +44,8 @@ def test_nsys_run_answers_help():
     assert result.returncode == 0 and "nsys_run.sh" in result.stdout
 
 
-@pytest.mark.parametrize("module", [s.removesuffix(".py") for s in SCRIPTS] + ["common", "model", "optim",
-                                                                                "memory_snapshot"])
+@pytest.mark.parametrize("module", [s.removesuffix(".py") for s in SCRIPTS] + ["common", "model", "optim", "runner",
+                                                                                "results", "report", "parallel", "study"])
 def test_import_does_no_work(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a script that wrote results at import would create ./results here
     importlib.import_module(module)
