@@ -44,8 +44,8 @@ def test_nsys_run_answers_help():
     assert result.returncode == 0 and "nsys_run.sh" in result.stdout
 
 
-@pytest.mark.parametrize("module", [s.removesuffix(".py") for s in SCRIPTS] + ["common", "model", "optim",
-                                                                                "runner"])
+@pytest.mark.parametrize("module", [s.removesuffix(".py") for s in SCRIPTS] + ["common", "model", "optim", "runner",
+                                                                                "results", "report", "parallel", "study"])
 def test_import_does_no_work(module, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a script that wrote results at import would create ./results here
     importlib.import_module(module)
@@ -68,3 +68,135 @@ def test_model_loss_and_adamw_learn_a_fixed_batch():
         losses.append(loss.item())
     assert losses[0] > 3.0  # about log(50) at random init
     assert losses[-1] < 0.5 * losses[0]  # it memorises the batch
+
+
+# ---- the docs: every name they mention exists, every command of the README's tables runs ----
+
+DOCS = [HERE / "README.md", HERE / "results" / "README.md", *sorted((HERE / "docs").glob("*.md"))]
+# Files the docs name that are not ours: a student's own modules, given as examples, and the CI's nsys fetcher.
+NOT_OURS = {"my_lm.py", "my_factory.py", "my_flash.py", "my_optim.py", "flash_pytorch.py", "get-nsys.sh"}
+# Modules this toolkit had before it was folded into a dozen files: a doc that names one is out of date.
+RETIRED = {"sweep", "isolation", "search", "stats", "cli", "model_config", "user_code", "attention_impls",
+           "attention_check", "kernel_timing", "profile_readers", "profile_tables", "kernel_categories", "nsys_tool",
+           "nsys_sweep", "memory_snapshot", "lm_memory", "figures", "e2e_tables", "attention_tables", "memory_tables",
+           "precision_tables"}
+FILE_SUFFIXES = {"py", "sh", "md", "jsonl", "json", "tex", "png", "html", "pickle", "csv", "sqlite", "args", "log"}
+
+
+def defined_names(path: Path) -> set[str]:
+    """Top-level names of a module (functions, classes, assignments, imports), read from its source: no import."""
+    import ast
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.col_offset == 0:
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.col_offset == 0:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and node.col_offset == 0:
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def test_every_file_and_function_the_docs_name_exists():
+    import re
+    ours = {p.stem for p in HERE.glob("*.py")} - RETIRED
+    reference = re.compile(r"(?<![\w./:~-])(" + "|".join(sorted(ours | RETIRED)) + r")\.([A-Za-z_]\w*)(?![\w-])")
+    missing = []
+    for doc in DOCS:
+        text = doc.read_text()
+        for name in re.findall(r"(?<![\w.-])(?:[\w.~-]*/)*([A-Za-z_][\w-]*\.(?:py|sh))\b", text):
+            if name not in NOT_OURS and (name.removesuffix(".py") in RETIRED or not (HERE / name).is_file()):
+                missing.append(f"{doc.name}: {name}")
+        for module, attr in reference.findall(text):
+            if attr in FILE_SUFFIXES:
+                continue
+            if module in RETIRED or attr not in defined_names(HERE / f"{module}.py"):
+                missing.append(f"{doc.name}: {module}.{attr}")
+    assert not missing, "named in the docs but not in the code: " + ", ".join(sorted(set(missing)))
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    import re
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_lands():
+    import re
+    broken = []
+    for doc in DOCS:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", doc.read_text()):
+            if target.startswith("http"):
+                continue
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.exists():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and path.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.MULTILINE)
+                if anchor not in {heading_anchor(h) for h in headings}:
+                    broken.append(f"{doc.name}: {target}#{anchor}")
+    assert not broken, "links that land nowhere: " + ", ".join(broken)
+
+
+def readme_table_commands() -> list[list[str]]:
+    """Every command in a table of the README (a `python3 ...`, `bash ...` or `torchrun ...` code span), as argv."""
+    import re
+    import shlex
+    commands = []
+    for line in (HERE / "README.md").read_text().splitlines():
+        if line.startswith("|"):
+            for span in re.findall(r"`([^`]+)`", line):
+                if re.match(r"(python3|bash|torchrun) ", span):
+                    commands.append(shlex.split(span))
+    return commands
+
+
+def as_dry_run(argv: list[str], files: Path) -> tuple[str, list[str]]:
+    """(script, its arguments) with the README's placeholders filled in; torchrun's ranks become --world-size; a
+    CUDA device on a machine without one becomes the CPU (the commands are for a GPU, the test runs anywhere)."""
+    placeholders = {"MODULE:CALLABLE": "my_flash:flash", "MODULE:CLASS": "my_optim:AdamW",
+                    "PICKLE": str(files / "snapshot.pickle"), "REPORT.nsys-rep": str(files / "report.nsys-rep")}
+    if not torch.cuda.is_available():
+        placeholders["cuda"] = "cpu"
+    argv = [placeholders.get(a, a) for a in argv]
+    if argv[0] == "torchrun":
+        ranks = argv[argv.index("--nproc-per-node") + 1]
+        argv = ["python3", *argv[argv.index("--nproc-per-node") + 2:], "--world-size", ranks]
+    assert argv[0] in ("python3", "bash"), argv
+    return argv[1], argv[2:]
+
+
+def test_every_command_of_the_readme_tables_runs_dry(capsys, tmp_path):
+    """The study and figure tables' commands, each checked the cheapest way that still runs its script's own code:
+    --dry-run in this process where the script has one, else its parse_args."""
+    import kernel_tables
+    import report
+    import study
+    import bench_e2e, bench_attention, mem_profile, precision_demo, toy_autocast  # noqa: E401
+    dry_run = {"bench_e2e.py": bench_e2e.main, "bench_attention.py": bench_attention.main,
+               "mem_profile.py": mem_profile.main, "study.py": study.main,
+               "nsys_run.sh": lambda argv: kernel_tables.main(["--nsys-run", *argv])}
+    parse_only = {"report.py": report.parse_args, "kernel_tables.py": kernel_tables.parse_args,
+                  "precision_demo.py": precision_demo.parse_args, "toy_autocast.py": toy_autocast.parse_args,
+                  "mem_profile.py --analyze": mem_profile.parse_args}
+    commands = readme_table_commands()
+    assert len(commands) >= 20  # the tables were found
+    for placeholder in ("snapshot.pickle", "report.nsys-rep"):
+        (tmp_path / placeholder).touch()
+    failed = []
+    for command in commands:
+        capsys.readouterr()
+        script, args = as_dry_run(command, tmp_path)
+        key = f"{script} --analyze" if "--analyze" in args else script
+        try:
+            if key in parse_only:
+                parse_only[key](args)
+                code = 0
+            else:
+                code = dry_run[script]([*args, "--dry-run"])
+        except SystemExit as exit:
+            code = exit.code
+        if code not in (0, None):
+            failed.append(f"{' '.join(command)} (exit {code}): {capsys.readouterr().err.strip()[-300:]}")
+    assert not failed, "\n".join(failed)
