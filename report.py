@@ -214,7 +214,7 @@ def e2e_comparison_section(records: list[Record], fmt: str) -> str | None:
             + comparison_table(records, fmt=fmt, **spec) + "\n\nMean ms per phase from the rows above; fwd+bwd sums "
             "the two phases. drift: a phase every variant runs alike changed between them by more than twice its "
             "standard error. A failed row shows its status, not a number."
-            + (" A configuration measured in several runs is compared within each run, never across." if merged else ""))
+            + " A configuration measured in several runs is compared within each run, never across." * merged)
 
 
 # --context-length max: the longest context that runs (runner.Bisection probes after the first OOM)
@@ -444,7 +444,8 @@ def timing_label(record: Record) -> str | None:
         return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep {timing['rep_ms']:g} ms, L2 "
                 f"flushed before every call, triton {timing['triton']})")
     why = f"; {timing['why']}" if timing.get("why") else ""
-    return f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls per phase{why})"
+    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls per "
+            f"phase{why})")
 
 
 def render_attention(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
@@ -482,7 +483,8 @@ def _ident(rec: Record, records: list[Record], keys: list[str]) -> Record:
     """The row's identifying cells: the run (a merge), then `keys` of the config; model only when yours ran."""
     c, cells = rec["config"], {RUN_COLUMN: run_of(rec)} if is_merged(records) else {}
     values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
-              "attn": c["attn"], "ckpt": c["checkpoint_every"], "heads": c["model"]["num_heads"], "model": model_label(c)}
+              "attn": c["attn"], "ckpt": c["checkpoint_every"], "heads": c["model"]["num_heads"],
+              "model": model_label(c)}
     yours = any(r["config"].get("model_factory") for r in records)
     return {**cells, **{k: values[k] for k in keys if k != "model" or yours}}
 
@@ -1083,12 +1085,12 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
     if not groups:
         return None
     fig, axes = new_figure(records, "Warm-up: time of each timed step", ncols=len(groups))
+    keys, variant_axes = ["size", *varying(records, [])], varied_axes([r["config"] for r in records])
     for ax, group in zip(axes, groups.values()):
         for r in sorted(group, key=lambda r: r["config"]["warmup"]):
             ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o", label=f"warm-up {r['config']['warmup']}")
-        axes_varied = varied_axes([r["config"] for r in records])
-        ax.set_title(f"{label_of(group[0], ['size', *varying(records, [])])} "
-                     f"{variant_label(group[0]['config'], axes_varied)}".strip(), fontsize=9)
+        ax.set_title(f"{label_of(group[0], keys)} {variant_label(group[0]['config'], variant_axes)}".strip(),
+                     fontsize=9)
         log_axes(ax, x_base=None)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("timed step index")

@@ -622,7 +622,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
             found_ratios = {}
             for label, phases in ratios.items():
                 if not (timed(base, phases) and timed(r, phases)):
-                    found_ratios[label] = status(r) if failed(r) else f"baseline {status(base)}" if failed(base) else None
+                    found_ratios[label] = (status(r) if failed(r) else f"baseline {status(base)}" if failed(base)
+                                           else None)
                     continue
                 found_ratios[label] = s = speedup(base, r, phases)
                 paired.update((names[0], name) if s.rounds else ())
@@ -667,13 +668,13 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
                 out[c] = "/".join(f"{s.ratio:.2f}" for s in v.values()) + "x"
             elif isinstance(v, float):  # a column of numbers and statuses is text to tabulate: formatted here
                 out[c] = f"{v:{floatfmt}}"
-    order = [f"{label} ms: {n}" for label in options.get("times") or ratios for n in names]  # each phase's side by side
+    order = [f"{label} ms: {n}" for label in options.get("times") or ratios for n in names]  # a phase side by side
     order += [f"{label} speed-up: {n}" for n in names[1:] for label in ratios]  # then each variant's speed-ups
     default = sorted(dict.fromkeys(c for out in rows for c in out if c != "notes"),
                      key=lambda c: order.index(c) if c in order else -1)  # the configuration's cells first
     default += ["notes"] if any(out.get("notes") for out in rows) else []
-    return "\n".join([render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt), "", speedup_note(names[0], options.get("calls", "steps")),
-                      *(f"- {note}" for note in notes)])
+    table = render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt)
+    return "\n".join([table, "", speedup_note(names[0], options.get("calls", "steps")), *(f"- {n}" for n in notes)])
 
 
 # ---- result files and records ----
