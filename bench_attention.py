@@ -35,8 +35,7 @@ import results
 import common
 import report
 import runner
-from attention_tables import (ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, PHASES,
-                              check_summary)
+from report import ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, check_summary
 from common import DTYPES, SyncTimer, resolve_device
 from model import naive_attention, sdpa_attention
 from results import ResultFiles, finished, format_bytes
@@ -493,7 +492,7 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     record["predicted_need_bytes"] = predicted_need_bytes(run)
     if not finished(record) or "forward_ms" not in record:
         return
-    for phase in PHASES:
+    for phase in ATTENTION_PHASE_SHORT:
         samples = record[f"{phase}_ms"]
         record.update({f"{phase}_ms_{k}": value for k, value in results.summarize(samples).items()})
         if len(samples) > 1:  # do_bench's summary quantiles, interpolated as torch.quantile does
@@ -524,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     live = report.LiveReport("bench_attention", args.columns)  # rewritten as rows finish
 
     def said(r: dict[str, Any]) -> str:
-        return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in PHASES)
+        return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in ATTENTION_PHASE_SHORT)
 
     plan = runner.comparisons(runs, AttentionRun.comparison_key)  # a shape's implementations, interleaved
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_attention",

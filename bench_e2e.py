@@ -22,7 +22,7 @@ then --steps timed steps, each phase (forward with the loss, backward, optimizer
 synchronisations (common.SyncTimer), and the whole step the same way. Variants compared (--dtype, --compile, --attn,
 --model, --optimizer) are built in one process and their timed steps alternate A B | B A | ... so a machine that
 drifts drifts for all of them alike. Each configuration runs in a child process (runner.py): an OOM or a crash is a
-row. The tables are e2e_tables.py's (report.py re-renders saved runs); docs/bench_e2e.md is the manual.
+row. The tables are report.py's (it re-renders saved runs too); docs/bench_e2e.md is the manual.
 """
 from __future__ import annotations
 
@@ -53,9 +53,8 @@ import runner
 from results import positive_float, positive_int
 from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
-from e2e_tables import (E2E_COLUMNS, PROBE_BUDGET, RESOLUTION, SEARCH_START, config_key, config_table,
-                        context_searches, probe_contexts, variants)
-from runner import phase, timed_phase
+from report import E2E_COLUMNS, SEARCH_START, config_key, context_searches, probe_contexts, sizes_table, variants
+from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from results import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
@@ -709,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         states = [parallel.state_bytes_per_rank(r.model, r.parallel, r.world_size, r.mode)["state_bytes"] for r in runs]
         labels = [f"{run.label()} (predicted state {state / GIB:.2f} GiB per rank, activations aside)"
                   for run, state in zip(runs, states)]
-        return results.print_dry_run(labels, preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt),
+        return results.print_dry_run(labels, preamble=sizes_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish

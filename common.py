@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from results import ConfigError
+from results import OURS, ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -468,7 +468,6 @@ def die_with_parent() -> None:
 
 # ---- the student's code: --model / --optimizer / --impl [NAME=]MODULE:CALLABLE ----
 
-OURS = "ours"
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # cs336_basics.model:BasicsTransformerLM, flash:Outer.Inner
 SPEC = re.compile(rf"^(?:([\w.+-]+)=)?({_DOTTED}):({_DOTTED})$")  # NAME= labels tables and records
 

@@ -43,11 +43,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import results
 import common
-import memory_tables
 import report
 import runner
 from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
-from e2e_tables import config_table
+from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
 from model import ATTENTION, cross_entropy
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
 from results import ResultFiles, emit, format_bytes
@@ -144,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         return args, []
     results.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(parser, args.device)
-    report.columns_or_exit(parser, args.columns, memory_tables.PEAK_COLUMNS)
+    report.columns_or_exit(parser, args.columns, MEMORY_PEAK_COLUMNS)
     handout = results.handout_or_exit(parser, args)
     common.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
@@ -884,7 +883,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         return 2
     how = "--code-root" if args.code_root else "the most common source root of its Python frames; --code-root DIR"
     print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})", file=sys.stderr)
-    emit(memory_tables.snapshot_report(args.analyze, fields, args.fmt))
+    emit(snapshot_report(args.analyze, fields, args.fmt))
     try:
         fields.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"), Path(args.analyze).name))
     except OSError as exc:
@@ -893,7 +892,7 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         files.release()
         return 1
     files.append_record({"snapshot_path": args.analyze, **fields})
-    files.write_report(lambda fmt: memory_tables.snapshot_report(args.analyze, fields, fmt), args.fmt)
+    files.write_report(lambda fmt: snapshot_report(args.analyze, fields, fmt), args.fmt)
     files.say_written(args.fmt, [fields[k] for k in ("snapshot_png", "snapshot_html") if k in fields])
     return 0
 
@@ -902,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
         return results.print_dry_run([run.label() for run in runs],
-                                 preamble=config_table([dataclasses.asdict(run) for run in runs], args.fmt))
+                                 preamble=sizes_table([dataclasses.asdict(run) for run in runs], args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                         "status": "ok", "environment": env})
         files.append_record(records[-1])
 
-    # --- report: the table and notes (precision_tables.py), the figure with --plot ---
+    # --- report: the table and notes (report.py), the figure with --plot ---
     return report.publish("precision_demo", records, files, args.fmt, plot=args.plot)
 
 

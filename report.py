@@ -1,5 +1,6 @@
-"""Saved runs, again: any study script's JSONL records re-rendered in any tabulate format, several runs merged into
-one report (a `run` column in every table), and the study's figures as PNG, without rerunning anything.
+"""Saved runs, again, and every experiment's tables and figures: any study script's JSONL records rendered in any
+tabulate format, several runs merged into one report (a `run` column in every table), and the study's figures as
+PNG, without rerunning anything.
 
     python3 report.py results/e2e/e2e-20250101-120000.jsonl                    # the report again (markdown)
     python3 report.py results/e2e/run.jsonl --fmt latex_booktabs               # a .tex file for the writeup
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -25,13 +27,778 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import attention_tables
-import e2e_tables
-import memory_tables
-import precision_tables
-from results import (MIB, RUN_COLUMN, RUN_KEY, ArgParser, Record, ResultFiles, add_output_args, by_run,
-                     comparison_rows, emit, finished, is_merged, number, progress, run_of, stem_from,
-                     to_json_line, unknown_column)
+import kernel_tables
+from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY,
+                     ArgParser, ModelConfig, PairedRatio, Record, ResultFiles, Setting, add_output_args, by_run,
+                     comparison_rows, comparison_table, config_row, config_table, emit, environment_lines, finished,
+                     format_bytes, is_merged, is_oom_status, number, pick_columns, progress, render_table, run_of,
+                     sizes_from, stem_from, to_json_line, unknown_column, with_run_column)
+
+# ---- bench_e2e tables ----
+
+E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn", "model",
+               "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms",
+               "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank", "peak mem GiB", "status"]
+E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
+FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
+                 "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
+                 "none": "none (no TFLOP/s, no MFU)"}
+STATUS_CELL = 100  # characters of a status in a table; the record and stderr keep the whole of it
+
+
+def parallel_label(config: Record) -> str | None:
+    """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
+    if not config.get("parallel"):
+        return None
+    text = f"{config['parallel']} x{config['world_size']}"
+    if config["parallel"] == "fsdp":
+        text += (" bf16-params" if config["fsdp_mixed_precision"] == "bf16" else "") + (
+            "" if config["reshard_after_forward"] else " no-reshard")
+    return text
+
+
+def model_label(config: Record) -> str:
+    """The model of a row: its --model NAME, else its MODULE:CALLABLE, else ours."""
+    return config.get("model_name") or config.get("model_factory") or OURS
+
+
+def whose_model(config: Record) -> str:
+    """The settings line's model: "ours (model.TransformerLM)", "student_lm:TinyLM", "mine (student_lm:TinyLM)"."""
+    factory, name = config.get("model_factory"), config.get("model_name")
+    return f"{name} ({factory})" if name and factory else factory or f"{name or OURS} (model.TransformerLM)"
+
+
+def e2e_row(record: Record) -> Record:
+    """One row of the results table."""
+    config, m = record["config"], record["config"]["model"]
+    status = record["status"] if len(record["status"]) <= STATUS_CELL else record["status"][:STATUS_CELL - 1] + "…"
+    row: Record = {"size": config["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
+                   "heads": m["num_heads"], "ctx": m["context_length"], "dtype": config["dtype"],
+                   "compile": "on" if config["compile"] else None, "warmup": config["warmup"], "status": status,
+                   "parallel": parallel_label(config), "attn": config["attn"], "model": model_label(config),
+                   "optimizer": config["optimizer"], RUN_COLUMN: run_of(record)}
+    if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
+        row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
+    if not finished(record):
+        return row
+    for phase, short in E2E_PHASE_SHORT.items():
+        if f"{phase}_ms_mean" in record:
+            row[f"{short} ms"], row[f"{short} std"] = record[f"{phase}_ms_mean"], record[f"{phase}_ms_std"]
+    row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
+    row["TFLOP/s"] = record.get("achieved_tflops")
+    row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
+    if record.get("peak_mem_allocated_bytes") is not None:
+        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
+    if record["noisy"]:
+        row["status"] = "NOISY cv>10%: " + ", ".join(record["noisy"])
+    if record.get("note"):
+        row["status"] += f" ({record['note']})"
+    return row
+
+
+def sizes_table(configs: list[Record], fmt: str) -> str:
+    """The model configurations of a sweep (one row per size) under the handout its size names come from."""
+    handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
+    return config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
+
+
+def sizes_section(records: list[Record], fmt: str) -> str:
+    """sizes_table of the records; for a merge, one row per run and size, with the handout of each run."""
+    if not is_merged(records):
+        return sizes_table([r["config"] for r in records], fmt)
+    rows = []
+    for run, group in by_run(records).items():
+        for size, model in dict.fromkeys((r["config"]["size"], dataclasses.replace(
+                ModelConfig(**r["config"]["model"]), context_length=1)) for r in group):
+            row = {RUN_COLUMN: run, **config_row(size, model), "sizes from": sizes_from(group[0])}
+            rows.append({**row, "params": f"{row['params']:,}"})
+    columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", "params", "sizes from"]
+    return "Model sizes of the runs merged:\n\n" + render_table(rows, columns, fmt)
+
+
+def e2e_settings(records: list[Record]) -> dict[str, Setting]:
+    """The settings line: what a run's rows share; FLOPs: whose FLOPs TFLOP/s and MFU divide by, when not ours."""
+    flops = any(r["config"].get("flops", "formula") != "formula" or r["config"].get("model_factory") for r in records)
+    return {"sizes from": sizes_from, "model": lambda r: whose_model(r["config"]),
+            "batch": lambda r: f"{r['config']['batch_size']}" + " per rank" * bool(r["config"].get("parallel")),
+            "steps": "steps", "mode": lambda r: r["config"]["mode"] + " no-grad" * r["config"]["no_grad"],
+            "FLOPs": lambda r: FLOPS_SOURCES[r["config"].get("flops", "formula")] if flops else None,
+            "ranks": lambda r: f"{r['config']['world_size']} ({backend(r)}; times: slowest rank per phase)"
+            if r["config"].get("parallel") else None}
+
+
+def backend(record: Record) -> str:
+    """parallel.backend_for's rule, read from the record (no torch here)."""
+    return "nccl" if str((record.get("environment") or {}).get("device")).startswith("cuda") else "gloo"
+
+
+def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The model configurations, the settings, the results table (a column only where it tells rows apart or holds
+    a figure), compile times, the comparison, the longest contexts, the --profile tables."""
+    records = [r for r in records if r.get("kind") != "longest_context"]  # search answers: rebuilt from the probes
+    rows = [e2e_row(r) for r in records]
+    varying = {c for c in ("attn", "model", "optimizer") if len({str(row[c]) for row in rows}) > 1}
+    shown = [c for c in E2E_COLUMNS if c in E2E_COLUMNS[:6] + ["dtype", "warmup"] or c in varying
+             or (c not in ("attn", "model", "optimizer") and any(row.get(c) is not None for row in rows))]
+    lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
+             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
+    compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
+                     for r in records if "compile_s" in r]
+    if compile_times:
+        lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    sections = [e2e_comparison_section(records, fmt), search_table(records, fmt), profile_report(records, fmt)]
+    return "\n".join(lines + [t for section in sections if section for t in ("", section)])
+
+
+# comparisons: one configuration in several variants (--dtype, --compile, --attn, --model, ...)
+VARIANT_AXES: dict[str, Callable[[Record], str]] = {  # each axis's config fields, as a row names them
+    "dtype": lambda c: c["dtype"],
+    "compile": lambda c: "compiled" if c["compile"] else "eager",
+    "attn": lambda c: c["attn"],
+    "model": lambda c: model_label(c) if model_label(c) != OURS else "our model",
+    "optimizer": lambda c: {OURS: "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], c["optimizer"]),
+    "parallel": lambda c: parallel_label(c) or "1 process",
+}
+
+
+def varied_axes(configs: list[Record]) -> list[str]:
+    """The variant axes that take more than one value ([] = nothing to compare)."""
+    return [axis for axis, name in VARIANT_AXES.items() if len({name(c) for c in configs}) > 1]
+
+
+def variant_label(config: Record, axes: list[str]) -> str:
+    """"bf16", "bf16 compiled", "sdpa ddp x2": the values of the varied axes only."""
+    return " ".join(VARIANT_AXES[axis](config) for axis in axes)
+
+
+def variants(configs: list[Record]) -> list[str]:
+    """The variants in the order they ran (the first is the baseline); [] for a single variant."""
+    axes = varied_axes(configs)
+    return list(dict.fromkeys(variant_label(c, axes) for c in configs)) if axes else []
+
+
+def control_phase(configs: list[Record]) -> str | None:
+    """The phase every variant runs identically, whose drift says the machine changed: the optimizer step when
+    only the model's settings vary (dtype but fp16, compile, attention: fp32 master weights either way), the
+    forward when only the optimizer varies; None otherwise."""
+    varied = set(varied_axes(configs))
+    if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
+        return None
+    if varied == {"optimizer"}:
+        return "forward"
+    return "optimizer" if "optimizer" not in varied and not any(c["dtype"] == "fp16" for c in configs) else None
+
+
+def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
+    """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and mode
+    where they vary), each variant's mean ms per phase, the speed-ups of the forward, forward+backward and step,
+    the drift of the control phase; None for a single variant."""
+    configs = [r["config"] for r in records]
+    if not (axes := varied_axes(configs)):
+        return None
+    phases = PHASES_BY_MODE[configs[0]["mode"]] + ("step",)
+    also = [k for k in ("warmup", "mode") if len({c[k] for c in configs}) > 1]
+    return {"variant": lambda r: variant_label(r["config"], axes),
+            "row": lambda r: {"size": r["config"]["size"], "ctx": r["config"]["model"]["context_length"],
+                              **{k: r["config"][k] for k in also}},
+            "ratios": {"fwd": ("forward",), **({"fwd+bwd": ("forward", "backward")} if "backward" in phases else {}),
+                       "step": ("step",)},
+            "times": {E2E_PHASE_SHORT[p]: (p,) for p in phases}, "control": control_phase(configs)}
+
+
+def e2e_comparison_section(records: list[Record], fmt: str) -> str | None:
+    if (spec := e2e_comparison(records)) is None:
+        return None
+    names, merged = variants([r["config"] for r in records]), is_merged(records)
+    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}{'; runs merged' if merged else ''})\n\n"
+            + comparison_table(records, fmt=fmt, **spec) + "\n\nMean ms per phase from the rows above; fwd+bwd sums "
+            "the two phases. drift: a phase every variant runs alike changed between them by more than twice its "
+            "standard error. A failed row shows its status, not a number."
+            + " A configuration measured in several runs is compared within each run, never across." * merged)
+
+
+# --context-length max: the longest context that runs (runner.Bisection probes after the first OOM)
+SEARCH_START = 128  # the first probe; the study's contexts are powers of two from 128
+
+
+def probe_contexts(max_context: int) -> list[int]:
+    """SEARCH_START, twice that, ... up to the largest <= max_context."""
+    sizes = [SEARCH_START]
+    while sizes[-1] * 2 <= max_context:
+        sizes.append(sizes[-1] * 2)
+    return sizes
+
+
+def config_key(config: Record, context: bool = True) -> str:
+    """A config as a key (without the context length when context=False: a search's probes share it)."""
+    kept = config if context else {**config, "model": {k: v for k, v in config["model"].items()
+                                                       if k != "context_length"}}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) -> Record:
+    """One search's answer from its probes ({"context_length", "status"}): the longest context that ran, the
+    longest power of two, the first OOM, whether conclusive, and the answer in words."""
+    probes = sorted(probes, key=lambda p: p["context_length"])
+    fits = [p["context_length"] for p in probes if p["status"] in FINISHED]
+    ooms = [p["context_length"] for p in probes if is_oom_status(p["status"])]
+    others = [p for p in probes if p["status"] not in FINISHED and not is_oom_status(p["status"])]
+    longest, first_oom = max(fits, default=None), min(ooms, default=None)
+    powers = [n for n in fits if n & (n - 1) == 0]
+    out = {"longest_context": longest, "longest_power_of_two": max(powers, default=None), "first_oom": first_oom,
+           "resolution": resolution, "conclusive": False}
+    if others and (first_oom is None or others[0]["context_length"] < first_oom):
+        ctx, status = others[0]["context_length"], others[0]["status"]
+        out["answer"] = (f"the longest within the time limit: {ctx} timed out, whether it fits is unknown"
+                         if status.startswith(("timeout", "process-group timeout"))
+                         else f"inconclusive: {ctx} failed with an error, not an OOM (see its row)")
+        if first_oom is not None and longest is not None:  # a bisection probe failed otherwise: bounds stand
+            out["answer"] += f"; the limit lies between {longest} and {first_oom}"
+    elif first_oom is None:
+        out["answer"] = (f"at least this: the search stops at --max-context {cap}"
+                         if longest is not None and longest >= probe_contexts(cap)[-1]
+                         else "incomplete: the search was interrupted")
+    elif longest is None:
+        out.update(conclusive=True, answer=f"none: OOM already at {first_oom}")
+    elif first_oom - longest <= resolution:
+        out.update(conclusive=True, answer=f"the longest that fits, to within {resolution}: {first_oom} runs out of "
+                                           f"memory (the longest power of two: {out['longest_power_of_two']})")
+    elif sum(1 for p in probes if p["context_length"] & (p["context_length"] - 1)) >= budget:
+        out["answer"] = (f"between {longest} and {first_oom}: the bisection spent its budget of {budget} probes "
+                         "(--search-probes)")
+    else:
+        out["answer"] = f"between {longest} and {first_oom}: the bisection was interrupted"
+    return out
+
+
+def context_searches(records: list[Record]) -> list[Record]:
+    """The answer of every search in a sweep's records (one per configuration but the context), as a record."""
+    groups: dict[str, list[Record]] = {}
+    for r in records:
+        if "context_search" in r:
+            groups.setdefault(config_key(r["config"], context=False), []).append(r)
+    answers = []
+    for probes in groups.values():
+        settings = probes[0]["context_search"]
+        seen = [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]} for r in probes]
+        found = search_answer(seen, settings["max_context"], settings["resolution"], settings["probe_budget"])
+        best = next((r for r in probes if r["config"]["model"]["context_length"] == found["longest_context"]
+                     and finished(r)), probes[0])
+        answers.append({"experiment": "bench_e2e", "kind": "longest_context", "label": best["label"],
+                        "config": best["config"], **found, "max_context": settings["max_context"], "probes": seen,
+                        "status": f"longest context {found['longest_context'] or 'none'}: {found['answer']}"})
+    return answers
+
+
+def search_table(records: list[Record], fmt: str) -> str | None:
+    """The longest context of every search, beside its step time and peak memory there; None without a search."""
+    answers, rows = [], []
+    for run, group in by_run(records).items():
+        probes = {config_key(r["config"]): r for r in group if "context_search" in r}
+        for ans in context_searches(group):
+            c, last = ans["config"], ans["probes"][-1]
+            best = probes.get(config_key(c)) if ans["longest_context"] else None
+            row = {RUN_COLUMN: run, "size": c["size"], "mode": c["mode"] + (" no-grad" if c["no_grad"] else ""),
+                   "dtype": c["dtype"], "compile": "on" if c["compile"] else "off", "attn": c["attn"],
+                   "model": model_label(c), "optimizer": c["optimizer"], "parallel": parallel_label(c),
+                   "longest ctx": ans["longest_context"], "longest 2^k": ans["longest_power_of_two"],
+                   "last probe": f"{last['context_length']}: {last['status'].split(':')[0]}", "answer": ans["answer"]}
+            if best is not None:
+                row["step ms"] = best["step_ms_mean"]
+                if best.get("peak_mem_allocated_bytes") is not None:
+                    row["peak mem GiB"] = best["peak_mem_allocated_bytes"] / GIB
+            answers.append(ans)
+            rows.append(row)
+    if not answers:
+        return None
+    columns = with_run_column(["size", "mode", "dtype"], records)
+    columns += [c for c in ("compile", "attn", "model", "optimizer") if len({str(r[c]) for r in rows}) > 1]
+    columns += ["parallel"] if any(r["parallel"] for r in rows) else []
+    columns += ["longest ctx", "longest 2^k", "step ms"] + (["peak mem GiB"] if any("peak mem GiB" in r for r in rows)
+                                                            else []) + ["last probe", "answer"]
+    caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
+    resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
+    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, then after "
+            f"an OOM a bisection to a multiple of {resolutions})\n\n" + render_table(rows, columns, fmt)
+            + "\n\nlongest ctx: the longest that ran, bisected between the last power of two that ran and the first "
+              "that ran out of memory; longest 2^k: the doubling's answer.")
+
+
+def profile_report(records: list[Record], fmt: str) -> str | None:
+    """--profile: torch.profiler's kernel tables of every configuration that has them (rank 0's under
+    --parallel), and under --parallel each rank's time in collectives per phase."""
+    parts = []
+    for r in records:
+        label = r["label"] + (f" ({run_of(r)})" if is_merged(records) else "")
+        if "profile" in r:
+            whose = " (rank 0)" if r["config"].get("parallel") else ""
+            parts.append(f"## torch.profiler: {label}{whose} (timings above were taken with the profiler on)\n\n"
+                         + kernel_tables.render_tables(r["profile"]["tables"], fmt)
+                         + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
+        rows = [{**row, "rank": rank["rank"], "share": f"{row['share']:.0%}" if row.get("share") is not None else None}
+                for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
+        if rows:  # one column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
+            kinds = [k for k in dict.fromkeys(k for row in rows for k in row)
+                     if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
+            named = ([("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms")]
+                     + [(k, f"{k.removesuffix('_ms').removesuffix(' collective')} ms") for k in kinds]
+                     + [("collective_ms", "in collectives ms"), ("share", "share of phase")])
+            table = render_table([{h: row.get(k) for k, h in named} for row in rows], [h for _, h in named], fmt,
+                                 ".3f")
+            parts.append(f"## Collectives per phase: {label} (every rank, ms per step)\n\n{table}\n\nA collective "
+                         "counts for the phase in which it starts; compute may run beside it (FSDP2 prefetches the "
+                         "next block's all-gather). gloo runs a reduce-scatter as an all-reduce.")
+    return "\n\n".join(parts) or None
+
+
+# ---- bench_attention tables ----
+
+BASELINE = "naive"  # the speed-ups are over it (the handout's "PyTorch")
+ATTENTION_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}  # the timed phases
+ATTENTION_IMPL_COLUMNS = [
+    "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
+    "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s",
+    "max err", "tol", "status"]
+ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up", "check"]
+ATTENTION_NOTE = (
+    "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with its "
+    "backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any device); "
+    "naive predicted: what model.naive_attention keeps, 3*B*S^2*e (masked scores, exp, probabilities) + S^2 (bool "
+    "mask) + (3d+2)*B*S*e (Q, K, V, row max and sum), equal to naive's saved bytes on any device, bf16 as fp32 (Q, "
+    "K, V are made in the dtype: no autocast)")
+
+
+def check_summary(check: Record) -> str:
+    """'WRONG: modifies q in place; dk error 5.1e-01 > tolerance 5e-02'; '' for a passed check."""
+    if check["ok"]:
+        return ""
+    error, tolerance = check["max_error"], check["tolerance"]
+    over = error is not None and math.isfinite(error) and error > tolerance  # NaN: named already
+    return "WRONG: " + "; ".join(check["problems"] + over * [
+        f"{check['worst']} error {error:.1e} > tolerance {tolerance:.0e}"])
+
+
+def check_cell(record: Record) -> str:
+    """The comparison's word on a record: ok, WRONG and what first, or why it has no times."""
+    if "forward_ms_mean" not in record:
+        return record["status"].split(":")[0]
+    problems = record["check"]["problems"] or [record["check"]["worst"]]
+    return "ok" if record["check"]["ok"] else "WRONG: " + problems[0].split(" (")[0]
+
+
+def impl_row(record: Record) -> Record:
+    config = record["config"]
+    row = {"impl": config["impl"], "dtype": config["dtype"], "d": config["d"], "seq": config["seq_len"],
+           "status": record["status"] + (f" ({record['note']})" if record.get("note") else ""),
+           "naive predicted": format_bytes(record.get("predicted_naive_saved_bytes")), RUN_COLUMN: run_of(record)}
+    if "forward_ms_mean" not in record:
+        return row
+    for phase, short in ATTENTION_PHASE_SHORT.items():
+        row.update({f"{short} ms": record[f"{phase}_ms_mean"], f"{short} std": record[f"{phase}_ms_std"]})
+    check, error = record["check"], record["check"]["max_error"]
+    finite = error is not None and math.isfinite(error)  # the error as text: .3f would show 0.000
+    row.update({"fwd TFLOP/s": record["forward_tflops"], "backend": record.get("sdpa_backend"),
+                "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
+                "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
+                "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
+                "compile s": record.get("compile_s"), "tol": check["tolerance"],
+                "max err": f"{f'{error:.1e}' if finite else 'not finite'} ({check['worst']})"})
+    return row
+
+
+def impl_table(records: list[Record], fmt: str, columns: list[str] | None, merged: bool) -> str:
+    """One implementation's rows; the heading names it, and the dtype when there is one."""
+    rows = [impl_row(r) for r in records]
+    shown = [c for c in ATTENTION_IMPL_COLUMNS[1:] if c in ("d", "seq", "status", "naive predicted")
+             or any(row.get(c) is not None for row in rows)]
+    shown = [c for c in shown if c != "dtype" or len({row["dtype"] for row in rows}) > 1]
+    return render_table(rows, pick_columns([RUN_COLUMN] * merged + shown, columns, fmt, ATTENTION_IMPL_COLUMNS),
+                        fmt, floatfmt=".3f")
+
+
+def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
+    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline; the first when naive
+    did not run), its times beside naive's, the speed-ups (paired by round when timed together) and the check,
+    with naive's own check when it failed; None for one implementation."""
+    several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
+               if len({r["config"][k] for r in records}) > 1}
+
+    def check(record: Record, base: Record | None) -> dict[str, str]:
+        wrong = f"{base['config']['impl']} {check_cell(base)}; " if base and check_cell(base) != "ok" else ""
+        return {"check": wrong + check_cell(record)}
+
+    return comparison_table(
+        sorted(records, key=lambda r: r["config"]["impl"] != BASELINE), lambda r: r["config"]["impl"],
+        lambda r: {"d": r["config"]["d"], "seq": r["config"]["seq_len"],
+                   **{name: r["config"][k] for k, name in several.items()}},
+        {short: (phase,) for phase, short in ATTENTION_PHASE_SHORT.items()}, fmt, columns, ".3f", calls="calls",
+        more_rounds="--iters", per_variant="impl", cells=check)
+
+
+def timing_label(record: Record) -> str | None:
+    """How a record was timed; None when nothing was."""
+    timing = record.get("timing")
+    if timing is None:
+        return None
+    if timing["method"] == "triton.testing.do_bench":
+        return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep {timing['rep_ms']:g} ms, L2 "
+                f"flushed before every call, triton {timing['triton']})")
+    why = f"; {timing['why']}" if timing.get("why") else ""
+    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls per "
+            f"phase{why})")
+
+
+def render_attention(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The environment, a table per implementation, the comparison (both with the `columns` they have) and what
+    the columns mean."""
+    lines = environment_lines(records, {"batch": "batch_size", "dtype": "dtype", "causal": lambda r: "yes",
+                                        "timing": timing_label})
+    impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
+    for impl in impls:
+        mine = [r for r in records if r["config"]["impl"] == impl]
+        lines += ["", f"### {impl}", "", impl_table(mine, fmt, columns, is_merged(records))]
+    if table := attention_comparison(records, fmt, columns):
+        base = BASELINE if BASELINE in impls else impls[0]
+        lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s time / "
+                  "the implementation's, forward/backward/forward+backward"]
+    tolerances = ", ".join(dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}"
+                                         for r in records if r.get("check")))
+    checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, K, V (the worst "
+               f"named) against causal attention in float64 on copies of the inputs; WRONG above tol ({tolerances}), "
+               "or for a kernel writing into its inputs or returning NaN/inf; a WRONG kernel is still timed"
+               ) if tolerances else ""
+    return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."])
+
+
+# ---- mem_profile tables ----
+
+MEMORY_PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "model", "optimizer", "peak alloc MiB",
+                       "peak alloc GiB", "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
+
+MEMORY_SETTINGS: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
+                                      "batch": "batch_size", "warmup": "warmup", "steps": "steps"}
+
+
+def _ident(rec: Record, records: list[Record], keys: list[str]) -> Record:
+    """The row's identifying cells: the run (a merge), then `keys` of the config; model only when yours ran."""
+    c, cells = rec["config"], {RUN_COLUMN: run_of(rec)} if is_merged(records) else {}
+    values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
+              "attn": c["attn"], "ckpt": c["checkpoint_every"], "heads": c["model"]["num_heads"],
+              "model": model_label(c)}
+    yours = any(r["config"].get("model_factory") for r in records)
+    return {**cells, **{k: values[k] for k in keys if k != "model" or yours}}
+
+
+def _unique_rows(records: list[Record], keys: list[str]) -> list[tuple[Record, Record]]:
+    """(record, identifying cells) once per distinct identity (rows that differ in no printed key are one)."""
+    seen: dict[tuple, tuple[Record, Record]] = {}
+    for rec in records:
+        ident = _ident(rec, records, keys)
+        seen.setdefault(tuple(ident.values()), (rec, ident))
+    return list(seen.values())
+
+
+def accounting_table(records: list[Record], fmt: str) -> str:
+    rows = []
+    for rec, ident in _unique_rows(records, ["size", "ctx", "mode", "dtype", "model"]):
+        if "weights_bytes" not in rec:  # your model failed before its parameters were counted
+            rows.append({**ident, "status": f"not counted: {rec['saved_status']}"})
+            continue
+        static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
+        rows.append({**ident, "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
+                     "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
+                     "residual stream MiB": rec["residual_stream_bytes"] / MIB,
+                     "= B x S x d_model x 4 B":
+                         f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
+                     "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
+                     "= B x H x S x S x bytes": rec["attention_scores_formula"]})
+    return render_table(rows, list(dict.fromkeys(k for row in rows for k in row)), fmt)
+
+
+def saved_tables(records: list[Record], fmt: str) -> str:
+    summary, largest = [], []
+    for rec, ident in _unique_rows(records, ["size", "ctx", "dtype", "attn", "ckpt", "model"]):
+        if rec["saved_status"] != "ok":
+            summary.append({**ident, "status": rec["saved_status"]})
+            continue
+        grads = rec.get("block_grad_bytes")
+        summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
+                        "grads per block MiB": grads / MIB if grads is not None else None,
+                        "x blocks": rec["num_blocks"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
+                        "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
+                        "total MiB": rec["saved_total_bytes"] / MIB,
+                        "status": "ok" if rec["num_blocks"] else "ok (no nn.ModuleList of repeated blocks: all "
+                                                                  "counted outside)"})
+        for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
+            largest += [{**ident, "scope": scope, "module": r["module"], "op": r["op"], "shape": r["shape"],
+                         "tensor dtype": r["dtype"], "tensors": f"{r['tensors']:g}", "MiB": r["bytes"] / MIB,
+                         "share": f"{r['share']:.1%}"} for r in rows]
+    columns = list(dict.fromkeys(k for row in summary for k in row if k != "status")) + ["status"]
+    text = render_table(summary, columns, fmt)
+    if largest:
+        text += ("\n\nLargest saved tensors, grouped by module, op, shape and dtype (tensors: how many the row "
+                 "adds up, per block): the top 5 per block (share of the blocks' total) and the top 3 outside "
+                 "(share of the total):\n\n" + render_table(largest, list(largest[0]), fmt))
+    return text
+
+
+def compiled_block_table(records: list[Record], fmt: str) -> str | None:
+    """--compile: one block's saved tensors counted as the handout's §3.2 counts them, eager beside compiled."""
+    rows = []
+    for rec, ident in _unique_rows([r for r in records if "compiled_status" in r],
+                                   ["size", "ctx", "dtype", "heads", "model"]):
+        row = {**ident, "batch": rec["config"]["batch_size"], "status": rec["compiled_status"]}
+        if rec["compiled_status"] == "ok":
+            row.update({"eager MiB": rec["block_eager_saved_bytes"] / MIB,
+                        "eager tensors": rec["block_eager_saved_tensors"],
+                        "compiled MiB": rec["block_compiled_saved_bytes"] / MIB,
+                        "compiled tensors": rec["block_compiled_saved_tensors"],
+                        "compile + forward s": rec["block_compile_s"]})
+        rows.append(row)
+    if not rows:
+        return None
+    columns = list(dict.fromkeys(k for row in rows for k in row if k != "status")) + ["status"]
+    return render_table(rows, columns, fmt)
+
+
+MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB", "transient MiB",
+                             "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
+
+
+def checkpoint_table(records: list[Record], fmt: str) -> str | None:
+    """One row per K: the parts of its predicted peak and the moment it falls in, the measured peak (CUDA) beside
+    it; then per setting the best K and the nested strategy. None when no configuration checkpoints."""
+    predicted = [r for r in records if r.get("checkpoint_prediction")]
+    if not any(r["config"]["checkpoint_every"] for r in predicted):
+        return None
+    rows, notes = [], {}
+    for rec in predicted:
+        c, p, k = rec["config"], rec["checkpoint_prediction"], rec["config"]["checkpoint_every"]
+        ident = _ident(rec, records, ["size", "ctx", "mode", "dtype", "attn"])
+        row = {**ident, "K": k, "kept MiB": p["kept_bytes"] / MIB,
+               "recomputed MiB": min(k, c["model"]["num_layers"]) * p["block_bytes"] / MIB if k else None,
+               "transient MiB": p["transient_bytes"] / MIB, "state GiB": p["state_bytes"] / GIB,
+               "predicted GiB": p["predicted_peak_bytes"] / GIB, "at": p["peak_moment"]}
+        if rec["status"] == "ok":
+            row["measured GiB"] = rec["peak_mem_allocated_bytes"] / GIB
+            row["measured / predicted"] = f"{rec['peak_mem_allocated_bytes'] / p['predicted_peak_bytes']:.2f}"
+        rows.append(row)
+        n, sqrt_k = c["model"]["num_layers"], p["sqrt_k"]
+        notes[tuple(ident.values())] = (
+            f"{' '.join(map(str, ident.values()))}: N = {n}, a = {p['block_bytes'] / MIB:.2f} MiB per block, "
+            f"b = {p['boundary_bytes'] / MIB:.2f} MiB per boundary; single level: K* = sqrt(N b / a) = "
+            f"{sqrt_k or 0:.2f}, smallest predicted peak at K = {p['best_k']} "
+            f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive halving, ceil(log2 N) + 1 = "
+            f"{p['nested_kept_bytes'] // p['boundary_bytes']} "
+            f"boundaries kept, one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
+    columns = with_run_column([c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)], records)
+    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments "
+            "(at) a step's peak can fall in; kept: what the forward leaves for backward (with K > 0, ceil(N/K) "
+            "segment inputs); recomputed: one segment's K blocks. Activations: N a without checkpointing, "
+            "ceil(N/K) b + K a single level, (ceil(log2 N) + 1) b + a nested (predicted, not run).\n\n"
+            + "\n".join(f"- {note}" for note in notes.values()))
+
+
+def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The measured peaks; the model and optimizer columns only when yours or several ran."""
+    rows = []
+    for rec in records:
+        c = rec["config"]
+        row = {RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
+               "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"], "model": model_label(c),
+               "optimizer": c["optimizer"], "status": rec["status"]}
+        if rec["status"] == "ok":
+            row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
+                        "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
+                        "peak reserved MiB": rec["peak_mem_reserved_bytes"] / MIB,
+                        "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB, "step ms": rec["step_ms_mean"]})
+        rows.append(row)
+    hidden = {k for k in ("model", "optimizer") if {row[k] for row in rows} == {OURS}}
+    default = with_run_column([c for c in MEMORY_PEAK_COLUMNS if c not in hidden], records)
+    return render_table(rows, pick_columns(default, columns, fmt), fmt)
+
+
+def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
+    """The memory_profiling answer: one row per size and context, forward beside train, fp32 beside bf16; attn,
+    ckpt, model and optimizer get a column only when they vary. None when nothing was measured."""
+    if all(rec["status"].startswith("skipped") for rec in records):
+        return None
+    fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
+              "optimizer": lambda c: c["optimizer"]}
+    varying = [k for k, value in fields.items() if len({value(r["config"]) for r in records}) > 1]
+    dtypes = list(dict.fromkeys(r["config"]["dtype"] for r in records))
+    modes = [m for m in MODES if any(r["config"]["mode"] == m for r in records)]
+    keys = with_run_column(["size", "ctx"] + varying, records)
+    rows: dict[tuple, Record] = {}
+    for rec in records:
+        c = rec["config"]
+        key = ((run_of(rec),) if is_merged(records) else ()) + (c["size"], c["model"]["context_length"],
+                                                                *(fields[k](c) for k in varying))
+        cell = rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
+        rows.setdefault(key, dict(zip(keys, key)))[f"{c['dtype']} {c['mode']} GiB"] = cell
+    return render_table(list(rows.values()), keys + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt,
+                        floatfmt=".3f")
+
+
+def snapshot_report(title: str, fields: Record, fmt: str) -> str:
+    """The peak check, the largest allocations and what was live at the peak, for one snapshot."""
+    check = fields["snapshot_peak_check"]
+    mib = {k: check[k] / MIB if check.get(k) is not None else None for k in
+           ("rebuilt_peak_bytes", "requested_peak_bytes", "diff_bytes", "max_memory_allocated_bytes")}
+    check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
+                 "rebuilt MiB": mib["rebuilt_peak_bytes"], "requested peak MiB": mib["requested_peak_bytes"],
+                 "diff MiB": mib["diff_bytes"], "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib["max_memory_allocated_bytes"]}
+    largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
+                "first frame in the code studied": r["sites"], "phase": r["phases"]}
+               for r in fields["snapshot_largest"]]
+    live = [{"live at the peak, by site": r["site"], "count": r["count"], "MiB": r["bytes"] / MIB,
+             "share of peak": f"{r['share']:.1%}"} for r in fields["snapshot_live_at_peak"]]
+    parts = [f"#### Snapshot: {title}", "", render_table([check_row], list(check_row), fmt), "",
+             "Largest allocations in the recorded step:", "",
+             render_table(largest, list(largest[0]) if largest else ["size MiB"], fmt), "",
+             render_table(live, list(live[0]), fmt)]
+    parts += [f"\ntimeline: {fields[k]}" for k in ("snapshot_png", "snapshot_html") if k in fields]
+    parts += [f"\n{fields['snapshot_png_note']}"] if "snapshot_png_note" in fields else []
+    return "\n".join(parts)
+
+
+def render_memory(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """Every table of a mem_profile run, from its records alone."""
+    parts = [*environment_lines(records, MEMORY_SETTINGS), "", sizes_section(records, fmt), "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's own parameters; "
+             "AdamW's two moments per parameter whatever the optimizer)", "", accounting_table(records, fmt), "",
+             "### Saved for backward (one forward pass and the loss; each storage once; blocks: the repeated "
+             "modules of the model's nn.ModuleList; grads per block: one block's parameter gradients)", "",
+             saved_tables(records, fmt), ""]
+    if compiled := compiled_block_table(records, fmt):
+        parts += ["### One block compiled, as the handout's §3.2 counts it (torch.compile(block, fullgraph=True); "
+                  "every saved tensor's numel x element size, parameters left out)", "", compiled, ""]
+    if checkpointing := checkpoint_table(records, fmt):
+        parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "", checkpointing, ""]
+    devices = sorted({r["environment"].get("device", "") for r in records})
+    if not any(d.startswith("cuda") for d in devices):
+        parts.append(f"note: measured peaks and snapshots need a CUDA device, and this run is on {', '.join(devices)}: "
+                     "the tables above are the ones that need no GPU.")
+        return "\n".join(parts)
+    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
+              "", peak_table(records, fmt, columns)]
+    if by_context := peak_by_context_table(records, fmt):
+        parts += ["", "### Peak allocated memory per context length (GiB): forward-only beside a training step",
+                  "", by_context]
+    for rec in records:
+        title = rec["label"] + (f" ({run_of(rec)})" if is_merged(records) else "")
+        if "snapshot_peak_check" in rec:
+            parts += ["", snapshot_report(title, rec, fmt)]
+        elif "snapshot_status" in rec:
+            parts += ["", f"snapshot of {title}: {rec['snapshot_status']}"]
+    return "\n".join(parts)
+
+
+# ---- precision_demo tables ----
+
+PRECISION_COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)",
+                     "count x stored (float64)", "result", "abs error", "rel error",
+                     "accumulator spacing at result"]
+
+
+def precision_row(r: Record) -> Record:
+    """Floats in full (floatfmt="": the shortest repr that round-trips), errors to 3 digits; the
+    stored addend also as an integer over a power of two, which shows how many bits it kept."""
+    numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
+    return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
+            "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
+            "addend as stored (exact)":
+                f"{r['addend_stored_exact']} = {numerator}/2^{denominator.bit_length() - 1}",
+            "count x stored (float64)": r["count_times_stored"], "result": r["result"],
+            "abs error": float(f"{r['abs_error']:.3g}"),
+            "rel error": float(f"{r['rel_error']:.3g}"),
+            "accumulator spacing at result": r["result_spacing"]}
+
+
+def precision_notes(records: list[Record]) -> list[str]:
+    """Why case 3 equals case 4 (torch's type promotion, as recorded by the run), then how each
+    low-precision accumulator loses the sum, read off its spacing at the result."""
+    by_case = {r["case"]: r for r in records}
+    notes = []
+    if {"1", "3", "4"} <= by_case.keys():
+        r1, r3, r4 = by_case["1"], by_case["3"], by_case["4"]
+        same, exact = r3["result"] == r4["result"], r3["result"] == r3["count_times_stored"]
+        notes.append(
+            f"Cases 3 and 4 are {'equal' if same else 'NOT equal'} ({r3['result']!r} and "
+            f"{r4['result']!r}): torch promotes a float16 addend to {r3['promoted_dtype']} before "
+            "adding it to a float32 (torch.result_type), so case 4's .type(torch.float32) changes "
+            f"nothing. Their error is the addend's: {r3['value']} in float16 is "
+            f"{r3['addend_stored_exact']}, and {r3['count']} x that is "
+            f"{r3['count_times_stored']!r}, {'exactly' if exact else 'close to'} what both print. "
+            f"Case 1 stores {r1['value']} as {r1['addend_stored_exact']}; the rest of its error is "
+            "float32 rounding in the sum.")
+    for r in [r for r in records if r["accumulator_dtype"] != "float32"]:
+        half_step = r["result_spacing"] / 2
+        stalled = half_step >= abs(float(r["addend_stored_exact"]))
+        stuck = f"; half a step ({half_step!r}) is at least the addend: every add rounds away"
+        notes.append(
+            f"The {r['accumulator_dtype']} accumulator (case {r['case']}) ends at {r['result']!r}: "
+            f"near there it moves in steps of {r['result_spacing']!r}, so each add is rounded to a "
+            "multiple of that step" + (stuck if stalled else "") + ".")
+    return notes
+
+
+def render_precision(records: list[Record], fmt: str,
+                            columns: list[str] | None = None) -> str:
+    """The environment, the sum, the table (`columns`: pick_columns), the notes; runs named."""
+    merged = is_merged(records)
+    titles, notes = [], []
+    for run, rs in by_run(records).items():
+        named, value, count = f"{run}: " * merged, rs[0]["value"], rs[0]["count"]
+        titles.append(f"{named}Sum of {value} added {count} times (exact answer {value * count!r})")
+        notes += [named + note for note in precision_notes(rs)]
+    default = [RUN_COLUMN] * merged + PRECISION_COLUMNS
+    table = render_table([precision_row(r) for r in records], pick_columns(default, columns, fmt),
+                         fmt, floatfmt="")
+    return "\n".join([*environment_lines(records, {}), "", *titles, "", table, "",
+                      "\n\n".join(notes)])
+
+
+# ---- toy_autocast tables ----
+
+# CPU and CUDA autocast follow different op lists (torch.amp docs, "Autocast Op Reference"): a CPU
+# table must not be quoted as the CUDA answer.
+TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_norm (and "
+                "softmax, log_softmax, cross_entropy) in float32, so on a GPU the LayerNorm output "
+                "is float32. Do not quote it as the CUDA answer: run --device cuda on a GPU.")
+
+
+def toy_columns(records: list[Record]) -> list[str]:
+    return ["tensor"] + list(dict.fromkeys(f"{r['autocast_dtype']} autocast" for r in records))
+
+
+def toy_rows(records: list[Record]) -> list[Record]:
+    """One row per tensor, as observed; one column per autocast dtype. A failed dtype shows its
+    status in every cell (in one row when no dtype succeeded)."""
+    ok = [r for r in records if r["status"] == "ok"]
+    labels = list(dict.fromkeys(label for r in ok for label in r["dtypes"])) or ["(run)"]
+    return [{"tensor": label, **{f"{r['autocast_dtype']} autocast": r["dtypes"].get(label)
+                                 if r["status"] == "ok" else r["status"] for r in records}}
+            for label in labels]
+
+
+def render_toy(records: list[Record], fmt: str,
+                      columns: list[str] | None = None) -> str:
+    """The environment, the title, the CPU note when not run on CUDA, the table of dtypes."""
+    merged = is_merged(records)
+    lines, rows = [*environment_lines(records, {}), ""], []
+    for run, rs in by_run(records).items():
+        named, r0, c = f"{run}: " * merged, rs[0], rs[0]["config"]
+        lines += [f"{named}ToyModel dtypes under torch.autocast on {r0['device']} "
+                  f"({r0['environment']['device_name']}), batch {c['batch_size']}, "
+                  f"{c['in_features']} -> 10 -> {c['out_features']}", ""]
+        if not r0["device"].startswith("cuda"):
+            lines += [named + TOY_CPU_NOTE, ""]
+        rows += [{RUN_COLUMN: run, **row} for row in toy_rows(rs)]
+    default = [RUN_COLUMN] * merged + toy_columns(records)
+    return "\n".join(lines + [render_table(rows, pick_columns(default, columns, fmt), fmt)])
+
 
 # ---- the experiments ----
 
@@ -43,11 +810,11 @@ class Renderer:
 
 
 RENDERERS = {
-    "bench_e2e": Renderer(e2e_tables.render_report, lambda records: e2e_tables.COLUMNS),
-    "bench_attention": Renderer(attention_tables.render_report, lambda records: attention_tables.TABLE_COLUMNS),
-    "mem_profile": Renderer(memory_tables.render_report, lambda records: memory_tables.PEAK_COLUMNS),
-    "precision_demo": Renderer(precision_tables.render_precision_report, lambda records: precision_tables.COLUMNS),
-    "toy_autocast": Renderer(precision_tables.render_toy_report, precision_tables.toy_columns),
+    "bench_e2e": Renderer(render_e2e, lambda records: E2E_COLUMNS),
+    "bench_attention": Renderer(render_attention, lambda records: ATTENTION_COLUMNS),
+    "mem_profile": Renderer(render_memory, lambda records: MEMORY_PEAK_COLUMNS),
+    "precision_demo": Renderer(render_precision, lambda records: PRECISION_COLUMNS),
+    "toy_autocast": Renderer(render_toy, toy_columns),
 }
 
 
@@ -256,20 +1023,12 @@ def varying(records: list[Record], keys: list[str]) -> list[str]:
     return [k for k in keys if len(seen(k)) > 1] + (["run"] if is_merged(records) else [])
 
 
-E2E_VARIANTS = ("dtype", "compile", "attn", "model_factory", "optimizer", "parallel")  # the compared axes
-
-
-def e2e_row(record: Record) -> Record:
-    c = record["config"]
-    return {"size": c["size"], "ctx": c["model"]["context_length"], "warmup": c["warmup"], "mode": c["mode"]}
-
-
 def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     """Step time per configuration, stacked by phase, with the step's std as error bar."""
     done = [r for r in records if finished(r) and number(r.get("step_ms_mean"))]
     if not done:
         return None
-    keys = ["size"] + varying(done, ["warmup", "mode", *E2E_VARIANTS])
+    keys, axes = ["size"] + varying(done, ["warmup", "mode"]), varied_axes([r["config"] for r in done])
     fig, (ax,) = new_figure(done, "Step time by phase", width=max(6.4, 0.9 * len(done) + 2))
     bottom = [0.0] * len(done)
     for phase in ("forward", "backward", "optimizer"):
@@ -281,40 +1040,33 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     ax.errorbar(range(len(done)), [r["step_ms_mean"] for r in done], yerr=stds, fmt="none", ecolor="black",
                 capsize=3, label="step mean ± std")
     notes += [f"{stds.count(0.0)} configuration(s) without a step std (one timed step)"] if 0.0 in stds else []
-    ax.set_xticks(range(len(done)), [label_of(r, keys) + f"\nctx {r['config']['model']['context_length']}"
-                                     for r in done], fontsize=8)
+    ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
+                                     + f"\nctx {r['config']['model']['context_length']}" for r in done], fontsize=8)
     ax.set_ylabel("time per step (ms)")
     legend_outside(fig, ax)
     return fig
 
 
 def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
-    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration; a failed one's status is
-    written where its bar would be."""
+    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration, as the comparison table has
+    them; a failed one's status is written where its bar would be."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
-    axes = varying(measured, list(E2E_VARIANTS))
-    axes = [a for a in axes if a != "run"]
-    if not axes:
+    if (spec := e2e_comparison(measured)) is None:
         return None
-    phases = {"fwd": ("forward",), "fwd+bwd": ("forward", "backward"), "step": ("step",)}
-    if not any("backward_ms_mean" in r for r in measured):
-        del phases["fwd+bwd"]
-    names, rows = comparison_rows(measured, lambda r: label_of(r, axes), e2e_row, phases)
+    names, rows, _ = comparison_rows(measured, **spec)
     bars = [(row, name) for row in rows for name in names[1:]]
     fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}",
                             width=max(6.4, 1.2 * len(bars) + 2))
-    width = 0.8 / len(phases)
-    for i, label in enumerate(phases):
-        xs = [j + (i - (len(phases) - 1) / 2) * width for j in range(len(bars))]
+    width = 0.8 / len(spec["ratios"])
+    for i, label in enumerate(spec["ratios"]):
+        xs = [j + (i - (len(spec["ratios"]) - 1) / 2) * width for j in range(len(bars))]
         found = [row.get(f"{label} speed-up: {name}") for row, name in bars]
-        ax.bar(xs, [s.ratio if s else math.nan for s in found], width, label=label)
-        for x, s, (row, name) in zip(xs, found, bars):
-            status = row.get(f"{label} ms: {name}")
-            if s is None and status and not status[0].isdigit():  # OOM, error: said where the bar would be
-                ax.annotate(status, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
+        ax.bar(xs, [s.ratio if isinstance(s, PairedRatio) else math.nan for s in found], width, label=label)
+        for x, s in zip(xs, found):
+            if isinstance(s, str):  # OOM, error: said where the bar would be
+                ax.annotate(s, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    warmups = len({row["warmup"] for row in rows}) > 1
-    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if warmups
+    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if "warmup" in row
                                      else "") + f"\n{name}" + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
                                      for row, name in bars], fontsize=8)
     ax.set_ylabel(f"speed-up over {names[0]} (x)")
@@ -333,10 +1085,12 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
     if not groups:
         return None
     fig, axes = new_figure(records, "Warm-up: time of each timed step", ncols=len(groups))
+    keys, variant_axes = ["size", *varying(records, [])], varied_axes([r["config"] for r in records])
     for ax, group in zip(axes, groups.values()):
         for r in sorted(group, key=lambda r: r["config"]["warmup"]):
             ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o", label=f"warm-up {r['config']['warmup']}")
-        ax.set_title(label_of(group[0], ["size", *varying(records, [*E2E_VARIANTS])]), fontsize=9)
+        ax.set_title(f"{label_of(group[0], keys)} {variant_label(group[0]['config'], variant_axes)}".strip(),
+                     fontsize=9)
         log_axes(ax, x_base=None)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_xlabel("timed step index")

@@ -60,6 +60,7 @@ class SkipAfterOOM:
 
 
 MIB, GIB = 2**20, 2**30
+OURS = "ours"  # the --model and --optimizer name of model.py's and optim.py's
 
 
 def format_bytes(n: float | None) -> str | None:
@@ -477,11 +478,14 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
     return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
 
 
-def pick_columns(default: list[str], requested: list[str] | None, fmt: str) -> list[str]:
-    """--columns as given (a merge's run column kept first), else `default` (LaTeX: without the model shape)."""
-    if requested:
-        return ([RUN_COLUMN] if RUN_COLUMN in default and RUN_COLUMN not in requested else []) + requested
-    return [c for c in default if not (fmt in LATEX_FORMATS and c in MODEL_SHAPE_COLUMNS)]
+def pick_columns(default: list[str], requested: list[str] | None, fmt: str, has: list[str] | None = None
+                 ) -> list[str]:
+    """--columns as given (a merge's run column kept first), else `default` (LaTeX: without the model shape); with
+    `has`, the requested columns this table has (`default` when it has none of them)."""
+    if not requested:
+        return [c for c in default if not (fmt in LATEX_FORMATS and c in MODEL_SHAPE_COLUMNS)]
+    picked = ([RUN_COLUMN] if RUN_COLUMN in default and RUN_COLUMN not in requested else []) + requested
+    return [c for c in picked if has is None or c in has or c == RUN_COLUMN] or default
 
 
 def unknown_column(requested: list[str], valid: list[str]) -> str | None:
@@ -564,69 +568,113 @@ def environment_lines(records: list[Record],
 
 
 def comparison_rows(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
-                    ratios: dict[str, tuple[str, ...]], *, calls: str = "steps", more_rounds: str = "--steps",
-                    control: str | None = None, cells: Callable[[Record], Record] | None = None
-                    ) -> tuple[list[str], list[Record]]:
-    """The variants (the first seen is the baseline) and the rows of the comparison table: one row per
-    `row(record)` (the cells naming a configuration), then per variant its time for each ratio label ("fwd":
-    ("forward",) sums those phases' means; a failed row: its status) and `cells(record)` (memory, a check), then
-    each other variant's PairedRatio over the baseline, and notes. `control`: a phase every variant runs alike,
-    checked for drift."""
+                    ratios: dict[str, tuple[str, ...]], *, times: dict[str, tuple[str, ...]] | None = None,
+                    calls: str = "steps", more_rounds: str = "--steps", control: str | None = None,
+                    per_variant: str | None = None, cells: Callable[[Record, Record | None], Record] | None = None
+                    ) -> tuple[list[str], list[Record], list[str]]:
+    """The variants (the first seen is the baseline), the rows of the comparison table and the notes under it.
+    One row per `row(record)` (the cells naming a configuration): each variant's time per `times` label ("bwd":
+    ("backward",); default `ratios`), then each other variant's PairedRatio over the baseline per `ratios` label
+    ("fwd+bwd": ("forward", "backward") sums those phases' means) and the row's notes. A failed or missing variant
+    shows its status, not a number. per_variant="impl": for a table that would be too wide, a row per
+    configuration and variant other than the baseline, named in that column, its times beside the baseline's
+    ("naive fwd"), its ratios in one "speed-up" cell, then `cells(record, baseline)` (a check); the notes go under
+    the table, each naming its row. `control`: a phase every variant runs alike, checked for drift."""
+    times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
     for i, group in enumerate(comparison_groups(records, lambda r: (key(r), variant(r)))):
         for r in group:
             by_row.setdefault((i, key(r)), {})[variant(r)] = r
-    rows = []
+
+    def status(r: Record | None) -> str:  # "OOM", "error", "not run": a failed row's status without its detail
+        return "not run" if r is None else r["status"].split(":")[0]
+
+    def timed(r: Record | None, phases: tuple[str, ...]) -> bool:  # a WRONG kernel is timed all the same
+        return r is not None and all(number(r.get(f"{p}_ms_mean")) for p in phases)
+
+    def failed(r: Record | None) -> bool:
+        return r is None or not finished(r) and not timed(r, next(iter(times.values())))
+
+    def time_cells(r: Record | None, name: Callable[[str], str]) -> Record:  # numbers or statuses, formatted later
+        return {name(label): sum(r[f"{p}_ms_mean"] for p in phases) if timed(r, phases) else
+                status(r) if failed(r) else None for label, phases in times.items()}
+
+    rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes over every row
     for found in by_row.values():
-        out: Record = {**({RUN_COLUMN: runs_cell(list(found.values()))} if is_merged(records) else {}),
-                       **row(next(iter(found.values())))}
-        unresolved, few, pulled, drifts = [], {}, [], []
-        base = found.get(names[0])
-        for name in names:
-            r = found.get(name)
-            ok = r is not None and finished(r)
-            for label, phases in ratios.items():
-                means = [r.get(f"{p}_ms_mean") for p in phases] if ok else []
-                # formatted here: a column of numbers and statuses is text to tabulate
-                out[f"{label} ms: {name}"] = (f"{sum(means):.2f}" if means and all(map(number, means)) else
-                                              r["status"].split(":")[0] if r is not None and not ok else None)
-            if ok and cells:
-                out.update({f"{k}: {name}": v for k, v in cells(r).items()})
-            if name == names[0] or not ok or base is None or not finished(base):
+        ident: Record = {**({RUN_COLUMN: runs_cell(list(found.values()))} if is_merged(records) else {}),
+                         **row(next(iter(found.values())))}
+        base, paired = found.get(names[0]), set()
+        unresolved, few, pulled, others = below if per_variant else ([], {}, [], [])
+        where = " ".join(f"{k}={v}" for k, v in ident.items()) + " " if per_variant else ""
+        out = {**ident, **time_cells(base, lambda label: f"{label} ms: {names[0]}")}
+        for name in names[1:]:
+            if per_variant and (r := found.get(name)) is not None:
+                out = {**ident, per_variant: name, **time_cells(base, lambda label: f"{names[0]} {label}"),
+                       **time_cells(r, lambda label: f"{label} ms")}
+                rows.append(out)
+            elif per_variant:
                 continue
+            else:
+                r = found.get(name)
+                out.update(time_cells(r, lambda label: f"{label} ms: {name}"))
+            found_ratios = {}
             for label, phases in ratios.items():
-                if all(number(x.get(f"{p}_ms_mean")) for x in (base, r) for p in phases):
-                    out[f"{label} speed-up: {name}"] = s = speedup(base, r, phases)
-                    unresolved += [f"{label} {name}"] if s.resolved is False else []
-                    if s.rounds and s.low is None:
-                        few[name] = (s.rounds, more_rounds)
-                    if (means := means_outside(s, base, r, phases)) is not None:
-                        pulled.append(f"{label} {name} {means:.2f}x")
-            if control and (moved := drift(base, r, control)):
-                drifts.append(f"{moved.text()} ({name})")
-        out["notes"] = "; ".join(interval_notes(unresolved, few, pulled, calls) + drifts) or None
-        rows.append(out)
-    return names, rows
+                if not (timed(base, phases) and timed(r, phases)):
+                    found_ratios[label] = (status(r) if failed(r) else f"baseline {status(base)}" if failed(base)
+                                           else None)
+                    continue
+                found_ratios[label] = s = speedup(base, r, phases)
+                paired.update((names[0], name) if s.rounds else ())
+                if s.resolved is False:
+                    unresolved.append(f"{where}{label} {name}" + (f" ({s.interval_text()})" if per_variant else ""))
+                if s.rounds and s.low is None:  # rounds are steps (calls), or whole runs (--interleave runs)
+                    runs = (base.get("pairing") or {}).get("mode") == "runs"
+                    few[name] = (s.rounds, "--repeats" if runs else more_rounds)
+                if (means := means_outside(s, base, r, phases)) is not None:
+                    pulled.append(f"{where}{label} {name} {means:.2f}x")
+            if per_variant:
+                failure = next((s for s in found_ratios.values() if not isinstance(s, PairedRatio)), None)
+                out.update({"speed-up": failure if failure or None in found_ratios.values() else found_ratios,
+                            **(cells(r, base) if cells else {})})
+            else:
+                out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
+            if control and timed(base, (control,)) and timed(r, (control,)) and (moved := drift(base, r, control)):
+                others.append(f"{where}{moved.text()} ({name})")
+        # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
+        noisy = [n for n, r in found.items() if r["status"] == "noisy" and n not in paired]
+        others += [f"{where}noisy: {', '.join(noisy)}"] if noisy else []
+        if not per_variant:
+            out["notes"] = "; ".join(interval_notes(unresolved, few, pulled, calls) + others) or None
+            rows.append(out)
+    return names, rows, interval_notes(*below[:3], calls) + below[3] if per_variant else []
 
 
 def comparison_table(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
-                     ratios: dict[str, tuple[str, ...]], fmt: str = "github", **options: Any) -> str | None:
-    """The one comparison table (comparison_rows; `options` are its keywords): a speed-up cell reads
-    "1.93x (1.85-2.01x)", the estimate and its 95% interval; None for a single variant."""
-    names, rows = comparison_rows(records, variant, row, ratios, **options)
+                     ratios: dict[str, tuple[str, ...]], fmt: str = "github", columns: list[str] | None = None,
+                     floatfmt: str = ".2f", **options: Any) -> str | None:
+    """The one comparison table (comparison_rows; `options` are its keywords), its columns picked by --columns
+    (those it has), the meaning of a speed-up under it, then its notes; None for a single variant. A speed-up
+    cell reads "1.93x (1.85-2.01x)", the estimate and its 95% interval, or per_variant "1.93/1.40/1.52x"."""
+    names, rows, notes = comparison_rows(records, variant, row, ratios, **options)
     if len(names) < 2:
         return None
     for out in rows:
-        for c, s in out.items():
-            if isinstance(s, PairedRatio):
-                out[c] = f"{s.ratio:.2f}x" + (f" ({s.interval_text()})" if s.low is not None else "")
-    columns = list(dict.fromkeys(c for out in rows for c in out if c != "notes" and " speed-up: " not in c))
-    columns += [c for c in (f"{label} speed-up: {n}" for n in names[1:] for label in ratios)
-                if any(c in out for out in rows)]
-    columns += ["notes"] if any(out["notes"] for out in rows) else []
-    return render_table(rows, columns, fmt) + "\n\n" + speedup_note(names[0], options.get("calls", "steps"))
+        for c, v in out.items():
+            if isinstance(v, PairedRatio):
+                out[c] = f"{v.ratio:.2f}x" + (f" ({v.interval_text()})" if v.low is not None else "")
+            elif isinstance(v, dict):
+                out[c] = "/".join(f"{s.ratio:.2f}" for s in v.values()) + "x"
+            elif isinstance(v, float):  # a column of numbers and statuses is text to tabulate: formatted here
+                out[c] = f"{v:{floatfmt}}"
+    order = [f"{label} ms: {n}" for label in options.get("times") or ratios for n in names]  # a phase side by side
+    order += [f"{label} speed-up: {n}" for n in names[1:] for label in ratios]  # then each variant's speed-ups
+    default = sorted(dict.fromkeys(c for out in rows for c in out if c != "notes"),
+                     key=lambda c: order.index(c) if c in order else -1)  # the configuration's cells first
+    default += ["notes"] if any(out.get("notes") for out in rows) else []
+    table = render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt)
+    return "\n".join([table, "", speedup_note(names[0], options.get("calls", "steps")), *(f"- {n}" for n in notes)])
 
 
 # ---- result files and records ----

@@ -37,7 +37,6 @@ import results
 import parallel
 from common import environment, failure_status
 from results import ResultFiles, SkipAfterOOM, Terminated, finished, is_oom_status, progress, sigterm_as_interrupt
-from e2e_tables import PROBE_BUDGET, RESOLUTION, Bisection
 from results import round_order
 
 # ---- the toolkit's modules, in every process ----
@@ -430,6 +429,36 @@ def run_on_every_rank(measure: Callable, run: Any, index: int, ranks: Any, timeo
     # the others may run up to their own time limit before they answer; without one, up to a day
     answers = ranks.exchange(index, answer, (timeout_s or 24 * 3600) + 2 * run.pg_timeout_s)
     return parallel.agreed_answer(answers, parallel.merge_rank_records)
+
+
+# ---- --context-length max: after the first OOM, bisect between it and the longest context that ran ----
+
+RESOLUTION = 64  # the bisection's default step: the answer is a multiple of it (kernels like multiples of 64)
+PROBE_BUDGET = 8  # bisection probes at most per search (from 64 to 65536 takes 10)
+
+
+@dataclass
+class Bisection:
+    """Between `fits` (the longest that ran) and `fails` (the shortest that ran out of memory): each probe tries
+    the middle multiple of `resolution` strictly between them, until none is left or `budget` probes are spent."""
+
+    fits: int
+    fails: int
+    resolution: int = RESOLUTION
+    budget: int = PROBE_BUDGET
+    probes: int = 0
+
+    def next_size(self) -> int | None:
+        low, high = self.fits // self.resolution + 1, -(-self.fails // self.resolution) - 1  # multiples inside
+        return None if low > high or self.probes >= self.budget else (low + high) // 2 * self.resolution
+
+    def record(self, size: int, fits: bool) -> None:
+        self.probes += 1
+        self.fits, self.fails = (max(self.fits, size), self.fails) if fits else (self.fits, min(self.fails, size))
+
+    @property
+    def resolved(self) -> bool:
+        return self.fits // self.resolution + 1 > -(-self.fails // self.resolution) - 1
 
 
 class Sweep:

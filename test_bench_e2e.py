@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import bench_e2e
 import common
-import e2e_tables
+import report
 import model
 import parallel
 import results
@@ -175,7 +175,7 @@ def test_noisy_and_single_step_rows_say_so():
     jumpy = {"forward_ms": [10.0, 30.0, 10.0], "step_ms": [10.0, 30.0, 10.0], "environment": {"device": "cpu"}}
     record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy", "config": dataclasses.asdict(run)}
     assert record["noisy"] == ["forward 69%", "step 69%"]
-    assert e2e_tables.e2e_row(record)["status"] == "NOISY cv>10%: forward 69%, step 69%"
+    assert report.e2e_row(record)["status"] == "NOISY cv>10%: forward 69%, step 69%"
     one = {"forward_ms": [10.0], "step_ms": [10.0], "environment": {"device": "cpu"}}
     figures = bench_e2e.derive_figures(run, one)
     assert figures["step_ms_std"] is None and figures["note"] == "1 timed step: no std"
@@ -273,14 +273,14 @@ def test_comparison_speedups_come_from_the_rows_above():
                synthetic_record(128, "fp16", status="OOM"),
                synthetic_record(256, "fp32", status="OOM"),
                synthetic_record(256, "bf16", (8.0, 16.0, 5.0, 29.0))]  # ctx 256 fp16: never ran
-    report = e2e_tables.render_e2e_report(records, "github")
-    first, second = cells(report.split("## Comparison: fp32 vs bf16 vs fp16 (speed-ups over fp32)")[1], "ctx")
+    text = report.render_e2e(records, "github")
+    first, second = cells(text.split("## Comparison: fp32 vs bf16 vs fp16 (speed-ups over fp32)")[1], "ctx")
     assert [first[f"{p} ms: bf16"] for p in ("fwd", "bwd", "opt", "step")] == ["4.00", "11.00", "5.00", "20.00"]
     # fwd 10/4, fwd+bwd (10+20)/(4+11), step 36/20
     assert [first[f"{r} speed-up: bf16"] for r in ("fwd", "fwd+bwd", "step")] == ["2.50x", "2.00x", "1.80x"]
     assert first["fwd ms: fp16"] == "OOM" and first["step speed-up: fp16"] == "OOM"  # a status, never a number
     assert second["fwd speed-up: bf16"] == "baseline OOM" and second["fwd ms: fp16"] == "not run"
-    assert "## Comparison" not in e2e_tables.render_e2e_report(records[:1], "github")
+    assert "## Comparison" not in report.render_e2e(records[:1], "github")
 
 
 def test_a_comparison_is_paired_in_one_process_and_drift_is_reported(tmp_path, capsys):
@@ -372,26 +372,26 @@ def test_max_context_search_doubles_to_the_first_oom_then_bisects(tmp_path, monk
     assert answer["answer"] == ("the longest that fits, to within 64: 384 runs out of memory (the longest power of "
                                 "two: 256)")
     saved = (tmp_path / "e2e" / "t.md").read_text()  # a saved run re-renders the same, from its records alone
-    assert e2e_tables.render_e2e_report(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
+    assert report.render_e2e(read_records(tmp_path / "e2e" / "t.jsonl"), "github") == saved.rstrip("\n")
     (row,) = cells(saved.split("## Longest context")[1], "longest ctx")
     assert (row["longest ctx"], row["longest 2^k"], row["last probe"]) == ("320", "256", "320: ok")
 
 
 def test_search_answers_and_the_bisection_budget():
-    bisection = e2e_tables.Bisection(fits=256, fails=512, resolution=64, budget=8)
+    bisection = runner.Bisection(fits=256, fails=512, resolution=64, budget=8)
     tried = []
     while (size := bisection.next_size()) is not None:
         tried.append(size)
         bisection.record(size, fits=size < 400)  # the fake limit: 399
     assert tried == [384, 448] and (bisection.fits, bisection.fails) == (384, 448) and bisection.resolved
-    spent = e2e_tables.Bisection(fits=1024, fails=2048, resolution=64, budget=2)
+    spent = runner.Bisection(fits=1024, fails=2048, resolution=64, budget=2)
     for _ in range(2):
         spent.record(spent.next_size(), fits=True)
     assert spent.next_size() is None and not spent.resolved
 
     def answer(*probes, cap=4096, budget=8):
         seen = [{"context_length": n, "status": s} for n, s in probes]
-        return e2e_tables.search_answer(seen, cap, 64, budget)["answer"]
+        return report.search_answer(seen, cap, 64, budget)["answer"]
 
     assert answer((128, "OOM")) == "none: OOM already at 128"
     assert answer((128, "ok"), (256, "ok"), cap=300) == "at least this: the search stops at --max-context 300"

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 import mem_profile
-import memory_tables
+import report
 from mem_profile import BEFORE_RECORDING, PROJECT_ROOT, MemConfig
 from model import RotaryEmbedding, TransformerBlock, TransformerLM, cross_entropy
 from results import ModelConfig
@@ -579,7 +579,7 @@ def test_cuda_report_has_peak_tables_and_a_snapshot_section_without_false_mismat
     assert mem_profile.main(["--size", "tiny", "--context-length", "16", "--mode", "train", "--snapshot",
                              "--in-process", "--results-dir", str(tmp_path), "--out", "c"]) == 0
     (record,) = read_records(tmp_path / "memory" / "c.jsonl")
-    text = memory_tables.memory_report([record], "github")
+    text = report.render_memory([record], "github")
     assert "### Peak memory" in text and "3072.00" in text  # 3 GiB allocated, in MiB
     by_context = text.split("### Peak allocated memory per context length")[1]
     assert "|   fp32 train GiB |" in by_context and "| tiny   |    16 |            3.000 |" in by_context
@@ -690,7 +690,7 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
                peak_record("xl", 128, "train", "fp32", 52.125), peak_record("xl", 128, "train", "bf16", 50.0),
                peak_record("xl", 2048, "forward", "fp32", 20.0), peak_record("xl", 2048, "forward", "bf16", 18.5),
                peak_record("xl", 2048, "train", "fp32", status="OOM"), peak_record("xl", 2048, "train", "bf16", 75.75)]
-    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(report.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "fp32 forward GiB", "fp32 train GiB", "bf16 forward GiB", "bf16 train GiB"]
     assert rows == [["xl", "128", "13.500", "52.125", "14.250", "50.000"],
                     ["xl", "2048", "20.000", "OOM", "18.500", "75.750"]]
@@ -699,11 +699,11 @@ def test_peak_per_context_table_puts_forward_beside_train_and_fp32_beside_bf16()
 def test_peak_per_context_table_shows_what_varies_and_nothing_unmeasured():
     records = [peak_record("tiny", 16, "forward", "fp32", 1.0), peak_record("tiny", 16, "train", "fp32", 3.0),
                peak_record("tiny", 16, "train", "fp32", 2.0, ckpt=2)]
-    header, *rows = table_cells(memory_tables.peak_by_context_table(records, "github"))
+    header, *rows = table_cells(report.peak_by_context_table(records, "github"))
     assert header == ["size", "ctx", "ckpt", "fp32 forward GiB", "fp32 train GiB"]
     assert rows == [["tiny", "16", "0", "1.000", "3.000"], ["tiny", "16", "2", "", "2.000"]]
     skipped = [peak_record("tiny", 16, "train", "fp32", status="skipped: measured peaks need a CUDA device")]
-    assert memory_tables.peak_by_context_table(skipped, "github") is None
+    assert report.peak_by_context_table(skipped, "github") is None
 
 
 def test_num_heads_changes_what_a_block_saves():

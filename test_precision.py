@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import precision_demo
-import precision_tables
+import report
 import toy_autocast
 from results import read_records
 
@@ -123,8 +123,8 @@ def test_cpu_autocast_dtypes_as_observed(tmp_path, capsys):
             assert seen[label] == low, label
         assert seen["loss (cross_entropy)"] == "float32"
     assert "torch.autocast on cpu" in out and "float16 autocast" in out
-    assert precision_tables.TOY_CPU_NOTE in out
-    assert precision_tables.TOY_CPU_NOTE in (tmp_path / "precision" / "t.md").read_text()
+    assert report.TOY_CPU_NOTE in out
+    assert report.TOY_CPU_NOTE in (tmp_path / "precision" / "t.md").read_text()
 
 
 def test_toy_on_cuda_has_no_cpu_note_and_a_failure_is_a_row(tmp_path, capsys, monkeypatch):
@@ -143,7 +143,7 @@ def test_toy_on_cuda_has_no_cpu_note_and_a_failure_is_a_row(tmp_path, capsys, mo
     assert toy_autocast.main(["--results-dir", str(tmp_path), "--out", "c"]) == 0
     out = capsys.readouterr().out
     assert "torch.autocast on cuda (Fake GPU)" in out
-    assert precision_tables.TOY_CPU_NOTE not in out
+    assert report.TOY_CPU_NOTE not in out
     records = read_records(tmp_path / "precision" / "c.jsonl")
     assert [r["status"] for r in records] == [
         "ok", "error: RuntimeError: bfloat16 not supported on this GPU"]

@@ -219,7 +219,7 @@ def test_modules_in_the_working_directory_never_replace_ours(tmp_path):
     student, marker = tmp_path / "student", tmp_path / "imported"
     student.mkdir()
     for name in ("common", "model", "model_config", "optim", "runner", "sweep", "results", "stats", "parallel",
-                 "cli", "search", "report", "e2e_tables"):
+                 "cli", "search", "report"):
         (student / f"{name}.py").write_text(IMPOSTOR.format(marker=str(marker)))
     (student / "my_lm.py").write_text("from test_faults_helper import sleep999 as make\n")
     proc = start(tmp_path, "--context-length", "8", "--model", "ours", "mine=my_lm:make", cwd=student,

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         files.append_record(records[-1])
         progress(f"{dtype_name(DTYPES[dtype])} autocast on {args.device}: {status}")
 
-    # --- report: the table (precision_tables.py), with a note when it is not CUDA's answer ---
+    # --- report: the table (report.py), with a note when it is not CUDA's answer ---
     return report.publish("toy_autocast", records, files, args.fmt)
 
 
