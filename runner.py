@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+from dataclasses import dataclass
 import functools
 import itertools
 import multiprocessing
