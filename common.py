@@ -1,6 +1,6 @@
 """What every experiment needs at run time: device and precision, the synchronised timer, memory counters,
 NVTX / profiler ranges, the GPU peak table, the environment record, failures as data, the differences between
-torch releases, and the student's own code named on the command line as [NAME=]MODULE:CALLABLE.
+torch releases, and the student's own code named as [NAME=]MODULE:CALLABLE.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import signal
-import subprocess
 import sys
 import threading
 import timeit
@@ -119,11 +118,7 @@ def synchronize(device: torch.device) -> None:
 
 class SyncTimer:
     """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
-
-        with SyncTimer(device) as t:
-            step()
-        t.elapsed_s
-    """
+    `with SyncTimer(device) as t: step()`, then t.elapsed_s."""
 
     def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
         self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
@@ -366,15 +361,6 @@ def matmul_precision_key(dtype: str, tf32: bool) -> str:
 # ---- environment record ----
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=HERE)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -384,28 +370,18 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def float32_matmul_precision() -> str | None:
-    """None where the fp32_precision API has set the precision (the legacy getter raises then)."""
-    try:
-        return torch.get_float32_matmul_precision()
-    except RuntimeError:
-        return None
-
-
 def environment(device: torch.device) -> dict[str, Any]:
-    """Everything needed to read (or reproduce) a number: device, versions, TF32, threads, commit, time."""
+    """What a number was measured on: device, versions, TF32, threads, time."""
     env: dict[str, Any] = {
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled("matmul"), "tf32_cudnn": tf32_enabled("cudnn"),
-        "float32_matmul_precision": float32_matmul_precision(), "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(), "git_commit": git_commit(),
+        "tf32_matmul": tf32_enabled("matmul"), "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu_memory_bytes=props.total_memory, gpu_sm_count=props.multi_processor_count)
+        env["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env
 
 
@@ -452,11 +428,8 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def failure_status(exc: BaseException) -> str:
-    """'OOM', or 'error: Type: message' with the message's first line whole (the rest is in the traceback)."""
-    if is_oom(exc):
-        return "OOM"
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    return f"error: {type(exc).__name__}: {first_line}"
+    """'OOM', or 'error: ' and one_line(exc) (the rest is in the traceback)."""
+    return "OOM" if is_oom(exc) else f"error: {one_line(exc)}"
 
 
 def die_with_parent() -> None:

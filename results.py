@@ -1,8 +1,6 @@
-"""Records, tables and result files, without torch: statuses, the model's configuration as records and tables name
-it (ModelConfig, both handouts' presets, FLOPs; model.py re-exports them), the paired statistics of interleaved
-comparisons, ONE table renderer, ONE comparison table, ONE run-settings header, result files that never overwrite
-another run's, strict-JSON records written whole, and the command-line helpers every script shares.
-report.py and kernel_tables.py read results with it and start without torch.
+"""Records, tables and result files, without torch (report.py and kernel_tables.py start without it): statuses,
+the model's configurations and FLOPs (model.py re-exports them), the statistics of interleaved comparisons, the
+table renderer, the comparison table, the run-settings header, result files, and the shared command-line helpers.
 """
 from __future__ import annotations
 
@@ -401,14 +399,6 @@ def means_outside(found: PairedRatio, baseline: Record, variant: Record, phases:
     return None if found.low <= ratio <= found.high else ratio
 
 
-def speedup_note(baseline: str, steps: str) -> str:
-    """What a speed-up cell means, said under every comparison table."""
-    return (f"Speed-up = {baseline}'s time / the variant's (above 1: faster): for variants measured together, the "
-            f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {steps} (A B B A ...) with its "
-            "95% Wilcoxon signed-rank interval (not resolved when it contains 1); for rows measured "
-            "apart, the ratio of the means.")
-
-
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
     """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that gives
@@ -508,24 +498,8 @@ def is_merged(records: list[Record]) -> bool:
     return len(by_run(records)) > 1
 
 
-def runs_cell(records: list[Record]) -> str:
-    return ", ".join(str(run) for run in by_run(records))
-
-
 def with_run_column(columns: list[str], records: list[Record]) -> list[str]:
     return [RUN_COLUMN] + columns if is_merged(records) else columns
-
-
-def comparison_groups(records: list[Record], identity: Callable[[Record], Any]) -> list[list[Record]]:
-    """The records a comparison may set side by side: all of them, unless one configuration (`identity`) is in
-    two runs of a merge; then each run is compared within itself, so no measurement is dropped."""
-    if is_merged(records):
-        runs_of: dict[str, set] = {}
-        for r in records:
-            runs_of.setdefault(json.dumps(identity(r), sort_keys=True, default=str), set()).add(run_of(r))
-        if any(len(runs) > 1 for runs in runs_of.values()):
-            return list(by_run(records).values())
-    return [records]
 
 
 def environment_header(env: Record, **extra: Any) -> str:
@@ -572,19 +546,25 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     calls: str = "steps", more_rounds: str = "--steps", control: str | None = None,
                     per_variant: str | None = None, cells: Callable[[Record, Record | None], Record] | None = None
                     ) -> tuple[list[str], list[Record], list[str]]:
-    """The variants (the first seen is the baseline), the rows of the comparison table and the notes under it.
-    One row per `row(record)` (the cells naming a configuration): each variant's time per `times` label ("bwd":
-    ("backward",); default `ratios`), then each other variant's PairedRatio over the baseline per `ratios` label
-    ("fwd+bwd": ("forward", "backward") sums those phases' means) and the row's notes. A failed or missing variant
-    shows its status, not a number. per_variant="impl": for a table that would be too wide, a row per
-    configuration and variant other than the baseline, named in that column, its times beside the baseline's
-    ("naive fwd"), its ratios in one "speed-up" cell, then `cells(record, baseline)` (a check); the notes go under
-    the table, each naming its row. `control`: a phase every variant runs alike, checked for drift."""
+    """The variants (the first is the baseline), the comparison table's rows and the notes under it. A row per
+    `row(record)`: each variant's time per `times` label (default `ratios`), then each other variant's PairedRatio
+    over the baseline per `ratios` label (a label's phases are summed), and the row's notes; a failed variant shows
+    its status. per_variant="impl" (a table too wide otherwise): a row per configuration and non-baseline variant,
+    its ratios in one "speed-up" cell, then `cells(record, baseline)`, the notes under the table. `control`: a
+    phase every variant runs alike, checked for drift."""
     times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
+    # in a merge where a configuration is in two runs, each run is compared within itself: nothing is dropped
+    groups = [records]
+    if is_merged(records):
+        runs_of: dict[tuple[str, str], set] = {}
+        for r in records:
+            runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
+        if any(len(runs) > 1 for runs in runs_of.values()):
+            groups = list(by_run(records).values())
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
-    for i, group in enumerate(comparison_groups(records, lambda r: (key(r), variant(r)))):
+    for i, group in enumerate(groups):
         for r in group:
             by_row.setdefault((i, key(r)), {})[variant(r)] = r
 
@@ -603,7 +583,7 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
 
     rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes over every row
     for found in by_row.values():
-        ident: Record = {**({RUN_COLUMN: runs_cell(list(found.values()))} if is_merged(records) else {}),
+        ident: Record = {**({RUN_COLUMN: ", ".join(map(str, by_run(list(found.values()))))} if is_merged(records) else {}),
                          **row(next(iter(found.values())))}
         base, paired = found.get(names[0]), set()
         unresolved, few, pulled, others = below if per_variant else ([], {}, [], [])
@@ -674,7 +654,11 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
                      key=lambda c: order.index(c) if c in order else -1)  # the configuration's cells first
     default += ["notes"] if any(out.get("notes") for out in rows) else []
     table = render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt)
-    return "\n".join([table, "", speedup_note(names[0], options.get("calls", "steps")), *(f"- {n}" for n in notes)])
+    note = (f"Speed-up = {names[0]}'s time / the variant's (above 1: faster): for variants measured together, the "
+            f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {options.get('calls', 'steps')} "
+            "(A B B A ...) with its 95% Wilcoxon signed-rank interval (not resolved when it contains 1); for rows "
+            "measured apart, the ratio of the means.")
+    return "\n".join([table, "", note, *(f"- {n}" for n in notes)])
 
 
 # ---- result files and records ----
@@ -824,29 +808,27 @@ class ResultFiles:
 
     def append_record(self, record: Record) -> None:
         """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file would
-        write a failed remainder again on close); a failed write or an interrupt cuts the file back to its last
-        whole line, and a failed write prints the record on stdout and ends the run (exit 1)."""
+        write a failed remainder again on close), cut back to its last whole line when a write fails or is
+        interrupted. A failed write prints the record on stdout and ends the run (exit 1)."""
         line = (to_json_line(record) + "\n").encode()
+        fd = end = None
         try:
             fd = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        except OSError as exc:
-            emit(line.decode().rstrip("\n"))
-            self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
-        try:
             end = os.fstat(fd).st_size
-            try:
-                view = memoryview(line)
-                while view:  # a short write (a disk filling up): write the rest
-                    view = view[os.write(fd, view):]
-            except BaseException as exc:
+            view = memoryview(line)
+            while view:  # a short write (a disk filling up): write the rest
+                view = view[os.write(fd, view):]
+        except BaseException as exc:
+            if end is not None:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, end)
-                if isinstance(exc, OSError):
-                    emit(line.decode().rstrip("\n"))
-                    self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
+            if not isinstance(exc, OSError):
                 raise
+            emit(line.decode().rstrip("\n"))
+            self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         self.records_written += 1
 
     def _replace(self, path: Path, text: str) -> None:
@@ -862,24 +844,18 @@ class ResultFiles:
                 self._failed(path, exc)
             raise
 
-    def write_markdown(self, text: str) -> None:
-        self._replace(self.markdown, text)
-
-    def report_paths(self, fmt: str) -> list[Path]:
-        """The .md, and <stem>.tex (.html, ...) beside it for other formats."""
-        return [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
-
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:
         """Save the report `render(fmt)` makes: the .md always in markdown, the file of `fmt` beside it."""
         text = render(fmt)
-        self.write_markdown(text if report_suffix(fmt) == ".md" else render("github"))
+        self._replace(self.markdown, text if report_suffix(fmt) == ".md" else render("github"))
         if report_suffix(fmt) != ".md":
             self._replace(self.path(report_suffix(fmt)), as_report_file(text, fmt))
         return text
 
     def say_written(self, fmt: str, extra_paths: list[Any] = ()) -> None:
-        records = [self.jsonl] if self.jsonl.is_file() else []
-        emit("\nwrote " + " and ".join(map(str, [*self.report_paths(fmt), *records, *extra_paths])))
+        paths = [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
+        paths += [self.jsonl] if self.jsonl.is_file() else []
+        emit("\nwrote " + " and ".join(map(str, [*paths, *extra_paths])))
 
     def publish(self, render: Callable[[str], str], fmt: str, extra_paths: list[Any] = ()) -> None:
         """Save the report, print it, say where the files are (files first: a closed stdout loses nothing)."""
