@@ -527,8 +527,8 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                              "constructor's keywords (vocab_size, context_length, d_model, num_layers, "
                              "num_heads, d_ff, rope_theta) whose forward maps token ids (batch, seq) to "
                              "logits (batch, seq, vocab), e.g. "
-                             "staff=cs336_basics.model:BasicsTransformerLM (NAME labels the tables); imported "
-                             "from the current directory or PYTHONPATH; several to compare them "
+                             "staff=cs336_basics.model:BasicsTransformerLM (NAME labels the tables); "
+                             "imported from the current directory or PYTHONPATH; several to compare them "
                              "(docs/your_code.md)")
     parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
                         metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built "
