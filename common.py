@@ -1,6 +1,6 @@
 """What every experiment needs at run time: device and precision, the synchronised timer, memory counters,
 NVTX / profiler ranges, the GPU peak table, the environment record, failures as data, the differences between
-torch releases, and the student's own code named on the command line as [NAME=]MODULE:CALLABLE.
+torch releases, and the student's own code named as [NAME=]MODULE:CALLABLE.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import os
 import platform
 import re
 import signal
-import subprocess
 import sys
 import threading
 import timeit
@@ -25,7 +24,7 @@ from results import OURS, ConfigError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# ---- torch releases: tested from 2.6 (the 2025 course's pin) to 2.13 (docs/compat.md); each difference here ----
+# ---- torch releases: tested from 2.6 (the 2025 course's pin) to 2.13 (docs/compat.md) ----
 
 
 def torch_release(version: str) -> tuple[int, int]:
@@ -35,12 +34,12 @@ def torch_release(version: str) -> tuple[int, int]:
 
 
 TORCH_VERSION = torch_release(torch.__version__)
-KINETO_PRINTS_MARKERS = TORCH_VERSION >= (2, 12)  # USDT lines in the 2.12.1 and 2.13.0 binaries, not 2.6 or 2.11
+KINETO_PRINTS_MARKERS = TORCH_VERSION >= (2, 12)  # USDT lines in the 2.12.1 and 2.13.0 binaries
 
 
 def ddp_no_forward_buffer_sync() -> dict[str, bool]:
-    """DDP's keyword to skip the buffers' broadcast before every forward: forward_sync_buffers from 2.13, which
-    deprecates broadcast_buffers (the same for buffers every rank computes alike, the RoPE cache)."""
+    """DDP's keyword to skip the buffers' broadcast before every forward: forward_sync_buffers from 2.13,
+    which deprecates broadcast_buffers (the same for buffers every rank computes alike, the RoPE cache)."""
     return {"forward_sync_buffers": False} if TORCH_VERSION >= (2, 13) else {"broadcast_buffers": False}
 
 
@@ -51,14 +50,16 @@ def tf32_enabled(kind: str) -> bool:
         raise ValueError(f"unknown TF32 setting {kind!r}; choose from matmul, cudnn")
     legacy = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
     if TORCH_VERSION >= (2, 9):
-        precision = (torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn.conv).fp32_precision
+        api = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn.conv
+        precision = api.fp32_precision
         if precision != "none":
             return precision == "tf32"
     return bool(legacy.allow_tf32)
 
 
 def fsdp2_unsupported(device: torch.device) -> str | None:
-    """Why FSDP2 cannot run on `device`: on the CPU, 2.6's fully_shard calls torch.cpu.Stream.record_event (2.7)."""
+    """Why FSDP2 cannot run on `device`: on the CPU, 2.6's fully_shard calls torch.cpu.Stream.record_event
+    (2.7)."""
     if device.type == "cpu" and TORCH_VERSION < (2, 7):
         return (f"FSDP2 on the CPU needs torch 2.7 or later (torch.cpu.Stream.record_event); this is torch "
                 f"{torch.__version__}")
@@ -66,8 +67,8 @@ def fsdp2_unsupported(device: torch.device) -> str | None:
 
 
 def fsdp_root_reshard_after_forward(reshard_after_forward: bool) -> bool | None:
-    """fully_shard's reshard_after_forward for the root: None (torch's rule: stay gathered) from 2.8; before, None
-    is a ValueError and the root stays gathered whatever it is told, so the blocks' bool goes through."""
+    """fully_shard's reshard_after_forward for the root: None (torch's rule: stay gathered) from 2.8; before,
+    None is a ValueError and the root stays gathered whatever it is told, so the blocks' bool goes through."""
     if TORCH_VERSION < (2, 8):
         return reshard_after_forward
     return None if reshard_after_forward else False
@@ -112,18 +113,15 @@ def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractCo
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait for)."""
+    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait
+    for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 class SyncTimer:
     """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
-
-        with SyncTimer(device) as t:
-            step()
-        t.elapsed_s
-    """
+    `with SyncTimer(device) as t: step()`, then t.elapsed_s."""
 
     def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
         self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
@@ -155,8 +153,8 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
-    """Peak bytes since the last reset, allocated (live tensors) and reserved (the caching allocator's segments);
-    {} on a CPU, which has no such counter."""
+    """Peak bytes since the last reset, allocated (live tensors) and reserved (the caching allocator's
+    segments); {} on a CPU, which has no such counter."""
     if device.type != "cuda":
         return {}
     torch.cuda.synchronize(device)
@@ -165,7 +163,8 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are 0)."""
+    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are
+    0)."""
     return t.untyped_storage()._cdata
 
 
@@ -173,8 +172,8 @@ def storage_key(t: torch.Tensor) -> int:
 def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
                   exclude: set[int] = frozenset()) -> Iterator[dict[int, Any]]:
     """What autograd saves for backward inside the block, once per storage: {storage_key: describe(tensor) or
-    the storage's bytes}, less the storages in `exclude` (weights). Works on fake tensors; read the dict while the
-    graph lives (keys are addresses)."""
+    the storage's bytes}, less the storages in `exclude` (weights). Works on fake tensors; read the dict while
+    the graph lives (keys are addresses)."""
     saved: dict[int, Any] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -238,17 +237,18 @@ def _active_range(name: str) -> Iterator[None]:
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
-    """A named range around a region when set_ranges switched them on, else one shared no-op context. Never inside
-    code torch.compile traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries anyway."""
+    """A named range around a region when set_ranges switched them on, else one shared no-op context. Never
+    inside code torch.compile traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries
+    anyway."""
     if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
 
 
-# libkineto writes "USDT:... profiler_start" / "profiler_stop" markers to std::cerr at every profiler start and stop
-# (2.12 and later), and a CUDA build without a GPU logs "ERROR:... gpuGetDeviceCount failed with code 35" once. The
-# one setting that hides them, KINETO_LOG_LEVEL=6, hides kineto's real errors too: so these lines, and only they,
-# are filtered out of file descriptor 2 while a profiler runs.
+# libkineto writes "USDT:... profiler_start" / "profiler_stop" markers to std::cerr at every profiler start
+# and stop (2.12 and later), and a CUDA build without a GPU logs "ERROR:... gpuGetDeviceCount failed with code
+# 35" once. The one setting that hides them, KINETO_LOG_LEVEL=6, hides kineto's real errors too: so these
+# lines, and only they, are filtered out of file descriptor 2 while a profiler runs.
 KINETO_NO_GPU_ERROR = re.compile(rb"ERROR:.*\] gpuGetDeviceCount failed with code \d+$")
 
 
@@ -301,11 +301,11 @@ def quiet_profiler(activities: list[torch.profiler.ProfilerActivity]) -> QuietPr
 
 # ---- hardware peaks ----
 
-# Peak dense TFLOP/s (fp32, tf32, bf16, fp16) from the vendors' datasheets; where one quotes only sparse figures
-# the dense one is half. tf32 is the fp32-matmul figure with TF32 allowed; bf16/fp16 are tensor-core figures with
-# fp32 accumulation (GeForce cards run that at half their fp16-accumulate rate). None = no such unit, or no
-# datasheet figure: then no MFU, never a guess (--peak-tflops supplies one). The first pattern that matches
-# torch.cuda.get_device_name() wins, so specific names come first.
+# Peak dense TFLOP/s (fp32, tf32, bf16, fp16) from the vendors' datasheets; where one quotes only sparse
+# figures the dense one is half. tf32 is the fp32-matmul figure with TF32 allowed; bf16/fp16 are tensor-core
+# figures with fp32 accumulation (GeForce cards run that at half their fp16-accumulate rate). None = no such
+# unit, or no datasheet figure: then no MFU, never a guess (--peak-tflops supplies one). The first pattern
+# that matches torch.cuda.get_device_name() wins, so specific names come first.
 NO_FIGURES = (None, None, None, None)
 PEAK_TFLOPS: list[tuple[str, str, tuple[float | None, ...]]] = [
     (r"Laptop", "laptop GPU (power-limited: no datasheet peak)", NO_FIGURES),
@@ -366,55 +366,37 @@ def matmul_precision_key(dtype: str, tf32: bool) -> str:
 # ---- environment record ----
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=HERE)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
-
-
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError, StopIteration):  # Linux: the CPU's name; platform.processor() is often empty
+    # Linux: the CPU's name from /proc/cpuinfo (platform.processor() is often empty)
+    with contextlib.suppress(OSError, StopIteration):
         with open("/proc/cpuinfo") as f:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     return platform.processor() or platform.machine() or "cpu"
 
 
-def float32_matmul_precision() -> str | None:
-    """None where the fp32_precision API has set the precision (the legacy getter raises then)."""
-    try:
-        return torch.get_float32_matmul_precision()
-    except RuntimeError:
-        return None
-
-
 def environment(device: torch.device) -> dict[str, Any]:
-    """Everything needed to read (or reproduce) a number: device, versions, TF32, threads, commit, time."""
+    """What a number was measured on: device, versions, TF32, threads, time."""
     env: dict[str, Any] = {
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled("matmul"), "tf32_cudnn": tf32_enabled("cudnn"),
-        "float32_matmul_precision": float32_matmul_precision(), "threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(), "python": platform.python_version(), "git_commit": git_commit(),
+        "tf32_matmul": tf32_enabled("matmul"), "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(), "python": platform.python_version(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu_memory_bytes=props.total_memory, gpu_sm_count=props.multi_processor_count)
+        env["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
     return env
 
 
 def machine_load(device: torch.device) -> dict[str, Any]:
-    """What else the machine was doing, read (untimed) around a measurement: the 1-minute load average (above the
-    usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's load too."""
+    """What else the machine was doing, read (untimed) around a measurement: the 1-minute load average (above
+    the usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's load too."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-                            "cpu_count": os.cpu_count(),
-                            "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+                            "cpu_count": os.cpu_count(), "cpus_usable": usable}
     if device.type == "cuda":
         load.update(gpu_load(device))
     return load
@@ -426,8 +408,8 @@ GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "tempe
 
 
 def gpu_load(device: torch.device) -> dict[str, Any]:
-    """The GPU's utilisation, temperature, power, SM clock and the other processes on it; {"nvml": why} when NVML
-    cannot be read."""
+    """The GPU's utilisation, temperature, power, SM clock and the other processes on it; {"nvml": why} when
+    NVML cannot be read."""
     out: dict[str, Any] = {}
     try:
         for key, reader in GPU_READERS.items():
@@ -446,22 +428,18 @@ def gpu_load(device: torch.device) -> dict[str, Any]:
 def is_oom(exc: BaseException) -> bool:
     """An out-of-memory error from any allocator (CUDA's or the CPU's)."""
     text = str(exc)
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or (
-        isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate"
-                                           in text))
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or isinstance(exc, RuntimeError) and (
+        "out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate" in text)
 
 
 def failure_status(exc: BaseException) -> str:
-    """'OOM', or 'error: Type: message' with the message's first line whole (the rest is in the traceback)."""
-    if is_oom(exc):
-        return "OOM"
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    return f"error: {type(exc).__name__}: {first_line}"
+    """'OOM', or 'error: ' and one_line(exc) (the rest is in the traceback)."""
+    return "OOM" if is_oom(exc) else f"error: {one_line(exc)}"
 
 
 def die_with_parent() -> None:
-    """preexec_fn for subprocess.Popen: the child gets SIGKILL when this process dies, even of kill -9 (Linux's
-    prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
+    """preexec_fn for subprocess.Popen: the child gets SIGKILL when this process dies, even of kill -9
+    (Linux's prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
@@ -500,25 +478,26 @@ def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
 
 
 def load(spec: str) -> Any:
-    """The object [NAME=]MODULE:CALLABLE names: imported from the working directory first (then PYTHONPATH and the
-    installed packages), as `python -c` would, though never in place of one of this toolkit's modules."""
+    """The object [NAME=]MODULE:CALLABLE names: imported from the working directory first (then PYTHONPATH and
+    the installed packages), as `python -c` would, though never in place of one of this toolkit's modules."""
     match = SPEC.match(spec)
     if match is None:
         raise LoadError(f"{spec!r} is not [NAME=]MODULE:CALLABLE")
     _, module_name, attribute = match.groups()
     cwd, top = os.getcwd(), module_name.partition(".")[0]
     theirs = [p for p in (os.path.join(cwd, top + ".py"), os.path.join(cwd, top)) if os.path.exists(p)]
-    if theirs and os.path.exists(os.path.join(HERE, top + ".py")) and os.path.realpath(cwd) != os.path.realpath(HERE):
-        raise LoadError(f"{theirs[0]} has the name of this toolkit's {top}.py: rename it or put it in a package "
-                        f"(for {spec})")
+    elsewhere = os.path.realpath(cwd) != os.path.realpath(HERE)
+    if theirs and os.path.exists(os.path.join(HERE, top + ".py")) and elsewhere:
+        raise LoadError(f"{theirs[0]} has the name of this toolkit's {top}.py: rename it or put it in a "
+                        f"package (for {spec})")
     if cwd not in sys.path:  # after the toolkit's folder, before the installed packages
         sys.path.insert(sys.path.index(HERE) + 1 if HERE in sys.path else 0, cwd)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {exc.name!r} in the current "
-                            f"directory ({cwd}), PYTHONPATH or the installed packages") from None
+            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {exc.name!r} in the "
+                            f"current directory ({cwd}), PYTHONPATH or the installed packages") from None
         raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
         raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
@@ -527,8 +506,8 @@ def load(spec: str) -> Any:
         try:
             found = getattr(found, part)
         except AttributeError:
-            raise LoadError(f"{module_name} ({getattr(module, '__file__', None) or 'a namespace package'}) has no "
-                            f"{attribute!r} (for {spec})") from None
+            where = getattr(module, "__file__", None) or "a namespace package"
+            raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
     return found
 
 
@@ -543,26 +522,30 @@ def one_line(exc: BaseException) -> str:
 def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: bool) -> None:
     """--model and --optimizer (and bench_e2e's --flops): our model and AdamW, or yours."""
     parser.add_argument("--model", nargs="+", type=named_or_spec([OURS]), default=[OURS], metavar="MODEL",
-                        help="ours = model.TransformerLM (the staff architecture); or yours as [NAME=]MODULE:CALLABLE, "
-                             "a factory of an nn.Module taking the staff constructor's keywords (vocab_size, "
-                             "context_length, d_model, num_layers, num_heads, d_ff, rope_theta) whose forward maps "
-                             "token ids (batch, seq) to logits (batch, seq, vocab), e.g. "
-                             "staff=cs336_basics.model:BasicsTransformerLM (NAME labels the tables); imported from "
-                             "the current directory or PYTHONPATH; several to compare them (docs/your_code.md)")
+                        help="ours = model.TransformerLM (the staff architecture); or yours as "
+                             "[NAME=]MODULE:CALLABLE, a factory of an nn.Module taking the staff "
+                             "constructor's keywords (vocab_size, context_length, d_model, num_layers, "
+                             "num_heads, d_ff, rope_theta) whose forward maps token ids (batch, seq) to "
+                             "logits (batch, seq, vocab), e.g. "
+                             "staff=cs336_basics.model:BasicsTransformerLM (NAME labels the tables); "
+                             "imported from the current directory or PYTHONPATH; several to compare them "
+                             "(docs/your_code.md)")
     parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
-                        metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built as "
-                        "CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
+                        metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built "
+                        "as CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
     if flops:
         parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
-                            help="the FLOPs behind TFLOP/s and MFU: formula = model_config's for our architecture "
-                                 "(the default for our model; for yours only if it is the same architecture, as "
-                                 "the staff model is); counted = torch.utils.flop_counter's count of one more, "
-                                 "untimed step; none (the default for yours): no TFLOP/s, no MFU")
+                            help="the FLOPs behind TFLOP/s and MFU: formula = model_config's for our "
+                                 "architecture (the default for our model; for yours only if it is the same "
+                                 "architecture, as the staff model is); counted = torch.utils.flop_counter's "
+                                 "count of one more, untimed step; none (the default for yours): no TFLOP/s, "
+                                 "no MFU")
 
 
-def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, ours_only: dict[str, bool]) -> None:
-    """--model without repeats; a flag that changes only our model (`ours_only`: flag -> given) is a usage error
-    when only yours run."""
+def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   ours_only: dict[str, bool]) -> None:
+    """--model without repeats; a flag that changes only our model (`ours_only`: flag -> given) is a usage
+    error when only yours run."""
     args.model = list(dict.fromkeys(args.model))
     if OURS not in args.model:
         for flag, given in ours_only.items():

@@ -1,9 +1,7 @@
-"""Records, tables and result files, without torch: statuses, the model's configuration as records and tables name
-it (ModelConfig, both handouts' presets, FLOPs; model.py re-exports them), the paired statistics of interleaved
-comparisons, ONE table renderer, ONE comparison table, ONE run-settings header, result files that never overwrite
-another run's, strict-JSON records written whole, and the command-line helpers every script shares.
-report.py and kernel_tables.py read results with it and start without torch.
-"""
+"""Records, tables and result files, without torch (report.py and kernel_tables.py start without it):
+statuses, the model's configurations and FLOPs (model.py re-exports them), the statistics of interleaved
+comparisons, the table renderer, the comparison table, the run-settings header, result files, and the shared
+command-line helpers."""
 from __future__ import annotations
 
 import argparse
@@ -27,8 +25,8 @@ from tabulate import tabulate, tabulate_formats
 Record = dict[str, Any]
 
 # ---- statuses ----
-# Every record has a "status": "ok", "noisy" (measured, a phase varied more than the script's threshold), "OOM"
-# (or "OOM on rank N"), "error: ...", "timeout after N s", "skipped: ...".
+# Every record has a "status": "ok", "noisy" (measured, a phase varied more than the script's threshold),
+# "OOM" (or "OOM on rank N"), "error: ...", "timeout after N s", "skipped: ...".
 FINISHED = ("ok", "noisy")
 
 
@@ -74,15 +72,17 @@ def format_bytes(n: float | None) -> str | None:
 
 
 def number(value: Any) -> bool:
-    """A finite int or float (not None, a status string or a bool): what a table or a figure can use as one."""
+    """A finite int or float (not None, a status string or a bool): what a table or a figure can use as
+    one."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# ---- the model's configuration (torch-free: records, tables and --size read it; model.py builds from it) ----
+# ---- the model's configuration (records, tables and --size read it; model.py builds from it) ----
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot exist (unknown preset, bad shape): scripts make it a one-line usage error."""
+    """A configuration that cannot exist (unknown preset, bad shape): scripts make it a one-line usage
+    error."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,8 @@ class ModelConfig:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or the norms."""
+        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or the
+        norms."""
         return self.num_layers * (self.block_params - 2 * self.d_model) + self.d_model * self.vocab_size
 
     @property
@@ -127,8 +128,8 @@ class ModelConfig:
         return self.num_layers * self.block_params + 2 * self.vocab_size * self.d_model + self.d_model
 
 
-# Table 1 of the handouts (vocab 10,000): the same name can mean another model in the Spring 2025 handout and the
-# current one (v26.1.1), so every script resolves names in one handout's table and says which.
+# Table 1 of the handouts (vocab 10,000): the same name can mean another model in the Spring 2025 handout and
+# the current one (v26.1.1), so every script resolves names in one handout's table and says which.
 TINY = ModelConfig(d_model=512, d_ff=1344, num_layers=4, num_heads=16)  # the CPU size, not in Table 1
 _SMALL = ModelConfig(d_model=768, d_ff=3072, num_layers=12, num_heads=12)
 _MEDIUM = ModelConfig(d_model=1024, d_ff=4096, num_layers=24, num_heads=16)
@@ -194,8 +195,8 @@ def _check_preset(name: str, handout: Handout, also_valid: tuple[str, ...] = ())
         return
     elsewhere = [h.name for h in HANDOUTS.values() if name in h.presets]
     if elsewhere:
-        raise ConfigError(f"preset {name!r} is in handout {elsewhere[0]}'s table, not in handout {handout.name}'s "
-                          f"({', '.join(handout.presets)}); use --handout {elsewhere[0]} "
+        raise ConfigError(f"preset {name!r} is in handout {elsewhere[0]}'s table, not in handout "
+                          f"{handout.name}'s ({', '.join(handout.presets)}); use --handout {elsewhere[0]} "
                           f"(or {HANDOUT_ENV}={elsewhere[0]})")
     raise ConfigError(f"unknown preset {name!r}; valid presets in handout {handout.name}: "
                       f"{', '.join([*handout.presets, *also_valid])}")
@@ -236,19 +237,21 @@ def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: s
     return f"Model sizes from {handout.title}:\n\n" + render_table(rows, list(rows[0]) if rows else [], fmt)
 
 
-# FLOPs: a multiply-add is 2 FLOPs, so (m x k) @ (k x n) costs 2mkn (Kaplan et al. 2020, "Scaling Laws for Neural
-# Language Models", Table 1; the convention of torch.utils.flop_counter).
+# FLOPs: a multiply-add is 2 FLOPs, so (m x k) @ (k x n) costs 2mkn (Kaplan et al. 2020, "Scaling Laws for
+# Neural Language Models", Table 1; the convention of torch.utils.flop_counter).
 
 
 def attention_matmul_flops(batch: int, seq: int, d_model: int) -> int:
-    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S: the causal half is masked)."""
+    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S: the causal half is
+    masked)."""
     return 2 * (2 * batch * seq * seq * d_model)
 
 
 def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> int:
     """2 x matmul parameters x tokens plus every layer's attention matmuls; elementwise work (norms, softmax,
     RoPE, SwiGLU gating, < 1% here) is not counted."""
-    return 2 * cfg.matmul_params * batch * seq + cfg.num_layers * attention_matmul_flops(batch, seq, cfg.d_model)
+    attention = cfg.num_layers * attention_matmul_flops(batch, seq, cfg.d_model)
+    return 2 * cfg.matmul_params * batch * seq + attention
 
 
 def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
@@ -259,14 +262,14 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
 
 # ---- statistics of interleaved comparisons ----
 # Variants are timed in rounds, A B | B A | A B ..., so a drift of the machine falls on both sides alike. Each
-# round gives one ratio; the speed-up is the Hodges-Lehmann estimate of the per-round log-ratios (the median of
-# their Walsh averages) with the exact Wilcoxon signed-rank interval: a few wild rounds (a background job waking
-# during one block) move it little, where a mean of ratios jumps. scipy is not a dependency and `statistics` has
-# no signed-rank distribution, so the counts are built below.
+# round gives one ratio; the speed-up is the Hodges-Lehmann estimate of the per-round log-ratios (the median
+# of their Walsh averages) with the exact Wilcoxon signed-rank interval: a few wild rounds (a background job
+# waking during one block) move it little, where a mean of ratios jumps. scipy is not a dependency and
+# `statistics` has no signed-rank distribution, so the counts are built below.
 
 CONFIDENCE = 0.95
 MIN_ROUNDS_FOR_INTERVAL = 6  # 5 rounds of one sign still happen 2/32 of the time: no 95% interval below 6
-EXACT_SIGNED_RANK_N = 50  # the exact null distribution up to this many rounds, the normal approximation beyond
+EXACT_SIGNED_RANK_N = 50  # the exact null distribution up to this many rounds, normal approximation beyond
 MAX_ROUNDS = 500  # more rounds are merged in neighbouring groups (n^2 Walsh averages)
 DRIFT_MIN_CHANGE = 0.05  # a control phase that moved by less than 5% is not called drift
 
@@ -296,8 +299,9 @@ def block_sizes(steps: int, block: int) -> list[int]:
 
 def steps_per_block(step_s: float | None, steps: int, min_block_s: float,
                     min_rounds: int = MIN_ROUNDS_FOR_INTERVAL) -> int:
-    """Consecutive steps per variant: enough that a block lasts `min_block_s` (a switch costs cold caches), but
-    leaving at least `min_rounds` rounds. `step_s`: a warm-up step's time; None gives blocks of one step."""
+    """Consecutive steps per variant: enough that a block lasts `min_block_s` (a switch costs cold caches),
+    but leaving at least `min_rounds` rounds. `step_s`: a warm-up step's time; None gives blocks of one
+    step."""
     if step_s is None or step_s <= 0:
         return 1
     return max(1, min(math.ceil(min_block_s / step_s), steps // min_rounds))
@@ -355,7 +359,8 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
         raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
     if len(baseline) > MAX_ROUNDS:  # neighbouring rounds merged: they stay paired
         group = math.ceil(len(baseline) / MAX_ROUNDS)
-        baseline, variant = ([sum(t[i:i + group]) for i in range(0, len(t), group)] for t in (baseline, variant))
+        baseline, variant = ([sum(t[i:i + group]) for i in range(0, len(t), group)]
+                             for t in (baseline, variant))
     logs = [math.log(b / v) for b, v in zip(baseline, variant)]
     walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
     centre = math.exp(statistics.median(walsh))
@@ -366,8 +371,9 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
 
 
 def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
-    """Per round of the record's pairing, the summed mean of `phases` (ms). pairing["rounds"] holds each round's
-    [start, stop) in the `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own counts)."""
+    """Per round of the record's pairing, the summed mean of `phases` (ms). pairing["rounds"] holds each
+    round's [start, stop) in the `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own
+    counts)."""
     pairing = record.get("pairing")
     if not pairing or not all(f"{p}_ms" in record for p in phases):
         return None
@@ -393,31 +399,26 @@ def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> Paire
     return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
 
 
-def means_outside(found: PairedRatio, baseline: Record, variant: Record, phases: tuple[str, ...]) -> float | None:
-    """The ratio of the means when it lies outside the paired interval (a few slow steps pull a mean), else None."""
+def means_outside(found: PairedRatio, baseline: Record, variant: Record,
+                  phases: tuple[str, ...]) -> float | None:
+    """The ratio of the means when it lies outside the paired interval (a few slow steps pull a mean), else
+    None."""
     if found.low is None:
         return None
     ratio = ratio_of_means(baseline, variant, phases)
     return None if found.low <= ratio <= found.high else ratio
 
 
-def speedup_note(baseline: str, steps: str) -> str:
-    """What a speed-up cell means, said under every comparison table."""
-    return (f"Speed-up = {baseline}'s time / the variant's (above 1: faster): for variants measured together, the "
-            f"Hodges-Lehmann estimate over the per-round ratios of their interleaved {steps} (A B B A ...) with its "
-            "95% Wilcoxon signed-rank interval (not resolved when it contains 1); for rows measured "
-            "apart, the ratio of the means.")
-
-
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
-    """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that gives
-    more)), ratios of means outside the interval."""
+    """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that
+    gives more)), ratios of means outside the interval."""
     notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
     notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
               for name, (n, knob) in few_rounds.items()]
     if pulled:
-        notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): {', '.join(pulled)}")
+        notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): "
+                     + ", ".join(pulled))
     return notes
 
 
@@ -431,8 +432,9 @@ class Drift:
 
 
 def drift(baseline: Record, variant: Record, phase: str) -> Drift | None:
-    """A control phase (the same work in both variants) whose means differ by more than twice the standard error
-    of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed between the variants."""
+    """A control phase (the same work in both variants) whose means differ by more than twice the standard
+    error of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed between the
+    variants."""
     a, b = baseline.get(f"{phase}_ms"), variant.get(f"{phase}_ms")
     if not a or not b or len(a) < 2 or len(b) < 2:
         return None
@@ -480,8 +482,8 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
 
 def pick_columns(default: list[str], requested: list[str] | None, fmt: str, has: list[str] | None = None
                  ) -> list[str]:
-    """--columns as given (a merge's run column kept first), else `default` (LaTeX: without the model shape); with
-    `has`, the requested columns this table has (`default` when it has none of them)."""
+    """--columns as given (a merge's run column kept first), else `default` (LaTeX: without the model shape);
+    with `has`, the requested columns this table has (`default` when it has none of them)."""
     if not requested:
         return [c for c in default if not (fmt in LATEX_FORMATS and c in MODEL_SHAPE_COLUMNS)]
     picked = ([RUN_COLUMN] if RUN_COLUMN in default and RUN_COLUMN not in requested else []) + requested
@@ -508,24 +510,8 @@ def is_merged(records: list[Record]) -> bool:
     return len(by_run(records)) > 1
 
 
-def runs_cell(records: list[Record]) -> str:
-    return ", ".join(str(run) for run in by_run(records))
-
-
 def with_run_column(columns: list[str], records: list[Record]) -> list[str]:
     return [RUN_COLUMN] + columns if is_merged(records) else columns
-
-
-def comparison_groups(records: list[Record], identity: Callable[[Record], Any]) -> list[list[Record]]:
-    """The records a comparison may set side by side: all of them, unless one configuration (`identity`) is in
-    two runs of a merge; then each run is compared within itself, so no measurement is dropped."""
-    if is_merged(records):
-        runs_of: dict[str, set] = {}
-        for r in records:
-            runs_of.setdefault(json.dumps(identity(r), sort_keys=True, default=str), set()).add(run_of(r))
-        if any(len(runs) > 1 for runs in runs_of.values()):
-            return list(by_run(records).values())
-    return [records]
 
 
 def environment_header(env: Record, **extra: Any) -> str:
@@ -570,25 +556,32 @@ def environment_lines(records: list[Record],
 def comparison_rows(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
                     ratios: dict[str, tuple[str, ...]], *, times: dict[str, tuple[str, ...]] | None = None,
                     calls: str = "steps", more_rounds: str = "--steps", control: str | None = None,
-                    per_variant: str | None = None, cells: Callable[[Record, Record | None], Record] | None = None
+                    per_variant: str | None = None,
+                    cells: Callable[[Record, Record | None], Record] | None = None
                     ) -> tuple[list[str], list[Record], list[str]]:
-    """The variants (the first seen is the baseline), the rows of the comparison table and the notes under it.
-    One row per `row(record)` (the cells naming a configuration): each variant's time per `times` label ("bwd":
-    ("backward",); default `ratios`), then each other variant's PairedRatio over the baseline per `ratios` label
-    ("fwd+bwd": ("forward", "backward") sums those phases' means) and the row's notes. A failed or missing variant
-    shows its status, not a number. per_variant="impl": for a table that would be too wide, a row per
-    configuration and variant other than the baseline, named in that column, its times beside the baseline's
-    ("naive fwd"), its ratios in one "speed-up" cell, then `cells(record, baseline)` (a check); the notes go under
-    the table, each naming its row. `control`: a phase every variant runs alike, checked for drift."""
+    """The variants (the first is the baseline), the comparison table's rows and the notes under it. A row per
+    `row(record)`: each variant's time per `times` label (default `ratios`), then each other variant's
+    PairedRatio over the baseline per `ratios` label (a label's phases are summed), and the row's notes; a
+    failed variant shows its status. per_variant="impl" (a table too wide otherwise): a row per configuration
+    and non-baseline variant, its ratios in one "speed-up" cell, then `cells(record, baseline)`, the notes
+    under the table. `control`: a phase every variant runs alike, checked for drift."""
     times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
+    # in a merge where a configuration is in two runs, each run is compared within itself: nothing is dropped
+    groups = [records]
+    if is_merged(records):
+        runs_of: dict[tuple[str, str], set] = {}
+        for r in records:
+            runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
+        if any(len(runs) > 1 for runs in runs_of.values()):
+            groups = list(by_run(records).values())
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
-    for i, group in enumerate(comparison_groups(records, lambda r: (key(r), variant(r)))):
+    for i, group in enumerate(groups):
         for r in group:
             by_row.setdefault((i, key(r)), {})[variant(r)] = r
 
-    def status(r: Record | None) -> str:  # "OOM", "error", "not run": a failed row's status without its detail
+    def status(r: Record | None) -> str:  # "OOM", "error", "not run": a failed row's status, no detail
         return "not run" if r is None else r["status"].split(":")[0]
 
     def timed(r: Record | None, phases: tuple[str, ...]) -> bool:  # a WRONG kernel is timed all the same
@@ -597,13 +590,14 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
     def failed(r: Record | None) -> bool:
         return r is None or not finished(r) and not timed(r, next(iter(times.values())))
 
-    def time_cells(r: Record | None, name: Callable[[str], str]) -> Record:  # numbers or statuses, formatted later
+    def time_cells(r: Record | None, name: Callable[[str], str]) -> Record:  # numbers or statuses
         return {name(label): sum(r[f"{p}_ms_mean"] for p in phases) if timed(r, phases) else
                 status(r) if failed(r) else None for label, phases in times.items()}
 
-    rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes over every row
+    rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes, all rows
     for found in by_row.values():
-        ident: Record = {**({RUN_COLUMN: runs_cell(list(found.values()))} if is_merged(records) else {}),
+        runs = {RUN_COLUMN: ", ".join(map(str, by_run(list(found.values()))))} if is_merged(records) else {}
+        ident: Record = {**runs,
                          **row(next(iter(found.values())))}
         base, paired = found.get(names[0]), set()
         unresolved, few, pulled, others = below if per_variant else ([], {}, [], [])
@@ -622,13 +616,14 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
             found_ratios = {}
             for label, phases in ratios.items():
                 if not (timed(base, phases) and timed(r, phases)):
-                    found_ratios[label] = (status(r) if failed(r) else f"baseline {status(base)}" if failed(base)
-                                           else None)
+                    found_ratios[label] = (status(r) if failed(r) else
+                                           f"baseline {status(base)}" if failed(base) else None)
                     continue
                 found_ratios[label] = s = speedup(base, r, phases)
                 paired.update((names[0], name) if s.rounds else ())
                 if s.resolved is False:
-                    unresolved.append(f"{where}{label} {name}" + (f" ({s.interval_text()})" if per_variant else ""))
+                    interval = f" ({s.interval_text()})" if per_variant else ""
+                    unresolved.append(f"{where}{label} {name}{interval}")
                 if s.rounds and s.low is None:  # rounds are steps (calls), or whole runs (--interleave runs)
                     runs = (base.get("pairing") or {}).get("mode") == "runs"
                     few[name] = (s.rounds, "--repeats" if runs else more_rounds)
@@ -640,7 +635,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                             **(cells(r, base) if cells else {})})
             else:
                 out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
-            if control and timed(base, (control,)) and timed(r, (control,)) and (moved := drift(base, r, control)):
+            if (control and timed(base, (control,)) and timed(r, (control,))
+                    and (moved := drift(base, r, control))):
                 others.append(f"{where}{moved.text()} ({name})")
         # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
         noisy = [n for n, r in found.items() if r["status"] == "noisy" and n not in paired]
@@ -652,8 +648,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
 
 
 def comparison_table(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
-                     ratios: dict[str, tuple[str, ...]], fmt: str = "github", columns: list[str] | None = None,
-                     floatfmt: str = ".2f", **options: Any) -> str | None:
+                     ratios: dict[str, tuple[str, ...]], fmt: str = "github",
+                     columns: list[str] | None = None, floatfmt: str = ".2f", **options: Any) -> str | None:
     """The one comparison table (comparison_rows; `options` are its keywords), its columns picked by --columns
     (those it has), the meaning of a speed-up under it, then its notes; None for a single variant. A speed-up
     cell reads "1.93x (1.85-2.01x)", the estimate and its 95% interval, or per_variant "1.93/1.40/1.52x"."""
@@ -668,19 +664,25 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
                 out[c] = "/".join(f"{s.ratio:.2f}" for s in v.values()) + "x"
             elif isinstance(v, float):  # a column of numbers and statuses is text to tabulate: formatted here
                 out[c] = f"{v:{floatfmt}}"
-    order = [f"{label} ms: {n}" for label in options.get("times") or ratios for n in names]  # a phase side by side
-    order += [f"{label} speed-up: {n}" for n in names[1:] for label in ratios]  # then each variant's speed-ups
+    # each phase's times side by side, then each variant's speed-ups
+    order = [f"{label} ms: {n}" for label in options.get("times") or ratios for n in names]
+    order += [f"{label} speed-up: {n}" for n in names[1:] for label in ratios]
     default = sorted(dict.fromkeys(c for out in rows for c in out if c != "notes"),
                      key=lambda c: order.index(c) if c in order else -1)  # the configuration's cells first
     default += ["notes"] if any(out.get("notes") for out in rows) else []
     table = render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt)
-    return "\n".join([table, "", speedup_note(names[0], options.get("calls", "steps")), *(f"- {n}" for n in notes)])
+    note = (f"Speed-up = {names[0]}'s time / the variant's (above 1: faster): for variants measured "
+            "together, the Hodges-Lehmann estimate over the per-round ratios of their interleaved "
+            f"{options.get('calls', 'steps')} (A B B A ...) with its 95% Wilcoxon signed-rank interval (not "
+            "resolved when it contains 1); for rows measured apart, the ratio of the means.")
+    return "\n".join([table, "", note, *(f"- {n}" for n in notes)])
 
 
 # ---- result files and records ----
 
-# A stem names files inside the results folder and nothing else: no folder, no leading '.' (hidden, '..') or '-'
-# (read as a flag by the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255 bytes.
+# A stem names files inside the results folder and nothing else: no folder, no leading '.' (hidden, '..') or
+# '-' (read as a flag by the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255
+# bytes.
 MAX_STEM_BYTES = 200
 
 
@@ -689,7 +691,8 @@ def stem_problem(text: str) -> str | None:
     if not text:
         return "must be a non-empty file-name stem"
     if any(sep and sep in text for sep in ("/", "\\", os.sep, os.altsep)):
-        return f"must be a file-name stem without a folder, got {text!r} (use --results-dir to choose the folder)"
+        return (f"must be a file-name stem without a folder, got {text!r} "
+                "(use --results-dir to choose the folder)")
     if text[0] in ".-":
         return f"must not start with '.' or '-', got {text!r}"
     if not text.isprintable():
@@ -760,11 +763,11 @@ def exit_usage_error(message: str) -> NoReturn:
 
 
 class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem is taken when any file of it exists; then
-    <stem>-2, <stem>-3, ... The stem is reserved by creating <stem><reserve> with O_EXCL, so two runs never share
-    one and none overwrites another's files. Records are appended whole or not at all; reports are replaced
-    atomically. A folder that cannot be written is exit 2; a write that fails later (a full disk) is exit 1 that
-    names only files holding the records."""
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem is taken when any file of it exists;
+    then <stem>-2, <stem>-3, ... The stem is reserved by creating <stem><reserve> with O_EXCL, so two runs
+    never share one and none overwrites another's files. Records are appended whole or not at all; reports are
+    replaced atomically. A folder that cannot be written is exit 2; a write that fails later (a full disk) is
+    exit 1 that names only files holding the records."""
 
     def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
                  reserve: str = ".jsonl"):
@@ -787,7 +790,8 @@ class ResultFiles:
             if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
                 continue
             try:  # atomic: of two runs that both saw the stem free, exactly one creates the file
-                os.close(os.open(self.folder / f"{candidate}{reserve}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+                os.close(os.open(self.folder / f"{candidate}{reserve}", flags, 0o666))
                 return candidate
             except FileExistsError:
                 continue
@@ -823,30 +827,28 @@ class ResultFiles:
         raise SystemExit(1)
 
     def append_record(self, record: Record) -> None:
-        """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file would
-        write a failed remainder again on close); a failed write or an interrupt cuts the file back to its last
-        whole line, and a failed write prints the record on stdout and ends the run (exit 1)."""
+        """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file
+        would write a failed remainder again on close), cut back to its last whole line when a write fails or
+        is interrupted. A failed write prints the record on stdout and ends the run (exit 1)."""
         line = (to_json_line(record) + "\n").encode()
+        fd = end = None
         try:
             fd = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        except OSError as exc:
-            emit(line.decode().rstrip("\n"))
-            self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
-        try:
             end = os.fstat(fd).st_size
-            try:
-                view = memoryview(line)
-                while view:  # a short write (a disk filling up): write the rest
-                    view = view[os.write(fd, view):]
-            except BaseException as exc:
+            view = memoryview(line)
+            while view:  # a short write (a disk filling up): write the rest
+                view = view[os.write(fd, view):]
+        except BaseException as exc:
+            if end is not None:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, end)
-                if isinstance(exc, OSError):
-                    emit(line.decode().rstrip("\n"))
-                    self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
+            if not isinstance(exc, OSError):
                 raise
+            emit(line.decode().rstrip("\n"))
+            self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
         finally:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         self.records_written += 1
 
     def _replace(self, path: Path, text: str) -> None:
@@ -862,24 +864,18 @@ class ResultFiles:
                 self._failed(path, exc)
             raise
 
-    def write_markdown(self, text: str) -> None:
-        self._replace(self.markdown, text)
-
-    def report_paths(self, fmt: str) -> list[Path]:
-        """The .md, and <stem>.tex (.html, ...) beside it for other formats."""
-        return [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
-
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:
         """Save the report `render(fmt)` makes: the .md always in markdown, the file of `fmt` beside it."""
         text = render(fmt)
-        self.write_markdown(text if report_suffix(fmt) == ".md" else render("github"))
+        self._replace(self.markdown, text if report_suffix(fmt) == ".md" else render("github"))
         if report_suffix(fmt) != ".md":
             self._replace(self.path(report_suffix(fmt)), as_report_file(text, fmt))
         return text
 
     def say_written(self, fmt: str, extra_paths: list[Any] = ()) -> None:
-        records = [self.jsonl] if self.jsonl.is_file() else []
-        emit("\nwrote " + " and ".join(map(str, [*self.report_paths(fmt), *records, *extra_paths])))
+        paths = [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
+        paths += [self.jsonl] if self.jsonl.is_file() else []
+        emit("\nwrote " + " and ".join(map(str, [*paths, *extra_paths])))
 
     def publish(self, render: Callable[[str], str], fmt: str, extra_paths: list[Any] = ()) -> None:
         """Save the report, print it, say where the files are (files first: a closed stdout loses nothing)."""
@@ -901,15 +897,16 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2); under torchrun only rank 0
-    says it."""
+    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2); under torchrun only rank
+    0 says it."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if os.environ.get("RANK", "0") == "0" else None)
+        rank_0 = os.environ.get("RANK", "0") == "0"
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n" if rank_0 else None)
 
 
 INT64_MAX = 2**63 - 1  # torch's sizes are int64: a larger dimension can never be allocated
@@ -948,7 +945,8 @@ def check_tensor_sizes(parser: argparse.ArgumentParser, shapes: dict[str, tuple[
     """A tensor of more bytes than int64 counts (8 bytes per element, the widest here) is a usage error."""
     for name, shape in shapes.items():
         if math.prod(shape) * 8 > INT64_MAX:
-            parser.error(f"the {name} tensor {tuple(shape)} would have more than 2**63 bytes; use smaller sizes")
+            parser.error(f"the {name} tensor {tuple(shape)} would have more than 2**63 bytes; "
+                         "use smaller sizes")
 
 
 def add_device_args(parser: argparse.ArgumentParser) -> None:
@@ -957,16 +955,19 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, attentions: Any, *,
                       several_modes: bool, several_warmups: bool, warmup: int, steps: int) -> None:
-    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload's settings (bench_e2e, mem_profile)."""
+    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload's settings (bench_e2e,
+    mem_profile)."""
     parser.add_argument("--mode", nargs="+" if several_modes else None, choices=list(modes),
                         default=["forward", "train"] if several_modes else "train",
-                        help="forward only, forward+backward, or a full training step (forward, backward, AdamW)")
+                        help="forward only, forward+backward, or a full training step "
+                             "(forward, backward, AdamW)")
     parser.add_argument("--dtype", nargs="+", choices=list(dtypes), default=["fp32"],
-                        help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a grad "
-                             "scaler); several to compare them")
+                        help="fp32, or bf16/fp16 autocast mixed precision (fp32 master weights; fp16 with a "
+                             "grad scaler); several to compare them")
     parser.add_argument("--attn", nargs="+", choices=list(attentions), default=None,
-                        help="our model's attention: naive = softmax(QK^T)V in the model's own code, sdpa = torch's "
-                             "fused scaled_dot_product_attention; both to compare them (default: naive)")
+                        help="our model's attention: naive = softmax(QK^T)V in the model's own code, sdpa = "
+                             "torch's fused scaled_dot_product_attention; both to compare them "
+                             "(default: naive)")
     parser.add_argument("--warmup", type=warmup_count, nargs="+" if several_warmups else None,
                         default=[warmup] if several_warmups else warmup,
                         help="untimed warm-up steps before the timed ones"
@@ -998,7 +999,8 @@ def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     elif os.environ.get(HANDOUT_ENV, "").strip():
         args.handout, args.handout_source = os.environ[HANDOUT_ENV].strip(), HANDOUT_ENV
         if args.handout not in HANDOUTS:
-            parser.error(f"{HANDOUT_ENV}={args.handout!r} is not a handout; valid handouts: {', '.join(HANDOUTS)}")
+            parser.error(f"{HANDOUT_ENV}={args.handout!r} is not a handout; "
+                         f"valid handouts: {', '.join(HANDOUTS)}")
     else:
         args.handout, args.handout_source = DEFAULT_HANDOUT, "default"
     return HANDOUTS[args.handout]
@@ -1017,8 +1019,9 @@ def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, nam
             theirs = other.presets.get(size, mine[size])
             if theirs != mine[size]:
                 progress(f"note: {size} is handout {args.handout}'s {size} (d_model {mine[size].d_model}, "
-                         f"{mine[size].num_layers} layers), not handout {other.name}'s (d_model {theirs.d_model}, "
-                         f"{theirs.num_layers} layers): for that one pass --handout {other.name} "
+                         f"{mine[size].num_layers} layers), not handout {other.name}'s "
+                         f"(d_model {theirs.d_model}, {theirs.num_layers} layers): "
+                         f"for that one pass --handout {other.name} "
                          f"(or set {HANDOUT_ENV}={other.name})")
     return sizes
 
@@ -1047,8 +1050,9 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
     parser.add_argument("--fmt", default="github", choices=TABLE_FORMATS, metavar="FMT",
                         help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
     parser.add_argument("--out", default=None, type=result_stem,
-                        help=f"result file stem inside the results folder (default: {default_stem}-<UTC time>); "
-                             "an existing result is never overwritten: a numbered suffix is added instead")
+                        help=f"result file stem inside the results folder (default: {default_stem}-<UTC "
+                             "time>); an existing result is never overwritten: a numbered suffix is added "
+                             "instead")
     parser.add_argument("--results-dir", default="results", type=results_folder,
                         help="root folder for result files (created when missing)")
 
@@ -1083,8 +1087,8 @@ def progress(message: str) -> None:
 
 
 def emit(text: str) -> bool:
-    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so neither a
-    BrokenPipeError nor the exit-time flush interrupts the work."""
+    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so neither
+    a BrokenPipeError nor the exit-time flush interrupts the work."""
     try:
         print(text, flush=True)
         return True

@@ -191,13 +191,12 @@ def test_environment_reads_tf32_through_the_new_precision_api():
     try:
         matmul.fp32_precision = "tf32"  # from now on, reading matmul.allow_tf32 raises in torch 2.13
         env = common.environment(torch.device("cpu"))
-        assert env["tf32_matmul"] is True and env["float32_matmul_precision"] is None
+        assert env["tf32_matmul"] is True
         matmul.fp32_precision = "ieee"
         assert common.environment(torch.device("cpu"))["tf32_matmul"] is False
     finally:
         matmul.fp32_precision = "none"
     assert matmul.allow_tf32 == legacy
-    assert common.environment(torch.device("cpu"))["float32_matmul_precision"] == torch.get_float32_matmul_precision()
 
 
 def test_resolve_device():
@@ -289,7 +288,7 @@ def test_peak_table_variants_and_never_guesses():
 def test_result_files_never_overwrite(tmp_path):
     first = ResultFiles(tmp_path, "e2e", "run", "e2e")
     first.append_record({"a": 1})
-    first.write_markdown("table")
+    first.write_report(lambda fmt: "table", "github")
     second = ResultFiles(tmp_path, "e2e", "run", "e2e")
     assert second.stem == "run-2"
     second.append_record({"a": 2})
@@ -526,7 +525,7 @@ def test_an_interrupt_while_a_record_is_written_leaves_whole_lines(tmp_path, mon
 
 def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys):
     files = ResultFiles(tmp_path, "e2e", "md", "e2e")
-    files.write_markdown("two rows")
+    files.write_report(lambda fmt: "two rows", "github")
     real_write_text = Path.write_text
 
     def half_then_full(self, text, *args, **kwargs):
@@ -535,7 +534,7 @@ def test_a_full_disk_leaves_the_previous_markdown(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(Path, "write_text", half_then_full)
     with pytest.raises(SystemExit) as exit_:
-        files.write_markdown("three rows")
+        files.write_report(lambda fmt: "three rows", "github")
     assert exit_.value.code == 1 and "No space left on device" in capsys.readouterr().err
     assert files.markdown.read_text() == "two rows\n"
     # no partial file left, and the reserved JSONL, which no record reached, is given back
