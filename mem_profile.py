@@ -1,18 +1,19 @@
-"""Memory of the Transformer LM (memory_profiling, gradient_checkpointing): the peak of a forward pass and of a
-training step per context length, fp32 and bf16; one residual-stream tensor; the largest allocations and the line
-that made them; what autograd keeps for backward, per block and for the handout's compiled block (§3.2); what
-activation checkpointing buys (single-level every K blocks, and nested).
+"""Memory of the Transformer LM (memory_profiling, gradient_checkpointing): the peak of a forward pass and of
+a training step per context length, fp32 and bf16; one residual-stream tensor; the largest allocations and the
+line that made them; what autograd keeps for backward, per block and for the handout's compiled block (§3.2);
+what activation checkpointing buys (single-level every K blocks, and nested).
 
-    python3 mem_profile.py --dtype fp32 bf16                     # the handout's question: 2026 xl at ctx 128, 2048
-    python3 mem_profile.py --handout 2025 --dtype fp32 bf16      # the 2025 one: 2.7B at ctx 128, 256, 512
-    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot   # pickle, PNG, HTML
+    python3 mem_profile.py --dtype fp32 bf16                 # the handout's question: 2026 xl, ctx 128, 2048
+    python3 mem_profile.py --handout 2025 --dtype fp32 bf16  # the 2025 one: 2.7B at ctx 128, 256, 512
+    python3 mem_profile.py --size xl --context-length 128 --mode train --dtype bf16 --snapshot   # + PNG, HTML
     python3 mem_profile.py --mode train --checkpoint 0 1 2 4 8   # checkpointing: 2026's xl, batch 4, ctx 2048
-    python3 mem_profile.py --size xl --num-heads 16 --context-length 2048 --mode forward --compile   # §3.2's block
+    python3 mem_profile.py --size xl --num-heads 16 --context-length 2048 --mode forward --compile   # §3.2
     python3 mem_profile.py --analyze results/memory/<run>_<config>.pickle      # re-read anyone's snapshot
     python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot   # the staff model
 
-Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child process (a
-student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains every table.
+Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child
+process (a student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains the
+tables.
 """
 from __future__ import annotations
 
@@ -41,16 +42,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import results
 import common
 import report
+import results
 import runner
-from common import DTYPES, precision_context, resolve_device, saved_tensors, storage_key
+from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
+from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
-from model import ATTENTION, cross_entropy
-from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, get_config
-from results import ResultFiles, emit, format_bytes
-from model import build_model, build_optimizer
+from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
 
 FP32_BYTES = 4
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -83,7 +82,8 @@ class MemConfig:
         return self.model.context_length
 
     def label(self) -> str:
-        parts = [self.size, f"ctx={self.context_length}", self.mode, self.dtype, self.model_factory or self.attn]
+        parts = [self.size, f"ctx={self.context_length}", self.mode, self.dtype,
+                 self.model_factory or self.attn]
         parts += [f"ckpt={self.checkpoint_every}"] * bool(self.checkpoint_every)
         parts += [f"optimizer={self.optimizer}"] * (self.optimizer != common.OURS)
         return " ".join(parts + ["compiled"] * self.compile)
@@ -98,33 +98,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B")
     p.add_argument("--context-length", type=results.positive_int, nargs="+", default=None,
-                   help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 2048, "
-                        "2025: 128 256 512; with --checkpoint K > 0, 2026's gradient_checkpointing context 2048)")
-    results.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False, warmup=3, steps=5)
+                   help="sequence length(s) (default: the handout's memory_profiling contexts, 2026: 128 "
+                        "2048, 2025: 128 256 512; with --checkpoint K > 0, gradient_checkpointing's 2048)")
+    results.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=True, several_warmups=False,
+                              warmup=3, steps=5)
     common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW in a training step; several to "
-                                "compare their peaks", flops=False)
+                             "compare their peaks", flops=False)
     p.add_argument("--checkpoint", type=results.non_negative_int, nargs="+", default=[0], metavar="K",
-                   help="activation checkpointing every K blocks (0 = off): each K's predicted peak (any device) "
-                        "beside its measured peak (CUDA), with the nested strategy's")
+                   help="activation checkpointing every K blocks (0 = off): each K's predicted peak (any "
+                        "device) beside its measured peak (CUDA), with the nested strategy's")
     p.add_argument("--compile", action="store_true",
-                   help="count what one torch.compile(block, fullgraph=True) saves for backward, as the 2026 "
-                        "handout's §3.2 does (real tensors: xl at ctx 2048 needs ~8 GiB); on CUDA the measured "
-                        "step runs the compiled model")
+                   help="count what torch.compile(block, fullgraph=True) saves for backward, as the 2026 "
+                        "handout's §3.2 (real tensors: ~8 GiB at xl, ctx 2048); CUDA's step runs compiled")
     p.add_argument("--num-heads", type=results.positive_int, default=None,
                    help="override the preset's heads: §3.2 of the 2026 handout builds the xl block with 16")
     p.add_argument("--batch-size", type=results.positive_int, default=None,
                    help=f"batch size (default {DEFAULT_BATCH_SIZE}; the handout's with --checkpoint K > 0)")
-    p.add_argument("--snapshot", action="store_true",
-                   help="CUDA: record the allocator's history around one more step: pickle, timeline PNG and "
-                        "interactive HTML, largest allocations, the peak check")
+    p.add_argument("--snapshot", action="store_true", help="CUDA: record the allocator's history over one "
+                   "more step: pickle, timeline PNG and HTML, largest allocations, the peak check")
     p.add_argument("--max-entries", type=results.positive_int, default=1_000_000,
                    help="allocator events --snapshot keeps (a ring buffer)")
-    p.add_argument("--top", type=results.positive_int, default=10, help="rows in the largest-allocations tables")
+    p.add_argument("--top", type=results.positive_int, default=10,
+                   help="rows in the largest-allocations tables")
     p.add_argument("--analyze", metavar="PICKLE", default=None,
                    help="read a saved snapshot (anyone's) instead of running: tables, PNG and HTML; no GPU")
-    p.add_argument("--code-root", metavar="DIR", default=None,
-                   help="--analyze: the folder whose lines the tables name (default: the most common source "
-                        "root of the snapshot's Python frames)")
+    p.add_argument("--code-root", metavar="DIR", default=None, help="--analyze: the folder whose lines the "
+                   "tables name (default: the most common source root of the snapshot's Python frames)")
     results.add_device_args(p)
     runner.add_sweep_args(p)
     results.add_output_args(p, default_stem="memory")
@@ -137,15 +136,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.analyze is not None:
-        results.refuse(parser, [(args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
-                            (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
+        results.refuse(parser, [
+            (args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
+            (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
         args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
     results.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(parser, args.device)
     report.columns_or_exit(parser, args.columns, MEMORY_PEAK_COLUMNS)
     handout = results.handout_or_exit(parser, args)
-    common.models_or_exit(parser, args, {"--attn": args.attn is not None, "--checkpoint": any(args.checkpoint)})
+    common.models_or_exit(parser, args, {"--attn": args.attn is not None,
+                                         "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
         size, batch, context = handout.checkpoint_setup
@@ -154,13 +155,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     runs = []
     try:
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
-                sizes, args.context_length or contexts, args.mode, args.dtype, args.model, args.attn or ["naive"],
-                args.checkpoint, args.optimizer):
+                sizes, args.context_length or contexts, args.mode, args.dtype, args.model,
+                args.attn or ["naive"], args.checkpoint, args.optimizer):
             ours = model == common.OURS  # our attention and checkpointing do not multiply your rows
             runs.append(MemConfig(
-                size, get_config(size, args.handout, context_length=ctx, num_heads=args.num_heads), args.handout,
-                args.batch_size or batch, args.warmup, args.steps, mode, dtype, attn if ours else "naive",
-                k if ours else 0, args.compile, common.model_factory(model),
+                size, get_config(size, args.handout, context_length=ctx, num_heads=args.num_heads),
+                args.handout, args.batch_size or batch, args.warmup, args.steps, mode, dtype,
+                attn if ours else "naive", k if ours else 0, args.compile, common.model_factory(model),
                 optimizer if mode == "train" else common.OURS, args.device, args.seed))
     except results.ConfigError as exc:
         parser.error(str(exc))
@@ -192,43 +193,38 @@ def first_block(model: nn.Module, run: MemConfig) -> nn.Module:
 
 
 def check_logits(logits: Any, run: MemConfig) -> None:
-    """Your model must map token ids (batch, seq) to logits (batch, seq, vocab); one line naming it otherwise."""
+    """Your model must map token ids (batch, seq) to logits (batch, seq, vocab); one line naming it if not."""
     expected = (run.batch_size, run.context_length, run.model.vocab_size)
     if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
         return
-    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
-    raise ValueError(f"{run.model_factory or 'the model'} returned {got} for token ids {expected[:2]}; expected "
-                     f"floating-point logits (batch, seq, vocab) = {expected}")
+    got = (f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor)
+           else f"a {type(logits).__name__}")
+    raise ValueError(f"{run.model_factory or 'the model'} returned {got} for token ids {expected[:2]}; "
+                     f"expected floating-point logits (batch, seq, vocab) = {expected}")
 
 
 @contextlib.contextmanager
-def fake_model(run: MemConfig, device: torch.device) -> Any:
-    """The model on fake tensors of `device` (FakeTensorMode: a real run's graph, shapes and autocast dtypes, no
-    memory, no arithmetic, so 2.7B takes seconds), and fake token ids; used inside the mode."""
-    with torch.device("meta"):
+def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
+    """The model and token ids on fake tensors of `device` (a real run's graph, shapes and autocast dtypes, no
+    memory or arithmetic: 2.7B takes seconds), used inside the mode; fake=False: real tensors."""
+    with torch.device("meta" if fake else device):
         model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
-    with FakeTensorMode(allow_non_fake_inputs=True):  # to_empty turns the meta weights into fake ones
-        yield model.to_empty(device=device), torch.randint(0, run.model.vocab_size,
-                                                           (run.batch_size, run.context_length), device=device)
-
-
-def fake_loss(run: MemConfig, model: nn.Module, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
-    with torch.enable_grad(), precision_context(device, run.dtype):
-        logits = model(tokens)
-        check_logits(logits, run)  # before the loss: a wrong shape is one line, not a fake-tensor traceback
-        return cross_entropy(logits, tokens)
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        yield (model.to_empty(device=device) if fake else model,  # to_empty: meta weights become fake ones
+               torch.randint(0, run.model.vocab_size, (run.batch_size, run.context_length), device=device))
 
 
 # --- measure: the peak of a step (CUDA) ---
 
 
 def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
-    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline's shading)."""
+    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline)."""
     torch.manual_seed(run.seed)
     with device:  # parameters made on the GPU, as in training
         model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
     forward = torch.compile(model) if run.compile else model
-    tokens, targets = torch.randint(0, run.model.vocab_size, (2, run.batch_size, run.context_length), device=device)
+    tokens, targets = torch.randint(0, run.model.vocab_size, (2, run.batch_size, run.context_length),
+                                    device=device)
     optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
     # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
     scaler = torch.amp.GradScaler(device.type) if run.dtype == "fp16" and run.mode != "forward" else None
@@ -263,18 +259,14 @@ def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) ->
     step = build_step(run, device)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
+    common.reset_peak_memory(device)
     times_ms = []
     for _ in range(run.steps):
-        start = timeit.default_timer()
-        step()
-        torch.cuda.synchronize(device)  # the step's kernels are done before the clock is read
-        times_ms.append((timeit.default_timer() - start) * 1e3)
+        with SyncTimer(device) as timer:  # synchronised at both ends: the step's kernels are done
+            step()
+        times_ms.append(timer.elapsed_s * 1e3)
     record = {"environment": common.environment(device), "step_ms": times_ms,
-              "step_ms_mean": statistics.fmean(times_ms),
-              "peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
-              "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+              "step_ms_mean": statistics.fmean(times_ms), **common.peak_memory_bytes(device)}
     if snapshot_path:
         record.update(record_snapshot(step, device, snapshot_path, max_entries))
     return record
@@ -284,9 +276,10 @@ def snapshot_meta_path(pickle_path: str | Path) -> Path:  # phase marks and the 
     return Path(pickle_path).with_name(Path(pickle_path).stem + "_meta.json")
 
 
-def record_snapshot(step: Callable[..., None], device: torch.device, path: str, max_entries: int) -> dict[str, Any]:
-    """One more step with the allocator's history recorded (Python stacks), dumped by torch to `path`; recording
-    stops whatever happens. The trace holds requested sizes: requested_bytes.all.peak is its exact counterpart."""
+def record_snapshot(step: Callable[..., None], device: torch.device, path: str,
+                    max_entries: int) -> dict[str, Any]:
+    """One more step with the allocator's history recorded (Python stacks), dumped by torch to `path`;
+    recording stops whatever happens. The trace holds requested sizes, as requested_bytes.all.peak does."""
     marks: list[tuple[str, float]] = []
     torch.cuda.reset_peak_memory_stats(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries)
@@ -306,9 +299,8 @@ def record_snapshot(step: Callable[..., None], device: torch.device, path: str, 
 
 
 class CreatedIn(TorchDispatchMode):
-    """Which module each storage was made in (the innermost one running; the RoPE cache, shared between blocks,
-    takes its caller's path), through module hooks; every tensor made is kept (free on fake tensors), so no
-    storage key is reused while this lives."""
+    """Which module each storage was made in: the innermost one running, through module hooks (the shared
+    RoPE cache takes its caller's path). Every tensor made is kept, so no storage key is reused meanwhile."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -338,45 +330,39 @@ class CreatedIn(TorchDispatchMode):
 
 def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
                        backward: bool = False) -> dict[str, Any]:
-    """Every storage autograd saves during one forward pass plus the loss, each once (a view shares its base's),
-    weights and buffers left out (resident anyway; autocast's copies are listed), with the module it was made in;
-    the block paths, the parameter count, one block's gradient bytes, the largest transient (a storage neither
-    saved, a weight nor a gradient, e.g. the logits' gradient with `backward`). fake=False: real tensors."""
+    """Every storage autograd saves in one forward pass and the loss, once each, with the module it was made
+    in, weights and buffers left out; the block paths, the parameter count, one block's gradient bytes, the
+    largest transient (e.g. the logits' gradient with `backward`). fake=False: real tensors."""
     device = torch.device(device)
-    if fake:
-        build = fake_model(run, device)
-    else:
-        with device:
-            model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
-        build = contextlib.nullcontext((model, torch.randint(0, run.model.vocab_size,
-                                                             (run.batch_size, run.context_length), device=device)))
-    with build as (model, tokens):
+    with fake_model(run, device, fake) as (model, tokens):
         prefix, blocks = find_blocks(model)
         resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
         made = CreatedIn(model)
 
         def describe(t: torch.Tensor) -> dict[str, Any]:
             base = t._base if t._base is not None else t  # a view: the tensor that owns the storage
+            op = re.sub(r"Backward\d*$", "", base.grad_fn.name()) if base.grad_fn else "(no grad_fn)"
             return {"bytes": t.untyped_storage().nbytes(), "module": made.module_of.get(storage_key(t), ""),
-                    "shape": list(base.shape), "dtype": common.dtype_name(base.dtype),
-                    "op": re.sub(r"Backward\d*$", "", base.grad_fn.name()) if base.grad_fn else "(no grad_fn)"}
+                    "shape": list(base.shape), "dtype": common.dtype_name(base.dtype), "op": op}
         try:
             with saved_tensors(describe, exclude=resident) as saved, made:
-                loss = fake_loss(run, model, tokens, device)
-            out = {"rows": list(saved.values()), "params": sum(p.numel() for p in model.parameters()),
-                   "blocks": [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))],
-                   "block_grad_bytes": sum(p.numel() * p.element_size() for p in blocks[0].parameters())
-                   if blocks else None}
+                with torch.enable_grad(), precision_context(device, run.dtype):
+                    logits = model(tokens)
+                    check_logits(logits, run)  # before the loss: one line, not a fake-tensor traceback
+                    loss = cross_entropy(logits, tokens)
             if backward:
                 with made:
                     loss.backward()
-            lasting = resident | set(saved) | {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
-            out["transient_bytes"] = max((t.untyped_storage().nbytes() for t in made.outputs
-                                          if storage_key(t) not in lasting), default=0)
         finally:
             for hook in made.hooks:
                 hook.remove()
-        return out
+        grads = {storage_key(p.grad) for p in model.parameters() if p.grad is not None}
+        return {"rows": list(saved.values()), "params": sum(p.numel() for p in model.parameters()),
+                "blocks": [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))],
+                "block_grad_bytes": (sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+                                     if blocks else None),
+                "transient_bytes": max((t.untyped_storage().nbytes() for t in made.outputs
+                                        if storage_key(t) not in resident | set(saved) | grads), default=0)}
 
 
 def block_of(module: str, block_paths: list[str]) -> str | None:
@@ -385,35 +371,34 @@ def block_of(module: str, block_paths: list[str]) -> str | None:
 
 
 def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int = 3) -> dict[str, Any]:
-    """Saved bytes per block (by the block that produced them), outside the blocks (embedding, final norm, head,
-    loss) and in all; the largest groups of tensors per block (averaged over blocks) and outside."""
+    """Saved bytes per block (by the block that produced them), outside the blocks (embedding, final norm,
+    head, loss) and in all; the largest groups of tensors per block (averaged over blocks) and outside."""
     paths = saved["blocks"]
     per_block = dict.fromkeys(paths, 0)
-    groups: dict[str, Counter] = {"in": Counter(), "out": Counter()}
-    counts: dict[str, Counter] = {"in": Counter(), "out": Counter()}
+    groups: Counter = Counter()  # bytes by (in a block, module, op, shape, dtype)
+    counts: Counter = Counter()
     for s in saved["rows"]:
         block = block_of(s["module"], paths)
         if block is not None:
             per_block[block] += s["bytes"]
-            inner = s["module"][len(block) + 1:] or "(block)"
-        else:
-            inner = s["module"] or "(model)"
-        key, side = (inner, s["op"], "x".join(map(str, s["shape"])), s["dtype"]), "in" if block else "out"
-        groups[side][key] += s["bytes"]
-        counts[side][key] += 1
-    blocks_total, outside = sum(per_block.values()), sum(groups["out"].values())
+        inner = (s["module"][len(block) + 1:] or "(block)") if block else (s["module"] or "(model)")
+        key = (block is not None, inner, s["op"], "x".join(map(str, s["shape"])), s["dtype"])
+        groups[key] += s["bytes"]
+        counts[key] += 1
+    blocks_total = sum(per_block.values())
+    outside = sum(total for key, total in groups.items() if not key[0])
     n = max(len(paths), 1)
 
-    def top(side: str, limit: int, per: int, of: int) -> list[dict[str, Any]]:
-        return [{"module": m, "op": op, "shape": shape, "dtype": dtype, "bytes": total / per,
-                 "tensors": counts[side][(m, op, shape, dtype)] / per, "share": total / of if of else 0.0}
-                for (m, op, shape, dtype), total in groups[side].most_common(limit)]
-    return {"saved_block_bytes_mean": blocks_total / n, "saved_block_bytes_max": max(per_block.values(), default=0),
+    def top(inside: bool, limit: int, per: int, of: int) -> list[dict[str, Any]]:
+        rows = [(key, total) for key, total in groups.most_common() if key[0] == inside][:limit]
+        return [{"module": key[1], "op": key[2], "shape": key[3], "dtype": key[4], "bytes": total / per,
+                 "tensors": counts[key] / per, "share": total / of if of else 0.0} for key, total in rows]
+    return {"saved_block_bytes_mean": blocks_total / n,
+            "saved_block_bytes_max": max(per_block.values(), default=0),
             "saved_blocks_bytes": blocks_total, "saved_outside_bytes": outside,
             "saved_total_bytes": blocks_total + outside, "saved_storages": len(saved["rows"]),
-            "num_blocks": len(paths),
-            "saved_block_top": top("in", top_block, n, blocks_total),
-            "saved_outside_top": top("out", top_outside, 1, blocks_total + outside)}
+            "num_blocks": len(paths), "saved_block_top": top(True, top_block, n, blocks_total),
+            "saved_outside_top": top(False, top_outside, 1, blocks_total + outside)}
 
 
 # --- measure: the handout's compiled block (§3.2) ---
@@ -435,23 +420,21 @@ def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
 
 
 def compiled_block_record(run: MemConfig) -> dict[str, Any]:
-    """One block of the model (built with one layer) under torch.compile(block, fullgraph=True), its forward on a
-    real (batch, ctx, d_model) input counted as the handout counts (inductor's partitioner decides what is
-    saved: it recomputes cheap pointwise ops in backward); the same block eager, on fake tensors, beside it."""
+    """One block (of the model built with one layer) under torch.compile(block, fullgraph=True), its forward
+    on a real (batch, ctx, d_model) input counted as the handout counts (inductor's partitioner recomputes
+    cheap pointwise ops in backward instead of saving them); beside it the block eager, on fake tensors."""
     device = resolve_device(run.device)
     one = dataclasses.replace(run, model=dataclasses.replace(run.model, num_layers=1), checkpoint_every=0)
     shape = (run.batch_size, run.context_length, run.model.d_model)
-    with fake_model(one, device) as (model, _):
-        block = first_block(model, run)
-        with precision_context(device, run.dtype):
-            eager_bytes, eager_tensors, _ = count_saved(block, torch.randn(shape, device=device, requires_grad=True))
+    with fake_model(one, device) as (model, _), precision_context(device, run.dtype):
+        eager_bytes, eager_tensors, _ = count_saved(first_block(model, run),
+                                                    torch.randn(shape, device=device, requires_grad=True))
     torch.manual_seed(run.seed)
-    with device:
-        block = first_block(build_model(one.model, run.attn, 0, run.model_factory), run)
-    x = torch.randn(shape, device=device, requires_grad=True)
-    start = timeit.default_timer()
-    with precision_context(device, run.dtype):
-        compiled_bytes, compiled_tensors, _ = count_saved(torch.compile(block, fullgraph=True), x)
+    with fake_model(one, device, fake=False) as (model, _), precision_context(device, run.dtype):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        start = timeit.default_timer()
+        compiled_bytes, compiled_tensors, _ = count_saved(
+            torch.compile(first_block(model, run), fullgraph=True), x)
     return {"block_eager_saved_bytes": eager_bytes, "block_eager_saved_tensors": eager_tensors,
             "block_compiled_saved_bytes": compiled_bytes, "block_compiled_saved_tensors": compiled_tensors,
             "block_compile_s": timeit.default_timer() - start}
@@ -462,21 +445,20 @@ def compiled_block_record(run: MemConfig) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=16)
 def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
-    """What every K's prediction needs, from `run` without checkpointing (cached: the same for every K): a = what
-    a block keeps (the largest block's) and its largest tensor, what the rest keeps, the largest transient, a
-    block's and the embedding's gradient bytes."""
+    """What every K's prediction needs, from `run` without checkpointing (so cached): what a block keeps and
+    its largest tensor, what the rest keeps, the largest transient, a block's and the embedding's grads."""
     saved = saved_for_backward(run, device, backward=run.mode != "forward")
-    summary = summarize_saved(saved)
     in_blocks = [s["bytes"] for s in saved["rows"] if block_of(s["module"], saved["blocks"])]
-    return {"block_bytes": int(summary["saved_block_bytes_max"]), "outside_bytes": summary["saved_outside_bytes"],
-            "transient_bytes": saved["transient_bytes"], "block_transient_bytes": max(in_blocks, default=0),
-            "block_grad_bytes": saved["block_grad_bytes"],
+    summary = summarize_saved(saved)
+    return {"block_bytes": int(summary["saved_block_bytes_max"]),
+            "outside_bytes": summary["saved_outside_bytes"], "transient_bytes": saved["transient_bytes"],
+            "block_transient_bytes": max(in_blocks, default=0), "block_grad_bytes": saved["block_grad_bytes"],
             "embedding_grad_bytes": run.model.vocab_size * run.model.d_model * FP32_BYTES}
 
 
 def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
-    """fp32 weights (master copies, also under autocast), their gradients with backward, AdamW's two moments
-    in a training step. `num_params`: counted on the model (yours); None: our architecture's."""
+    """fp32 weights (master copies under autocast too), their gradients with backward, AdamW's two moments in
+    a training step. `num_params`: counted on your model; None: our architecture's."""
     weights = (cfg.num_params if num_params is None else num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
@@ -484,11 +466,9 @@ def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = No
 
 def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], static: dict[str, int],
                  mode: str) -> dict[str, int]:
-    """Bytes in use at each moment a step's peak can fall in: backward starts (the state without gradients, what
-    the forward kept, what the rest keeps, the largest transient); the first segment's backward, which runs last
-    (the state, the gradients already made, the kept tensors, its blocks recomputed, a block's largest tensor
-    again); backward ends (state and gradients); the optimizer step (+ one parameter-sized temporary: our
-    AdamW's denominator). A block's own gradients arrive as its activations go: not added to its moment."""
+    """Bytes in use at each moment a step's peak can fall in: backward's start; the first segment's backward,
+    which runs last (its blocks recomputed; its own gradients arrive as its activations go); backward's end;
+    the optimizer step (+ one parameter-sized temporary: our AdamW's denominator)."""
     state = static["weights_bytes"] + static["adamw_state_bytes"]
     start = state + kept + figures["outside_bytes"] + figures["transient_bytes"]
     if mode == "forward":
@@ -506,9 +486,9 @@ def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], sta
 
 
 def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
-    """The predicted peak with checkpointing every K blocks (single level: ceil(N/K) segment inputs kept, one
-    segment's K blocks recomputed) for this K and every K = 0..N, and the nested strategy's (recursive halving:
-    ceil(log2 N) + 1 segment inputs on the stack, one block recomputed, log2 N extra forwards)."""
+    """The predicted peak with checkpointing every K blocks, for this K and every K = 0..N (single level:
+    ceil(N/K) segment inputs kept, one segment's K blocks recomputed), and the nested strategy's (recursive
+    halving: ceil(log2 N) + 1 segment inputs on the stack, one block recomputed)."""
     n, static = run.model.num_layers, static_memory_bytes(run.model, run.mode)
     b = run.batch_size * run.context_length * run.model.d_model * FP32_BYTES  # a segment's input
 
@@ -538,20 +518,17 @@ BEFORE_RECORDING = "(allocated before recording: weights, optimizer state, ...)"
 
 
 class DataOnlyUnpickler(pickle.Unpickler):
-    """A CUDA snapshot is dicts, lists, strings, numbers and booleans. Any global (a class or function: how a
-    pickle runs code) is refused before it is looked up, so loading data never runs code."""
+    """A CUDA snapshot is plain data: any global (a class or function: how a pickle runs code) is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(f"refused {module}.{name}: a memory snapshot holds only plain data")
 
 
 def load_snapshot(path: str | Path) -> dict[str, Any]:
-    """A pickle written by torch.cuda.memory._dump_snapshot (the dict torch.cuda.memory._snapshot() returns)."""
+    """A pickle written by torch.cuda.memory._dump_snapshot (what torch.cuda.memory._snapshot() returns)."""
     with open(path, "rb") as f:
         snapshot = DataOnlyUnpickler(f).load()
-    if not (isinstance(snapshot, dict) and isinstance(snapshot.get("device_traces"), list)
-            and all(isinstance(t, list) for t in snapshot["device_traces"])
-            and isinstance(snapshot.get("segments", []), list)):
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise ValueError("not a CUDA memory snapshot (no list of 'device_traces'; record one with "
                          "torch.cuda.memory._record_memory_history)")
     return snapshot
@@ -565,9 +542,9 @@ def device_trace(snapshot: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
 
 
 def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int, dict], int]:
-    """Allocated and reserved byte changes, summed after each entry; the allocations live at the end; the bytes
-    freed of blocks allocated before recording. The level drops at free_requested (as memory_allocated does); a
-    free_completed after it changes nothing. map/unmap: expandable segments growing and shrinking."""
+    """Allocated and reserved byte changes, summed after each entry; the allocations live at the end; the
+    bytes freed of blocks allocated before recording. The level drops at free_requested (as memory_allocated
+    does), not again at its free_completed. map/unmap: expandable segments growing and shrinking."""
     live: dict[int, dict] = {}
     pending: set[int] = set()
     level = held = before = 0
@@ -610,8 +587,8 @@ class Timeline:
 
 
 def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
-    """The trace replayed from the level at which recording began: what the segments held at the end minus the
-    trace's net change, never less than what it frees of blocks it never allocated (so never negative)."""
+    """The trace replayed from the level at recording's start: what the segments held at the end less the
+    trace's net change, never less than what it frees of blocks it never allocated."""
     device, trace = device_trace(snapshot)
     allocated, reserved, _, before = replay(trace)
     segments = [s for s in snapshot.get("segments", []) if s.get("device", device) == device]
@@ -637,9 +614,9 @@ def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
 # Frames that are nobody's own code: installed packages and the standard library, wherever they sit.
 _LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3\.\d+/|^<")
 # C++ frames that say nothing about who asked: unwinding, the recorder, the allocator, creation, dispatch.
-_CPP_NOISE = re.compile(r"unwind|CapturedTraceback|gather_with_cpp|CachingAllocator|Allocator::|empty_|_empty|"
-                        r"TensorImpl|TensorBase|TensorIterator|create_out|set_output|wrap_kernel_functor|"
-                        r"c10::impl::|c10::Dispatcher|boxed|redispatch|^\?\?$|^$")
+_CPP_NOISE = re.compile(r"unwind|CapturedTraceback|gather_with_cpp|CachingAllocator|Allocator::|empty_|"
+                        r"_empty|TensorImpl|TensorBase|TensorIterator|create_out|set_output|"
+                        r"wrap_kernel_functor|c10::impl::|c10::Dispatcher|boxed|redispatch|^\?\?$|^$")
 
 
 def own_file(filename: str, root: PurePosixPath) -> str | None:
@@ -655,8 +632,8 @@ def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath 
     """The most common source root of the snapshot's own Python frames: from '/', descend into the folder that
     holds nearly all (near_all) of the frames below, stop where they part (a student's repository, whose two
     packages share its frames). None when no frame is anyone's own code."""
-    files: Counter = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
-                             for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
+    files = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
+                    for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
     parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
     node: tuple[str, ...] = ()
     while True:
@@ -671,10 +648,11 @@ def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath 
 
 
 def cpp_site(frames: list[dict[str, Any]]) -> str:
-    """A stack without a Python frame (autograd's backward thread, a C++ caller), named by the autograd node and
-    the operator that allocated, else by its first frame that is not plumbing."""
+    """A stack without a Python frame (autograd's backward thread, a C++ caller), named by the autograd node
+    and the operator that allocated, else by its first frame that is not plumbing."""
     names = [frame.get("name", "") for frame in frames]
-    node = next((m.group(1) for n in names if (m := re.search(r"autograd::(?:generated::)?(\w+)::apply\(", n))), None)
+    node = next((m.group(1) for n in names
+                 if (m := re.search(r"autograd::(?:generated::)?(\w+)::apply\(", n))), None)
     ops = [m.group(1) for n in names if (m := re.search(r"at::_ops::(\w+)::call\(", n))]
     op = next((op for op in ops if not re.match(r"(new_)?(empty|zeros)(_|$)", op)), ops[0] if ops else None)
     if node:
@@ -699,7 +677,7 @@ def _site(frames: tuple[tuple[str, int, str], ...], root: PurePosixPath) -> str:
 
 
 def allocation_site(frames: list[dict[str, Any]], root: PurePosixPath) -> str:
-    """'file.py:line function' of the innermost frame under `root`; else the innermost Python frame; else C++."""
+    """'file.py:line function' of the innermost frame under `root`, else of any Python frame, else C++."""
     return _site(tuple((f["filename"], f["line"], f["name"]) for f in frames), root)
 
 
@@ -715,8 +693,9 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
     rows = []
     for size in sorted(by_size, reverse=True)[:top]:
         sites, phases = by_size[size]
+        count = sum(sites.values())
         named = "; ".join(f"{site} (x{n})" for site, n in sites.most_common(2))
-        rows.append({"size_bytes": size, "count": sum(sites.values()), "total_bytes": size * sum(sites.values()),
+        rows.append({"size_bytes": size, "count": count, "total_bytes": size * count,
                      "sites": named + (f"; +{len(sites) - 2} more" if len(sites) > 2 else ""),
                      "phases": ", ".join(f"{p} x{n}" for p, n in phases.most_common())})
     return rows
@@ -736,10 +715,12 @@ def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: P
     rows += [{"site": site, "count": counts[site], "bytes": n} for site, n in sizes.most_common(top)]
     if rest := sum(sizes.values()) - sum(r["bytes"] for r in rows[1:]):
         rows.append({"site": f"(other sites: {len(sizes) - top})", "count": None, "bytes": rest})
-    return [{**row, "share": row["bytes"] / timeline.peak_bytes if timeline.peak_bytes else 0.0} for row in rows]
+    peak = timeline.peak_bytes
+    return [{**row, "share": row["bytes"] / peak if peak else 0.0} for row in rows]
 
 
-def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None, tolerance: float = 0.01) -> dict:
+def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None,
+               tolerance: float = 0.01) -> dict:
     """The peak rebuilt from the trace against requested_bytes.all.peak, its exact counterpart (both count
     requested sizes); max_memory_allocated (rounded blocks, 2-3% above for large models) shown beside it."""
     row: dict[str, Any] = {"rebuilt_peak_bytes": rebuilt, "requested_peak_bytes": requested,
@@ -771,9 +752,8 @@ def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
 
 
 def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, stem: Path, title: str) -> dict:
-    """<stem>.html: torch's interactive viewer (torch.cuda._memory_viz.trace_plot, every allocation with its
-    stack); <stem>.png: allocated and reserved memory over the step, phases shaded, the peak marked (matplotlib,
-    optional). OSError (a full disk) propagates."""
+    """<stem>.html: torch's interactive viewer; <stem>.png: allocated and reserved memory over the step,
+    phases shaded, the peak marked (needs matplotlib)."""
     from torch.cuda import _memory_viz
     html = stem.with_suffix(".html")
     html.write_text(_memory_viz.trace_plot(snapshot))
@@ -787,18 +767,18 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
     xs = ([(t - t0) / 1e3 for t in timeline.times_us] if timeline.times_us
           else list(range(len(timeline.allocated_bytes))))
     ax = (fig := Figure(figsize=(10, 4.5))).add_subplot()
-    ax.step([0] + xs, [timeline.baseline_bytes / scale] + [b / scale for b in timeline.allocated_bytes],
+    ax.step([0] + xs, [b / scale for b in [timeline.baseline_bytes] + timeline.allocated_bytes],
             where="post", color="black", label="allocated (tensors)")
     if timeline.reserved_bytes:
-        ax.step([0] + xs, [timeline.baseline_reserved_bytes / scale] + [b / scale for b in timeline.reserved_bytes],
+        ax.step([0] + xs, [b / scale for b in [timeline.baseline_reserved_bytes] + timeline.reserved_bytes],
                 where="post", color="gray", linestyle="--", label="reserved (allocator segments)")
     for name, begin, end in spans if timeline.times_us else ():
         color = {"forward": "tab:blue", "backward": "tab:orange"}.get(name, "tab:green")
         ax.axvspan((begin - t0) / 1e3, (end - t0) / 1e3, color=color, alpha=0.15, label=name)
-    peak_x = xs[timeline.peak_index] if timeline.peak_index >= 0 else 0
-    ax.plot([peak_x], [timeline.peak_bytes / scale], "o", color="tab:red")
-    ax.annotate(f"peak {timeline.peak_bytes / scale:.2f} {unit}", (peak_x, timeline.peak_bytes / scale),
-                textcoords="offset points", xytext=(6, 4), color="tab:red")
+    peak_x, peak_y = xs[timeline.peak_index] if timeline.peak_index >= 0 else 0, timeline.peak_bytes / scale
+    ax.plot([peak_x], [peak_y], "o", color="tab:red")
+    ax.annotate(f"peak {peak_y:.2f} {unit}", (peak_x, peak_y), textcoords="offset points", xytext=(6, 4),
+                color="tab:red")
     ax.set(xlabel="ms since recording began (host clock)" if timeline.times_us else "allocator event #",
            ylabel=f"{unit} (2^{30 if unit == 'GiB' else 20} bytes)", title=title,
            ylim=(0, max([timeline.peak_bytes, 1] + timeline.reserved_bytes) / scale * 1.12))
@@ -810,7 +790,8 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
 # --- one configuration (in its child process) ---
 
 
-def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, max_entries: int) -> dict[str, Any]:
+def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
+            max_entries: int) -> dict[str, Any]:
     """The stages, each with its own status (one failing keeps the others): saved for backward and, for ours,
     the checkpointing prediction (any device); the compiled block; the measured peak and snapshot (CUDA)."""
     device = resolve_device(run.device)
@@ -821,17 +802,19 @@ def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, ma
                       block_grad_bytes=saved["block_grad_bytes"], saved_status="ok")
         if run.model_factory is None:
             figures = activation_figures(dataclasses.replace(run, checkpoint_every=0), device)
-            record["checkpoint_prediction"] = checkpoint_prediction(run, record["saved_blocks_bytes"], figures)
+            kept = record["saved_blocks_bytes"]
+            record["checkpoint_prediction"] = checkpoint_prediction(run, kept, figures)
     except Exception as exc:  # noqa: BLE001 - a failure is data
         record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
     if run.compile:
         try:
             record.update(compiled_block_record(run), compiled_status="ok")
         except Exception as exc:  # noqa: BLE001
-            record.update(compiled_status=common.failure_status(exc), compiled_traceback=traceback.format_exc())
+            record.update(compiled_status=common.failure_status(exc),
+                          compiled_traceback=traceback.format_exc())
     if not measure_peaks:  # the row's status is its saved stage's where that failed
-        failed = record["saved_status"] != "ok"
-        return {**record, "status": record["saved_status"] if failed else "skipped: measured peaks need a CUDA device"}
+        skipped = "skipped: measured peaks need a CUDA device"
+        return {**record, "status": skipped if record["saved_status"] == "ok" else record["saved_status"]}
     path = f"{snapshot_prefix}_{re.sub(r'[= ]+', '_', run.label())}.pickle" if snapshot_prefix else None
     try:
         record.update(measure_peak(run, path, max_entries), status="ok")
@@ -841,8 +824,8 @@ def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None, ma
 
 
 def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
-    """In this process: the accounting (only for what was counted: your model's parameters, or ours), and the
-    snapshot's analysis. A configuration that died before its stages has its status as theirs."""
+    """In this process: the accounting (where the parameters were counted, or for ours) and the snapshot's
+    analysis. A configuration that died before its stages has its status as theirs."""
     record.setdefault("saved_status", record["status"])
     num_params = record.get("model_num_params")
     if num_params is not None or run.model_factory is None:
@@ -858,8 +841,8 @@ def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
         try:
             snapshot = load_snapshot(path)
             fields, timeline, spans = analyze_snapshot(snapshot, record["snapshot_meta"], top)
-            record.update(fields, **write_timeline(snapshot, timeline, spans, path.with_name(path.stem + "_timeline"),
-                                                   run.label()))
+            stem = path.with_name(path.stem + "_timeline")
+            record.update(fields, **write_timeline(snapshot, timeline, spans, stem, run.label()))
         except Exception as exc:  # noqa: BLE001 - the measurement stands; the analysis failure is a field
             record["snapshot_status"] = common.failure_status(exc)
 
@@ -868,7 +851,7 @@ def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
 
 
 def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
-    """--analyze: the tables on stdout first, then the files (a full disk after the tables: one line, exit 1)."""
+    """--analyze: the tables on stdout, then the files (a full disk after the tables: one line, exit 1)."""
     meta_path = snapshot_meta_path(args.analyze)
     try:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -881,14 +864,17 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
         files.release()
         return 2
-    how = "--code-root" if args.code_root else "the most common source root of its Python frames; --code-root DIR"
-    print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})", file=sys.stderr)
+    how = ("--code-root" if args.code_root
+           else "the most common source root of its Python frames; --code-root DIR")
+    print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})",
+          file=sys.stderr)
     emit(snapshot_report(args.analyze, fields, args.fmt))
     try:
-        fields.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"), Path(args.analyze).name))
+        fields.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"),
+                                     Path(args.analyze).name))
     except OSError as exc:
-        print(f"error: cannot write {exc.filename or files.folder}: {exc.strerror or exc}; the tables above are "
-              "complete", file=sys.stderr)
+        print(f"error: cannot write {exc.filename or files.folder}: {exc.strerror or exc}; the tables above "
+              "are complete", file=sys.stderr)
         files.release()
         return 1
     files.append_record({"snapshot_path": args.analyze, **fields})
@@ -900,8 +886,8 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
     if args.dry_run:
-        return results.print_dry_run([run.label() for run in runs],
-                                 preamble=sizes_table([dataclasses.asdict(run) for run in runs], args.fmt))
+        configs = [dataclasses.asdict(run) for run in runs]
+        return results.print_dry_run([run.label() for run in runs], preamble=sizes_table(configs, args.fmt))
     files = ResultFiles(args.results_dir, "memory", args.out, "memory")
     if args.analyze is not None:
         return analyze_main(args, files)
@@ -919,8 +905,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         return code
     extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]
-    return code or report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot, live=live,
-                                  extra_paths=extra)
+    return code or report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot,
+                                  live=live, extra_paths=extra)
 
 
 if __name__ == "__main__":
