@@ -1,25 +1,18 @@
-"""Kernel tables of a profile — an Nsight Systems report or a torch.profiler trace, anyone's — and nsys_run.sh's
-sweep. Answers the study's nsys_profile questions: where the time of a step goes, kernel by kernel; which kernels
-dominate the forward pass and how often they run; the matmul share of inference vs a training step; softmax vs
-the attention matmuls, in time and in FLOPs.
+"""Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's) and
+nsys_run.sh's loop: where a step's time goes, kernel by kernel; the top kernels of the forward pass and
+their calls; the matmul share of inference vs a training step; softmax vs the attention matmuls.
 
     bash nsys_run.sh medium 256                                 # profile with nsys, then these tables
     python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
         --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl     # the tables again, with the stopwatch
-    python3 kernel_tables.py result.sqlite                      # anyone's export, read as it is (no nsys needed)
     python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
-    python3 kernel_tables.py result.nsys-rep --csv-dir /tmp/x   # where the SQLite export goes
-    python3 bench_e2e.py --size tiny --profile                  # torch.profiler instead, tables printed
-    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a saved trace
+    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a torch trace
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across nsys_run.sh's reports
 
-The four tables: 1. phase times (the profile's forward / backward / optimizer / step ranges per step) against a
-stopwatch; 2. top kernels; 3. category shares (matrix multiply, elementwise, reduction/softmax, memory copy/set,
-other); 4. inside attention: time and FLOPs per call of its sub-steps. An nsys report is read from its SQLite
-export with sqlite3: X.sqlite as given; for X.nsys-rep, the X.sqlite beside it (or in --csv-dir) when it is not
-older than the report, else a fresh `nsys export` ($NSYS, else nsys on PATH) written there only when no file of
-that name exists (else into a temporary folder, removed after). A file the toolkit did not write is never
-replaced or deleted. torch-free.
+The tables: 1. phase times per step against a stopwatch; 2. top kernels; 3. category shares; 4. inside
+attention. A .nsys-rep is read from its export X.sqlite (beside it, or in --csv-dir) unless that is older than
+the report; else `nsys export` ($NSYS, else nsys on PATH) writes X.sqlite there, or into a temporary folder
+when a file of that name exists: a file the toolkit did not write is never replaced or deleted. torch-free.
 """
 from __future__ import annotations
 
@@ -27,6 +20,7 @@ import argparse
 import bisect
 import contextlib
 import gzip
+import itertools
 import json
 import os
 import re
@@ -76,15 +70,18 @@ class Profile:
 
 
 class ProfileFormatError(ValueError):
-    """A report, trace or record that does not have the expected shape."""
+    """A report, trace or record that cannot be read (no nsys, a failed export): one line, exit 2."""
 
 
-class NsysError(Exception):
-    """nsys could not export a report; `status` is the exit status to end with."""
-
-    def __init__(self, message: str, status: int = 2):
-        super().__init__(message)
-        self.status = status
+def gpu_profile(work: list[tuple[str, float, float]], launches: list[float | None], ranges: list[Range],
+                source: str | Path) -> Profile:
+    """(name, start, end) of each GPU operation, attributed by its launch (by its own start when unknown)."""
+    profile = Profile([Activity(name, end - start, start if at is None else at)
+                       for (name, start, end), at in zip(work, launches)], ranges, "gpu", str(source))
+    if None in launches:
+        profile.notes.append(f"{launches.count(None)} GPU operations had no launch record; attributed by "
+                             "their GPU start")
+    return profile
 
 
 _GPU_WORK = {  # the name of each kind of GPU operation, as nsys's cuda_gpu_trace report gives it
@@ -98,8 +95,8 @@ _NVTX_SQL = ("SELECT COALESCE(e.text, s.value), e.start, e.end FROM NVTX_EVENTS 
 
 def load_nsys(source: str | Path) -> Profile:
     """A profile from an nsys SQLite export (X.sqlite, or the prefix X): each kernel, memcpy and memset joined
-    to the runtime call that launched it (same correlation id and process: globalTid >> 24 is the globalPid's),
-    and the NVTX ranges. A CPU-only run's export has no CUPTI tables: no activities."""
+    to the runtime call that launched it (same correlation id and process: globalTid >> 24 is the
+    globalPid's), and the NVTX ranges. A CPU-only run's export has no CUPTI tables: no activities."""
     path = Path(source) if str(source).endswith(".sqlite") else Path(f"{source}.sqlite")
     if not path.is_file():
         raise ProfileFormatError(f"{path}: no such nsys SQLite export")
@@ -116,19 +113,13 @@ def load_nsys(source: str | Path) -> Profile:
             ranges = [Range(*row) for row in db.execute(_NVTX_SQL)] if "NVTX_EVENTS" in tables else []
     except sqlite3.Error as exc:
         raise ProfileFormatError(f"{path}: not a readable SQLite export: {exc}") from None
-    launches = [launch_at.get((corr, pid)) for *_, corr, pid in work]
-    profile = Profile([Activity(name, end - start, start if at is None else at)
-                       for (name, start, end, *_), at in zip(work, launches)], ranges, "gpu", str(path))
-    if None in launches:
-        profile.notes.append(f"{launches.count(None)} GPU operations had no launch record; attributed by their "
-                             "GPU start")
-    return profile
+    return gpu_profile([row[:3] for row in work], [launch_at.get(row[3:]) for row in work], ranges, path)
 
 
 def load_torch_trace(path: str | Path) -> Profile:
-    """A profile from a torch.profiler Chrome trace (.json, .json.gz; µs): with CUDA activity, kernels, memcpys
-    and memsets joined to their launching runtime call by correlation id; without, every operator's self CPU time.
-    Ranges are the record_function labels."""
+    """A profile from a torch.profiler Chrome trace (.json, .json.gz; µs): with CUDA activity, kernels,
+    memcpys and memsets joined to their launching runtime call by correlation id; without, every operator's
+    self CPU time. Ranges are the record_function labels."""
     path = Path(path)
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
@@ -146,18 +137,13 @@ def load_torch_trace(path: str | Path) -> Profile:
         return Profile(cpu_self_times(events), ranges, "cpu", str(path))
     launch_at = {e["args"]["correlation"]: e["ts"] * 1e3 for e in events
                  if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    launches = [launch_at.get(e.get("args", {}).get("correlation")) for e in gpu]
-    profile = Profile([Activity(e["name"], e["dur"] * 1e3, e["ts"] * 1e3 if at is None else at)
-                       for e, at in zip(gpu, launches)], ranges, "gpu", str(path))
-    if None in launches:
-        profile.notes.append(f"{launches.count(None)} GPU operations had no launch event; attributed by their "
-                             "GPU start")
-    return profile
+    return gpu_profile([(e["name"], e["ts"] * 1e3, (e["ts"] + e["dur"]) * 1e3) for e in gpu],
+                       [launch_at.get(e.get("args", {}).get("correlation")) for e in gpu], ranges, path)
 
 
 def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
-    """Self CPU time of every operator (cpu_op): its duration minus that of the operators directly inside it on
-    the same thread, so linear -> matmul -> mm counts each microsecond once."""
+    """Self CPU time of every operator (cpu_op): its duration minus that of the operators directly inside it
+    on the same thread, so linear -> matmul -> mm counts each microsecond once."""
     by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for e in events:
         if e.get("cat") == "cpu_op":
@@ -180,26 +166,22 @@ def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
 # ---- nsys: exporting a report to SQLite ----
 
 DOWNLOAD = "https://developer.nvidia.com/nsight-systems"
+INSTALL_HINT = (f"install Nsight Systems ({DOWNLOAD}; also in the CUDA toolkit, /usr/local/cuda/bin/nsys), "
+                "then put it on PATH or set NSYS=/path/to/nsys")
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 
 
 def find_nsys() -> tuple[str | None, str]:
     """(the nsys binary, '') or (None, why there is none): $NSYS when set, else `nsys` on PATH."""
     given = os.environ.get("NSYS")
-    if given:
-        found = shutil.which(given)
-        return (found, "") if found else (None, f"NSYS={given} is not an executable nsys binary")
-    found = shutil.which("nsys")
-    return (found, "") if found else (None, "nsys (Nsight Systems) is not on PATH")
+    found = shutil.which(given or "nsys")
+    why = f"NSYS={given} is not an executable nsys binary" \
+        if given else "nsys (Nsight Systems) is not on PATH"
+    return found, "" if found else why
 
 
-def install_hint() -> str:
-    return (f"install Nsight Systems ({DOWNLOAD}; also in the CUDA toolkit, /usr/local/cuda/bin/nsys), then put it "
-            "on PATH or set NSYS=/path/to/nsys")
-
-
-def parse_version(text: str) -> tuple[int, ...] | None:
-    """(2023, 4, 4) from "NVIDIA Nsight Systems version 2023.4.4.54-..." or a report's "2026@1@1@12-..."."""
+def nsys_version(text: str) -> tuple[int, ...] | None:
+    """(2023, 4, 4) from "NVIDIA Nsight Systems version 2023.4.4.54-..." or a report's "2023@4@4@54-..."."""
     match = re.search(r"(20\d\d)[.@](\d+)[.@](\d+)", text)
     return tuple(int(part) for part in match.groups()) if match else None
 
@@ -208,14 +190,14 @@ def export_failure(report: Path, nsys: str, result: subprocess.CompletedProcess)
     """One line: why `nsys export` could not read the report, naming both versions when a newer nsys wrote it
     (a report's first bytes carry its version: "NVIDIA Tegra Profiler Report 2023@4@4@54-...")."""
     with open(report, "rb") as f:
-        written_by = parse_version(f.read(256).decode("latin-1"))
-    mine = parse_version(subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout)
+        written_by = nsys_version(f.read(256).decode("latin-1"))
+    mine = nsys_version(subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout)
     if written_by and mine and written_by > mine:
         newer, this = ".".join(map(str, written_by)), ".".join(map(str, mine))
-        return (f"{report} was written by Nsight Systems {newer}, newer than this nsys ({this}, {nsys}), which "
-                f"cannot read it: install Nsight Systems {newer.rsplit('.', 1)[0]} or newer ({DOWNLOAD}) and set "
-                f"NSYS=/path/to/it, or export it where it was made (nsys export --type sqlite {report.name}) and "
-                "give the .sqlite")
+        return (f"{report} was written by Nsight Systems {newer}, newer than this nsys ({this}, {nsys}), "
+                f"which cannot read it: install Nsight Systems {newer.rsplit('.', 1)[0]} or newer "
+                f"({DOWNLOAD}) and set NSYS=/path/to/it, or export it where it was made (nsys export --type "
+                f"sqlite {report.name}) and give the .sqlite")
     said = [line.strip() for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     said_line = next((line for line in said if "error" in line.lower()), said[-1] if said else "no output")
     return f"nsys export could not read {report} (exit status {result.returncode}): {said_line}"
@@ -231,10 +213,9 @@ def report_file(source: str | Path) -> Path:
 
 
 def load_report(source: str | Path, folder: Path | None = None) -> Profile:
-    """A profile from an nsys export, or from a .nsys-rep through its export X.sqlite in `folder` (default: the
-    report's): read as it is when it is not older than the report; else nsys exports afresh, into X.sqlite when
-    no such file exists, into a temporary folder (removed after) otherwise: never over a file the toolkit did not
-    write. NsysError (one line) when there is no nsys or it cannot read the report."""
+    """A profile from an nsys export, or from a .nsys-rep through its export X.sqlite in `folder` (default:
+    the report's), read as it is unless older than the report; else nsys exports afresh into X.sqlite when no
+    such file exists, else into a temporary folder, removed after."""
     report = report_file(source)
     if report.suffix == ".sqlite":
         return load_nsys(report)
@@ -248,22 +229,19 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
         try:
             profile = load_nsys(export)
         except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give --csv-dir "
-                                     "DIR for a fresh export there") from None
+            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give "
+                                     "--csv-dir DIR for a fresh export there") from None
         profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
         return profile
     if nsys is None:
-        raise NsysError(f"{report} needs nsys to be exported, and {why}: {install_hint()}")
+        raise ProfileFormatError(f"{report} needs nsys to be exported, and {why}: {INSTALL_HINT}")
     keep = not export.exists() and os.access(folder, os.W_OK)
     with tempfile.TemporaryDirectory(prefix=".kernel_tables-", dir=folder if keep else None) as work:
         made = Path(work) / export.name
-        try:
-            result = subprocess.run([nsys, "export", "--type=sqlite", "--quiet=true", f"--output={made}",
-                                     str(report)], capture_output=True, text=True, errors="replace")
-        except OSError as exc:
-            raise NsysError(f"{nsys} does not run: {exc}") from None
+        result = subprocess.run([nsys, "export", "--type=sqlite", "--quiet=true", f"--output={made}",
+                                 str(report)], capture_output=True, text=True, errors="replace")
         if result.returncode or not made.is_file():
-            raise NsysError(export_failure(report, nsys, result))
+            raise ProfileFormatError(export_failure(report, nsys, result))
         profile = load_nsys(made.rename(export) if keep else made)
     profile.notes += [f"{export} is older than {report.name}: left as it is, a fresh export read"] * older
     return profile
@@ -274,13 +252,13 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
 CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory copy/set", "other")
 
 # Inductor names its kernels triton_<kind>_ (torch/_inductor/codegen/triton.py): poi(ntwise), for(each),
-# red(uction), per(sistent reduction), spl(it scan), tem(plate: matmuls). The prefix decides before any substring
-# rule: triton_poi_fused_arange_index_put_0 is one pointwise kernel, not an index_put.
-INDUCTOR_PREFIXES = {"triton_tem_": "matrix multiply", "triton_poi_": "elementwise", "triton_for_": "elementwise",
-                     "triton_red_": "reduction/softmax", "triton_per_": "reduction/softmax",
-                     "triton_spl_": "reduction/softmax"}
-# First match wins. PyTorch's copies and gathers are elementwise_kernel templates, and cuBLAS's splitKreduce is
-# part of its GEMM, so the specific families come first.
+# red(uction), per(sistent reduction), spl(it scan), tem(plate: matmuls). The prefix decides before any
+# substring rule: triton_poi_fused_arange_index_put_0 is one pointwise kernel, not an index_put.
+INDUCTOR_PREFIXES = {"triton_tem_": "matrix multiply", "triton_poi_": "elementwise",
+                     "triton_for_": "elementwise", "triton_red_": "reduction/softmax",
+                     "triton_per_": "reduction/softmax", "triton_spl_": "reduction/softmax"}
+# First match wins. PyTorch's copies and gathers are elementwise_kernel templates, and cuBLAS's splitKreduce
+# is part of its GEMM, so the specific families come first.
 _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
     # indexing that ADDS values sharing an index: the embedding backward, scatter_add / index_add, nll_loss
     ("reduction/softmax", re.compile(
@@ -290,15 +268,15 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
     ("memory copy/set", re.compile(
         r"direct_copy_kernel|\[CUDA mem(cpy|set)|^Mem(cpy|set)\b|CatArrayBatchedCopy|FillFunctor|copy_kernel"
         r"|gather|scatter|index_elementwise|index_put|indexSelect|index_select", re.IGNORECASE)),
-    # cuBLAS (ampere_sgemm, sm80_xmma), CUTLASS (a `:base` report prints cutlass::Kernel2 as "Kernel2"), Hopper's
-    # nvjet, gemv, and fused attention kernels, whose time is their two matmuls (flash, fmha, cuDNN's sdpa)
+    # cuBLAS (ampere_sgemm, sm80_xmma), CUTLASS (a `:base` report prints cutlass::Kernel2 as "Kernel2"),
+    # Hopper's nvjet, gemv, and fused attention kernels, whose time is their two matmuls (flash, fmha, sdpa)
     ("matrix multiply", re.compile(
         r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitKreduce|flash|fmha|_sdpa_|^Kernel2$", re.IGNORECASE)),
     ("reduction/softmax", re.compile(r"softmax|reduce_kernel|scan|welford", re.IGNORECASE)),
     # ATen's elementwise kernels, the optimizer's multi-tensor kernels, the grad scaler, random numbers
     ("elementwise", re.compile(r"elementwise_kernel|multi_tensor_apply|foreach|amp_update_scale"
                                r"|distribution_elementwise", re.IGNORECASE)),
-    ("other", re.compile(r"RadixSort|DeviceSegmentedSort|bitonicSort", re.IGNORECASE)),  # sorting: none of the four
+    ("other", re.compile(r"RadixSort|DeviceSegmentedSort|bitonicSort", re.IGNORECASE)),  # sorting
 ]
 # CPU operators (torch.profiler without CUDA) by aten name, without the trailing "_" of in-place variants
 _OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
@@ -310,20 +288,14 @@ _OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
                           "cumsum nll_loss nll_loss_forward nll_loss_backward nll_loss_nd cross_entropy_loss "
                           "embedding_backward embedding_dense_backward scatter_add index_add"),
     "memory copy/set": ("copy clone contiguous zero fill zeros zeros_like ones ones_like full full_like cat "
-                        "stack to _to_copy empty empty_like empty_strided new_zeros new_empty new_empty_strided "
-                        "gather scatter index index_put _index_put_impl index_select embedding"),
+                        "stack to _to_copy empty empty_like empty_strided new_zeros new_empty "
+                        "new_empty_strided gather scatter index index_put _index_put_impl index_select "
+                        "embedding"),
     "elementwise": ("add sub rsub mul div neg exp log sigmoid silu rsqrt sqrt pow tanh gelu relu where "
                     "masked_fill abs reciprocal lerp addcmul addcdiv maximum minimum clamp ge gt le lt eq ne "
                     "cos sin square sigmoid_backward silu_backward tanh_backward threshold_backward "
                     "gelu_backward randint rand randn normal uniform random bernoulli"),
 }.items()}
-
-
-def kernel_part(name: str) -> str:
-    """The kernel in a `:nvtx-name` report's "RANGE/KERNEL": after the last '/' before any template or
-    parameter list (a '/' inside those, as in `operator/`, belongs to the kernel)."""
-    cut = re.split(r"[<(\[]", name, maxsplit=1)[0].rfind("/")
-    return name[cut + 1:] if cut >= 0 else name
 
 
 def classify_kernel(name: str) -> str:
@@ -333,11 +305,12 @@ def classify_kernel(name: str) -> str:
         if op.startswith("_foreach_"):
             return "elementwise"
         return next((c for c, ops in _OP_CATEGORIES.items() if op in ops or op.rstrip("_") in ops), "other")
-    kernel = kernel_part(name).removeprefix("void ")
-    for prefix, category in INDUCTOR_PREFIXES.items():
-        if kernel.startswith(prefix):
-            return category
-    return next((category for category, pattern in _KERNEL_RULES if pattern.search(kernel)), "other")
+    # a `:nvtx-name` report names kernels "RANGE/KERNEL": the kernel follows the last '/' before any template
+    # or parameter list (a '/' inside those, as in `operator/`, belongs to the kernel)
+    cut = re.split(r"[<(\[]", name, maxsplit=1)[0].rfind("/")
+    kernel = name[cut + 1:].removeprefix("void ")
+    category = next((c for prefix, c in INDUCTOR_PREFIXES.items() if kernel.startswith(prefix)), None)
+    return category or next((c for c, pattern in _KERNEL_RULES if pattern.search(kernel)), "other")
 
 
 # ---- phases, from anyone's range names ----
@@ -353,7 +326,8 @@ AGREEMENT = 0.10  # profiler range vs stopwatch: within 10% counts as agreeing
 RANGE_SPELLINGS = {
     "forward": {"forward", "fwd", "forward pass", "model forward"},
     "backward": {"backward", "bwd", "backward pass", "loss backward"},
-    "optimizer": {"optimizer", "optimizer step", "optim", "optim step", "opt", "opt step", "optimizer update"},
+    "optimizer": {"optimizer", "optimizer step", "optim", "optim step", "opt", "opt step",
+                  "optimizer update"},
     STEP: {"step", "train step", "training step", "train iteration", "training iteration", "iteration"},
 }
 
@@ -370,11 +344,9 @@ def is_warmup(name: str) -> bool:
 def phase_of(name: str, given: dict[str, str]) -> str | None:
     """The phase (or STEP) a range stands for: the one --ranges gave it, else the one whose usual spelling it
     is, unless --ranges gave that phase another name."""
-    for key, value in given.items():
-        if name == value and key != MEASURE:
-            return key
-    normalised = normalise_range_name(name)
-    return next((key for key, names in RANGE_SPELLINGS.items() if key not in given and normalised in names), None)
+    key = next((key for key, value in given.items() if name == value and key != MEASURE), None)
+    usual = normalise_range_name(name)
+    return key or next((k for k, names in RANGE_SPELLINGS.items() if k not in given and usual in names), None)
 
 
 def stopwatch_ms(record: dict[str, Any]) -> dict[str, float]:
@@ -393,33 +365,30 @@ def attention_shape(config: dict[str, Any] | None) -> dict[str, int] | None:
 
 
 class Windows:
-    """Ranges, to find the innermost one holding a time; nested ranges of one family are never counted twice."""
+    """Ranges, to find the innermost one holding a time (a bisection, then a backward scan that stops once no
+    earlier range reaches the time)."""
 
     def __init__(self, ranges: Iterable[Range]):
         self.ranges = sorted(ranges, key=lambda r: (r.start_ns, -r.end_ns))
         self._starts = [r.start_ns for r in self.ranges]
-        self._max_end: list[float] = []  # running max of the ends: the backward scan stops early
-        for r in self.ranges:
-            self._max_end.append(max(r.end_ns, self._max_end[-1]) if self._max_end else r.end_ns)
+        self._reach = [0.0] * len(self.ranges)  # the latest end among this range and those before it
+        for i, r in enumerate(self.ranges):
+            self._reach[i] = max(r.end_ns, self._reach[i - 1]) if i else r.end_ns
 
     def find(self, t_ns: float) -> Range | None:
         i = bisect.bisect_right(self._starts, t_ns) - 1
-        while i >= 0 and self._max_end[i] >= t_ns:
+        while i >= 0 and self._reach[i] >= t_ns:
             if self.ranges[i].end_ns >= t_ns:
                 return self.ranges[i]
             i -= 1
         return None
 
-    def __len__(self) -> int:
-        return len(self.ranges)
-
 
 @dataclass
 class Selection:
     """The measured region: its work, its ranges (phase ranges renamed to their phase), and what was used."""
-
-    activities: list[Activity]
-    ranges: list[Range]
+    activities: list[Activity] = field(default_factory=list)
+    ranges: list[Range] = field(default_factory=list)
     used: dict[str, Counter] = field(default_factory=dict)  # phase -> {range name as recorded: instances}
     in_warmup: Counter = field(default_factory=Counter)  # phase -> instances inside warm-up ranges, left out
     region: str = ""
@@ -433,9 +402,9 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
     measure_name = given.get(MEASURE, MEASURE)
     measure = Windows(r for r in profile.ranges if r.name == measure_name)
     warmup = Windows(r for r in profile.ranges if is_warmup(r.name))
-    chosen = Selection([], [])
+    chosen = Selection()
     for r in profile.ranges:
-        if r.name == measure_name or is_warmup(r.name) or (len(measure) and not measure.find(r.start_ns)):
+        if r.name == measure_name or is_warmup(r.name) or (measure.ranges and not measure.find(r.start_ns)):
             continue
         phase = phase_of(r.name, given)
         if phase and warmup.find(r.start_ns):
@@ -447,7 +416,7 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
             taken = r.name in (*PHASES, STEP)
             chosen.ranges.append(Range(f"{r.name} (not the phase)", r.start_ns, r.end_ns) if taken else r)
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
-    if len(measure):
+    if measure.ranges:
         chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]
         chosen.measure_ns = sum(r.duration_ns for r in measure.ranges)
         chosen.region = f"inside the {measure_name!r} ranges"
@@ -460,27 +429,15 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
     else:
         chosen.activities = [a for a in profile.activities if not warmup.find(a.launch_ns)]
         chosen.region = "the whole profile"
-    if len(warmup) and not len(measure):
+    if warmup.ranges and not measure.ranges:
         chosen.region += ", warm-up ranges left out"
     return chosen
 
 
-def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
-    """Table 1's account of its ranges: which names stood for which phase, how many, what was left out."""
-    parts = [f"{phase} = " + ", ".join(f"'{name}' x{n}" for name, n in chosen.used[phase].items())
-             for phase in (*PHASES, STEP) if chosen.used.get(phase)]
-    if STEP not in chosen.used and chosen.measure_ns is not None:
-        parts.append("step = the measured region over the steps (it also holds what runs between steps, so it "
-                     "exceeds a stopwatch's step, the more the shorter the step)")
-    line = "ranges used: " + ("; ".join(parts) or "none")
-    if chosen.in_warmup:
-        line += f" (left out, inside warm-up ranges: {', '.join(f'{n} {p}' for p, n in chosen.in_warmup.items())})"
-    return line + f"; {steps} step{'s' if steps != 1 else ''} ({steps_from}); measured region: {chosen.region}"
-
-
-def attribute(activities: list[Activity], ranges: list[Range], names: Iterable[str]) -> dict[str, list[Activity]]:
+def attribute(activities: list[Activity], ranges: list[Range],
+              names: Iterable[str]) -> dict[str, list[Activity]]:
     """Work grouped by the innermost range of `names` holding its LAUNCH (OUTSIDE when none): PyTorch launches
-    backward kernels from its autograd thread, so a thread's own range stack (nvtx_kern_sum's) would miss them."""
+    backward kernels from its autograd thread, so a thread's own range stack (nvtx_kern_sum's) misses them."""
     windows = Windows(r for r in ranges if r.name in set(names))
     groups: dict[str, list[Activity]] = {}
     for a in activities:
@@ -492,43 +449,47 @@ def attribute(activities: list[Activity], ranges: list[Range], names: Iterable[s
 # ---- the four tables ----
 
 NO_PHASE = ("no phase range found: none named forward, backward, optimizer or step in any usual spelling "
-            "(Forward, fwd, optimizer step, train step, ...); name yours with --ranges forward=NAME backward=NAME "
-            "optimizer=NAME step=NAME (bench_e2e: --nvtx under nsys, --profile for torch.profiler)")
+            "(Forward, fwd, optimizer step, train step, ...); name yours with --ranges forward=NAME "
+            "backward=NAME optimizer=NAME step=NAME (bench_e2e: --nvtx under nsys, --profile for "
+            "torch.profiler)")
 NO_KERNELS = ("no CUDA kernel data in this report: nsys recorded no GPU work (a machine without a GPU, or a "
               "profile without --trace=cuda), so only the phase ranges are shown")
 NO_STOPWATCH = "no stopwatch record"
 
 
-def attention_step_flops(shape: dict[str, int]) -> dict[str, int]:
-    """FLOPs of one call (one layer, all heads) of each attention sub-step: QK^T and PV are each half of
-    results.attention_matmul_flops; the hand-written softmax counts max, subtract, exp, sum and divide as one
-    FLOP per score each (an exp costs more instructions than that)."""
-    b, s = shape["batch"], shape["seq"]
-    matmul = results.attention_matmul_flops(b, s, shape["d_model"]) // 2
-    return {"computing attention scores": matmul, "final matmul": matmul,
-            "computing softmax": 5 * b * shape["heads"] * s * s}
-
-
-def _ms(ns: float) -> float:
-    return ns / 1e6
+def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
+    """Table 1's account of its ranges: which names stood for which phase, how many, what was left out."""
+    parts = [f"{phase} = " + ", ".join(f"'{name}' x{n}" for name, n in chosen.used[phase].items())
+             for phase in (*PHASES, STEP) if chosen.used.get(phase)]
+    if STEP not in chosen.used and chosen.measure_ns is not None:
+        parts.append("step = the measured region over the steps (it also holds what runs between steps, so "
+                     "it exceeds a stopwatch's step, the more the shorter the step)")
+    line = "ranges used: " + ("; ".join(parts) or "none")
+    if chosen.in_warmup:
+        left_out = ", ".join(f"{n} {p}" for p, n in chosen.in_warmup.items())
+        line += f" (left out, inside warm-up ranges: {left_out})"
+    steps_line = f"{steps} step{'s' if steps != 1 else ''} ({steps_from})"
+    return f"{line}; {steps_line}; measured region: {chosen.region}"
 
 
 def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: list[str], steps: int,
                stopwatch: dict[str, float], has_work: bool) -> list[dict[str, Any]]:
     """Table 1: per phase, its ranges' time per step against the stopwatch, and the work inside (empty, not
-    zero, when the profile holds no work). The step row: step ranges, else the measure ranges over the steps."""
-    rows = [{"phase": phase, "range_ms": _ms(sum(r.duration_ns for r in chosen.ranges if r.name == phase)) / steps,
-             "stopwatch_ms": stopwatch.get(phase), "work_ms": _ms(sum(a.duration_ns for a in groups.get(phase, [])))
-             / steps} for phase in phases]  # per step: a phase may run more than once a step
-    all_work_ms = _ms(sum(a.duration_ns for acts in groups.values() for a in acts)) / steps
+    zero, when the profile holds no work). The step row: step ranges, else the measure ranges over the steps.
+    Per step: a phase may run more than once a step."""
+    def per_step(items: Iterable[Activity | Range]) -> float:
+        return sum(item.duration_ns for item in items) / 1e6 / steps
+
+    rows = [{"phase": phase, "range_ms": per_step(r for r in chosen.ranges if r.name == phase),
+             "stopwatch_ms": stopwatch.get(phase), "work_ms": per_step(groups.get(phase, []))}
+            for phase in phases]
     if STEP in chosen.used:
-        step_ms = statistics.fmean(_ms(r.duration_ns) for r in chosen.ranges if r.name == STEP)
+        step_ms = statistics.fmean(r.duration_ns / 1e6 for r in chosen.ranges if r.name == STEP)
     else:
-        step_ms = _ms(chosen.measure_ns) / steps if chosen.measure_ns is not None else None
+        step_ms = chosen.measure_ns / 1e6 / steps if chosen.measure_ns is not None else None
     if step_ms is not None:
-        rows.append({"phase": STEP, "range_ms": step_ms, "stopwatch_ms": stopwatch.get(STEP), "work_ms": all_work_ms})
-    if not rows:
-        return [{"phase": "no phase range found"}]
+        rows.append({"phase": STEP, "range_ms": step_ms, "stopwatch_ms": stopwatch.get(STEP),
+                     "work_ms": per_step(a for acts in groups.values() for a in acts)})
     for row in rows:
         if row["range_ms"] and row["stopwatch_ms"]:
             row["ratio"] = row["range_ms"] / row["stopwatch_ms"]
@@ -537,7 +498,7 @@ def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: lis
             row["work_ms"] = None
         elif row["range_ms"]:
             row["work_pct_of_range"] = 100 * row["work_ms"] / row["range_ms"]
-    return rows
+    return rows or [{"phase": "no phase range found"}]
 
 
 def top_rows(activities: list[Activity], steps: int, top: int) -> list[dict[str, Any]]:
@@ -549,7 +510,7 @@ def top_rows(activities: list[Activity], steps: int, top: int) -> list[dict[str,
     ranked = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))
     rest = [d for _, durations in ranked[top:] for d in durations]
     shown = ranked[:top] + ([(f"({len(ranked) - top} others)", rest)] if rest else [])
-    return [{"name": name, "category": classify_kernel(name) if i < top else "", "total_ms": _ms(sum(d)),
+    return [{"name": name, "category": classify_kernel(name) if i < top else "", "total_ms": sum(d) / 1e6,
              "share_pct": 100 * sum(d) / total, "instances": len(d), "per_step": len(d) / steps,
              "mean_us": sum(d) / len(d) / 1e3} for i, (name, d) in enumerate(shown)]
 
@@ -560,21 +521,28 @@ def category_row(scope: str, activities: list[Activity], steps: int) -> dict[str
     for a in activities:
         totals[classify_kernel(a.name)] += a.duration_ns
     total = sum(totals.values())
-    return {"scope": scope, "ms_per_step": _ms(total) / steps,
+    return {"scope": scope, "ms_per_step": total / 1e6 / steps,
             **{c: 100 * ns / total if total else 0.0 for c, ns in totals.items()}}
 
 
 def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
                    shape: dict[str, int] | None) -> list[dict[str, Any]]:
-    """Table 4: time per call of each attention sub-step, its FLOPs and achieved GFLOP/s."""
+    """Table 4: time per call of each attention sub-step, its FLOPs and achieved GFLOP/s. FLOPs of one call
+    (one layer, all heads): QK^T and PV are each half of results.attention_matmul_flops; the softmax counts
+    max, subtract, exp, sum and divide as one FLOP per score each (an exp costs more instructions)."""
     groups = attribute(activities, ranges, ATTENTION_STEPS)
-    flops = attention_step_flops(shape) if shape else {}
+    flops = {}
+    if shape:
+        b, s = shape["batch"], shape["seq"]
+        matmul = results.attention_matmul_flops(b, s, shape["d_model"]) // 2
+        flops = {"computing attention scores": matmul, "final matmul": matmul,
+                 "computing softmax": 5 * b * shape["heads"] * s * s}
     rows = []
     for step in ATTENTION_STEPS:
         calls = sum(1 for r in ranges if r.name == step)
         if not calls:
             continue
-        ms_per_call = _ms(sum(a.duration_ns for a in groups.get(step, []))) / calls
+        ms_per_call = sum(a.duration_ns for a in groups.get(step, [])) / 1e6 / calls
         row = {"sub_step": step, "calls": calls, "calls_per_step": calls / steps, "ms_per_call": ms_per_call,
                "gflop_per_call": flops[step] / 1e9 if step in flops else None}
         if row["gflop_per_call"] and ms_per_call:
@@ -584,8 +552,8 @@ def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
 
 
 def softmax_matmul_ratios(rows: list[dict[str, Any]]) -> tuple[float, float | None] | None:
-    """(softmax's time per call / one attention matmul's, the same for FLOPs: None without the model's shape),
-    the matmul being the mean of the two matmul sub-steps; None without the sub-steps or without matmul time."""
+    """(softmax's time per call / one attention matmul's (the mean of the two), the same for FLOPs: None
+    without the model's shape); None without the sub-steps or without matmul time."""
     by = {r["sub_step"]: r for r in rows}
     matmuls = [by[s] for s in ("computing attention scores", "final matmul") if s in by]
     softmax = by.get("computing softmax")
@@ -593,13 +561,13 @@ def softmax_matmul_ratios(rows: list[dict[str, Any]]) -> tuple[float, float | No
     if not (softmax and matmul_ms):
         return None
     gflops = [r["gflop_per_call"] for r in matmuls if r.get("gflop_per_call")]
-    flop_ratio = softmax["gflop_per_call"] / statistics.fmean(gflops) if softmax.get("gflop_per_call") and gflops \
-        else None
-    return softmax["ms_per_call"] / matmul_ms, flop_ratio
+    flops = softmax["gflop_per_call"] and gflops and softmax["gflop_per_call"] / statistics.fmean(gflops)
+    return softmax["ms_per_call"] / matmul_ms, flops or None
 
 
-def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None, shape: dict[str, int] | None = None,
-                 top: int = 10, compiled: bool = False, ranges: dict[str, str] | None = None,
+def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
+                 shape: dict[str, int] | None = None, top: int = 10, compiled: bool = False,
+                 ranges: dict[str, str] | None = None,
                  stopwatch_source: str = "bench_e2e's stopwatch") -> dict[str, Any]:
     """The four tables as JSON-ready rows, from the measured region of `profile`. `ranges`: --ranges KEY=NAME.
     `compiled`: the run used torch.compile, which emits no attention sub-step ranges."""
@@ -615,8 +583,8 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None, sh
     groups = attribute(chosen.activities, chosen.ranges, phases)
     notes = list(profile.notes) + ([] if phases or STEP in chosen.used else [NO_PHASE])
     recorded = {r.name for r in profile.ranges}
-    notes += [f"--ranges {key}={name!r}: no range of that name in this profile, so {key} is not in the tables "
-              f"(its ranges: {', '.join(sorted(recorded)[:12]) or 'none'})"
+    notes += [f"--ranges {key}={name!r}: no range of that name in this profile, so {key} is not in the "
+              f"tables (its ranges: {', '.join(sorted(recorded)[:12]) or 'none'})"
               for key, name in (ranges or {}).items() if name not in recorded]
     tables = {"device": profile.device, "source": profile.source, "steps": steps,
               "ranges_used": ranges_used_line(chosen, steps, steps_from),
@@ -637,14 +605,14 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None, sh
             line += f" for {ratios[1]:.3f}x its FLOPs: {ratios[0] / ratios[1]:.0f}x more time per FLOP"
         notes.append(line)
     elif not attention:
-        notes.append("no attention sub-step ranges: under torch.compile the attention runs as fused kernels, with "
-                     "no range inside compiled code; profile an eager run for table 4" if compiled else
-                     "no attention sub-step ranges (they come from bench_e2e's naive attention; --attn sdpa and "
-                     "other models have none)")
+        notes.append("no attention sub-step ranges: under torch.compile the attention runs as fused kernels, "
+                     "with no range inside compiled code; profile an eager run for table 4" if compiled else
+                     "no attention sub-step ranges (they come from bench_e2e's naive attention; --attn sdpa "
+                     "and other models have none)")
     forward_backward = groups.get("forward", []) + groups.get("backward", [])  # nsys_profile (b)
-    tables.update(top={s: top_rows(scope_acts[s], steps, top) for s in scopes  # a phase that is all of it: once
+    tables.update(top={s: top_rows(scope_acts[s], steps, top) for s in scopes  # a phase that is all: once
                        if s == "all" or len(scope_acts[s]) < len(activities)},
-                  top_forward_backward=top_rows(forward_backward, steps, 1)[:1] if "backward" in phases else [],
+                  top_forward_backward=top_rows(forward_backward, steps, 1)[:1] * ("backward" in phases),
                   categories=[category_row(s, scope_acts[s], steps) for s in scopes], attention=attention)
     return tables
 
@@ -673,28 +641,32 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     gpu = tables["device"] == "gpu"
     work = "kernel" if gpu else "op self-CPU"
     source = tables.get("stopwatch_source")
-    phases = tables["phases"] if source else [{**row, "stopwatch_ms": NO_STOPWATCH} for row in tables["phases"]]
+    phases = [row if source else {**row, "stopwatch_ms": NO_STOPWATCH} for row in tables["phases"]]
     against = f"vs {source}" if source else f"({NO_STOPWATCH}: --e2e-jsonl or --stopwatch PHASE=MS gives one)"
     out = [f"### 1. Phase times (mean per step over {tables['steps']} steps): profiler ranges {against}", "",
            tables["ranges_used"], "",
            _render(phases, [("phase", "phase"), ("range_ms", "range ms"), ("stopwatch_ms", "stopwatch ms"),
                             ("ratio", "range/stopwatch"), ("agrees", "agrees (±10%)"),
-                            ("work_ms", f"{work} ms/step"), ("work_pct_of_range", f"{work} % of range")], fmt, ".3f")]
+                            ("work_ms", f"{work} ms/step"), ("work_pct_of_range", f"{work} % of range")],
+                   fmt, ".3f")]
     for scope, rows in tables["top"].items():
-        out += ["", f"### 2. Top {'kernels by GPU time' if gpu else 'operators by self CPU time'}: {scope}", "",
+        what = "kernels by GPU time" if gpu else "operators by self CPU time"
+        out += ["", f"### 2. Top {what}: {scope}", "",
                 _render([{**r, "name": short_name(r["name"])} for r in rows],
-                        [("name", "kernel" if gpu else "operator"), ("category", "category"), ("total_ms", "total ms"),
-                         ("share_pct", "share %"), ("instances", "instances"), ("per_step", "per step"),
-                         ("mean_us", "mean µs")], fmt)]
+                        [("name", "kernel" if gpu else "operator"), ("category", "category"),
+                         ("total_ms", "total ms"), ("share_pct", "share %"), ("instances", "instances"),
+                         ("per_step", "per step"), ("mean_us", "mean µs")], fmt)]
     if tables["categories"]:
         out += ["", f"### 3. Category shares of {work} time (%)", "",
                 _render(tables["categories"], [("scope", "scope"), ("ms_per_step", f"{work} ms/step")]
                         + [(c, c) for c in CATEGORIES], fmt, ".1f")]
     if tables["attention"]:
-        out += ["", f"### 4. Inside attention ({work} time per call; FLOPs per call, one layer, all heads)", "",
+        out += ["", f"### 4. Inside attention ({work} time per call; FLOPs per call, one layer, all heads)",
+                "",
                 _render(tables["attention"], [("sub_step", "sub-step"), ("calls", "calls"),
                                               ("calls_per_step", "calls/step"), ("ms_per_call", "ms/call"),
-                                              ("gflop_per_call", "GFLOP/call"), ("gflops", "GFLOP/s")], fmt, ".4g")]
+                                              ("gflop_per_call", "GFLOP/call"), ("gflops", "GFLOP/s")],
+                        fmt, ".4g")]
     return "\n".join(out + ([""] + [f"- {note}" for note in tables["notes"]] if tables["notes"] else []))
 
 
@@ -717,8 +689,8 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
 
 
 def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
-    """One report for the summary: what its name says, its tables (from its export and <report>_e2e.jsonl), or
-    why it has none: `status` (skipped, failed), the profiled run's own status (an OOM), or what is missing."""
+    """One report for the summary: what its name says, its tables (from its export and <report>_e2e.jsonl),
+    or why it has none: `status` (skipped, failed), the profiled run's status (an OOM), what is missing."""
     size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
     entry = {"prefix": prefix, "size": size, "context": int(context), "mode": mode, "variant": variant or "",
              "status": status, "tables": None, "record": None}
@@ -731,68 +703,56 @@ def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
             entry["status"] = "no report"
         else:
             config = (record or {}).get("config") or {}
-            entry["tables"] = build_tables(load_report(prefix), stopwatch_ms(record) if record else None,
-                                           attention_shape(config), top=1, compiled=bool(config.get("compile")))
+            entry["tables"] = build_tables(load_report(prefix), record and stopwatch_ms(record),
+                                           attention_shape(config), 1, bool(config.get("compile")))
             entry["record"] = record
             entry["status"] = record["status"] if record else "ok (no _e2e.jsonl: no stopwatch)"
-    except (ProfileFormatError, NsysError) as exc:
+    except ProfileFormatError as exc:
         entry["status"] = f"error: {exc}"
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a record of another shape
         entry["status"] = f"error: {prefix}: malformed: {type(exc).__name__}: {exc}"
     return entry
 
 
-def _first_kernel(rows: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    return rows[0] if rows and not rows[0]["name"].startswith("(") else None
+def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One (size, context, variant), its modes side by side: the forward pass from the forward-only run (else
+    a training run's forward phase), the matmul share of the whole step from the training run, the top kernel
+    of forward + backward."""
+    done = {mode: entry["tables"] for mode, entry in runs.items() if entry["tables"] is not None}
+    row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
+                           "runs": {mode: entry["status"] for mode, entry in runs.items()},
+                           "reports": {mode: str(entry["prefix"]) for mode, entry in runs.items()}}
 
+    def first_kernel(rows: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        return rows[0] if rows and not rows[0]["name"].startswith("(") else None
 
-def summary_rows(entries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
-    """One row per (size, context, variant), its modes side by side: the forward pass from the forward-only run
-    (else a training run's forward phase), the matmul share of the whole step from the training run, the top
-    kernel of forward + backward. Also the notes the table needs."""
-    groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
-    for entry in entries:
-        groups.setdefault((entry["size"], entry["context"], entry["variant"]), {})[entry["mode"]] = entry
-    rows, borrowed = [], False
-    for (size, context, variant), runs in groups.items():
-        done = {mode: entry["tables"] for mode, entry in runs.items() if entry["tables"] is not None}
-        row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
-                               "runs": {mode: entry["status"] for mode, entry in runs.items()},
-                               "reports": {mode: str(entry["prefix"]) for mode, entry in runs.items()}}
-        mode = next((m for m in ("forward", "forward-backward", "train") if m in done), None)
-        if mode:
-            tables, borrowed = done[mode], borrowed or mode != "forward"
-            row["forward_from"] = mode
-            phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
-            row["forward_nsight_ms"], row["forward_stopwatch_ms"] = phase.get("range_ms"), phase.get("stopwatch_ms")
-            top = _first_kernel(tables["top"].get("forward") or tables["top"].get("all"))
-            if top:
-                row["top_forward_kernel"], row["top_forward_kernel_calls_per_forward"] = top["name"], top["per_step"]
-            share = next((c for c in tables["categories"] if c["scope"] == "forward"), None)
-            row["matmul_pct_forward"] = share["matrix multiply"] if share else None
-            ratios = softmax_matmul_ratios(tables["attention"])
-            if ratios:
-                row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
-        if "train" in done:
-            share = next((c for c in done["train"]["categories"] if c["scope"] == "all"), None)
-            row["matmul_pct_train_step"] = share["matrix multiply"] if share else None
-        top = _first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward"))
+    def matmul_pct(tables: dict[str, Any], scope: str) -> float | None:
+        return next((c["matrix multiply"] for c in tables["categories"] if c["scope"] == scope), None)
+
+    mode = next((m for m in ("forward", "forward-backward", "train") if m in done), None)
+    if mode:
+        tables = done[mode]
+        phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
+        row.update(forward_from=mode, forward_nsight_ms=phase.get("range_ms"),
+                   forward_stopwatch_ms=phase.get("stopwatch_ms"))
+        top = first_kernel(tables["top"].get("forward") or tables["top"].get("all"))
         if top:
-            row["top_forward_backward_kernel"] = top["name"]
-        rows.append(row)
-    notes = ["rows without a forward-only report take the forward columns from the forward phase of their training "
-             "(or forward-backward) run: `forward_from` in the records"] if borrowed else []
-    finished = [entry["tables"] for entry in entries if entry["tables"] is not None]
-    if finished and not any(tables["top"] for tables in finished):
-        notes.append("no CUDA kernel data in these reports (nsys recorded no GPU work, as on a machine without a "
-                     "GPU): the kernel, matmul and softmax columns are empty")
-    elif finished:
-        notes.append("kernel names are shortened; each report's <report>.md has them in full, the JSONL here too")
-    return rows, notes
+            row.update(top_forward_kernel=top["name"], top_forward_kernel_calls_per_forward=top["per_step"])
+        row["matmul_pct_forward"] = matmul_pct(tables, "forward")
+        ratios = softmax_matmul_ratios(tables["attention"])
+        if ratios:
+            row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
+    if "train" in done:
+        row["matmul_pct_train_step"] = matmul_pct(done["train"], "all")
+    top = first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward"))
+    if top:
+        row["top_forward_backward_kernel"] = top["name"]
+    return row
 
 
 SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("variant", "variant", ""),
-                   ("forward_nsight_ms", "fwd ms Nsight", ".2f"), ("forward_stopwatch_ms", "fwd ms stopwatch", ".2f"),
+                   ("forward_nsight_ms", "fwd ms Nsight", ".2f"),
+                   ("forward_stopwatch_ms", "fwd ms stopwatch", ".2f"),
                    ("top_forward_kernel", "top forward kernel", ""),
                    ("top_forward_kernel_calls_per_forward", "calls/fwd", ".1f"),
                    ("top_forward_backward_kernel", "top fwd+bwd kernel", ""),
@@ -802,59 +762,89 @@ SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("varian
                    ("softmax_matmul_flop_ratio", "softmax/matmul FLOPs", ".3g"), ("runs", "runs", "")]
 
 
-def render_summary(rows: list[dict[str, Any]], notes: list[str], fmt: str = "github") -> str:
-    """The summary: the forward pass (nsys_profile (a)-(c), (e)) and the matmul shares (d) side by side."""
-    spec = [c for c in SUMMARY_COLUMNS if c[0] != "variant" or any(row["variant"] for row in rows)]
-    shown = [{**row, "runs": ", ".join(f"{mode} {status}" for mode, status in row["runs"].items()),
-              **{k: short_name(row[k], 48) for k in ("top_forward_kernel", "top_forward_backward_kernel") if k in row}}
-             for row in rows]
-    table = results.render_table([{header: row.get(key) for key, header, _ in spec} for row in shown],
-                                 [header for _, header, _ in spec], fmt, [f or "g" for _, _, f in spec])
-    return "\n".join(["### nsys_run.sh summary: the forward pass, and the matmul share of inference vs a training "
-                      "step", "", table] + ([""] + [f"- {note}" for note in notes] if notes else []))
-
-
 def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: str, out: str | None = None,
                   fmt: str = "github") -> None:
-    """The summary of nsys_run.sh's reports (`statuses`: why some have none), printed and saved as
+    """The summary of nsys_run.sh's reports (`statuses`: why some have none), one row per size, context and
+    variant: the forward pass (nsys_profile (a)-(c), (e)) and the matmul shares (d), printed and saved as
     <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
     entries = [report_summary(prefix, statuses.get(prefix, "")) for prefix in prefixes]
-    rows, notes = summary_rows(entries)
+    groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault((entry["size"], entry["context"], entry["variant"]), {})[entry["mode"]] = entry
+    rows = [summary_row(*key, runs) for key, runs in groups.items()]
+    notes = ["rows without a forward-only report take the forward columns from the forward phase of their "
+             "training (or forward-backward) run: `forward_from` in the records"] * any(
+        row.get("forward_from", "forward") != "forward" for row in rows)
+    finished = [entry["tables"] for entry in entries if entry["tables"] is not None]
+    if finished and not any(tables["top"] for tables in finished):
+        notes.append("no CUDA kernel data in these reports (nsys recorded no GPU work, as on a machine "
+                     "without a GPU): the kernel, matmul and softmax columns are empty")
+    elif finished:
+        notes.append("kernel names are shortened; each report's <report>.md has them in full, the JSONL too")
     env = next((e["record"]["environment"] for e in entries if (e["record"] or {}).get("environment")), None)
     header = results.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
+    spec = [c for c in SUMMARY_COLUMNS if c[0] != "variant" or any(row["variant"] for row in rows)]
+    shown = [{**row, "runs": ", ".join(f"{mode} {status}" for mode, status in row["runs"].items()),
+              **{k: short_name(row[k], 48) for k in ("top_forward_kernel", "top_forward_backward_kernel")
+                 if k in row}} for row in rows]
+
+    def render(chosen: str) -> str:
+        table = results.render_table([{head: row.get(key) for key, head, _ in spec} for row in shown],
+                                     [head for _, head, _ in spec], chosen, [f or "g" for _, _, f in spec])
+        return "\n".join([header, "", "### nsys_run.sh summary: the forward pass, and the matmul share of "
+                          "inference vs a training step", "", table] + [""] * bool(notes)
+                         + [f"- {note}" for note in notes])
+
     files = results.ResultFiles(results_dir, "nsys", out, "summary")
     for row in rows:
         files.append_record(row)
-    files.publish(lambda chosen: header + "\n\n" + render_summary(rows, notes, chosen), fmt)
+    files.publish(render, fmt)
 
 
 # ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration ----
 
 SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
-CS336_HANDOUT = the handout when --handout is not given; BENCH_NVTX_LIBRARY = an NVTX library for a run on a CPU.
-A report made with the same arguments (<report>.args) is reused, one made with others kept and that configuration
-fails (--force replaces it); after an OOM the larger contexts of that size and mode are skipped.
-Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no usable
-nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143: nsys and the profiled run stopped."""
+CS336_HANDOUT = the handout when --handout is not given; BENCH_NVTX_LIBRARY = an NVTX library for a CPU run.
+A report made with the same arguments (<report>.args) is reused, one made with others kept and that
+configuration fails (--force replaces it); after an OOM the larger contexts of that size and mode are skipped.
+Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
+usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143 (nsys and the run stopped)."""
 DEFAULT_PLANS = {"2025": (["all"], [128, 256, 512, 1024]),  # every size of Table 1 x four contexts
                  "2026": (["small", "medium"], [256, 512, 1024])}  # two sizes x three contexts > 128
-ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two values: bench_e2e sweeps
+ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two: bench_e2e sweeps
 OWN_OPTIONS = ("--size", "--context-length", "--mode", "--handout", "--dry-run", "--results-dir", "--out")
 # torch's NVTX ranges are unregistered strings, which an NVTX capture range matches only with this set to 0
 REGISTER_ONLY = "NSYS_NVTX_PROFILER_REGISTER_ONLY"
+BENCH_E2E = str(Path(__file__).with_name("bench_e2e.py"))
 
 
 def say(message: str) -> None:
     results.progress(f"nsys_run.sh: {message}")
 
 
+class Config(NamedTuple):
+    size: str
+    ctx: int
+    mode: str
+    report: Path  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
+    app: list[str]  # bench_e2e.py's arguments
+    made_with: str  # the nsys command line, kept as <report>.args: a report is reused only for the same line
+
+    def file(self, suffix: str) -> Path:
+        return Path(f"{self.report}{suffix}")
+
+    def label(self) -> str:
+        return f"{self.size} ctx={self.ctx} {self.mode}"
+
+
 def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
-    p = results.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-                      description="Nsight Systems profiles of bench_e2e.py's measured steps, one report per "
-                                  "configuration in results/nsys/,\nits kernel tables beside it, and a summary "
-                                  "across them. Anything after -- goes to bench_e2e.py. docs/nsys_run.md.")
-    p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE default: train)")
+    p = results.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Nsight Systems profiles of bench_e2e.py's measured steps, one report "
+                                      "per configuration in results/nsys/,\nits kernel tables beside it, and "
+                                      "a summary across them. Anything after -- goes to bench_e2e.py.")
+    p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE: train)")
     p.add_argument("--size", nargs="+", help="sizes of the handout's Table 1 (or tiny, or all)")
     p.add_argument("--context-length", nargs="+", metavar="CTX", help="context lengths")
     p.add_argument("--mode", nargs="+", help="forward, forward-backward, train (default: forward train)")
@@ -862,35 +852,36 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-skip", action="store_true", help="after an OOM, still profile the larger contexts")
     p.add_argument("--dry-run", action="store_true", help="list the configurations and what happens to each")
     p.add_argument("--backtrace", "--python-backtrace", action="store_true",
-                   help="Python + CUDA backtraces of CUDA calls (--python-backtrace=cuda --cudabacktrace=all; slower)")
-    p.add_argument("--pytorch", metavar="VALUES", help="passed to nsys profile (autograd-nvtx, ...: PyTorch's own "
-                                                       "NVTX labels); adds _pytorch to the name. Not in nsys 2023.4")
+                   help="Python + CUDA backtraces of CUDA calls (slower)")
+    p.add_argument("--pytorch", metavar="VALUES", help="to nsys profile (autograd-nvtx: PyTorch's own "
+                   "NVTX labels); adds _pytorch to the name. Not in nsys 2023.4")
     p.add_argument("--cuda-memory-usage", choices=("true", "false"), default="false",
-                   help="true: passed to nsys profile (GPU memory over time); adds _cudamem to the name")
+                   help="true: to nsys profile (GPU memory over time); adds _cudamem to the name")
     p.add_argument("--results-dir", default="results", type=results.results_folder,
                    help="results root (reports go to its nsys/ folder)")
     results.add_handout_arg(p)
     own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # a bare --cuda-memory-usage means true and must not take the SIZE after it
-    a = p.parse_intermixed_args(["--cuda-memory-usage=true" if arg == "--cuda-memory-usage" else arg for arg in own])
+    a = p.parse_intermixed_args([arg + "=true" * (arg == "--cuda-memory-usage") for arg in own])
     results.handout_or_exit(p, a)
-    if a.pytorch is not None and not a.pytorch.strip():
-        p.error("--pytorch needs a value, e.g. --pytorch=autograd-nvtx")
-    if a.config and (a.size or a.context_length or a.mode):
-        p.error("give SIZE CTX [MODE] or --size/--context-length/--mode, not both")
-    if a.config and not 2 <= len(a.config) <= 3:
-        p.error("usage: bash nsys_run.sh [options] SIZE CTX [MODE] [-- bench_e2e.py arguments]")
+    results.refuse(p, [
+        (a.pytorch is not None and not a.pytorch.strip(),
+         "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"),
+        (a.config and (a.size or a.context_length or a.mode),
+         "give SIZE CTX [MODE] or --size/--context-length/--mode, not both"),
+        (a.config and not 2 <= len(a.config) <= 3,
+         "usage: bash nsys_run.sh [options] SIZE CTX [MODE] [-- bench_e2e.py arguments]")])
     if a.config:
         a.size, a.context_length, a.mode = [a.config[0]], [a.config[1]], a.config[2:] or ["train"]
-    sizes, contexts = DEFAULT_PLANS[a.handout]
-    a.dtype = ""
+    dtype = ""
     for i, arg in enumerate(extra):
         name, _, value = arg.partition("=")
         if name in OWN_OPTIONS:
-            p.error(f"{name} after -- would reach bench_e2e.py: nsys_run.sh plans, names and places the reports "
-                    "(give sizes, contexts, modes, --handout, --dry-run and --results-dir before --)")
-        a.dtype = (value or (extra[i + 1:] or [""])[0]) if name == "--dtype" else a.dtype
-        if arg in ONE_VALUE_OPTIONS and len(extra[i + 1:i + 3]) == 2 and "-" not in extra[i + 1][0] + extra[i + 2][0]:
+            p.error(f"{name} after -- would reach bench_e2e.py: nsys_run.sh plans, names and places the "
+                    "reports (give sizes, contexts, modes, --handout, --dry-run and --results-dir before --)")
+        if name == "--dtype":
+            dtype = value or (extra[i + 1:] or [""])[0]
+        if arg in ONE_VALUE_OPTIONS and len([v for v in extra[i + 1:i + 3] if not v.startswith("-")]) == 2:
             p.error(f"profile one {arg} at a time")
     results.refuse(p, [  # a size and a dtype name the report: nothing that could leave the results folder
         (any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", s) for s in a.size or []),
@@ -899,40 +890,30 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
          f"CTX must be a positive integer, got {a.context_length!r}"),
         (any(m not in results.MODES for m in a.mode or []),
          f"MODE must be forward, forward-backward or train, got {a.mode!r}"),
-        (a.dtype not in ("", "fp32", "bf16", "fp16"), f"--dtype must be fp32, bf16 or fp16, got {a.dtype!r}")])
-    a.context_length = sorted({int(c) for c in a.context_length or contexts})  # ascending: an OOM skips the rest
+        (dtype not in ("", "fp32", "bf16", "fp16"), f"--dtype must be fp32, bf16 or fp16, got {dtype!r}")])
+    sizes, contexts = DEFAULT_PLANS[a.handout]
+    # ascending: after an OOM the rest are skipped
+    a.context_length = sorted({int(c) for c in a.context_length or contexts})
     a.mode = list(dict.fromkeys(a.mode or ["forward", "train"]))
     a.size = results.sizes_or_exit(p, a, a.size or sizes)
+    a.extra = extra
     # flags that change what a report holds also name it: such a report never stands in for a plain one
-    a.pass_through = [f"--pytorch={a.pytorch}"] * bool(a.pytorch) + ["--cuda-memory-usage=true"] * (
-        a.cuda_memory_usage == "true")
+    memory = a.cuda_memory_usage == "true"
+    a.pass_through = [f"--pytorch={a.pytorch}"] * bool(a.pytorch) + ["--cuda-memory-usage=true"] * memory
     a.nsys_options = ["--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure",
                       "--capture-range-end=stop", f"--env-var={REGISTER_ONLY}=0", "--force-overwrite=true",
                       *["--cudabacktrace=all", "--python-backtrace=cuda"] * a.backtrace, *a.pass_through]
-    suffix = (f"_{a.dtype}" * (a.dtype not in ("", "fp32")) + "_pytorch" * bool(a.pytorch) + "_cudamem" * (
-        a.cuda_memory_usage == "true") + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
-    # --in-process: the measured steps and their kernels live in the process nsys runs
-    a.plan = [Config(size, ctx, mode, Path(a.results_dir) / "nsys" / f"{size}_ctx{ctx}_{mode}{suffix}",
-                     ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", *extra,
-                      "--handout", a.handout]) for size in a.size for ctx in a.context_length for mode in a.mode]
+    suffix = (f"_{dtype}" * (dtype not in ("", "fp32")) + "_pytorch" * bool(a.pytorch) + "_cudamem" * memory
+              + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
+    a.plan = []
+    for size, ctx, mode in itertools.product(a.size, a.context_length, a.mode):
+        # --in-process: the measured steps and their kernels live in the process that nsys runs
+        app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", *extra,
+               "--handout", a.handout]
+        made_with = shlex.join(["nsys", "profile", *a.nsys_options, "--", "bench_e2e.py", *app])
+        a.plan.append(Config(size, ctx, mode, Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}"),
+                             app, made_with))
     return a
-
-
-@dataclass
-class Config:
-    size: str
-    ctx: int
-    mode: str
-    report: Path  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
-    app: list[str]  # bench_e2e.py's arguments
-
-    def file(self, suffix: str) -> Path:
-        return Path(f"{self.report}{suffix}")
-
-    def args_line(self, nsys_options: list[str]) -> str:
-        """What the report is made with, kept as <report>.args: a report is reused only for the same line."""
-        return "".join(shlex.quote(word) + " " for word in ["nsys", "profile", *nsys_options, "--", "bench_e2e.py",
-                                                              *self.app])
 
 
 def action(config: Config, args: argparse.Namespace) -> str:
@@ -940,16 +921,16 @@ def action(config: Config, args: argparse.Namespace) -> str:
     if args.force or not config.file(".nsys-rep").is_file():
         return "profile"
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        if config.file(".args").read_text() == config.args_line(args.nsys_options):
+        if config.file(".args").read_text().strip() == config.made_with:
             return "reuse"
     return "kept"
 
 
 def check_with_bench_e2e(args: argparse.Namespace, show: bool) -> int:
     """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
-    return subprocess.run([sys.executable, str(Path(__file__).with_name("bench_e2e.py")), "--size", *args.size,
-                           "--context-length", *map(str, args.context_length), "--mode", args.mode[0],
-                           "--in-process", *args.plan[0].app[8:-2], "--handout", args.handout, "--dry-run"],
+    return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
+                           *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
+                           *args.extra, "--handout", args.handout, "--dry-run"],
                           stdout=None if show else subprocess.DEVNULL).returncode
 
 
@@ -959,12 +940,13 @@ def dry_run(args: argparse.Namespace) -> int:
         return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
-        done = config.file(".nsys-rep").exists()
-        print(f"  {i}. {config.size} ctx={config.ctx} {config.mode} -> {config.report}: " + {
-            "profile": "profile again, replacing the report (--force)" if done else "profile",
+        todo = action(config, args)
+        if todo == "profile" and config.file(".nsys-rep").exists():
+            todo = "profile again, replacing the report (--force)"
+        print(f"  {i}. {config.label()} -> {config.report}: " + {
             "reuse": "reuse the existing report",
-            "kept": "keep the existing report, made with other arguments: fails (--force replaces it)"}[
-                action(config, args)])
+            "kept": "keep the existing report, made with other arguments: fails (--force replaces it)"}.get(
+                todo, todo))
     print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(args.plan[0].app)} ...")
     if not args.no_skip:
@@ -974,58 +956,52 @@ def dry_run(args: argparse.Namespace) -> int:
 
 
 def remove_files(config: Config) -> None:
-    """A configuration's files (the toolkit's own names in its results folder), before it is profiled again or
-    when its run was refused or interrupted: none may outlive the new run."""
+    """A configuration's files (the toolkit's own names), before it is profiled again or when its run was
+    refused or interrupted: none may outlive the new run."""
     for suffix in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl", "_e2e.md"):
         config.file(suffix).unlink(missing_ok=True)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to nsys's process group (nsys then ends the profiled run), SIGKILL when it lasts beyond 30 s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-            return
-
-
 def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
-    """`nsys profile` of bench_e2e.py, in its own process group: an interrupt stops it, and its temporary folder
-    goes. bench_e2e's record is kept as <report>_e2e.*, and its "wrote" lines name those files."""
+    """`nsys profile` of bench_e2e.py in its own process group, stopped on an interrupt (SIGTERM, SIGKILL
+    after 30 s; nsys ends the profiled run). bench_e2e's record is kept as <report>_e2e.*."""
     with tempfile.TemporaryDirectory(prefix="nsys_run-") as tmp:
-        app = [sys.executable, str(Path(__file__).with_name("bench_e2e.py")), *config.app, "--results-dir", tmp,
-               "--out", "e2e"]
-        say(f"profiling {config.size} ctx={config.ctx} {config.mode}: bench_e2e.py {' '.join(config.app)}")
+        app = [sys.executable, BENCH_E2E, *config.app, "--results-dir", tmp, "--out", "e2e"]
+        say(f"profiling {config.label()}: bench_e2e.py {' '.join(config.app)}")
         proc = subprocess.Popen([nsys, "profile", *args.nsys_options, f"--output={config.report}", *app],
-                                stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"}, start_new_session=True)
+                                stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"},
+                                start_new_session=True)
         try:
-            for line in proc.stdout:
+            for line in proc.stdout:  # its "wrote" lines name the files kept
                 results.emit(line.decode(errors="replace").replace(f"{tmp}/e2e/e2e", f"{config.report}_e2e")
                              .rstrip("\n"))
             proc.wait()
         finally:
-            if proc.poll() is None:
-                stop(proc)
+            for sig in (signal.SIGTERM, signal.SIGKILL) if proc.poll() is None else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=30)
+                    break
         for made in Path(tmp, "e2e").glob("e2e*"):
             shutil.copyfile(made, f"{config.report}_{made.name}")
     return proc.returncode
 
 
 def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[int, str, str]:
-    """Profile (or reuse) one configuration and make its tables: (exit status; ok, OOM, kept, failed or refused;
-    why it has no tables where its record does not say)."""
-    todo, jsonl = action(config, args), config.file("_e2e.jsonl")
+    """Profile (or reuse) one configuration and make its tables: (exit status; ok, OOM, kept, failed or
+    refused; why it has no tables where its record does not say)."""
+    todo, jsonl, report = action(config, args), config.file("_e2e.jsonl"), config.file(".nsys-rep")
     if todo == "kept":
-        say(f"error: {config.report}.nsys-rep exists, made with other arguments than these ({config.report}.args); "
-            "it is kept: --force profiles this configuration again, replacing it")
+        say(f"error: {report} exists, made with other arguments than these ({config.report}.args); it is "
+            "kept: --force profiles this configuration again, replacing it")
         return 1, "kept", "kept: made with other arguments (--force replaces it)"
     status = 0
     if todo == "reuse":
-        say(f"reusing {config.report}.nsys-rep, made with the same arguments (--force profiles it again)")
+        say(f"reusing {report}, made with the same arguments (--force profiles it again)")
     else:
         remove_files(config)
-        config.file(".args").write_text(config.args_line(args.nsys_options))
+        config.file(".args").write_text(config.made_with + "\n")
         try:
             status = run_under_nsys(config, args, nsys)
         except KeyboardInterrupt:  # what nsys wrote of an interrupted run is no report to reuse
@@ -1033,26 +1009,28 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
             raise
         if status == 2:  # bench_e2e's usage error: every configuration would fail alike
             remove_files(config)
-            say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was kept")
+            say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
+                "kept")
             return 2, "refused", ""
-    try:
-        said = str(last_e2e_record(jsonl).get("status", "")) if jsonl.is_file() else ""
-    except (ProfileFormatError, OSError):
+    with contextlib.suppress(ProfileFormatError, OSError):
         said = ""
+        said = str(last_e2e_record(jsonl).get("status", "")) if jsonl.is_file() else ""
     kind = "OOM" if results.is_oom_status(said) else "failed"
     if status:
         say(f"the profiled run failed with exit status {status}")
         return status, kind, "" if said else f"failed: the profiled run's exit status was {status}"
-    if not config.file(".nsys-rep").is_file():  # bench_e2e exits 0 for a failed configuration: its record says why
-        failed = said and said not in FINISHED
-        say(f"nsys wrote no {config.report}.nsys-rep: " + (f'the profiled run recorded "status": "{said}"' if failed
-            else "the 'measure' range never started (on a CPU, torch has no NVTX: docs/nsys_run.md)"))
-        return 1, kind, "" if failed else "failed: nsys wrote no report (the measure range never started)"
-    status = main([f"{config.report}.nsys-rep", "--md", f"{config.report}.md"]
+    if not report.is_file():  # bench_e2e exits 0 for a failed configuration: its record says why
+        if said and said not in FINISHED:
+            say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
+            return 1, kind, ""
+        say(f"nsys wrote no {report}: the 'measure' range never started (on a CPU, torch has no NVTX: "
+            "docs/nsys_run.md)")
+        return 1, kind, "failed: nsys wrote no report (the measure range never started)"
+    status = main([str(report), "--md", f"{config.report}.md"]
                   + ["--e2e-jsonl", str(jsonl)] * jsonl.is_file())
     if status:
         return status, kind, "" if said else "failed: no tables (see above)"
-    results.emit(f"report: {config.report}.nsys-rep (open it with nsys-ui, the Nsight Systems GUI)")
+    results.emit(f"report: {report} (open it with nsys-ui, the Nsight Systems GUI)")
     return 0, "ok", ""
 
 
@@ -1065,14 +1043,13 @@ def profile_plan(args: argparse.Namespace, nsys: str) -> int:
     created = [f for f in (folder, *folder.parents) if not f.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     for i, config in enumerate(args.plan, 1):
-        label = f"{config.size} ctx={config.ctx} {config.mode}"
         reason = skip.reason((config.size, config.mode), "context_length", config.ctx)
         if reason:
-            say(f"{label}: {reason} (--no-skip profiles it anyway)")
+            say(f"{config.label()}: {reason} (--no-skip profiles it anyway)")
             statuses[config.report] = reason
             continue
         if len(args.plan) > 1:
-            say(f"configuration {i}/{len(args.plan)}: {label}")
+            say(f"configuration {i}/{len(args.plan)}: {config.label()}")
         status, kind, why = profile_one(config, args, nsys)
         if kind == "refused":
             for made in created:  # only the folders made for this run, and only when empty
@@ -1097,17 +1074,17 @@ def sweep_main(argv: list[str]) -> int:
     nsys, why = find_nsys()
     if nsys is None:
         first = args.plan[0]
-        print(f"nsys_run.sh: error: {why}; {install_hint()}. Without nsys, torch.profiler gives the same tables: "
-              f"python3 bench_e2e.py --size {first.size} --context-length {first.ctx} --mode {first.mode} --profile",
-              file=sys.stderr)
+        print(f"nsys_run.sh: error: {why}; {INSTALL_HINT}. Without nsys, torch.profiler gives the same "
+              f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.ctx} --mode "
+              f"{first.mode} --profile", file=sys.stderr)
         return 2
-    known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout if args.pass_through \
-        else ""
+    known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout \
+        if args.pass_through else ""
     for name in [flag.split("=")[0] for flag in args.pass_through]:
         if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
             version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
-            say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a newer "
-                "Nsight Systems")
+            say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
+                "newer Nsight Systems")
             return 2
     try:
         with results.sigterm_as_interrupt():
@@ -1120,17 +1097,25 @@ def sweep_main(argv: list[str]) -> int:
 # ---- command line ----
 
 
-def key_values(items: list[str], keys: tuple[str, ...], flag: str, what: str) -> dict[str, str]:
-    """--ranges forward=NAME ... / --stopwatch forward=MS,...: KEY=VALUE pairs, KEY one of `keys`, each once."""
-    pairs: dict[str, str] = {}
+def key_values(items: list[str], keys: tuple[str, ...], flag: str, what: str,
+               convert: Any = str) -> dict[str, Any]:
+    """--ranges forward=NAME ... / --stopwatch forward=MS,...: KEY=VALUE, KEY one of `keys`, each once."""
+    pairs: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in keys or not value:
-            raise argparse.ArgumentTypeError(f"{flag}: give KEY={what} with KEY one of {', '.join(keys)}, got {item!r}")
+            raise ValueError(f"{flag}: give KEY={what} with KEY one of {', '.join(keys)}, got {item!r}")
         if key in pairs:
-            raise argparse.ArgumentTypeError(f"{flag}: {key} given twice")
-        pairs[key] = value
+            raise ValueError(f"{flag}: {key} given twice")
+        pairs[key] = convert(value)
     return pairs
+
+
+def milliseconds(text: str) -> float:
+    with contextlib.suppress(ValueError):
+        if 0 < float(text) < float("inf"):
+            return float(text)
+    raise ValueError(f"--stopwatch: times are milliseconds (positive finite numbers), got {text!r}")
 
 
 def is_trace(source: str | Path) -> bool:
@@ -1139,68 +1124,57 @@ def is_trace(source: str | Path) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0],
-                      epilog="bash nsys_run.sh runs `kernel_tables.py --nsys-run ARGS` (its --help: bash nsys_run.sh "
-                             "--help).")
-    p.add_argument("source", nargs="+", help="a torch.profiler trace (.json, .json.gz), an nsys report X.nsys-rep, "
-                                             "its export X.sqlite, or the prefix X; with --summary, nsys_run.sh's "
-                                             "reports")
-    p.add_argument("--summary", action="store_true",
-                   help="one table across nsys_run.sh's reports (a row per size, context and variant, forward-only "
-                        "and training runs side by side), written to <results-dir>/nsys/summary-<time>.{md,jsonl}")
-    p.add_argument("--out", default=None, type=results.result_stem,
-                   help="--summary: result file stem (default: summary-<UTC timestamp>); never overwritten")
+                          epilog="bash nsys_run.sh runs `kernel_tables.py --nsys-run ARGS` (its --help: bash "
+                                 "nsys_run.sh --help).")
+    p.add_argument("source", nargs="+", help="a torch.profiler trace (.json, .json.gz), an nsys report "
+                   "X.nsys-rep, its export X.sqlite, or the prefix X; with --summary, nsys_run.sh's reports")
+    p.add_argument("--summary", action="store_true", help="one table across nsys_run.sh's reports, a row per "
+                   "size, context and variant, in <results-dir>/nsys/summary-<time>.{md,jsonl}")
+    p.add_argument("--out", type=results.result_stem, help="--summary: result file stem (never overwritten)")
     p.add_argument("--results-dir", default="results", type=results.results_folder,
-                   help="--summary: root folder for the result files (they go to its nsys/ folder)")
-    p.add_argument("--e2e-jsonl", default=None, help="bench_e2e's record of the profiled run: its stopwatch for "
-                                                     "table 1, the model's shape for the FLOPs of table 4")
-    p.add_argument("--stopwatch", nargs="+", default=None, metavar="PHASE=MS",
-                   help="your own times of the profiled run for table 1, ms per step, e.g. forward=66.5 backward=80 "
-                        f"or forward=66.5,backward=80 (PHASE: {', '.join((*PHASES, STEP))})")
-    p.add_argument("--ranges", nargs="+", default=None, metavar="KEY=NAME",
-                   help="your range names where they are not a usual spelling (Forward, fwd, optimizer step, ...), "
-                        f"e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)}; measure: around the timed steps)")
-    p.add_argument("--csv-dir", "--export-dir", dest="export_dir", default=None, metavar="DIR",
-                   help="where the SQLite export of a .nsys-rep goes (default: beside it; a temporary folder when that "
-                        "is not writable)")
+                   help="--summary: results root (files go to its nsys/ folder)")
+    p.add_argument("--e2e-jsonl", help="bench_e2e's record of the profiled run: the stopwatch of table 1, "
+                   "the model's shape for the FLOPs of table 4")
+    p.add_argument("--stopwatch", nargs="+", metavar="PHASE=MS", help="your own ms per step for table 1, "
+                   "e.g. forward=66.5 backward=80 or forward=66.5,backward=80 (PHASE: forward, backward, "
+                   "optimizer, step)")
+    p.add_argument("--ranges", nargs="+", metavar="KEY=NAME", help="your range names where they are not a "
+                   f"usual spelling, e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)})")
+    p.add_argument("--csv-dir", dest="export_dir", metavar="DIR",
+                   help="where the SQLite export of a .nsys-rep goes (default: beside it)")
     p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
     p.add_argument("--fmt", default="github", choices=results.TABLE_FORMATS, metavar="FMT",
-                   help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
-    p.add_argument("--md", default=None, help="also write the tables to this file, replacing it")
+                   help="tabulate format: github (markdown), latex_booktabs, plain, ...")
+    p.add_argument("--md", help="also write the tables to this file, replacing it")
     args = p.parse_args(argv)
     if args.summary:
         args.source = [Path(s).with_suffix("") if Path(s).suffix in (*REPORT_SUFFIXES, ".sqlite") else Path(s)
                        for s in args.source]
         results.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
-                        "--summary reads each report's own export and <report>_e2e.jsonl: no --e2e-jsonl, --md, "
-                        "--stopwatch, --ranges or --csv-dir")] + [
+                            "--summary reads each report's own export and <report>_e2e.jsonl: no "
+                            "--e2e-jsonl, --md, --stopwatch, --ranges or --csv-dir")] + [
             (is_trace(s) or not REPORT_NAME.fullmatch(s.name), f"{s}: --summary reads nsys_run.sh's reports "
              "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
-             "kernel_tables.py SOURCE")
-            for s in args.source])
+             "kernel_tables.py SOURCE") for s in args.source])
         return args
     results.refuse(p, [(args.out is not None, "--out goes with --summary"),
-                   (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); --summary "
-                                           "tabulates several"),
-                   (args.stopwatch and args.e2e_jsonl, "give --e2e-jsonl (bench_e2e's record) or --stopwatch (your "
-                                                       "own times), not both")])
+                       (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); "
+                                               "--summary tabulates several"),
+                       (args.stopwatch and args.e2e_jsonl,
+                        "give --e2e-jsonl (bench_e2e's record) or --stopwatch (your own times), not both")])
     args.source = args.source[0]
     try:
-        args.stopwatch = {k: float(v) for k, v in key_values([part for given in args.stopwatch or []
-                                                              for part in given.split(",")], (*PHASES, STEP),
-                                                             "--stopwatch", "MS").items()}
+        args.stopwatch = key_values([part for given in args.stopwatch or [] for part in given.split(",")],
+                                    (*PHASES, STEP), "--stopwatch", "MS", milliseconds)
         args.ranges = key_values(args.ranges or [], RANGE_KEYS, "--ranges", "NAME")
-    except argparse.ArgumentTypeError as exc:
+    except ValueError as exc:
         p.error(str(exc))
-    except ValueError as exc:  # float() of a time that is no number
-        p.error(f"--stopwatch: times are milliseconds: {exc}")
     found = Path(args.source) if is_trace(args.source) else report_file(args.source)
     export_dir = Path(args.export_dir or ".")
-    while not export_dir.exists():  # created when missing: its first existing parent must be a writable folder
+    while not export_dir.exists():  # made when missing: its first existing parent must be a writable folder
         export_dir = export_dir.parent
     md = Path(args.md or "x")
     results.refuse(p, [
-        (any(not 0 < ms < float("inf") for ms in args.stopwatch.values()),
-         "--stopwatch: times must be positive finite milliseconds"),
         (not found.is_file(), f"no such trace or report: {found} (a .json trace, X.nsys-rep, X.sqlite or X)"),
         (args.export_dir and not export_dir.is_dir(), f"--csv-dir: {export_dir} is not a folder"),
         (args.export_dir and not os.access(export_dir, os.W_OK), f"--csv-dir: {export_dir} is not writable"),
@@ -1230,17 +1204,14 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.export_dir).mkdir(parents=True, exist_ok=True)
         profile = load_torch_trace(args.source) if is_trace(args.source) else \
             load_report(args.source, Path(args.export_dir) if args.export_dir else None)
-    except (ProfileFormatError, NsysError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return getattr(exc, "status", 2)
-    except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # fields of another shape or type
-        print(f"error: {args.e2e_jsonl if args.e2e_jsonl else args.source}: malformed or unreadable: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # fields of another shape
+        said = exc if isinstance(exc, ProfileFormatError) else \
+            f"{args.e2e_jsonl or args.source}: malformed or unreadable: {type(exc).__name__}: {exc}"
+        print(f"error: {said}", file=sys.stderr)
         return 2
     config = record.get("config") or {}
-    tables = build_tables(profile, stopwatch, attention_shape(config), args.top, compiled=bool(config.get("compile")),
-                          ranges=args.ranges, stopwatch_source="bench_e2e's stopwatch" if record else
-                          "your stopwatch (--stopwatch)")
+    tables = build_tables(profile, stopwatch, attention_shape(config), args.top, bool(config.get("compile")),
+                          args.ranges, "bench_e2e's stopwatch" if record else "your stopwatch (--stopwatch)")
     text = header + "\n\n" + render_tables(tables, args.fmt)
     if args.md:
         try:
