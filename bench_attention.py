@@ -9,6 +9,7 @@ flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
     python3 bench_attention.py                               # naive, compiled and sdpa
     python3 bench_attention.py --seq-len 64 128 --d 16 32 --iters 5 --warmup 2   # a quick CPU run
     python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2  # your kernel
+    python3 bench_attention.py --grid leaderboard-2025 --impl flash=my_flash:FlashAttention2  # 2025's leaderboard
 
 Inputs are (batch, seq, d), causal. Each shape runs in a child process (runner.py); its
 implementations share it, each on inputs of its own, their timed calls alternating in rounds
@@ -45,13 +46,23 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  
 # --- arguments: the grid (batch, d, seq, dtype) and the implementations ---
 
 # The study's grids, the defaults of every flag not given: attention = pytorch_attention and
-# torch_compile; flash = the handout's flash_benchmarking (batch 1, bf16 and fp32).
+# torch_compile; flash = the handout's flash_benchmarking (batch 1, bf16 and fp32); leaderboard-2025 = the 2025
+# handout's leaderboard (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000,
+# warmup=1_000) of forward then o.sum().backward(), yours through torch.compile.
+DO_BENCH_DEFAULTS = {"warmup_ms": 25.0, "rep_ms": 100.0}
 GRIDS: dict[str, dict[str, Any]] = {
     "attention": {"impl": ["naive", "compiled", "sdpa"], "d": [16, 32, 64, 128],
-                  "seq_len": [256, 1024, 4096, 8192, 16384], "batch_size": 8, "dtype": ["fp32"]},
+                  "seq_len": [256, 1024, 4096, 8192, 16384], "batch_size": 8, "dtype": ["fp32"], **DO_BENCH_DEFAULTS},
     "flash": {"impl": [BASELINE, "sdpa"], "d": [16, 32, 64, 128],
-              "seq_len": [2**i for i in range(7, 17)], "batch_size": 1, "dtype": ["bf16", "fp32"]},
+              "seq_len": [2**i for i in range(7, 17)], "batch_size": 1, "dtype": ["bf16", "fp32"],
+              **DO_BENCH_DEFAULTS},
+    "leaderboard-2025": {"impl": ["naive", "sdpa"], "d": [64], "seq_len": [16384], "batch_size": 16,
+                         "dtype": ["bf16"], "warmup_ms": 1000.0, "rep_ms": 10_000.0},
 }
+# leaderboard-2025 without a GPU: a shape a CPU runs in seconds, and do_bench's ms cut to match
+LEADERBOARD_2025_CPU = {"seq_len": [256], "batch_size": 4, "warmup_ms": 20.0, "rep_ms": 100.0}
+PUBLISHED_2025 = [("2025 naive baseline", 80.0, "one H100", "Spring 2025"),
+                  ("2025 best", 5.364, "one H100", "Spring 2025")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +80,7 @@ class AttentionRun:
     device: str = "auto"
     seed: int = 0
     force: bool = False  # run even when the fit guard says it cannot fit
+    leaderboard: bool = False  # also time the leaderboard's forward + o.sum().backward() (leaderboard_ms)
 
     def label(self) -> str:
         return f"{self.impl} d={self.d} seq={self.seq_len} {self.dtype}"
@@ -97,7 +109,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="the defaults of the flags below: attention = pytorch_attention (batch 8, "
                         "fp32, naive compiled sdpa, d 16..128, seq 256..16384); flash = "
                         "flash_benchmarking (batch 1, bf16 and fp32, d 16..128, seq 128..65536, "
-                        "naive first: the baseline)")
+                        "naive first: the baseline); leaderboard-2025 = the 2025 leaderboard (16 x 16384 x 64, "
+                        "bf16, do_bench rep 10 s, yours compiled; scaled down on a CPU)")
     p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, metavar="IMPL",
                    help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or "
                         "yours as [NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a "
@@ -110,10 +123,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--iters", type=results.step_count, default=100,
                    help="timed calls per phase (sync timer, CUDA events; do_bench sizes its own)")
     p.add_argument("--warmup", type=results.warmup_count, default=10, help="untimed calls before them")
-    p.add_argument("--warmup-ms", type=results.positive_float, default=25.0,
-                   help="triton.testing.do_bench's warmup: ms of untimed calls")
-    p.add_argument("--rep-ms", type=results.positive_float, default=100.0,
-                   help="triton.testing.do_bench's rep: ms of timed calls")
+    p.add_argument("--warmup-ms", type=results.positive_float, default=None,
+                   help="triton.testing.do_bench's warmup: ms of untimed calls (default: 25; 1000 for "
+                        "leaderboard-2025)")
+    p.add_argument("--rep-ms", type=results.positive_float, default=None,
+                   help="triton.testing.do_bench's rep: ms of timed calls (default: 100; 10000 for "
+                        "leaderboard-2025)")
     p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations predicted not to fit in free memory (else skipped)")
@@ -126,8 +141,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(p, args.device)
     runner.check_sweep_args(p, args)
     report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
-    grid = GRIDS[args.grid]
-    for name in ("d", "seq_len", "batch_size", "dtype"):
+    grid = dict(GRIDS[args.grid])
+    args.scaled = args.grid == "leaderboard-2025" and common.resolve_device(args.device).type != "cuda"
+    if args.scaled:
+        grid.update(LEADERBOARD_2025_CPU)
+    for name in ("d", "seq_len", "batch_size", "dtype", "warmup_ms", "rep_ms"):
         setattr(args, name, getattr(args, name) or grid[name])
     args.impl = args.impl or [(impl, None) for impl in grid["impl"]]
     # a repeated value would only repeat rows
@@ -137,10 +155,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         p.error("--impl: two implementations with one name: name them (NAME=MODULE:CALLABLE)")
     if args.grid == "flash" and (BASELINE, None) not in args.impl:  # the speed-ups are over it
         args.impl.insert(0, (BASELINE, None))
+    if args.grid == "leaderboard-2025":  # yours beside naive and sdpa, for scale
+        args.impl = list(dict.fromkeys([(impl, None) for impl in grid["impl"]] + args.impl))
     results.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     runs = [AttentionRun(impl, d, seq, args.batch_size, dtype, spec, args.warmup, args.iters,
-                         args.warmup_ms, args.rep_ms, args.device, args.seed, args.force)
+                         args.warmup_ms, args.rep_ms, args.device, args.seed, args.force,
+                         args.grid == "leaderboard-2025")
             for dtype, d, seq, (impl, spec) in
             itertools.product(args.dtype, args.d, args.seq_len, args.impl)]
     return args, runs
@@ -166,9 +187,10 @@ IMPLEMENTATIONS: dict[str, Callable[[], Attention]] = {
     "sdpa": lambda: sdpa_one_head}
 
 
-def attention_function(impl: str) -> Attention:
+def attention_function(impl: str, compiled: bool = False) -> Attention:
     """Ours by name; yours (MODULE:CALLABLE) called as f(q, k, v, True), or .apply(q, k, v, True)
-    for a torch.autograd.Function subclass."""
+    for a torch.autograd.Function subclass; `compiled`: yours through torch.compile, as the 2025
+    leaderboard runs it."""
     if impl in IMPLEMENTATIONS:
         return IMPLEMENTATIONS[impl]()
     found = common.load(impl)
@@ -177,6 +199,7 @@ def attention_function(impl: str) -> Attention:
     elif isinstance(found, type) or not callable(found):
         raise common.LoadError(f"{impl} is {found!r:.60}, not a function f(q, k, v, is_causal) "
                                   "or a torch.autograd.Function subclass")
+    found = torch.compile(found) if compiled else found
     return lambda q, k, v: found(q, k, v, True)
 
 
@@ -323,6 +346,39 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
         return samples
 
 
+def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float,
+                     rep_ms: float) -> dict[str, Any]:
+    """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep)
+    where triton imports on CUDA; else do_bench's plan with the sync timer: calls for warmup_ms, then
+    as many as fill rep_ms at the warm-up's pace, each timed alone."""
+    do_bench = triton_do_bench() if device.type == "cuda" else None
+    if do_bench is not None:
+        return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
+                "warmup_ms": warmup_ms, "rep_ms": rep_ms}
+    timer, warm = SyncTimer(device), []
+    while not warm or sum(warm) < warmup_ms:
+        with timer:
+            fn()
+        warm.append(timer.elapsed_s * 1e3)
+    samples = []
+    for _ in range(max(1, round(rep_ms / statistics.fmean(warm)))):
+        with timer:
+            fn()
+        samples.append(timer.elapsed_s * 1e3)
+    return {"ms": statistics.fmean(samples), "method": "sync timer", "warmup_ms": warmup_ms, "rep_ms": rep_ms,
+            "calls": len(samples)}
+
+
+def where_it_stands(yours: list[tuple[str, float | None]], published: list[tuple[str, float, str, str]],
+                    device_name: str, scaled: bool) -> str:
+    """The published leaderboard figures beside yours, and what compares."""
+    rows = [{"": name, "ms": ms, "GPU": device_name, "when": "this run"} for name, ms in yours]
+    rows += [{"": name, "ms": ms, "GPU": gpu, "when": when} for name, ms, gpu, when in published]
+    note = ("scaled-down shape: not comparable with the published figures" if scaled else
+            "only a run on the same GPU compares with a published figure")
+    return f"## Where it stands\n\n{results.render_table(rows, ['', 'ms', 'GPU', 'when'], floatfmt=',.3f')}\n\n{note}"
+
+
 def time_phases(attention: Attention, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
                 time: Callable[[Callable[[], Any], str], list[float]]) -> dict[str, list[float]]:
     """The forward (its graph built, as in training), the backward through one graph built outside
@@ -415,7 +471,7 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
     inputs, grad_out = make_inputs(run, device)
     try:  # a kernel that cannot load or run is a row; the others are still timed together
         runner.phase(f"loading {run.impl}")
-        attention = attention_function(run.spec or run.impl)
+        attention = attention_function(run.spec or run.impl, run.leaderboard and device.type == "cuda")
         if run.impl == "compiled":
             runner.phase("compiling (first forward and backward)")
             record["compile_s"] = SyncTimer(device).time(
@@ -470,6 +526,10 @@ def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
             del out
         if runs[i].impl == "sdpa":
             record["sdpa_backend"] = sdpa_backend(attention, inputs)
+        if runs[i].leaderboard:  # the 2025 snippet: forward, then o.sum().backward()
+            runner.phase("timing the leaderboard's forward + o.sum().backward()")
+            record["leaderboard"] = leaderboard_time(lambda: attention(*inputs).sum().backward(), device,
+                                                     run0.warmup_ms, run0.rep_ms)
         record["load"]["after"] = common.machine_load(device)
         if len(timed) > 1:
             record["timing"]["interleaved"] = {"rounds": len(sizes), "calls_per_round": sizes}
@@ -512,6 +572,9 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
+    if args.scaled:
+        print(f"leaderboard-2025 at a scaled-down shape on a CPU: batch (heads) {args.batch_size}, seq "
+              f"{args.seq_len[0]}, d 64 (the leaderboard: 16 x 16384 x 64 on one H100)")
     if args.dry_run:
         return results.print_dry_run(
             [f"{run.label()} (predicted need {format_bytes(predicted_need_bytes(run))})"
@@ -529,10 +592,18 @@ def main(argv: list[str] | None = None) -> int:
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_attention",
                                               device=resolve_device(args.device), finish=finish_record,
                                               render=live, summary=said, measure_variants=measure_together)
-    if records:  # an interrupted sweep's code comes first
-        return code or report.publish("bench_attention", records, files, args.fmt, args.columns,
-                                      plot=args.plot, live=live)
-    return code
+    if not records:
+        return code
+    published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot, live=live)
+    if args.grid == "leaderboard-2025":
+        yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
+                  + (" WRONG" if r.get("status", "").startswith("WRONG") else ""), r["leaderboard"]["ms"])
+                 if "leaderboard" in r else (f"{r['config']['impl']}: {r['status']}", None) for r in records]
+        standing = where_it_stands(yours, PUBLISHED_2025, records[0]["environment"]["device_name"], args.scaled)
+        print("\n" + standing)
+        with open(files.markdown, "a") as f:
+            f.write("\n" + standing + "\n")
+    return code or published  # an interrupted sweep's code comes first
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ optimizer buy, and the longest context that trains.
     python3 bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
     python3 bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
+    python3 bench_e2e.py --leaderboard --model mine=my_lm:make_model   # the 2026 leaderboard's step, checked first
+    torchrun --nproc-per-node 2 bench_e2e.py --leaderboard --parallel fsdp   # ... spread over 2 GPUs
+    python3 bench_e2e.py --leaderboard full --dry-run --parallel fsdp --world-size 2   # the state per device
 
 Method (the `measure` section below): the model, optimizer and one random batch are built on the device; with
 --compile the first step is timed apart (compile_s); --warmup steps run untimed; the peak-memory counter is reset;
@@ -23,6 +26,7 @@ synchronisations (common.SyncTimer), and the whole step the same way. Variants c
 --model, --optimizer) are built in one process and their timed steps alternate A B | B A | ... so a machine that
 drifts drifts for all of them alike. Each configuration runs in a child process (runner.py): an OOM or a crash is a
 row. The tables are report.py's (it re-renders saved runs too); docs/bench_e2e.md is the manual.
+--leaderboard (the `leaderboard` section) runs in this process: the behaviour check, do_bench, then the split.
 """
 from __future__ import annotations
 
@@ -30,13 +34,17 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import importlib.util
 import itertools
 import json
+import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +53,7 @@ from typing import Any, Callable
 import torch
 
 import results
+import bench_attention
 import common
 import parallel
 import kernel_tables
@@ -76,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
                        ("--num-heads", "the number of heads")):
         p.add_argument(flag, type=positive_int, help=f"override {what}")
-    p.add_argument("--vocab-size", type=positive_int, default=10_000, help="vocabulary size")
+    p.add_argument("--vocab-size", type=positive_int, default=None, help="vocabulary size (default: 10000)")
     p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': the "
                         f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... until the first failure "
@@ -88,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--context-length max: after the first OOM, bisect to a multiple of N")
     p.add_argument("--search-probes", type=results.non_negative_int, default=PROBE_BUDGET, metavar="N",
                    help="--context-length max: at most N bisection probes per search (0: no bisection)")
-    p.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE, help="batch size")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help=f"batch size (default: {DEFAULT_BATCH_SIZE}; --leaderboard: 2, over all ranks)")
     results.add_workload_args(p, MODES, DTYPES, ATTENTION, several_modes=False, several_warmups=True, warmup=5,
                           steps=10)
     p.add_argument("--no-grad", action="store_true", help="forward mode only: run under torch.inference_mode()")
@@ -108,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "under results/profile/ and kernel tables; the way to profile without nsys")
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
+    p.add_argument("--leaderboard", nargs="?", choices=["auto", "full", "scaled"], const="auto", default=None,
+                   help="the 2026 leaderboard's training step (d_model 4096, 34 layers, vocab 151936, context 32768, "
+                        "batch 2, bf16): your --model checked against the reference, then timed with do_bench; auto "
+                        "(--leaderboard alone): full on CUDA, scaled down elsewhere (docs/bench_e2e.md#leaderboard)")
+    p.add_argument("--rep-ms", type=positive_float, default=None,
+                   help="--leaderboard: do_bench's rep, ms of timed steps (default: 30000 on CUDA, 500 elsewhere)")
+    p.add_argument("--warmup-ms", type=positive_float, default=None,
+                   help="--leaderboard: do_bench's warmup, ms of untimed steps (default: 10000 on CUDA, 100 elsewhere)")
+    p.add_argument("--param-map", type=common.named_or_spec([]), default=None, metavar="MODULE:CALLABLE",
+                   help="--leaderboard: CALLABLE(your_model) returns {your parameter name: ours} for the behaviour "
+                        "check, where your names differ from the reference's")
     results.add_device_args(p)
     parallel.add_parallel_args(p)
     runner.add_sweep_args(p, compares=True)
@@ -138,6 +159,13 @@ def named_model(text: str) -> tuple[str | None, str]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.leaderboard:
+        return args, [leaderboard_run(parser, args)]
+    results.refuse(parser, [(flag is not None, f"{name} only applies to --leaderboard") for flag, name in
+                            ((args.rep_ms, "--rep-ms"), (args.warmup_ms, "--warmup-ms"),
+                             (args.param_map, "--param-map"))])
+    args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE
+    args.vocab_size = args.vocab_size or 10_000
     handout = results.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
     runner.check_sweep_args(parser, args)
@@ -699,8 +727,268 @@ def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
     return [textwrap.fill(note, width=116) for note in notes]
 
 
+# ---------------------------------------------------------------- leaderboard
+
+# The 2026 leaderboard (stanford-cs336/assignment2-systems-leaderboard): the staff model at this shape, batch 2
+LEADERBOARD = ModelConfig(d_model=4096, d_ff=11008, num_layers=34, num_heads=32, vocab_size=151_936,
+                          context_length=32_768)
+LEADERBOARD_BATCH = 2
+SCALED = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=1024, context_length=128)  # CPU
+PUBLISHED_2026 = [("2026 naive baseline", 10_000.0, "two B200s", "Spring 2026"),
+                  ("2026 best", 6_199.0, "two B200s", "Spring 2026")]
+WALL_LIMIT_S = 600.0  # the leaderboard's run must finish within 10 minutes from empty caches
+# The behaviour check: both models at this shape, the reference in fp32, yours under bf16 autocast as timed
+CHECK_MODEL = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=512, context_length=128)
+CHECK_BATCH = 2
+# max ||yours - reference|| / ||reference|| per tensor (logits, loss, each gradient) that passes: our own model
+# under bf16 autocast reaches 1.3e-2 (the worst gradient) against itself in fp32 at CHECK_MODEL
+CHECK_TOLERANCE = 3e-2
+STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
+
+
+def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
+    """--leaderboard: the one configuration (full on CUDA or when asked, else scaled), batch 2 over all ranks,
+    bf16 autocast, train; do_bench's rep and warmup by device. A full shape whose training state cannot fit in
+    the free memory is a one-line refusal."""
+    device = common.device_or_exit(parser, args.device)
+    results.refuse(parser, [
+        (args.size is not None, "--leaderboard fixes the shape: change it with --d-model, --d-ff, --num-layers, "
+                                "--num-heads, --vocab-size, --context-length or --batch-size, not --size"),
+        (args.mode != "train", "--leaderboard times a training step: drop --mode"),
+        (len(args.model) > 1 or len(args.optimizer) > 1 or len(args.warmup) > 1 or len(args.dtype) > 1
+         or len(args.context_length or []) > 1 or len(args.compile or []) > 1,
+         "--leaderboard times one configuration: give --model, --optimizer, --warmup, --dtype, --context-length "
+         "and --compile one value each"),
+        (args.dtype != ["fp32"] and args.dtype != ["bf16"], "--leaderboard runs bf16 autocast: drop --dtype"),
+        ("max" in (args.context_length or []), "--leaderboard takes a number for --context-length")])
+    world_size = parallel.check_parallel_args(parser, args, device)
+    full = args.leaderboard == "full" or (args.leaderboard == "auto" and device.type == "cuda")
+    args.leaderboard = "full" if full else "scaled"
+    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads,
+            "vocab_size": args.vocab_size, "context_length": (args.context_length or [None])[0]}
+    try:
+        cfg = dataclasses.replace(LEADERBOARD if full else SCALED, **{k: v for k, v in dims.items() if v})
+    except results.ConfigError as exc:
+        parser.error(str(exc))
+    batch = args.batch_size or LEADERBOARD_BATCH
+    if batch % world_size:
+        parser.error(f"--leaderboard: the batch of {batch} does not split over {world_size} ranks")
+    on_cuda = device.type == "cuda"
+    args.rep_ms = args.rep_ms or (30_000.0 if on_cuda else 500.0)
+    args.warmup_ms = args.warmup_ms or (10_000.0 if on_cuda else 100.0)
+    name, spec = args.model[0] if isinstance(args.model[0], tuple) else (None, args.model[0])
+    run = RunConfig(size=f"leaderboard-{args.leaderboard}", model=cfg, batch_size=batch // world_size,
+                    warmup=args.warmup[0], steps=args.steps, dtype="bf16", compile=args.compile != ["off"],
+                    attn=(args.attn or ["naive"])[0],
+                    optimizer=args.optimizer[0], model_factory=common.model_factory(spec), model_name=name,
+                    device=args.device, seed=args.seed, parallel=(args.parallel or [None])[0],
+                    world_size=world_size, fsdp_mixed_precision=args.fsdp_mixed_precision[0],
+                    reshard_after_forward=args.reshard_after_forward[0] == "on", pg_timeout_s=args.pg_timeout)
+    if not args.dry_run:
+        state = parallel.state_bytes_per_rank(cfg, run.parallel, world_size, "train")["state_bytes"]
+        if on_cuda and not run.parallel:  # one process may spread its model over every GPU it sees
+            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        else:
+            devices = [parallel.rank_device(device, parallel.torchrun_launch())]
+        free = sum(bench_attention.free_memory_bytes(d) or 0 for d in devices)
+        if free and state > free:
+            parser.error(f"--leaderboard {args.leaderboard}: the training state alone needs {state / GIB:.1f} GiB per "
+                         f"device ({state_counted(cfg)}) and {'+'.join(map(str, devices))} has {free / GIB:.1f} "
+                         "GiB free: spread it (torchrun ... --parallel fsdp) or cut --num-layers")
+    return run
+
+
+def state_counted(cfg: ModelConfig) -> str:
+    return (f"{cfg.num_params / 1e9:.2f}e9 parameters x (4 weights + 4 grads + 8 AdamW) bytes, fp32 master weights; "
+            "activations not counted")
+
+
+def leaderboard_dry_run(args: argparse.Namespace, run: RunConfig) -> int:
+    """The shape, and the predicted training state per device: this run's layout, and one or two GPUs."""
+    layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
+    rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
+             parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
+            for p, w in dict.fromkeys(layouts)]
+    print(f"{leaderboard_header(run)}\n\npredicted training state per device ({state_counted(run.model)}):\n\n"
+          f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
+          "nothing was built, run or written (drop --dry-run to run it)")
+    return 0
+
+
+def leaderboard_header(run: RunConfig) -> str:
+    m = run.model
+    exact = run.model == LEADERBOARD and run.batch_size * run.world_size == LEADERBOARD_BATCH
+    shape = ("the leaderboard's shape" + ("" if exact else ", changed") if run.size == "leaderboard-full"
+             else "a scaled-down shape (the leaderboard's: d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab "
+                  "151936, context 32768, batch 2)")
+    spread = f"{run.parallel} over {run.world_size} ranks" if run.parallel else "one process"
+    return (f"# 2026 leaderboard: {run.model_name or run.model_factory or 'ours'}, optimizer {run.optimizer}\n\n"
+            f"{shape}: d_model {m.d_model}, d_ff {m.d_ff}, {m.num_layers} layers, {m.num_heads} heads, vocab "
+            f"{m.vocab_size}, context {m.context_length}, batch {run.batch_size * run.world_size} ({spread}), bf16 "
+            "autocast, causal")
+
+
+def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
+    """||x - reference|| / ||reference|| in float64; inf for a missing or non-finite x."""
+    if x is None:
+        return math.inf
+    diff = (x.detach().double().to(reference.device) - reference.detach().double()).norm()
+    return float((diff / reference.detach().double().norm().clamp_min(1e-30)).nan_to_num(math.inf))
+
+
+def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0) -> dict:
+    """Your model against the reference (the staff model when cs336_basics imports, else ours) at CHECK_MODEL:
+    your parameters get the reference's values (by name, through param_map when given), both run the same tokens,
+    the reference in fp32, yours under bf16 autocast; logits, loss and every gradient are compared."""
+    reference_spec = STAFF_MODEL if importlib.util.find_spec("cs336_basics") else None
+    torch.manual_seed(seed)
+    with device:
+        reference = build_model(CHECK_MODEL, factory=reference_spec)
+        yours = build_model(CHECK_MODEL, factory=factory)
+    out = {"reference": reference_spec or "ours", "tolerance": CHECK_TOLERANCE,
+           "shape": dataclasses.asdict(CHECK_MODEL)}
+    ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
+    names = common.load(param_map)(yours) if param_map else {n: n for n in your_params}
+    unmatched = [n for n in your_params if names.get(n) not in ref_params]
+    uncovered = sorted(set(ref_params) - {names.get(n) for n in your_params})
+    misshapen = [n for n in your_params if n not in unmatched and your_params[n].shape != ref_params[names[n]].shape]
+    if unmatched or uncovered or misshapen:
+        problem = (f"{', '.join(unmatched[:3])} match no reference parameter" if unmatched else
+                   f"nothing of yours maps to {', '.join(uncovered[:3])}" if uncovered else
+                   f"{misshapen[0]} is {tuple(your_params[misshapen[0]].shape)}, the reference's "
+                   f"{tuple(ref_params[names[misshapen[0]]].shape)}")
+        return {**out, "ok": False, "problem": f"parameters: {problem} (map your names with --param-map)"}
+    with torch.no_grad():
+        for n, p in your_params.items():
+            p.copy_(ref_params[names[n]])
+    tokens, targets = (torch.randint(0, CHECK_MODEL.vocab_size, (CHECK_BATCH, CHECK_MODEL.context_length),
+                                     device=device) for _ in range(2))
+    ref_logits = reference(tokens)
+    ref_loss = cross_entropy(ref_logits, targets)
+    ref_loss.backward()
+    with precision_context(device, "bf16"):
+        logits = yours(tokens)
+        loss = cross_entropy(logits.to(device), targets)
+    loss.backward()
+    errors = {"logits": relative_error(logits, ref_logits), "loss": relative_error(loss, ref_loss)}
+    errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
+                   for n, p in your_params.items()})
+    worst = max(errors, key=errors.get)
+    return {**out, "ok": errors[worst] <= CHECK_TOLERANCE, "worst": worst, "max_error": errors[worst],
+            "errors": errors}
+
+
+def check_status(check: dict) -> str:
+    if "problem" in check:
+        return f"WRONG: {check['problem']}"
+    return (f"WRONG: {check['worst']} off by {check['max_error']:.1e} (relative; tolerance {check['tolerance']:.0e}) "
+            f"against {check['reference']}")
+
+
+def leaderboard_measure(args: argparse.Namespace, run: RunConfig, started: float) -> dict[str, Any]:
+    """The check, then do_bench of the leaderboard's step (the headline, and the wall time so far), then --steps
+    steps with each phase synchronised apart (the split, peak memory, MFU)."""
+    device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
+    record: dict[str, Any] = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run),
+                              "label": run.label(), "environment": environment(device)}
+    phase("the behaviour check")
+    record["check"] = behaviour_check(run.model_factory, args.param_map, device, run.seed)
+    if not record["check"]["ok"]:
+        return {**record, "status": check_status(record["check"])}
+    work = Workload(run)
+
+    def train_step() -> None:  # the leaderboard's step
+        work.optimizer.zero_grad(set_to_none=True)
+        loss = work.forward().sum()  # the model and cross_entropy under bf16 autocast
+        loss.backward()
+        work.optimizer.step()
+
+    cuda = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if device.type == "cuda" else []
+    for d in cuda:
+        torch.cuda.reset_peak_memory_stats(d)
+    phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
+    record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms)
+    record["wall_s"] = time.perf_counter() - started
+    record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
+    record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
+                                    if torch.cuda.max_memory_allocated(d)}
+    record.update(measure_steps(lambda: run_step(work), device, run.warmup, run.steps))
+    record.update(derive_figures(run, record, args.peak_tflops))
+    if record["peak_tflops"]:
+        step_s = record["leaderboard"]["ms"] / 1e3
+        record["leaderboard"]["mfu"] = record["step_flops"] / step_s / 1e12 / (record["peak_tflops"] * run.world_size)
+    return {**record, "status": "noisy" if record["noisy"] else "ok"}
+
+
+@contextlib.contextmanager
+def cold_caches() -> Any:
+    """TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an empty folder for the block, as the leaderboard's run."""
+    folder, saved = tempfile.mkdtemp(prefix="leaderboard-cache-"), {}
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        saved[name] = os.environ.get(name)
+        os.environ[name] = os.path.join(folder, name.split("_")[0].lower())
+    try:
+        yield folder
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def leaderboard_report(run: RunConfig, r: dict[str, Any]) -> str:
+    """The header, the result table, where it stands."""
+    device = r["environment"]["device_name"]
+    check = r.get("check")
+    said = "" if check is None else f"; reference {check['reference']}, check {'passed' if check['ok'] else 'failed'}"
+    lines = [leaderboard_header(run), f"device: {device}; torch {r['environment']['torch']}{said}"]
+    if r["status"] not in ("ok", "noisy"):
+        return "\n\n".join(lines + [r["status"]])
+    lb = r["leaderboard"]
+    row = {"step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"], "bwd ms": r["backward_ms_mean"],
+           "opt ms": r["optimizer_ms_mean"], "split step ms": r["step_ms_mean"],
+           "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
+           "MFU %": 100 * lb["mfu"] if lb.get("mfu") else None,
+           "wall s": r["wall_s"], "status": r["status"] + ("; over 10 min" if r["over_10_min"] else "")}
+    lines.append(results.render_table([row], list(row), floatfmt=",.1f"))
+    lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms), the headline; "
+                 f"fwd/bwd/opt: {run.steps} steps, each phase between synchronisations; wall s: from the start to "
+                 "do_bench's figure, caches empty (flagged over 10 min); MFU on do_bench's figure")
+    if len(r.get("peak_mem_by_device") or {}) > 1:
+        lines.append("peak per device: " + ", ".join(f"{d} {b / GIB:.1f} GiB"
+                                                     for d, b in r["peak_mem_by_device"].items()))
+    lines.append(bench_attention.where_it_stands([(f"yours ({lb['method']})", lb["ms"])], PUBLISHED_2026, device,
+                                                 run.size != "leaderboard-full"))
+    return "\n\n".join(lines)
+
+
+def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
+    """--leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
+    if args.dry_run:
+        return leaderboard_dry_run(args, run) if parallel.is_rank_zero() else 0
+    device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
+    group = (parallel.configuration_group("leaderboard/", device, run.pg_timeout_s) if run.parallel
+             else contextlib.nullcontext())
+    try:
+        with cold_caches(), group:
+            record = leaderboard_measure(args, run, started)
+    except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
+        record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
+                  "environment": environment(device), "status": common.failure_status(exc)}
+    if not parallel.is_rank_zero():
+        return 0 if finished(record) else 1
+    files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
+    files.append_record(record)
+    text = leaderboard_report(run, record)
+    files.markdown.write_text(text + "\n")
+    print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
+    return 0 if record["status"] in ("ok", "noisy") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     args, runs = parse_args(argv)
+    if args.leaderboard:
+        return leaderboard(args, runs[0], started)
     rank_zero = parallel.is_rank_zero()  # under torchrun only rank 0 prints and writes files
     if args.dry_run:
         if not rank_zero:

@@ -439,3 +439,23 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
         ba.main(["--device", "cpu", *argv, "--results-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the 2025 leaderboard ----
+
+
+def test_leaderboard_2025_times_the_snippet_beside_naive_and_sdpa_and_flags_a_dropped_mask(student, tmp_path,
+                                                                                            capsys):
+    code, records, _ = run_main(tmp_path, "--grid", "leaderboard-2025", "--seq-len", "32", "--rep-ms", "5",
+                                "--warmup-ms", "1", "--impl", "flash=student_attention:FlashAttentionPytorch",
+                                "bad=student_attention:no_mask")
+    out = capsys.readouterr().out
+    by_impl = {r["config"]["impl"]: r for r in records}
+    assert list(by_impl) == ["naive", "sdpa", "flash", "bad"] and code == 0
+    assert all(r["config"]["dtype"] == "bf16" and r["config"]["leaderboard"] for r in records)
+    assert by_impl["flash"]["status"] == "ok" and by_impl["bad"]["status"].startswith("WRONG: non-causal")
+    for r in records:  # the snippet, timed as do_bench would without triton: the sync timer, named
+        assert r["leaderboard"]["method"] == "sync timer" and r["leaderboard"]["ms"] > 0
+    assert "scaled-down shape on a CPU" in out and "scaled-down shape: not comparable" in out
+    stands = out[out.index("## Where it stands"):]
+    assert "bad (sync timer) WRONG" in stands and "| 2025 best" in stands and "5.364" in stands

@@ -481,3 +481,100 @@ def test_columns_choose_and_order_the_results_table(tmp_path, capsys):
     header = [line for line in table_lines(capsys.readouterr().out) if "step ms" in line][0]
     assert code == 0 and [c.strip() for c in header.strip("|").split("|")] == ["ctx", "size", "step ms"]
     assert header in (tmp_path / "e2e" / "t.md").read_text()
+
+
+# ---- the 2026 leaderboard ----
+
+LEADERBOARD = ["--leaderboard", "--device", "cpu", "--num-layers", "1", "--d-model", "64", "--num-heads", "2",
+               "--d-ff", "128", "--vocab-size", "256", "--context-length", "32", "--steps", "2", "--warmup", "1",
+               "--rep-ms", "5", "--warmup-ms", "1"]
+
+
+def w2_scaled(**kw):
+    """Ours, but layer 0's w2 acts as 1.5 x its weight: one weight changed, behind the same names."""
+    m = tagged("w2", **kw)
+    w2 = m.layers[0].ffn.w2
+    w2.forward = lambda x: torch.nn.functional.linear(x, 1.5 * w2.weight)
+    return m
+
+
+def renamed(**kw):
+    m = tagged("renamed", **kw)
+    m.head = m.lm_head
+    del m.lm_head
+    m.forward = lambda tokens: m.head(m.ln_final(m._run_layers(m.token_embeddings(tokens), 0, len(m.layers))))
+    return m
+
+
+def renamed_map(m):
+    return {n: n.replace("head.", "lm_head.", 1) if n.startswith("head.") else n for n, _ in m.named_parameters()}
+
+
+def run_leaderboard(tmp_path, *extra):
+    code = bench_e2e.main([*LEADERBOARD, "--results-dir", str(tmp_path), "--out", "lb", *extra])
+    return code, read_records(tmp_path / "e2e" / "lb.jsonl")
+
+
+def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path, capsys):
+    code, (record,) = run_leaderboard(tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0 and record["check"]["ok"] and record["check"]["reference"] == "ours"
+    assert record["check"]["max_error"] < bench_e2e.CHECK_TOLERANCE
+    lb = record["leaderboard"]
+    assert lb["method"] == "sync timer" and lb["ms"] > 0 and (lb["warmup_ms"], lb["rep_ms"]) == (1, 5)
+    assert all(len(record[f"{p}_ms"]) == 2 for p in ("forward", "backward", "optimizer", "step"))
+    assert record["config"]["dtype"] == "bf16" and record["config"]["batch_size"] == 2
+    assert record["wall_s"] > 0 and record["over_10_min"] is False and record["config"]["world_size"] == 1
+    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out
+
+
+def test_the_staff_model_is_the_reference_when_cs336_basics_imports(tmp_path, monkeypatch):
+    package = tmp_path / "staff" / "cs336_basics"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(
+        "import model, results\n\n"
+        "def BasicsTransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):\n"
+        "    return model.TransformerLM(results.ModelConfig(d_model, d_ff, num_layers, num_heads, vocab_size,\n"
+        "                                                   context_length, rope_theta))\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "staff"))
+    check = bench_e2e.behaviour_check(None, None, torch.device("cpu"))
+    assert check["reference"] == bench_e2e.STAFF_MODEL and check["ok"], check
+    assert sys.modules["cs336_basics.model"].__file__.startswith(str(tmp_path))
+    for name in ("cs336_basics", "cs336_basics.model"):
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_one_changed_weight_is_wrong_with_the_tensor_named_and_not_timed(tmp_path, capsys):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "w2=test_bench_e2e:w2_scaled")
+    assert code == 1 and "leaderboard" not in record and not record["check"]["ok"]
+    assert record["status"].startswith("WRONG: ") and record["check"]["worst"] in record["status"]
+    assert record["check"]["worst"] in ("logits", "loss") or "layers.0" in record["check"]["worst"]
+    assert "WRONG" in capsys.readouterr().out
+
+
+def test_other_parameter_names_need_the_mapping_hook():
+    cpu = torch.device("cpu")
+    unmapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", None, cpu)
+    assert not unmapped["ok"] and "head.weight match no reference parameter" in unmapped["problem"]
+    mapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", "test_bench_e2e:renamed_map", cpu)
+    assert mapped["ok"], mapped
+
+
+def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
+    assert bench_e2e.main(["--leaderboard", "full", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    params = results.ModelConfig(4096, 11008, 34, 32, 151_936, 32_768).num_params
+    assert "the leaderboard's shape: d_model 4096" in out and f"{params / 1e9:.2f}e9 parameters" in out
+    rows = {r["layout"]: float(r["state per device GiB"]) for r in cells(out, "layout")}
+    assert rows["one process"] == pytest.approx(16 * params / 2**30, rel=1e-3)
+    assert rows["fsdp x2"] == pytest.approx(rows["one process"] / 2, rel=1e-3)
+
+
+def test_the_full_shape_refuses_in_one_line_where_it_cannot_fit(capsys, monkeypatch):
+    monkeypatch.setattr(bench_e2e.bench_attention, "free_memory_bytes", lambda device: 80 * 2**30)
+    with pytest.raises(SystemExit) as exit_info:
+        bench_e2e.main(["--leaderboard", "full", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert "needs 121.1 GiB per device" in err and "80.0 GiB free" in err
