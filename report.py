@@ -1,44 +1,61 @@
-"""Saved runs, again, and every experiment's tables and figures: any study script's JSONL records rendered in any
-tabulate format, several runs merged into one report (a `run` column in every table), and the study's figures as
-PNG, without rerunning anything.
+"""Saved runs, again, and every experiment's tables and figures: a study script's JSONL records rendered in
+any tabulate format, several runs merged into one report (a `run` column in every table), the figures as PNG.
 
-    python3 report.py results/e2e/e2e-20250101-120000.jsonl                    # the report again (markdown)
-    python3 report.py results/e2e/run.jsonl --fmt latex_booktabs               # a .tex file for the writeup
+    python3 report.py results/e2e/e2e-20250101-120000.jsonl          # the report again (markdown)
+    python3 report.py results/e2e/run.jsonl --fmt latex_booktabs     # a .tex file for the writeup
     python3 report.py results/e2e/run.jsonl --columns size ctx dtype "step ms" "step std"
-    python3 report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl            # one report, a 'run' column
-    python3 report.py results/e2e/warmup.jsonl --plot                           # the figures, as PNG
+    python3 report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl  # one report, a 'run' column
+    python3 report.py results/e2e/warmup.jsonl --plot                 # the figures, as PNG
 
-render() is the one path from records to a report: a sweep's live .md, a script's final table and this command's
-re-renders, so a re-render is the run's own file, byte for byte. Records are read as JSON only (data never runs
-code); a record's "experiment" selects an entry of RENDERERS. Reports go to results/report/, figures beside them,
-never over an existing file. Bad input is one line and exit 2; a record a table cannot use is left out with a note.
-torch-free; matplotlib is imported where a figure is drawn.
+render() is the one path from records to a report (a sweep's live .md, a script's final table, this command),
+so a re-render is the run's own file, byte for byte. Records are read as JSON only; a record's "experiment"
+selects an entry of RENDERERS. Reports go to results/report/, figures beside them, never over an existing
+file. Bad input is one line and exit 2; a record a table cannot use is left out with a note. torch-free;
+matplotlib is imported where a figure is drawn.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import kernel_tables
-from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY,
-                     ArgParser, ModelConfig, PairedRatio, Record, ResultFiles, Setting, add_output_args, by_run,
-                     comparison_rows, comparison_table, config_row, config_table, emit, environment_lines, finished,
-                     format_bytes, is_merged, is_oom_status, number, pick_columns, progress, render_table, run_of,
-                     sizes_from, stem_from, to_json_line, unknown_column, with_run_column)
+from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN,
+                     RUN_KEY, ArgParser, ModelConfig, PairedRatio, Record, ResultFiles, Setting,
+                     add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
+                     emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number,
+                     pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
+                     unknown_column, with_run_column)
+
+
+def keys_of(rows: list[Record], last: tuple[str, ...] = ()) -> list[str]:
+    """Every key of the rows in the order they first appear, those in `last` at the end."""
+    return [k for k in dict.fromkeys(k for row in rows for k in row) if k not in last] + list(last)
+
+
+def scaled(value: float | None, unit: int = GIB) -> float | None:
+    return None if value is None else value / unit
+
+
+def labelled(record: Record, records: list[Record]) -> str:
+    """A record's label, and its run in a merge."""
+    return record["label"] + (f" ({run_of(record)})" if is_merged(records) else "")
+
 
 # ---- bench_e2e tables ----
 
-E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn", "model",
-               "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms", "opt std", "step ms",
-               "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank", "peak mem GiB", "status"]
+E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn",
+               "model", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
+               "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
+               "peak mem GiB", "status"]
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
@@ -50,11 +67,10 @@ def parallel_label(config: Record) -> str | None:
     """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
     if not config.get("parallel"):
         return None
-    text = f"{config['parallel']} x{config['world_size']}"
-    if config["parallel"] == "fsdp":
-        text += (" bf16-params" if config["fsdp_mixed_precision"] == "bf16" else "") + (
-            "" if config["reshard_after_forward"] else " no-reshard")
-    return text
+    fsdp = config["parallel"] == "fsdp"
+    return (f"{config['parallel']} x{config['world_size']}"
+            + " bf16-params" * (fsdp and config["fsdp_mixed_precision"] == "bf16")
+            + " no-reshard" * (fsdp and not config["reshard_after_forward"]))
 
 
 def model_label(config: Record) -> str:
@@ -62,33 +78,25 @@ def model_label(config: Record) -> str:
     return config.get("model_name") or config.get("model_factory") or OURS
 
 
-def whose_model(config: Record) -> str:
-    """The settings line's model: "ours (model.TransformerLM)", "student_lm:TinyLM", "mine (student_lm:TinyLM)"."""
-    factory, name = config.get("model_factory"), config.get("model_name")
-    return f"{name} ({factory})" if name and factory else factory or f"{name or OURS} (model.TransformerLM)"
-
-
 def e2e_row(record: Record) -> Record:
     """One row of the results table."""
-    config, m = record["config"], record["config"]["model"]
-    status = record["status"] if len(record["status"]) <= STATUS_CELL else record["status"][:STATUS_CELL - 1] + "…"
-    row: Record = {"size": config["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
-                   "heads": m["num_heads"], "ctx": m["context_length"], "dtype": config["dtype"],
-                   "compile": "on" if config["compile"] else None, "warmup": config["warmup"], "status": status,
-                   "parallel": parallel_label(config), "attn": config["attn"], "model": model_label(config),
-                   "optimizer": config["optimizer"], RUN_COLUMN: run_of(record)}
-    if record.get("predicted"):  # beside the measured peak, and on an OOM row too: the state alone may not fit
+    c, m, status = record["config"], record["config"]["model"], record["status"]
+    row: Record = {"size": c["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
+                   "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
+                   "compile": "on" if c["compile"] else None, "warmup": c["warmup"],
+                   "status": status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…",
+                   "parallel": parallel_label(c), "attn": c["attn"], "model": model_label(c),
+                   "optimizer": c["optimizer"], RUN_COLUMN: run_of(record)}
+    if record.get("predicted"):  # beside the measured peak, and on an OOM row: the state alone may not fit
         row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
     if not finished(record):
         return row
     for phase, short in E2E_PHASE_SHORT.items():
         if f"{phase}_ms_mean" in record:
             row[f"{short} ms"], row[f"{short} std"] = record[f"{phase}_ms_mean"], record[f"{phase}_ms_std"]
-    row["tokens/s"] = f"{record['tokens_per_s']:,.0f}"
-    row["TFLOP/s"] = record.get("achieved_tflops")
-    row["MFU"] = f"{record['mfu']:.1%}" if record.get("mfu") is not None else None
-    if record.get("peak_mem_allocated_bytes") is not None:
-        row["peak mem GiB"] = record["peak_mem_allocated_bytes"] / GIB
+    row.update({"tokens/s": f"{record['tokens_per_s']:,.0f}", "TFLOP/s": record.get("achieved_tflops"),
+                "MFU": f"{record['mfu']:.1%}" if record.get("mfu") is not None else None,
+                "peak mem GiB": scaled(record.get("peak_mem_allocated_bytes"))})
     if record["noisy"]:
         row["status"] = "NOISY cv>10%: " + ", ".join(record["noisy"])
     if record.get("note"):
@@ -110,43 +118,53 @@ def sizes_section(records: list[Record], fmt: str) -> str:
     for run, group in by_run(records).items():
         for size, model in dict.fromkeys((r["config"]["size"], dataclasses.replace(
                 ModelConfig(**r["config"]["model"]), context_length=1)) for r in group):
-            row = {RUN_COLUMN: run, **config_row(size, model), "sizes from": sizes_from(group[0])}
-            rows.append({**row, "params": f"{row['params']:,}"})
+            row = config_row(size, model)
+            rows.append({RUN_COLUMN: run, **row, "params": f"{row['params']:,}",
+                         "sizes from": sizes_from(group[0])})
     columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", "params", "sizes from"]
     return "Model sizes of the runs merged:\n\n" + render_table(rows, columns, fmt)
 
 
 def e2e_settings(records: list[Record]) -> dict[str, Setting]:
-    """The settings line: what a run's rows share; FLOPs: whose FLOPs TFLOP/s and MFU divide by, when not ours."""
-    flops = any(r["config"].get("flops", "formula") != "formula" or r["config"].get("model_factory") for r in records)
-    return {"sizes from": sizes_from, "model": lambda r: whose_model(r["config"]),
-            "batch": lambda r: f"{r['config']['batch_size']}" + " per rank" * bool(r["config"].get("parallel")),
-            "steps": "steps", "mode": lambda r: r["config"]["mode"] + " no-grad" * r["config"]["no_grad"],
+    """The settings line: what a run's rows share (FLOPs: whose TFLOP/s and MFU divide by, when not ours)."""
+    configs = [r["config"] for r in records]
+    flops = any(c.get("flops", "formula") != "formula" or c.get("model_factory") for c in configs)
+
+    def model(r: Record) -> str:  # "ours (model.TransformerLM)", "my:Net", "mine (my:Net)"
+        factory, name = r["config"].get("model_factory"), r["config"].get("model_name")
+        ours = f"{name or OURS} (model.TransformerLM)"
+        return f"{name} ({factory})" if name and factory else factory or ours
+
+    def ranks(r: Record) -> str | None:
+        cuda = str((r.get("environment") or {}).get("device")).startswith("cuda")
+        return (f"{r['config']['world_size']} ({'nccl' if cuda else 'gloo'}; times: slowest rank per phase)"
+                if r["config"].get("parallel") else None)
+
+    def batch(r: Record) -> str:
+        return f"{r['config']['batch_size']}" + " per rank" * bool(r["config"].get("parallel"))
+
+    return {"sizes from": sizes_from, "model": model, "batch": batch, "steps": "steps",
+            "mode": lambda r: r["config"]["mode"] + " no-grad" * r["config"]["no_grad"],
             "FLOPs": lambda r: FLOPS_SOURCES[r["config"].get("flops", "formula")] if flops else None,
-            "ranks": lambda r: f"{r['config']['world_size']} ({backend(r)}; times: slowest rank per phase)"
-            if r["config"].get("parallel") else None}
-
-
-def backend(record: Record) -> str:
-    """parallel.backend_for's rule, read from the record (no torch here)."""
-    return "nccl" if str((record.get("environment") or {}).get("device")).startswith("cuda") else "gloo"
+            "ranks": ranks}
 
 
 def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The model configurations, the settings, the results table (a column only where it tells rows apart or holds
-    a figure), compile times, the comparison, the longest contexts, the --profile tables."""
-    records = [r for r in records if r.get("kind") != "longest_context"]  # search answers: rebuilt from the probes
+    """The model configurations, the settings, the results table (a column only where it tells rows apart or
+    holds a figure), compile times, the comparison, the longest contexts, the --profile tables."""
+    records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
-    varying = {c for c in ("attn", "model", "optimizer") if len({str(row[c]) for row in rows}) > 1}
-    shown = [c for c in E2E_COLUMNS if c in E2E_COLUMNS[:6] + ["dtype", "warmup"] or c in varying
-             or (c not in ("attn", "model", "optimizer") and any(row.get(c) is not None for row in rows))]
+    shown = [c for c in E2E_COLUMNS if c in E2E_COLUMNS[:7] + ["warmup"] or (
+        len({str(row[c]) for row in rows}) > 1 if c in ("attn", "model", "optimizer")
+        else any(row.get(c) is not None for row in rows))]
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
              render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    sections = [e2e_comparison_section(records, fmt), search_table(records, fmt), profile_report(records, fmt)]
+    sections = [e2e_comparison_section(records, fmt), search_table(records, fmt),
+                profile_report(records, fmt)]
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
 
 
@@ -186,23 +204,24 @@ def control_phase(configs: list[Record]) -> str | None:
         return None
     if varied == {"optimizer"}:
         return "forward"
-    return "optimizer" if "optimizer" not in varied and not any(c["dtype"] == "fp16" for c in configs) else None
+    fp16 = any(c["dtype"] == "fp16" for c in configs)
+    return "optimizer" if "optimizer" not in varied and not fp16 else None
 
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
-    """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and mode
-    where they vary), each variant's mean ms per phase, the speed-ups of the forward, forward+backward and step,
-    the drift of the control phase; None for a single variant."""
+    """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
+    mode where they vary), each variant's mean ms per phase, the speed-ups of the forward, forward+backward
+    and step, the drift of the control phase; None for a single variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
     phases = PHASES_BY_MODE[configs[0]["mode"]] + ("step",)
     also = [k for k in ("warmup", "mode") if len({c[k] for c in configs}) > 1]
+    fwd_bwd = {"fwd+bwd": ("forward", "backward")} if "backward" in phases else {}
     return {"variant": lambda r: variant_label(r["config"], axes),
             "row": lambda r: {"size": r["config"]["size"], "ctx": r["config"]["model"]["context_length"],
                               **{k: r["config"][k] for k in also}},
-            "ratios": {"fwd": ("forward",), **({"fwd+bwd": ("forward", "backward")} if "backward" in phases else {}),
-                       "step": ("step",)},
+            "ratios": {"fwd": ("forward",), **fwd_bwd, "step": ("step",)},
             "times": {E2E_PHASE_SHORT[p]: (p,) for p in phases}, "control": control_phase(configs)}
 
 
@@ -210,10 +229,11 @@ def e2e_comparison_section(records: list[Record], fmt: str) -> str | None:
     if (spec := e2e_comparison(records)) is None:
         return None
     names, merged = variants([r["config"] for r in records]), is_merged(records)
-    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}{'; runs merged' if merged else ''})\n\n"
-            + comparison_table(records, fmt=fmt, **spec) + "\n\nMean ms per phase from the rows above; fwd+bwd sums "
-            "the two phases. drift: a phase every variant runs alike changed between them by more than twice its "
-            "standard error. A failed row shows its status, not a number."
+    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
+            f"{'; runs merged' if merged else ''})\n\n" + comparison_table(records, fmt=fmt, **spec)
+            + "\n\nMean ms per phase from the rows above; fwd+bwd sums the two phases. drift: a phase every "
+            "variant runs alike changed between them by more than twice its standard error. A failed row "
+            "shows its status, not a number."
             + " A configuration measured in several runs is compared within each run, never across." * merged)
 
 
@@ -231,9 +251,8 @@ def probe_contexts(max_context: int) -> list[int]:
 
 def config_key(config: Record, context: bool = True) -> str:
     """A config as a key (without the context length when context=False: a search's probes share it)."""
-    kept = config if context else {**config, "model": {k: v for k, v in config["model"].items()
-                                                       if k != "context_length"}}
-    return json.dumps(kept, sort_keys=True, default=str)
+    model = {k: v for k, v in config["model"].items() if context or k != "context_length"}
+    return json.dumps({**config, "model": model}, sort_keys=True, default=str)
 
 
 def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) -> Record:
@@ -244,16 +263,17 @@ def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) 
     ooms = [p["context_length"] for p in probes if is_oom_status(p["status"])]
     others = [p for p in probes if p["status"] not in FINISHED and not is_oom_status(p["status"])]
     longest, first_oom = max(fits, default=None), min(ooms, default=None)
-    powers = [n for n in fits if n & (n - 1) == 0]
-    out = {"longest_context": longest, "longest_power_of_two": max(powers, default=None), "first_oom": first_oom,
+    power = max((n for n in fits if n & (n - 1) == 0), default=None)
+    out = {"longest_context": longest, "longest_power_of_two": power, "first_oom": first_oom,
            "resolution": resolution, "conclusive": False}
+    between = f"between {longest} and {first_oom}"
     if others and (first_oom is None or others[0]["context_length"] < first_oom):
         ctx, status = others[0]["context_length"], others[0]["status"]
         out["answer"] = (f"the longest within the time limit: {ctx} timed out, whether it fits is unknown"
                          if status.startswith(("timeout", "process-group timeout"))
                          else f"inconclusive: {ctx} failed with an error, not an OOM (see its row)")
         if first_oom is not None and longest is not None:  # a bisection probe failed otherwise: bounds stand
-            out["answer"] += f"; the limit lies between {longest} and {first_oom}"
+            out["answer"] += f"; the limit lies {between}"
     elif first_oom is None:
         out["answer"] = (f"at least this: the search stops at --max-context {cap}"
                          if longest is not None and longest >= probe_contexts(cap)[-1]
@@ -261,18 +281,17 @@ def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) 
     elif longest is None:
         out.update(conclusive=True, answer=f"none: OOM already at {first_oom}")
     elif first_oom - longest <= resolution:
-        out.update(conclusive=True, answer=f"the longest that fits, to within {resolution}: {first_oom} runs out of "
-                                           f"memory (the longest power of two: {out['longest_power_of_two']})")
+        out.update(conclusive=True, answer=f"the longest that fits, to within {resolution}: {first_oom} runs "
+                                           f"out of memory (the longest power of two: {power})")
     elif sum(1 for p in probes if p["context_length"] & (p["context_length"] - 1)) >= budget:
-        out["answer"] = (f"between {longest} and {first_oom}: the bisection spent its budget of {budget} probes "
-                         "(--search-probes)")
+        out["answer"] = f"{between}: the bisection spent its budget of {budget} probes (--search-probes)"
     else:
-        out["answer"] = f"between {longest} and {first_oom}: the bisection was interrupted"
+        out["answer"] = f"{between}: the bisection was interrupted"
     return out
 
 
 def context_searches(records: list[Record]) -> list[Record]:
-    """The answer of every search in a sweep's records (one per configuration but the context), as a record."""
+    """The answer of every search (one per configuration but the context), as a record."""
     groups: dict[str, list[Record]] = {}
     for r in records:
         if "context_search" in r:
@@ -280,48 +299,48 @@ def context_searches(records: list[Record]) -> list[Record]:
     answers = []
     for probes in groups.values():
         settings = probes[0]["context_search"]
-        seen = [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]} for r in probes]
+        seen = [{"context_length": r["config"]["model"]["context_length"], "status": r["status"]}
+                for r in probes]
         found = search_answer(seen, settings["max_context"], settings["resolution"], settings["probe_budget"])
         best = next((r for r in probes if r["config"]["model"]["context_length"] == found["longest_context"]
                      and finished(r)), probes[0])
         answers.append({"experiment": "bench_e2e", "kind": "longest_context", "label": best["label"],
-                        "config": best["config"], **found, "max_context": settings["max_context"], "probes": seen,
+                        "config": best["config"], **found, "max_context": settings["max_context"],
+                        "probes": seen,
                         "status": f"longest context {found['longest_context'] or 'none'}: {found['answer']}"})
     return answers
 
 
 def search_table(records: list[Record], fmt: str) -> str | None:
-    """The longest context of every search, beside its step time and peak memory there; None without a search."""
+    """The longest context of every search, beside its step time and peak memory there; None without one."""
     answers, rows = [], []
     for run, group in by_run(records).items():
         probes = {config_key(r["config"]): r for r in group if "context_search" in r}
         for ans in context_searches(group):
             c, last = ans["config"], ans["probes"][-1]
             best = probes.get(config_key(c)) if ans["longest_context"] else None
-            row = {RUN_COLUMN: run, "size": c["size"], "mode": c["mode"] + (" no-grad" if c["no_grad"] else ""),
-                   "dtype": c["dtype"], "compile": "on" if c["compile"] else "off", "attn": c["attn"],
-                   "model": model_label(c), "optimizer": c["optimizer"], "parallel": parallel_label(c),
-                   "longest ctx": ans["longest_context"], "longest 2^k": ans["longest_power_of_two"],
-                   "last probe": f"{last['context_length']}: {last['status'].split(':')[0]}", "answer": ans["answer"]}
-            if best is not None:
-                row["step ms"] = best["step_ms_mean"]
-                if best.get("peak_mem_allocated_bytes") is not None:
-                    row["peak mem GiB"] = best["peak_mem_allocated_bytes"] / GIB
+            rows.append({RUN_COLUMN: run, "size": c["size"], "mode": c["mode"] + " no-grad" * c["no_grad"],
+                         "dtype": c["dtype"], "compile": "on" if c["compile"] else "off", "attn": c["attn"],
+                         "model": model_label(c), "optimizer": c["optimizer"], "parallel": parallel_label(c),
+                         "longest ctx": ans["longest_context"], "longest 2^k": ans["longest_power_of_two"],
+                         "step ms": best and best["step_ms_mean"],
+                         "peak mem GiB": best and scaled(best.get("peak_mem_allocated_bytes")),
+                         "last probe": f"{last['context_length']}: {last['status'].split(':')[0]}",
+                         "answer": ans["answer"]})
             answers.append(ans)
-            rows.append(row)
     if not answers:
         return None
     columns = with_run_column(["size", "mode", "dtype"], records)
     columns += [c for c in ("compile", "attn", "model", "optimizer") if len({str(r[c]) for r in rows}) > 1]
-    columns += ["parallel"] if any(r["parallel"] for r in rows) else []
-    columns += ["longest ctx", "longest 2^k", "step ms"] + (["peak mem GiB"] if any("peak mem GiB" in r for r in rows)
-                                                            else []) + ["last probe", "answer"]
+    columns += ["parallel"] * any(r["parallel"] for r in rows) + ["longest ctx", "longest 2^k", "step ms"]
+    columns += ["peak mem GiB"] * any(r["peak mem GiB"] is not None for r in rows) + ["last probe", "answer"]
     caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
     resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
-    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, then after "
-            f"an OOM a bisection to a multiple of {resolutions})\n\n" + render_table(rows, columns, fmt)
-            + "\n\nlongest ctx: the longest that ran, bisected between the last power of two that ran and the first "
-              "that ran out of memory; longest 2^k: the doubling's answer.")
+    return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
+            f"then after an OOM a bisection to a multiple of {resolutions})\n\n"
+            + render_table(rows, columns, fmt) + "\n\nlongest ctx: the longest that ran, bisected between "
+            "the last power of two that ran and the first that ran out of memory; longest 2^k: the "
+            "doubling's answer.")
 
 
 def profile_report(records: list[Record], fmt: str) -> str | None:
@@ -329,43 +348,44 @@ def profile_report(records: list[Record], fmt: str) -> str | None:
     --parallel), and under --parallel each rank's time in collectives per phase."""
     parts = []
     for r in records:
-        label = r["label"] + (f" ({run_of(r)})" if is_merged(records) else "")
         if "profile" in r:
             whose = " (rank 0)" if r["config"].get("parallel") else ""
-            parts.append(f"## torch.profiler: {label}{whose} (timings above were taken with the profiler on)\n\n"
-                         + kernel_tables.render_tables(r["profile"]["tables"], fmt)
+            parts.append(f"## torch.profiler: {labelled(r, records)}{whose} (timings above were taken with "
+                         "the profiler on)\n\n" + kernel_tables.render_tables(r["profile"]["tables"], fmt)
                          + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
-        rows = [{**row, "rank": rank["rank"], "share": f"{row['share']:.0%}" if row.get("share") is not None else None}
+        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None
+                 else f"{row['share']:.0%}"}
                 for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
-        if rows:  # one column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
-            kinds = [k for k in dict.fromkeys(k for row in rows for k in row)
-                     if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
+        if rows:  # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
+            kinds = [k for k in keys_of(rows) if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
             named = ([("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms")]
                      + [(k, f"{k.removesuffix('_ms').removesuffix(' collective')} ms") for k in kinds]
                      + [("collective_ms", "in collectives ms"), ("share", "share of phase")])
-            table = render_table([{h: row.get(k) for k, h in named} for row in rows], [h for _, h in named], fmt,
-                                 ".3f")
-            parts.append(f"## Collectives per phase: {label} (every rank, ms per step)\n\n{table}\n\nA collective "
-                         "counts for the phase in which it starts; compute may run beside it (FSDP2 prefetches the "
-                         "next block's all-gather). gloo runs a reduce-scatter as an all-reduce.")
+            table = render_table([{h: row.get(k) for k, h in named} for row in rows], [h for _, h in named],
+                                 fmt, ".3f")
+            parts.append(f"## Collectives per phase: {labelled(r, records)} (every rank, ms per step)\n\n"
+                         f"{table}\n\nA collective counts for the phase in which it starts; compute may "
+                         "run beside it (FSDP2 prefetches the next block's all-gather). gloo runs a "
+                         "reduce-scatter as an all-reduce.")
     return "\n\n".join(parts) or None
 
 
 # ---- bench_attention tables ----
 
 BASELINE = "naive"  # the speed-ups are over it (the handout's "PyTorch")
-ATTENTION_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}  # the timed phases
+ATTENTION_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "forward_backward": "fwd+bwd"}  # timed phases
 ATTENTION_IMPL_COLUMNS = [
     "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
-    "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend", "compile s",
-    "max err", "tol", "status"]
-ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up", "check"]
+    "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
+    "compile s", "max err", "tol", "status"]
+ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
+                                              "check"]
 ATTENTION_NOTE = (
-    "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with its "
-    "backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any device); "
-    "naive predicted: what model.naive_attention keeps, 3*B*S^2*e (masked scores, exp, probabilities) + S^2 (bool "
-    "mask) + (3d+2)*B*S*e (Q, K, V, row max and sum), equal to naive's saved bytes on any device, bf16 as fp32 (Q, "
-    "K, V are made in the dtype: no autocast)")
+    "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
+    "its backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any "
+    "device); naive predicted: what model.naive_attention keeps, 3*B*S^2*e (masked scores, exp, "
+    "probabilities) + S^2 (bool mask) + (3d+2)*B*S*e (Q, K, V, row max and sum), equal to naive's saved "
+    "bytes on any device, bf16 as fp32 (Q, K, V are made in the dtype: no autocast)")
 
 
 def check_summary(check: Record) -> str:
@@ -390,36 +410,26 @@ def impl_row(record: Record) -> Record:
     config = record["config"]
     row = {"impl": config["impl"], "dtype": config["dtype"], "d": config["d"], "seq": config["seq_len"],
            "status": record["status"] + (f" ({record['note']})" if record.get("note") else ""),
-           "naive predicted": format_bytes(record.get("predicted_naive_saved_bytes")), RUN_COLUMN: run_of(record)}
+           "naive predicted": format_bytes(record.get("predicted_naive_saved_bytes")),
+           RUN_COLUMN: run_of(record)}
     if "forward_ms_mean" not in record:
         return row
     for phase, short in ATTENTION_PHASE_SHORT.items():
         row.update({f"{short} ms": record[f"{phase}_ms_mean"], f"{short} std": record[f"{phase}_ms_std"]})
     check, error = record["check"], record["check"]["max_error"]
     finite = error is not None and math.isfinite(error)  # the error as text: .3f would show 0.000
-    row.update({"fwd TFLOP/s": record["forward_tflops"], "backend": record.get("sdpa_backend"),
-                "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
-                "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
-                "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
-                "compile s": record.get("compile_s"), "tol": check["tolerance"],
-                "max err": f"{f'{error:.1e}' if finite else 'not finite'} ({check['worst']})"})
-    return row
-
-
-def impl_table(records: list[Record], fmt: str, columns: list[str] | None, merged: bool) -> str:
-    """One implementation's rows; the heading names it, and the dtype when there is one."""
-    rows = [impl_row(r) for r in records]
-    shown = [c for c in ATTENTION_IMPL_COLUMNS[1:] if c in ("d", "seq", "status", "naive predicted")
-             or any(row.get(c) is not None for row in rows)]
-    shown = [c for c in shown if c != "dtype" or len({row["dtype"] for row in rows}) > 1]
-    return render_table(rows, pick_columns([RUN_COLUMN] * merged + shown, columns, fmt, ATTENTION_IMPL_COLUMNS),
-                        fmt, floatfmt=".3f")
+    return {**row, "fwd TFLOP/s": record["forward_tflops"], "backend": record.get("sdpa_backend"),
+            "mem before bwd": format_bytes(record.get("mem_before_backward_bytes")),
+            "peak mem": format_bytes(record.get("peak_mem_allocated_bytes")),
+            "saved (autograd)": format_bytes(record["saved_tensor_bytes"]),
+            "compile s": record.get("compile_s"), "tol": check["tolerance"],
+            "max err": f"{f'{error:.1e}' if finite else 'not finite'} ({check['worst']})"}
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline; the first when naive
-    did not run), its times beside naive's, the speed-ups (paired by round when timed together) and the check,
-    with naive's own check when it failed; None for one implementation."""
+    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline; the first when
+    naive did not run), its times beside naive's, the speed-ups (paired by round when timed together) and the
+    check, with naive's own check when it failed; None for one implementation."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -431,42 +441,45 @@ def attention_comparison(records: list[Record], fmt: str, columns: list[str] | N
         sorted(records, key=lambda r: r["config"]["impl"] != BASELINE), lambda r: r["config"]["impl"],
         lambda r: {"d": r["config"]["d"], "seq": r["config"]["seq_len"],
                    **{name: r["config"][k] for k, name in several.items()}},
-        {short: (phase,) for phase, short in ATTENTION_PHASE_SHORT.items()}, fmt, columns, ".3f", calls="calls",
-        more_rounds="--iters", per_variant="impl", cells=check)
+        {short: (phase,) for phase, short in ATTENTION_PHASE_SHORT.items()}, fmt, columns, ".3f",
+        calls="calls", more_rounds="--iters", per_variant="impl", cells=check)
 
 
 def timing_label(record: Record) -> str | None:
     """How a record was timed; None when nothing was."""
-    timing = record.get("timing")
-    if timing is None:
+    if (timing := record.get("timing")) is None:
         return None
     if timing["method"] == "triton.testing.do_bench":
-        return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep {timing['rep_ms']:g} ms, L2 "
-                f"flushed before every call, triton {timing['triton']})")
+        return (f"triton.testing.do_bench (warmup {timing['warmup_ms']:g} ms, rep {timing['rep_ms']:g} ms, "
+                f"L2 flushed before every call, triton {timing['triton']})")
     why = f"; {timing['why']}" if timing.get("why") else ""
-    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls per "
-            f"phase{why})")
+    return (f"{timing['method']} ({timing['warmup_calls']} warm-up and {timing['timed_calls']} timed calls "
+            f"per phase{why})")
 
 
 def render_attention(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The environment, a table per implementation, the comparison (both with the `columns` they have) and what
-    the columns mean."""
+    """The environment, a table per implementation (its columns: those that hold a figure; dtype when
+    several), the comparison (both with the `columns` they have) and what the columns mean."""
     lines = environment_lines(records, {"batch": "batch_size", "dtype": "dtype", "causal": lambda r: "yes",
                                         "timing": timing_label})
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in impls:
-        mine = [r for r in records if r["config"]["impl"] == impl]
-        lines += ["", f"### {impl}", "", impl_table(mine, fmt, columns, is_merged(records))]
+        rows = [impl_row(r) for r in records if r["config"]["impl"] == impl]
+        shown = [c for c in ATTENTION_IMPL_COLUMNS[1:] if c in ("d", "seq", "status", "naive predicted")
+                 or (len({row["dtype"] for row in rows}) > 1 if c == "dtype"
+                     else any(row.get(c) is not None for row in rows))]
+        picked = pick_columns([RUN_COLUMN] * is_merged(records) + shown, columns, fmt, ATTENTION_IMPL_COLUMNS)
+        lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
-        lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s time / "
-                  "the implementation's, forward/backward/forward+backward"]
+        lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s "
+                  "time / the implementation's, forward/backward/forward+backward"]
     tolerances = ", ".join(dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}"
                                          for r in records if r.get("check")))
-    checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, K, V (the worst "
-               f"named) against causal attention in float64 on copies of the inputs; WRONG above tol ({tolerances}), "
-               "or for a kernel writing into its inputs or returning NaN/inf; a WRONG kernel is still timed"
-               ) if tolerances else ""
+    checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, K, V (the "
+               "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
+               f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
+               "kernel is still timed") if tolerances else ""
     return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."])
 
 
@@ -474,79 +487,78 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
 
 MEMORY_PEAK_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "ckpt", "model", "optimizer", "peak alloc MiB",
                        "peak alloc GiB", "peak reserved MiB", "peak reserved GiB", "step ms", "status"]
-
-MEMORY_SETTINGS: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
-                                      "batch": "batch_size", "warmup": "warmup", "steps": "steps"}
-
-
-def _ident(rec: Record, records: list[Record], keys: list[str]) -> Record:
-    """The row's identifying cells: the run (a merge), then `keys` of the config; model only when yours ran."""
-    c, cells = rec["config"], {RUN_COLUMN: run_of(rec)} if is_merged(records) else {}
-    values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"], "dtype": c["dtype"],
-              "attn": c["attn"], "ckpt": c["checkpoint_every"], "heads": c["model"]["num_heads"],
-              "model": model_label(c)}
-    yours = any(r["config"].get("model_factory") for r in records)
-    return {**cells, **{k: values[k] for k in keys if k != "model" or yours}}
+MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB",
+                             "transient MiB", "state GiB", "predicted GiB", "at", "measured GiB",
+                             "measured / predicted"]
 
 
-def _unique_rows(records: list[Record], keys: list[str]) -> list[tuple[Record, Record]]:
-    """(record, identifying cells) once per distinct identity (rows that differ in no printed key are one)."""
+def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
+                ) -> list[tuple[Record, Record]]:
+    """(record, its identifying cells: the run in a merge, then `keys` of the config, model only when yours
+    ran `among` the records), `unique`: once per identity (rows that differ in no printed key are one)."""
+    among = records if among is None else among
+    yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
     for rec in records:
-        ident = _ident(rec, records, keys)
-        seen.setdefault(tuple(ident.values()), (rec, ident))
+        c = rec["config"]
+        values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
+                  "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
+                  "heads": c["model"]["num_heads"], "model": model_label(c)}
+        ident = {**({RUN_COLUMN: run_of(rec)} if is_merged(among) else {}),
+                 **{k: values[k] for k in keys if k != "model" or yours}}
+        seen.setdefault(tuple(ident.values()) if unique else len(seen), (rec, ident))
     return list(seen.values())
 
 
 def accounting_table(records: list[Record], fmt: str) -> str:
     rows = []
-    for rec, ident in _unique_rows(records, ["size", "ctx", "mode", "dtype", "model"]):
+    for rec, ident in memory_rows(records, ["size", "ctx", "mode", "dtype", "model"]):
         if "weights_bytes" not in rec:  # your model failed before its parameters were counted
             rows.append({**ident, "status": f"not counted: {rec['saved_status']}"})
             continue
         static = rec["weights_bytes"] + rec["grads_bytes"] + rec["adamw_state_bytes"]
-        rows.append({**ident, "weights MiB": rec["weights_bytes"] / MIB, "grads MiB": rec["grads_bytes"] / MIB,
+        rows.append({**ident, "weights MiB": rec["weights_bytes"] / MIB,
+                     "grads MiB": rec["grads_bytes"] / MIB,
                      "AdamW state MiB": rec["adamw_state_bytes"] / MIB, "static GiB": static / GIB,
                      "residual stream MiB": rec["residual_stream_bytes"] / MIB,
                      "= B x S x d_model x 4 B":
                          f"{rec['residual_stream_formula']} = {rec['residual_stream_bytes']:,} B",
                      "scores/layer MiB": rec["attention_scores_layer_bytes"] / MIB,
                      "= B x H x S x S x bytes": rec["attention_scores_formula"]})
-    return render_table(rows, list(dict.fromkeys(k for row in rows for k in row)), fmt)
+    return render_table(rows, keys_of(rows), fmt)
 
 
 def saved_tables(records: list[Record], fmt: str) -> str:
     summary, largest = [], []
-    for rec, ident in _unique_rows(records, ["size", "ctx", "dtype", "attn", "ckpt", "model"]):
+    for rec, ident in memory_rows(records, ["size", "ctx", "dtype", "attn", "ckpt", "model"]):
         if rec["saved_status"] != "ok":
             summary.append({**ident, "status": rec["saved_status"]})
             continue
-        grads = rec.get("block_grad_bytes")
         summary.append({**ident, "per block MiB": rec["saved_block_bytes_mean"] / MIB,
-                        "grads per block MiB": grads / MIB if grads is not None else None,
+                        "grads per block MiB": scaled(rec.get("block_grad_bytes"), MIB),
                         "x blocks": rec["num_blocks"], "blocks MiB": rec["saved_blocks_bytes"] / MIB,
                         "outside blocks MiB": rec["saved_outside_bytes"] / MIB,
                         "total MiB": rec["saved_total_bytes"] / MIB,
-                        "status": "ok" if rec["num_blocks"] else "ok (no nn.ModuleList of repeated blocks: all "
-                                                                  "counted outside)"})
-        for scope, rows in (("per block", rec["saved_block_top"]), ("outside blocks", rec["saved_outside_top"])):
+                        "status": "ok" if rec["num_blocks"]
+                        else "ok (no nn.ModuleList of repeated blocks: all counted outside)"})
+        for scope, rows in (("per block", rec["saved_block_top"]),
+                            ("outside blocks", rec["saved_outside_top"])):
             largest += [{**ident, "scope": scope, "module": r["module"], "op": r["op"], "shape": r["shape"],
                          "tensor dtype": r["dtype"], "tensors": f"{r['tensors']:g}", "MiB": r["bytes"] / MIB,
                          "share": f"{r['share']:.1%}"} for r in rows]
-    columns = list(dict.fromkeys(k for row in summary for k in row if k != "status")) + ["status"]
-    text = render_table(summary, columns, fmt)
+    text = render_table(summary, keys_of(summary, ("status",)), fmt)
     if largest:
-        text += ("\n\nLargest saved tensors, grouped by module, op, shape and dtype (tensors: how many the row "
-                 "adds up, per block): the top 5 per block (share of the blocks' total) and the top 3 outside "
-                 "(share of the total):\n\n" + render_table(largest, list(largest[0]), fmt))
+        text += ("\n\nLargest saved tensors, grouped by module, op, shape and dtype (tensors: how many the "
+                 "row adds up, per block): the top 5 per block (share of the blocks' total) and the top 3 "
+                 "outside (share of the total):\n\n" + render_table(largest, list(largest[0]), fmt))
     return text
 
 
 def compiled_block_table(records: list[Record], fmt: str) -> str | None:
-    """--compile: one block's saved tensors counted as the handout's §3.2 counts them, eager beside compiled."""
+    """--compile: one block's saved tensors as the handout's §3.2 counts them, eager beside compiled."""
     rows = []
-    for rec, ident in _unique_rows([r for r in records if "compiled_status" in r],
-                                   ["size", "ctx", "dtype", "heads", "model"]):
+    for rec, ident in memory_rows([r for r in records if "compiled_status" in r],
+                                  ["size", "ctx", "dtype", "heads", "model"]):
         row = {**ident, "batch": rec["config"]["batch_size"], "status": rec["compiled_status"]}
         if rec["compiled_status"] == "ok":
             row.update({"eager MiB": rec["block_eager_saved_bytes"] / MIB,
@@ -555,26 +567,18 @@ def compiled_block_table(records: list[Record], fmt: str) -> str | None:
                         "compiled tensors": rec["block_compiled_saved_tensors"],
                         "compile + forward s": rec["block_compile_s"]})
         rows.append(row)
-    if not rows:
-        return None
-    columns = list(dict.fromkeys(k for row in rows for k in row if k != "status")) + ["status"]
-    return render_table(rows, columns, fmt)
-
-
-MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept MiB", "recomputed MiB", "transient MiB",
-                             "state GiB", "predicted GiB", "at", "measured GiB", "measured / predicted"]
+    return render_table(rows, keys_of(rows, ("status",)), fmt) if rows else None
 
 
 def checkpoint_table(records: list[Record], fmt: str) -> str | None:
-    """One row per K: the parts of its predicted peak and the moment it falls in, the measured peak (CUDA) beside
-    it; then per setting the best K and the nested strategy. None when no configuration checkpoints."""
+    """One row per K: the parts of its predicted peak and the moment it falls in, the measured peak (CUDA)
+    beside it; then per setting the best K and the nested strategy. None when no configuration checkpoints."""
     predicted = [r for r in records if r.get("checkpoint_prediction")]
     if not any(r["config"]["checkpoint_every"] for r in predicted):
         return None
     rows, notes = [], {}
-    for rec in predicted:
+    for rec, ident in memory_rows(predicted, ["size", "ctx", "mode", "dtype", "attn"], records, unique=False):
         c, p, k = rec["config"], rec["checkpoint_prediction"], rec["config"]["checkpoint_every"]
-        ident = _ident(rec, records, ["size", "ctx", "mode", "dtype", "attn"])
         row = {**ident, "K": k, "kept MiB": p["kept_bytes"] / MIB,
                "recomputed MiB": min(k, c["model"]["num_layers"]) * p["block_bytes"] / MIB if k else None,
                "transient MiB": p["transient_bytes"] / MIB, "state GiB": p["state_bytes"] / GIB,
@@ -583,19 +587,19 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
             row["measured GiB"] = rec["peak_mem_allocated_bytes"] / GIB
             row["measured / predicted"] = f"{rec['peak_mem_allocated_bytes'] / p['predicted_peak_bytes']:.2f}"
         rows.append(row)
-        n, sqrt_k = c["model"]["num_layers"], p["sqrt_k"]
         notes[tuple(ident.values())] = (
-            f"{' '.join(map(str, ident.values()))}: N = {n}, a = {p['block_bytes'] / MIB:.2f} MiB per block, "
-            f"b = {p['boundary_bytes'] / MIB:.2f} MiB per boundary; single level: K* = sqrt(N b / a) = "
-            f"{sqrt_k or 0:.2f}, smallest predicted peak at K = {p['best_k']} "
-            f"({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive halving, ceil(log2 N) + 1 = "
-            f"{p['nested_kept_bytes'] // p['boundary_bytes']} "
-            f"boundaries kept, one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
-    columns = with_run_column([c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)], records)
-    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: the largest of the moments "
-            "(at) a step's peak can fall in; kept: what the forward leaves for backward (with K > 0, ceil(N/K) "
-            "segment inputs); recomputed: one segment's K blocks. Activations: N a without checkpointing, "
-            "ceil(N/K) b + K a single level, (ceil(log2 N) + 1) b + a nested (predicted, not run).\n\n"
+            f"{' '.join(map(str, ident.values()))}: N = {c['model']['num_layers']}, "
+            f"a = {p['block_bytes'] / MIB:.2f} MiB per block, b = {p['boundary_bytes'] / MIB:.2f} MiB per "
+            f"boundary; single level: K* = sqrt(N b / a) = {p['sqrt_k'] or 0:.2f}, smallest predicted peak "
+            f"at K = {p['best_k']} ({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive "
+            f"halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} boundaries kept, "
+            f"one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
+    shown = [c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)]
+    return (render_table(rows, with_run_column(shown, records), fmt, floatfmt=".3f") + "\n\nPredicted peak: "
+            "the largest of the moments (at) a step's peak can fall in; kept: what the forward leaves for "
+            "backward (with K > 0, ceil(N/K) segment inputs); recomputed: one segment's K blocks. "
+            "Activations: N a without checkpointing, ceil(N/K) b + K a single level, (ceil(log2 N) + 1) b "
+            "+ a nested (predicted, not run).\n\n"
             + "\n".join(f"- {note}" for note in notes.values()))
 
 
@@ -603,24 +607,22 @@ def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None
     """The measured peaks; the model and optimizer columns only when yours or several ran."""
     rows = []
     for rec in records:
-        c = rec["config"]
-        row = {RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
-               "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"], "model": model_label(c),
-               "optimizer": c["optimizer"], "status": rec["status"]}
-        if rec["status"] == "ok":
-            row.update({"peak alloc MiB": rec["peak_mem_allocated_bytes"] / MIB,
-                        "peak alloc GiB": rec["peak_mem_allocated_bytes"] / GIB,
-                        "peak reserved MiB": rec["peak_mem_reserved_bytes"] / MIB,
-                        "peak reserved GiB": rec["peak_mem_reserved_bytes"] / GIB, "step ms": rec["step_ms_mean"]})
-        rows.append(row)
+        c, ok = rec["config"], rec["status"] == "ok"
+        peaks = {f"peak {short} {unit}": rec[f"peak_mem_{what}_bytes"] / size if ok else None
+                 for short, what in (("alloc", "allocated"), ("reserved", "reserved"))
+                 for unit, size in (("MiB", MIB), ("GiB", GIB))}
+        rows.append({RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"],
+                     "mode": c["mode"], "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
+                     "model": model_label(c), "optimizer": c["optimizer"], "status": rec["status"], **peaks,
+                     "step ms": rec["step_ms_mean"] if ok else None})
     hidden = {k for k in ("model", "optimizer") if {row[k] for row in rows} == {OURS}}
     default = with_run_column([c for c in MEMORY_PEAK_COLUMNS if c not in hidden], records)
     return render_table(rows, pick_columns(default, columns, fmt), fmt)
 
 
 def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
-    """The memory_profiling answer: one row per size and context, forward beside train, fp32 beside bf16; attn,
-    ckpt, model and optimizer get a column only when they vary. None when nothing was measured."""
+    """The memory_profiling answer: one row per size and context, forward beside train, fp32 beside bf16;
+    attn, ckpt, model and optimizer get a column only when they vary. None when nothing was measured."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
@@ -643,7 +645,7 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
 def snapshot_report(title: str, fields: Record, fmt: str) -> str:
     """The peak check, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
-    mib = {k: check[k] / MIB if check.get(k) is not None else None for k in
+    mib = {k: scaled(check.get(k), MIB) for k in
            ("rebuilt_peak_bytes", "requested_peak_bytes", "diff_bytes", "max_memory_allocated_bytes")}
     check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
                  "rebuilt MiB": mib["rebuilt_peak_bytes"], "requested peak MiB": mib["requested_peak_bytes"],
@@ -665,103 +667,44 @@ def snapshot_report(title: str, fields: Record, fmt: str) -> str:
 
 def render_memory(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """Every table of a mem_profile run, from its records alone."""
-    parts = [*environment_lines(records, MEMORY_SETTINGS), "", sizes_section(records, fmt), "",
-             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's own parameters; "
-             "AdamW's two moments per parameter whatever the optimizer)", "", accounting_table(records, fmt), "",
+    settings: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
+                                    "batch": "batch_size", "warmup": "warmup", "steps": "steps"}
+    parts = [*environment_lines(records, settings), "", sizes_section(records, fmt), "",
+             "### Accounting from the config (MiB and GiB are 2^20 and 2^30 bytes; your --model's own "
+             "parameters; AdamW's two moments per parameter whatever the optimizer)", "",
+             accounting_table(records, fmt), "",
              "### Saved for backward (one forward pass and the loss; each storage once; blocks: the repeated "
              "modules of the model's nn.ModuleList; grads per block: one block's parameter gradients)", "",
              saved_tables(records, fmt), ""]
     if compiled := compiled_block_table(records, fmt):
-        parts += ["### One block compiled, as the handout's §3.2 counts it (torch.compile(block, fullgraph=True); "
-                  "every saved tensor's numel x element size, parameters left out)", "", compiled, ""]
+        parts += ["### One block compiled, as the handout's §3.2 counts it (torch.compile(block, "
+                  "fullgraph=True); every saved tensor's numel x element size, parameters left out)", "",
+                  compiled, ""]
     if checkpointing := checkpoint_table(records, fmt):
-        parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "", checkpointing, ""]
+        parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "",
+                  checkpointing, ""]
     devices = sorted({r["environment"].get("device", "") for r in records})
     if not any(d.startswith("cuda") for d in devices):
-        parts.append(f"note: measured peaks and snapshots need a CUDA device, and this run is on {', '.join(devices)}: "
-                     "the tables above are the ones that need no GPU.")
+        parts.append(f"note: measured peaks and snapshots need a CUDA device, and this run is on "
+                     f"{', '.join(devices)}: the tables above are the ones that need no GPU.")
         return "\n".join(parts)
-    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = allocator)",
-              "", peak_table(records, fmt, columns)]
+    parts += ["### Peak memory (after warm-up, peak counter reset; allocated = tensors, reserved = "
+              "allocator)", "", peak_table(records, fmt, columns)]
     if by_context := peak_by_context_table(records, fmt):
-        parts += ["", "### Peak allocated memory per context length (GiB): forward-only beside a training step",
-                  "", by_context]
+        parts += ["", "### Peak allocated memory per context length (GiB): forward-only beside a training "
+                  "step", "", by_context]
     for rec in records:
-        title = rec["label"] + (f" ({run_of(rec)})" if is_merged(records) else "")
         if "snapshot_peak_check" in rec:
-            parts += ["", snapshot_report(title, rec, fmt)]
+            parts += ["", snapshot_report(labelled(rec, records), rec, fmt)]
         elif "snapshot_status" in rec:
-            parts += ["", f"snapshot of {title}: {rec['snapshot_status']}"]
+            parts += ["", f"snapshot of {labelled(rec, records)}: {rec['snapshot_status']}"]
     return "\n".join(parts)
 
 
-# ---- precision_demo tables ----
+# ---- precision_demo and toy_autocast tables ----
 
-PRECISION_COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)",
-                     "count x stored (float64)", "result", "abs error", "rel error",
-                     "accumulator spacing at result"]
-
-
-def precision_row(r: Record) -> Record:
-    """Floats in full (floatfmt="": the shortest repr that round-trips), errors to 3 digits; the
-    stored addend also as an integer over a power of two, which shows how many bits it kept."""
-    numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
-    return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
-            "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
-            "addend as stored (exact)":
-                f"{r['addend_stored_exact']} = {numerator}/2^{denominator.bit_length() - 1}",
-            "count x stored (float64)": r["count_times_stored"], "result": r["result"],
-            "abs error": float(f"{r['abs_error']:.3g}"),
-            "rel error": float(f"{r['rel_error']:.3g}"),
-            "accumulator spacing at result": r["result_spacing"]}
-
-
-def precision_notes(records: list[Record]) -> list[str]:
-    """Why case 3 equals case 4 (torch's type promotion, as recorded by the run), then how each
-    low-precision accumulator loses the sum, read off its spacing at the result."""
-    by_case = {r["case"]: r for r in records}
-    notes = []
-    if {"1", "3", "4"} <= by_case.keys():
-        r1, r3, r4 = by_case["1"], by_case["3"], by_case["4"]
-        same, exact = r3["result"] == r4["result"], r3["result"] == r3["count_times_stored"]
-        notes.append(
-            f"Cases 3 and 4 are {'equal' if same else 'NOT equal'} ({r3['result']!r} and "
-            f"{r4['result']!r}): torch promotes a float16 addend to {r3['promoted_dtype']} before "
-            "adding it to a float32 (torch.result_type), so case 4's .type(torch.float32) changes "
-            f"nothing. Their error is the addend's: {r3['value']} in float16 is "
-            f"{r3['addend_stored_exact']}, and {r3['count']} x that is "
-            f"{r3['count_times_stored']!r}, {'exactly' if exact else 'close to'} what both print. "
-            f"Case 1 stores {r1['value']} as {r1['addend_stored_exact']}; the rest of its error is "
-            "float32 rounding in the sum.")
-    for r in [r for r in records if r["accumulator_dtype"] != "float32"]:
-        half_step = r["result_spacing"] / 2
-        stalled = half_step >= abs(float(r["addend_stored_exact"]))
-        stuck = f"; half a step ({half_step!r}) is at least the addend: every add rounds away"
-        notes.append(
-            f"The {r['accumulator_dtype']} accumulator (case {r['case']}) ends at {r['result']!r}: "
-            f"near there it moves in steps of {r['result_spacing']!r}, so each add is rounded to a "
-            "multiple of that step" + (stuck if stalled else "") + ".")
-    return notes
-
-
-def render_precision(records: list[Record], fmt: str,
-                            columns: list[str] | None = None) -> str:
-    """The environment, the sum, the table (`columns`: pick_columns), the notes; runs named."""
-    merged = is_merged(records)
-    titles, notes = [], []
-    for run, rs in by_run(records).items():
-        named, value, count = f"{run}: " * merged, rs[0]["value"], rs[0]["count"]
-        titles.append(f"{named}Sum of {value} added {count} times (exact answer {value * count!r})")
-        notes += [named + note for note in precision_notes(rs)]
-    default = [RUN_COLUMN] * merged + PRECISION_COLUMNS
-    table = render_table([precision_row(r) for r in records], pick_columns(default, columns, fmt),
-                         fmt, floatfmt="")
-    return "\n".join([*environment_lines(records, {}), "", *titles, "", table, "",
-                      "\n\n".join(notes)])
-
-
-# ---- toy_autocast tables ----
-
+PRECISION_COLUMNS = ["case", "accumulator", "addend", "addend as stored (exact)", "count x stored (float64)",
+                     "result", "abs error", "rel error", "accumulator spacing at result"]
 # CPU and CUDA autocast follow different op lists (torch.amp docs, "Autocast Op Reference"): a CPU
 # table must not be quoted as the CUDA answer.
 TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_norm (and "
@@ -769,23 +712,66 @@ TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_
                 "is float32. Do not quote it as the CUDA answer: run --device cuda on a GPU.")
 
 
+def precision_row(r: Record) -> Record:
+    """Floats in full (floatfmt="": the shortest repr that round-trips), errors to 3 digits; the stored addend
+    also as an integer over a power of two, which shows how many bits it kept."""
+    numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
+    return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
+            "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
+            "addend as stored (exact)":
+                f"{r['addend_stored_exact']} = {numerator}/2^{denominator.bit_length() - 1}",
+            "count x stored (float64)": r["count_times_stored"], "result": r["result"],
+            "abs error": float(f"{r['abs_error']:.3g}"), "rel error": float(f"{r['rel_error']:.3g}"),
+            "accumulator spacing at result": r["result_spacing"]}
+
+
+def precision_notes(records: list[Record]) -> list[str]:
+    """Why case 3 equals case 4 (torch's type promotion, as recorded by the run), then how each low-precision
+    accumulator loses the sum, read off its spacing at the result."""
+    by_case = {r["case"]: r for r in records}
+    notes = []
+    if {"1", "3", "4"} <= by_case.keys():
+        r1, r3, r4 = by_case["1"], by_case["3"], by_case["4"]
+        same, exact = r3["result"] == r4["result"], r3["result"] == r3["count_times_stored"]
+        notes.append(
+            f"Cases 3 and 4 are {'equal' if same else 'NOT equal'} ({r3['result']!r} and {r4['result']!r}): "
+            f"torch promotes a float16 addend to {r3['promoted_dtype']} before adding it to a float32 "
+            "(torch.result_type), so case 4's .type(torch.float32) changes nothing. Their error is the "
+            f"addend's: {r3['value']} in float16 is {r3['addend_stored_exact']}, and {r3['count']} x that is "
+            f"{r3['count_times_stored']!r}, {'exactly' if exact else 'close to'} what both print. Case 1 "
+            f"stores {r1['value']} as {r1['addend_stored_exact']}; the rest of its error is float32 rounding "
+            "in the sum.")
+    for r in [r for r in records if r["accumulator_dtype"] != "float32"]:
+        half_step = r["result_spacing"] / 2
+        stalled = half_step >= abs(float(r["addend_stored_exact"]))
+        notes.append(
+            f"The {r['accumulator_dtype']} accumulator (case {r['case']}) ends at {r['result']!r}: near "
+            f"there it moves in steps of {r['result_spacing']!r}, so each add is rounded to a multiple of "
+            "that step"
+            + f"; half a step ({half_step!r}) is at least the addend: every add rounds away" * stalled + ".")
+    return notes
+
+
+def render_precision(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The environment, the sum, the table (`columns`: pick_columns), the notes; runs named."""
+    merged = is_merged(records)
+    titles, notes = [], []
+    for run, rs in by_run(records).items():
+        named, value, count = f"{run}: " * merged, rs[0]["value"], rs[0]["count"]
+        titles.append(f"{named}Sum of {value} added {count} times (exact answer {value * count!r})")
+        notes += [named + note for note in precision_notes(rs)]
+    columns = pick_columns([RUN_COLUMN] * merged + PRECISION_COLUMNS, columns, fmt)
+    table = render_table([precision_row(r) for r in records], columns, fmt, floatfmt="")
+    return "\n".join([*environment_lines(records, {}), "", *titles, "", table, "", "\n\n".join(notes)])
+
+
 def toy_columns(records: list[Record]) -> list[str]:
     return ["tensor"] + list(dict.fromkeys(f"{r['autocast_dtype']} autocast" for r in records))
 
 
-def toy_rows(records: list[Record]) -> list[Record]:
-    """One row per tensor, as observed; one column per autocast dtype. A failed dtype shows its
-    status in every cell (in one row when no dtype succeeded)."""
-    ok = [r for r in records if r["status"] == "ok"]
-    labels = list(dict.fromkeys(label for r in ok for label in r["dtypes"])) or ["(run)"]
-    return [{"tensor": label, **{f"{r['autocast_dtype']} autocast": r["dtypes"].get(label)
-                                 if r["status"] == "ok" else r["status"] for r in records}}
-            for label in labels]
-
-
-def render_toy(records: list[Record], fmt: str,
-                      columns: list[str] | None = None) -> str:
-    """The environment, the title, the CPU note when not run on CUDA, the table of dtypes."""
+def render_toy(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The title, the CPU note off CUDA, a row per tensor as observed and a column per autocast dtype (a
+    failed dtype's status in each of its cells)."""
     merged = is_merged(records)
     lines, rows = [*environment_lines(records, {}), ""], []
     for run, rs in by_run(records).items():
@@ -795,26 +781,24 @@ def render_toy(records: list[Record], fmt: str,
                   f"{c['in_features']} -> 10 -> {c['out_features']}", ""]
         if not r0["device"].startswith("cuda"):
             lines += [named + TOY_CPU_NOTE, ""]
-        rows += [{RUN_COLUMN: run, **row} for row in toy_rows(rs)]
-    default = [RUN_COLUMN] * merged + toy_columns(records)
-    return "\n".join(lines + [render_table(rows, pick_columns(default, columns, fmt), fmt)])
+        ok = [r for r in rs if r["status"] == "ok"]
+        labels = list(dict.fromkeys(label for r in ok for label in r["dtypes"])) or ["(run)"]
+        rows += [{RUN_COLUMN: run, "tensor": label,
+                  **{f"{r['autocast_dtype']} autocast": r["dtypes"].get(label) if r["status"] == "ok"
+                     else r["status"] for r in rs}} for label in labels]
+    columns = pick_columns([RUN_COLUMN] * merged + toy_columns(records), columns, fmt)
+    return "\n".join(lines + [render_table(rows, columns, fmt)])
 
 
 # ---- the experiments ----
 
-
-@dataclass(frozen=True)
-class Renderer:
-    render: Callable[[list[Record], str, list[str] | None], str]  # (records, fmt, --columns) -> report
-    columns: Callable[[list[Record]], list[str]]  # what --columns may name
-
-
-RENDERERS = {
-    "bench_e2e": Renderer(render_e2e, lambda records: E2E_COLUMNS),
-    "bench_attention": Renderer(render_attention, lambda records: ATTENTION_COLUMNS),
-    "mem_profile": Renderer(render_memory, lambda records: MEMORY_PEAK_COLUMNS),
-    "precision_demo": Renderer(render_precision, lambda records: PRECISION_COLUMNS),
-    "toy_autocast": Renderer(render_toy, toy_columns),
+# experiment -> (render: (records, fmt, --columns) -> report, what --columns may name)
+RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str]]]] = {
+    "bench_e2e": (render_e2e, lambda records: E2E_COLUMNS),
+    "bench_attention": (render_attention, lambda records: ATTENTION_COLUMNS),
+    "mem_profile": (render_memory, lambda records: MEMORY_PEAK_COLUMNS),
+    "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
+    "toy_autocast": (render_toy, toy_columns),
 }
 
 
@@ -824,11 +808,11 @@ class ReportError(Exception):
 
 def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The report of an experiment's records as their file holds them (strict JSON read back)."""
-    return RENDERERS[experiment].render([json.loads(to_json_line(r)) for r in records], fmt, columns)
+    return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
 
 
 class LiveReport:
-    """A sweep's report, rewritten as rows finish (sweep.Experiment.render)."""
+    """A sweep's report, rewritten as rows finish (runner's render)."""
 
     def __init__(self, experiment: str, columns: list[str] | None = None):
         self.experiment, self.columns = experiment, columns
@@ -837,19 +821,19 @@ class LiveReport:
         return render(self.experiment, records, fmt, self.columns)
 
 
-def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str, columns: list[str] | None = None,
-            plot: bool = False, extra_paths: list[Any] = (), *, live: Any = None, append: list[Record] = ()) -> int:
-    """The end of every run: save the report, print it, draw --plot's figures, say where everything is. Returns 0,
-    1 when a figure failed (the tables stand), 130 after Ctrl-C. (`live`, `append`: accepted until the scripts
-    append their own extra records.)"""
+def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
+            columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
+            live: Any = None, append: list[Record] = ()) -> int:
+    """The end of every run: append `append`, save and print the report, draw --plot's figures, say where
+    they are. Returns 0, 1 when a figure failed (the tables stand), 130 after Ctrl-C. `live` is not used."""
     try:
         for record in append:
             files.append_record(record)
         shown = emit(files.write_report(lambda f: render(experiment, records, f, columns), fmt))
-        drawn = draw(experiment, records, files) if plot else Drawn()
+        drawn, failed = draw(experiment, records, files) if plot else ([], False)
         if shown:
-            files.say_written(fmt, [*extra_paths, *drawn.paths])
-        return 1 if drawn.failed else 0
+            files.say_written(fmt, [*extra_paths, *drawn])
+        return 1 if failed else 0
     except KeyboardInterrupt:
         progress(f"interrupted by Ctrl-C while the report was written: {files.kept()}")
         return 130
@@ -857,7 +841,7 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
 
 # ---- reading saved runs ----
 
-MAX_LINE_BYTES = 256 * MIB  # a record of a million raw samples per phase is ~80 MB; more is not a results file
+MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is not a results file
 MAX_FILE_BYTES = 4 * MAX_LINE_BYTES
 
 
@@ -868,71 +852,55 @@ class Run:
     lines: list[int]  # of each record in the file
     experiment: str
     skipped: int = 0  # a truncated last line (an interrupted run)
-    name: str = ""  # the run column's value in a merge
 
 
 def read_run(path: str) -> Run:
-    """One file's records, read as JSON with bounded lines (an endless or binary input is one ReportError)."""
-    numbered, skipped, total = [], 0, 0
+    """One file's records, read as JSON with bounded lines (an endless or binary input is one ReportError); an
+    unreadable last line is skipped (the run stopped while writing it)."""
+    run, total, bad = Run(Path(path), [], [], ""), 0, None
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
                 total += len(line)
                 if len(line) > MAX_LINE_BYTES or total > MAX_FILE_BYTES:
-                    raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's end; "
-                                      "is this a results .jsonl file?")
-                if line.strip():
-                    numbered.append((n, line))
+                    raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
+                                      "end; is this a results .jsonl file?")
+                if not line.strip():
+                    continue
+                if bad:  # not the last line
+                    raise bad
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+                    reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+                    bad = ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl "
+                                      "file?")
+                    continue
+                if not isinstance(record, dict):
+                    raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
+                if (name := record.get("experiment")) not in RENDERERS:
+                    what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
+                    raise ReportError(f"{path}:{n}: {what}; report.py renders the records of "
+                                      + ", ".join(RENDERERS))
+                run.records.append(record)
+                run.lines.append(n)
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    records = []
-    for i, (n, line) in enumerate(numbered):
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-            if i == len(numbered) - 1 and records:
-                skipped += 1  # the run stopped while writing its last record
-                continue
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-            raise ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl file?") from None
-        if not isinstance(record, dict):
-            raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
-        records.append((n, record))
-    if not records:
+    if bad and not run.records:
+        raise bad
+    if not run.records:
         raise ReportError(f"{path}: no records (an empty file, or a run that finished no configuration)")
-    kinds = {}
-    for n, record in records:
-        kinds.setdefault(experiment_of(record, f"{path}:{n}"), n)
+    kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    return Run(Path(path), [r for _, r in records], [n for n, _ in records], next(iter(kinds)), skipped)
-
-
-def experiment_of(record: Record, where: str = "record") -> str:
-    name = record.get("experiment")
-    if name not in RENDERERS:
-        raise ReportError(f"{where}: {'no experiment field' if name is None else f'experiment {str(name)[:60]!r}'}; "
-                          f"report.py renders the records of {', '.join(RENDERERS)}")
-    return name
-
-
-def name_runs(runs: list[Run]) -> None:
-    """Each run's name in the run column: its stem, or its path when two inputs share a stem."""
-    stems = [run.path.stem for run in runs]
-    for run in runs:
-        run.name = run.path.stem if stems.count(run.path.stem) == 1 else str(run.path)
-
-
-def merged_records(runs: list[Run]) -> list[Record]:
-    if len(runs) == 1:
-        return runs[0].records
-    return [{**record, RUN_KEY: run.name} for run in runs for record in run.records]
+    run.experiment, run.skipped = kinds[0], int(bad is not None)
+    return run
 
 
 def renderable(experiment: str, records: list[Record], where: list[str], fmt: str,
                columns: list[str] | None) -> tuple[str, list[Record]]:
-    """The report of the records, leaving out with a note each record the tables cannot use on its own (a field
-    missing or of another type); a ReportError when none can be used."""
+    """The report of the records, leaving out with a note each record the tables cannot use on its own (a
+    field missing or of another type); a ReportError when none can be used."""
     try:
         return render(experiment, records, fmt, columns), records
     except Exception:  # noqa: BLE001 - data of any shape: find the records that break it
@@ -942,14 +910,18 @@ def renderable(experiment: str, records: list[Record], where: list[str], fmt: st
                 render(experiment, [record], fmt, columns)
                 kept.append(record)
             except Exception as exc:  # noqa: BLE001
-                reason = f"no field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"{type(exc).__name__}: {exc}"
-                progress(f"note: {place}: left out, not a {experiment} record as its script writes it: {reason[:200]}")
+                reason = (f"no field {exc.args[0]!r}" if isinstance(exc, KeyError)
+                          else f"{type(exc).__name__}: {exc}")
+                progress(f"note: {place}: left out, not a {experiment} record as its script writes it: "
+                         + reason[:200])
         if not kept:
-            raise ReportError(f"{where[0].rsplit(':', 1)[0]}: no record a {experiment} report can use") from None
+            file = where[0].rsplit(":", 1)[0]
+            raise ReportError(f"{file}: no record a {experiment} report can use") from None
         try:
             return render(experiment, kept, fmt, columns), kept
         except Exception as exc:  # noqa: BLE001 - each renders alone, together they do not
-            raise ReportError(f"records that do not make one {experiment} report: {type(exc).__name__}") from None
+            raise ReportError(f"records that do not make one {experiment} report: {type(exc).__name__}"
+                              ) from None
 
 
 # ---- figures ----
@@ -958,14 +930,13 @@ Notes = list[str]  # what a figure left out, one line each
 
 
 def matplotlib_missing() -> str | None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         return "--plot needs matplotlib, which is not installed: pip install matplotlib"
     return None
 
 
-def new_figure(records: list[Record], title: str, ncols: int = 1, width: float = 6.4) -> tuple[Any, list[Any]]:
+def new_figure(records: list[Record], title: str, ncols: int = 1, width: float = 6.4
+               ) -> tuple[Any, list[Any]]:
     """A Figure made without pyplot (no global state, no display), titled with the run's device and torch."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(width * ncols, 4.4), layout="constrained")
@@ -985,9 +956,10 @@ def log_ticks(lo: float, hi: float) -> list[float]:
     return ticks if len(ticks) >= 2 else sorted({float(f"{lo:.2g}"), float(f"{hi:.2g}")})
 
 
-def log_axes(ax: Any, x_base: int | None = 2) -> None:
-    """Log axes (x too unless x_base is None) with labelled ticks: the x ticks at the plotted x values."""
+def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
+    """Labels; log axes (x too unless x_base is None) with labelled ticks, x ticks at the plotted x."""
     from matplotlib.ticker import NullLocator
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     points = [(x, y) for line in ax.get_lines() for x, y in zip(line.get_xdata(), line.get_ydata())
               if number(y) and y > 0]
     if not points:
@@ -1003,11 +975,12 @@ def log_axes(ax: Any, x_base: int | None = 2) -> None:
         ax.xaxis.set_minor_locator(NullLocator())
 
 
-def legend_outside(fig: Any, ax: Any) -> None:
-    """The legend right of the axes, where it covers no bar or line."""
+def legend_outside(fig: Any, ax: Any) -> Any:
+    """The legend right of the axes, where it covers no bar or line; returns the figure."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+    return fig
 
 
 def label_of(record: Record, keys: list[str]) -> str:
@@ -1039,17 +1012,18 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     stds = [r.get("step_ms_std") if number(r.get("step_ms_std")) else 0.0 for r in done]
     ax.errorbar(range(len(done)), [r["step_ms_mean"] for r in done], yerr=stds, fmt="none", ecolor="black",
                 capsize=3, label="step mean ± std")
-    notes += [f"{stds.count(0.0)} configuration(s) without a step std (one timed step)"] if 0.0 in stds else []
+    if 0.0 in stds:
+        notes.append(f"{stds.count(0.0)} configuration(s) without a step std (one timed step)")
     ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
-                                     + f"\nctx {r['config']['model']['context_length']}" for r in done], fontsize=8)
+                                     + f"\nctx {r['config']['model']['context_length']}" for r in done],
+                  fontsize=8)
     ax.set_ylabel("time per step (ms)")
-    legend_outside(fig, ax)
-    return fig
+    return legend_outside(fig, ax)
 
 
 def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
-    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration, as the comparison table has
-    them; a failed one's status is written where its bar would be."""
+    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration, as the comparison table
+    has them; a failed one's status is written where its bar would be."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
     if (spec := e2e_comparison(measured)) is None:
         return None
@@ -1066,12 +1040,12 @@ def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
             if isinstance(s, str):  # OOM, error: said where the bar would be
                 ax.annotate(s, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if "warmup" in row
-                                     else "") + f"\n{name}" + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
+    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}"
+                                     + (f" warm-up {row['warmup']}" if "warmup" in row else "") + f"\n{name}"
+                                     + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
                                      for row, name in bars], fontsize=8)
     ax.set_ylabel(f"speed-up over {names[0]} (x)")
-    legend_outside(fig, ax)
-    return fig
+    return legend_outside(fig, ax)
 
 
 def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
@@ -1088,20 +1062,19 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
     keys, variant_axes = ["size", *varying(records, [])], varied_axes([r["config"] for r in records])
     for ax, group in zip(axes, groups.values()):
         for r in sorted(group, key=lambda r: r["config"]["warmup"]):
-            ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o", label=f"warm-up {r['config']['warmup']}")
+            ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o",
+                    label=f"warm-up {r['config']['warmup']}")
         ax.set_title(f"{label_of(group[0], keys)} {variant_label(group[0]['config'], variant_axes)}".strip(),
                      fontsize=9)
-        log_axes(ax, x_base=None)
+        log_axes(ax, "timed step index", "step time (ms)", x_base=None)
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.set_xlabel("timed step index")
-        ax.set_ylabel("step time (ms)")
         ax.legend(fontsize=8)
     return fig
 
 
 def plot_attention(records: list[Record], notes: Notes) -> Any | None:
-    """Forward, backward time and memory against sequence length, one line per implementation and d (and dtype,
-    batch, run where they vary); failed configurations marked along the top."""
+    """Forward, backward time and memory against sequence length, one line per implementation and d (and
+    dtype, batch, run where they vary); failed configurations marked along the top."""
     if not any(finished(r) for r in records):
         return None
     mem_key = "mem_before_backward_bytes" if any("mem_before_backward_bytes" in r for r in records) \
@@ -1110,6 +1083,7 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
               (mem_key, "memory (MiB)", 1 / MIB)]
     keys = ["impl", "d"] + varying(records, ["dtype", "batch_size"])
     fig, axes = new_figure(records, "Attention: time and memory against sequence length", ncols=3, width=5.2)
+    failed = [r for r in records if not finished(r)]
     for ax, (key, label, scale) in zip(axes, panels):
         lines: dict[str, list] = {}
         for r in records:
@@ -1117,35 +1091,17 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
                 lines.setdefault(label_of(r, keys), []).append((r["config"]["seq_len"], r[key] * scale))
         for name, points in lines.items():
             ax.plot(*zip(*sorted(points)), marker="o", label=name)
-        failed = [r for r in records if not finished(r)]
         if failed:
-            ax.scatter([r["config"]["seq_len"] for r in failed], [0.96] * len(failed), marker="X", color="red",
-                       transform=ax.get_xaxis_transform(), label="failed (OOM, error, skipped)", clip_on=False)
-        log_axes(ax)
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel(label)
-    legend_outside(fig, axes[0])
-    return fig
-
-
-def memory_lines(records: list[Record], x_of: Callable[[Record], Any], keys: list[str]) -> dict[str, list]:
-    """label -> (x, MiB) points: the measured peak (CUDA) per mode, the bytes saved for backward (any device) and
-    the predicted peak of checkpointing, where the records hold them."""
-    lines: dict[str, list] = {}
-    for r in records:
-        name = label_of(r, keys)
-        for what, key, ok in (("peak", "peak_mem_allocated_bytes", r.get("status") == "ok"),
-                              ("saved for backward", "saved_total_bytes", r.get("saved_status") == "ok"),
-                              ("predicted peak", "predicted_peak_bytes", True)):
-            value = (r.get("checkpoint_prediction") or {}) if key == "predicted_peak_bytes" else r
-            if ok and number(value.get(key)):
-                mode = f"{r['config']['mode']} " if what != "saved for backward" else ""
-                lines.setdefault(f"{what}, {mode}{name}", []).append((x_of(r), value[key] / MIB))
-    return {name: sorted(set(points)) for name, points in lines.items()}
+            ax.scatter([r["config"]["seq_len"] for r in failed], [0.96] * len(failed), marker="X",
+                       color="red", transform=ax.get_xaxis_transform(), label="failed (OOM, error, skipped)",
+                       clip_on=False)
+        log_axes(ax, "sequence length", label)
+    return legend_outside(fig, axes[0])
 
 
 def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any | None:
-    """Memory against context length (at the smallest checkpoint K), or against the checkpoint K (by="K")."""
+    """Memory against context length (at the smallest K), or against K (by="K"): the measured peak per mode,
+    the bytes saved for backward and the predicted peak, where the records hold them."""
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
     chosen = records if by == "K" else [r for r in records if r["config"]["checkpoint_every"] == ks[0]]
     contexts = {r["config"]["model"]["context_length"] for r in chosen}
@@ -1153,21 +1109,27 @@ def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any
         return None
     keys = ["dtype"] + varying(chosen, ["size", "attn", "model_factory", "optimizer", "batch_size"])
     keys += ["ctx"] if by == "K" and len(contexts) > 1 else []
-    x_of = (lambda r: ks.index(r["config"]["checkpoint_every"])) if by == "K" else (
-        lambda r: r["config"]["model"]["context_length"])
-    lines = memory_lines(chosen, x_of, keys)
+    lines: dict[str, list] = {}
+    for r in chosen:
+        x = ks.index(r["config"]["checkpoint_every"]) if by == "K" else r["config"]["model"]["context_length"]
+        predicted = (r.get("checkpoint_prediction") or {}).get("predicted_peak_bytes")
+        for what, value, ok in (("peak", r.get("peak_mem_allocated_bytes"), r.get("status") == "ok"),
+                                ("saved for backward", r.get("saved_total_bytes"),
+                                 r.get("saved_status") == "ok"), ("predicted peak", predicted, True)):
+            if ok and number(value):
+                mode = f"{r['config']['mode']} " if what != "saved for backward" else ""
+                lines.setdefault(f"{what}, {mode}{label_of(r, keys)}", []).append((x, value / MIB))
     if not lines:
         return None
-    fig, (ax,) = new_figure(chosen, f"Memory against {'checkpoint block size' if by == 'K' else 'context length'}")
+    against = "checkpoint block size" if by == "K" else "context length"
+    fig, (ax,) = new_figure(chosen, f"Memory against {against}")
     for name, points in lines.items():
-        ax.plot(*zip(*points), "-" if name.startswith("peak") else "--", marker="o", label=name)
-    log_axes(ax, x_base=None if by == "K" else 2)
+        ax.plot(*zip(*sorted(set(points))), "-" if name.startswith("peak") else "--", marker="o", label=name)
+    log_axes(ax, "checkpoint every K blocks" if by == "K" else "context length", "memory (MiB)",
+             x_base=None if by == "K" else 2)
     if by == "K":  # evenly spaced: K = 0 has no place on a log axis
         ax.set_xticks(range(len(ks)), [str(k) if k else "0 (off)" for k in ks])
-    ax.set_xlabel("checkpoint every K blocks" if by == "K" else "context length")
-    ax.set_ylabel("memory (MiB)")
-    legend_outside(fig, ax)
-    return fig
+    return legend_outside(fig, ax)
 
 
 def plot_precision(records: list[Record], notes: Notes) -> Any | None:
@@ -1183,15 +1145,11 @@ def plot_precision(records: list[Record], notes: Notes) -> Any | None:
         style = ["-", "--", "-.", ":"][i % 4]  # cases that coincide stay visible
         ax_sum.plot(n, sums, style, marker=".", label=label)
         # an exact partial sum has no place on a log axis: a gap (nan), not a made-up value
-        ax_err.plot(n, [abs(s - k * r["value"]) / abs(k * r["value"]) or math.nan for k, s in zip(n, sums)], style,
-                    marker=".", label=label)
-    for ax in (ax_sum, ax_err):
-        log_axes(ax, x_base=10)
-        ax.set_xlabel("number of additions")
-    ax_sum.set_ylabel("accumulated sum")
-    ax_err.set_ylabel("relative error (gap: exact)")
-    legend_outside(fig, ax_sum)
-    return fig
+        errors = [abs(s - k * r["value"]) / abs(k * r["value"]) or math.nan for k, s in zip(n, sums)]
+        ax_err.plot(n, errors, style, marker=".", label=label)
+    log_axes(ax_sum, "number of additions", "accumulated sum", x_base=10)
+    log_axes(ax_err, "number of additions", "relative error (gap: exact)", x_base=10)
+    return legend_outside(fig, ax_sum)
 
 
 FIGURES: dict[str, dict[str, Callable[[list[Record], Notes], Any]]] = {
@@ -1203,8 +1161,8 @@ FIGURES: dict[str, dict[str, Callable[[list[Record], Notes], Any]]] = {
     "toy_autocast": {},
 }
 FIGURE_NEEDS = {
-    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants for the "
-                 "speed-ups)",
+    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants "
+                 "for the speed-ups)",
     "bench_attention": "at least one finished configuration",
     "mem_profile": "two or more context lengths, or two or more --checkpoint values",
     "precision_demo": "records with partial sums",
@@ -1214,23 +1172,18 @@ FIGURE_NEEDS = {
 
 def figures(experiment: str, records: list[Record], notes: Notes | None = None) -> dict[str, Any]:
     """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    made = {name: plot(records, notes if notes is not None else []) for name, plot in FIGURES[experiment].items()}
+    notes = [] if notes is None else notes
+    made = {name: plot(records, notes) for name, plot in FIGURES[experiment].items()}
     return {name: fig for name, fig in made.items() if fig is not None}
 
 
-@dataclass
-class Drawn:
-    paths: list[Path] = field(default_factory=list)
-    failed: bool = False
-
-
-def draw(experiment: str, records: list[Record], files: ResultFiles) -> Drawn:
-    """Each figure saved as `<stem>_<name>.png`, written beside and renamed over (no partial image); a figure
-    that fails is one line on stderr and the others are drawn all the same."""
-    drawn = Drawn()
+def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
+    """Each figure saved as `<stem>_<name>.png` (renamed over: no partial image); one that fails is a line on
+    stderr, and the others are drawn. Returns (paths, whether one failed)."""
+    paths, failed = [], False
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
-        return drawn
+        return paths, failed
     for name, plot in FIGURES[experiment].items():
         notes: Notes = []
         path = files.path(f"_{name}.png")
@@ -1239,31 +1192,30 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> Drawn:
             if (fig := plot(records, notes)) is not None:
                 fig.savefig(partial, dpi=120, format="png")
                 os.replace(partial, path)
-                drawn.paths.append(path)
+                paths.append(path)
         except Exception as exc:  # noqa: BLE001 - records a figure cannot use, a full disk: the tables stand
             with contextlib.suppress(OSError):
                 partial.unlink()
-            progress(f"error: figure {name} not drawn: {getattr(exc, 'strerror', None) or f'{type(exc).__name__}: {exc}'}")
-            drawn.failed = True
+            why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
+            progress(f"error: figure {name} not drawn: {why}")
+            failed = True
         for line in notes:
             progress(f"note: figure {name}: {line}")
-    if not drawn.paths and not drawn.failed:
+    if not paths and not failed:
         progress(f"note: no figures: {experiment}'s figures need {FIGURE_NEEDS[experiment]}")
-    return drawn
+    return paths, failed
 
 
-# ---- arguments the scripts share ----
+# ---- command line ----
 
 
-def add_columns_arg(parser: argparse.ArgumentParser) -> None:
+def add_columns_and_plot_args(parser: argparse.ArgumentParser, experiment: str | None = None) -> None:
+    """--columns and --plot; the help of --plot says what the experiment's figures need."""
     parser.add_argument("--columns", nargs="+", default=None, metavar="NAME",
                         help="columns of the main table, in this order, named as in the printed table")
-
-
-def add_columns_and_plot_args(parser: argparse.ArgumentParser, experiment: str) -> None:
-    add_columns_arg(parser)
+    needs = f": {FIGURE_NEEDS[experiment]}" if experiment else ""
     parser.add_argument("--plot", action="store_true",
-                        help=f"also draw the study's figures as PNG (needs matplotlib): {FIGURE_NEEDS[experiment]}")
+                        help=f"also draw the study's figures as PNG (needs matplotlib){needs}")
 
 
 def columns_or_exit(parser: argparse.ArgumentParser, requested: list[str] | None, valid: list[str]) -> None:
@@ -1271,14 +1223,11 @@ def columns_or_exit(parser: argparse.ArgumentParser, requested: list[str] | None
         parser.error(f"--columns: {message}")
 
 
-# ---- command line ----
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("jsonl", nargs="+", metavar="JSONL", help="results file(s) of one script; several are merged")
-    add_columns_arg(p)
-    p.add_argument("--plot", action="store_true", help="also draw the study's figures as PNG (needs matplotlib)")
+    p.add_argument("jsonl", nargs="+", metavar="JSONL",
+                   help="results file(s) of one script; several are merged")
+    add_columns_and_plot_args(p)
     add_output_args(p, default_stem="<first input's stem>")
     args = p.parse_args(argv)
     if args.plot and (message := matplotlib_missing()):
@@ -1294,12 +1243,13 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"report.py: error: {exc}")
         return 2
     except KeyboardInterrupt:
-        progress("interrupted by Ctrl-C: nothing written; the records are unchanged in " + ", ".join(args.jsonl))
+        progress("interrupted by Ctrl-C: nothing written; the records are unchanged in "
+                 + ", ".join(args.jsonl))
         return 130
 
 
 def report_runs(args: argparse.Namespace) -> int:
-    """Read, check, merge, render, save, print, plot."""
+    """Read, check, merge (a run named by its stem, its path when stems clash), render, save, plot."""
     given = list({os.path.realpath(p): p for p in reversed(args.jsonl)}.values())[::-1]  # a file once
     runs, refused = [], 0
     for path in given:
@@ -1313,11 +1263,12 @@ def report_runs(args: argparse.Namespace) -> int:
     if len({run.experiment for run in runs}) > 1:
         raise ReportError("cannot merge records of different experiments: "
                           + ", ".join(f"{run.path.name} is {run.experiment}" for run in runs))
-    experiment = runs[0].experiment
-    name_runs(runs)
-    records = merged_records(runs)
-    if args.columns and (message := unknown_column(args.columns, ([RUN_COLUMN] if len(runs) > 1 else [])
-                                                   + RENDERERS[experiment].columns(records))):
+    experiment, stems = runs[0].experiment, [run.path.stem for run in runs]
+    records = runs[0].records if len(runs) == 1 else [
+        {**record, RUN_KEY: run.path.stem if stems.count(run.path.stem) == 1 else str(run.path)}
+        for run in runs for record in run.records]
+    valid = [RUN_COLUMN] * (len(runs) > 1) + RENDERERS[experiment][1](records)
+    if args.columns and (message := unknown_column(args.columns, valid)):
         raise ReportError(message)
     where = [f"{run.path}:{n}" for run in runs for n in run.lines]
     text, kept = renderable(experiment, records, where, args.fmt, args.columns)
@@ -1329,10 +1280,10 @@ def report_runs(args: argparse.Namespace) -> int:
     files.records_elsewhere = ", ".join(str(run.path) for run in runs)
     code = publish(experiment, kept, files, args.fmt, args.columns)
     if args.plot and code == 0:
-        drawn = draw(experiment, kept, files)
-        if drawn.paths:
-            emit("wrote " + " and ".join(map(str, drawn.paths)))
-        code = 1 if drawn.failed else 0 if drawn.paths else 2
+        paths, failed = draw(experiment, kept, files)
+        if paths:
+            emit("wrote " + " and ".join(map(str, paths)))
+        code = 1 if failed else 0 if paths else 2
     return code or (2 if refused or len(kept) < len(records) else 0)
 
 
