@@ -752,8 +752,8 @@ def main(argv=None) -> int:
     print(f"study: handout {args.handout} on {machine['name']} ({machine['device']}) -> {rel(root)}"
           + (f" (resuming: {len(study.ledger)} commands recorded)" if study.ledger else ""))
     scaled = f", scaled by the measured times x{scale:.2f}" if scale != 1 else ""
-    print(f"estimate {hms(total)} (h:mm{scaled})"
-          + (f" within --budget {hms(args.budget)}" if args.budget else ""))
+    within = f" within --budget {hms(args.budget)}" if args.budget else ""
+    print(f"estimate {hms(total)} (h:mm{scaled}){within}")
     if args.budget:
         print(DROP_ORDER + (": dropped " + ", ".join(dropped) if dropped else ": nothing dropped"))
         if total > args.budget:
@@ -775,9 +775,9 @@ def main(argv=None) -> int:
                 entry = study.run(c)
                 c.per_config_s, c.configs = 0.0, 0
                 state = "recorded earlier" if was_done and entry.get("name") == c.name else entry["status"]
-                print(f"    {c.name}: {state}" + (f" ({entry['seconds']:.0f} s)" if "seconds" in entry
-                                                    else "")
-                      + (f": {entry['cause']}" if entry.get("cause") else ""), flush=True)
+                took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
+                print(f"    {c.name}: {state}{took}" + (f": {entry['cause']}" if entry.get("cause") else ""),
+                      flush=True)
                 failed += [c.name] if entry["status"] == "failed" else []
     except Stop as stop:
         for sig in previous:  # a second Ctrl-C does not cut the writeup short
