@@ -685,7 +685,7 @@ def writeup(study, plan, machine, args) -> str:
         for name in dict.fromkeys(tables):
             files = study.files(name)
             out += [files[k].read_text().rstrip("\n") + "\n" for k in sorted(files) if k.startswith("md")]
-            out += [f"![{k}]({os.path.relpath(files[k], study.root)})\n" for k in sorted(files)
+            out += [f"![{files[k].name}]({os.path.relpath(files[k], study.root)})\n" for k in sorted(files)
                     if k.endswith(".png")]
         try:
             facts = facts_for(p.key, [r for name in dict.fromkeys(sources) for r in study.records(name)])
