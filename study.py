@@ -1,20 +1,17 @@
-"""The whole study in one command: every part-1 problem of the handout, run by the experiment scripts as a student
-would run them (each command recorded beside its result), sized to the machine, resumable, within a time budget,
-ending in a writeup (markdown and LaTeX) with every table and figure and an empty `Answer:` per problem.
+"""The whole study in one command: every part-1 problem of the handout, run by the experiment scripts as
+a student would run them (each command recorded beside its result), sized to the machine, resumable, within a
+time budget, ending in a writeup (markdown, LaTeX): every table and figure, an empty `Answer:` per problem.
 
     python3 study.py                          # the 2026 handout's part 1; again after a kill: it continues
-    python3 study.py --handout 2025           # the Spring 2025 handout's part 1
-    python3 study.py --quick                  # every problem at its smallest shape: a check of the whole toolkit
+    python3 study.py --handout 2025 --quick   # Spring 2025's part 1, every problem at its smallest shape
     python3 study.py --budget 2h --dry-run    # the plan, its estimate and what the budget drops; runs nothing
-    python3 study.py --fresh                  # a new study beside the old one (nothing is deleted)
     python3 study.py --impl my_flash:FlashAttention2 --model my_lm:make_model --optimizer my_opt:AdamW
 
-The saved records are the state: results/study/<stem>/study.jsonl has one line per finished command (its command
-line, exit status, time, the stem it wrote); a command without its line runs again, under a new stem, so a partial
-run is never mixed into a table. Sweeps are split into one command per size (or head dimension), so a kill loses
-at most the configuration that was running. docs/study.md is the manual.
+The saved records are the state: <results-dir>/study/<stem>/study.jsonl has a line per finished command;
+one without its line runs again under a new stem, so a partial run never enters a table (docs/study.md).
 """
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -32,22 +29,24 @@ from pathlib import Path
 from tabulate import tabulate
 
 import results
+
 TOOLKIT = Path(__file__).resolve().parent
-HANDOUTS = ("2026", "2025")
+HANDOUTS = tuple(results.HANDOUTS)
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
           "precision_demo.py": "precision", "toy_autocast.py": "precision", "report.py": "report",
           "nsys_run.sh": "nsys"}
-GIB = 2 ** 30
-DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest first), "
-              "then the attention grids' largest head dimensions, then the warm-up study's sizes past the first")
+GIB, MIB = 2 ** 30, 2 ** 20
+DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest "
+              "first), then the attention grids' largest head dimensions, then the warm-up study's sizes "
+              "past the first")
 
 
-# ---- arguments ----
+# ---- arguments and the machine ----
 
 def parse_duration(text: str) -> float:
     """'2h', '90m', '1h30m', '45s' -> seconds."""
     match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text.strip())
-    if not text.strip() or not match or not any(match.groups()):
+    if not match or not any(match.groups()):
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 2h, 90m, 1h30m)")
     h, m, s = (float(g or 0) for g in match.groups())
     return h * 3600 + m * 60 + s
@@ -55,24 +54,25 @@ def parse_duration(text: str) -> float:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = results.ArgParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--handout", choices=HANDOUTS, default=os.environ.get("CS336_HANDOUT") or "2026",
-                        help="whose part 1 to run: 2026 (v26.1.1) or 2025 (Spring 2025) (default: $CS336_HANDOUT, "
-                        "else 2026)")
+    parser.add_argument("--handout", choices=HANDOUTS, default=os.environ.get(results.HANDOUT_ENV) or "2026",
+                        help="whose part 1 to run: 2026 (v26.1.1) or 2025 (Spring 2025) (default: "
+                        "$CS336_HANDOUT, else 2026)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                        help="auto = CUDA when torch sees a GPU (default: auto)")
+                        help="auto = CUDA when torch sees a GPU")
     parser.add_argument("--quick", action="store_true", help="every problem at its smallest shape")
-    parser.add_argument("--budget", type=parse_duration, help="plan within this time (2h, 90m): " + DROP_ORDER)
+    parser.add_argument("--budget", type=parse_duration, help=f"plan within this time (2h): {DROP_ORDER}")
     parser.add_argument("--only", nargs="+", metavar="PROBLEM",
-                        help="run only these problems (e.g. memory_profiling, torch_compile_b); the writeup still "
-                        "has a section for every problem")
+                        help="run only these problems (e.g. memory_profiling, torch_compile_b); the writeup "
+                        "still has a section for every problem")
     parser.add_argument("--fresh", action="store_true", help="start a new study (the previous one is kept)")
-    parser.add_argument("--out", help="the study's stem under <results-dir>/study/ (default: the latest study with "
-                        "the same settings, else study-<UTC time>)")
-    parser.add_argument("--results-dir", default="results", help="results root (default: results)")
-    parser.add_argument("--model", help="your model, MODULE:CALLABLE, for bench_e2e.py, mem_profile.py, nsys_run.sh")
-    parser.add_argument("--optimizer", help="your optimizer, MODULE:CLASS, for bench_e2e.py and mem_profile.py")
+    parser.add_argument("--out", help="the study's stem under <results-dir>/study/ (default: the latest "
+                        "study with the same settings, else study-<UTC time>)")
+    parser.add_argument("--results-dir", default="results", help="results root")
+    parser.add_argument("--model", help="your model, MODULE:CALLABLE, for bench_e2e.py, mem_profile.py, "
+                        "nsys_run.sh")
+    parser.add_argument("--optimizer", help="your optimizer, MODULE:CLASS, for bench_e2e.py, mem_profile.py")
     parser.add_argument("--impl", help="your attention kernel, MODULE:CALLABLE, for the flash problems")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan with its estimate; run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; run nothing")
     args = parser.parse_args(argv)
     for flag in ("model", "optimizer", "impl"):
         value = getattr(args, flag)
@@ -80,46 +80,41 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{flag} must be MODULE:CALLABLE, got {value!r}")
     if args.out is not None and not re.fullmatch(r"[\w.-]+", args.out):
         parser.error(f"--out must be a plain name, got {args.out!r}")
-    known = {p.key for p in problems("2026")} | {p.key for p in problems("2025")}
+    known = sorted(key for key, *_ in PROBLEM_TEXT)
     for name in args.only or ():
         if not any(k == name or k.startswith(name + "_") for k in known):
-            parser.error(f"--only: unknown problem {name!r}; one of: {', '.join(sorted(known))}")
+            parser.error(f"--only: unknown problem {name!r}; one of: {', '.join(known)}")
     return args
 
 
-# ---- the machine ----
-
 def probe_machine(device: str, handout: str) -> dict:
-    """CUDA or CPU, free GPU memory, nsys; on CUDA the predicted training state of each size from
-    bench_e2e.py --dry-run (this script itself stays torch-free: a child asks torch)."""
+    """CUDA or CPU (a child asks torch: this script stays torch-free), free GPU memory, nsys, and on CUDA each
+    Table 1 size's predicted memory."""
     machine = {"device": "cpu", "name": "cpu", "free_bytes": None, "nsys": shutil.which("nsys"), "states": {}}
-    if device != "cpu":
-        code = ("import json, torch; ok = torch.cuda.is_available(); print(json.dumps({'cuda': ok, 'name': "
-                "torch.cuda.get_device_name() if ok else None, 'free': torch.cuda.mem_get_info()[0] if ok else 0}))")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOOLKIT)
-        found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"cuda": False}
-        if device == "cuda" and not found["cuda"]:
-            sys.exit("study.py: error: --device cuda, but torch sees no CUDA device")
-        if found["cuda"]:
-            machine.update(device="cuda", name=found["name"], free_bytes=found["free"])
-            machine["states"] = predicted_states(handout)
+    if device == "cpu":
+        return machine
+    code = ("import json, torch; ok = torch.cuda.is_available(); print(json.dumps({'cuda': ok, 'name': "
+            "torch.cuda.get_device_name() if ok else None, "
+            "'free': torch.cuda.mem_get_info()[0] if ok else 0}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOOLKIT)
+    found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"cuda": False}
+    if device == "cuda" and not found["cuda"]:
+        sys.exit("study.py: error: --device cuda, but torch sees no CUDA device")
+    if found["cuda"]:
+        machine.update(device="cuda", name=found["name"], free_bytes=found["free"],
+                       states=predicted_states(handout))
     return machine
 
 
 def predicted_states(handout: str) -> dict:
-    """size -> (bytes of fp32 AdamW training state, bytes of activations at batch 4, the handout's context), in
-    Table 1's order, from the size table bench_e2e.py --dry-run --size all prints: parameters x 16 (weights, grads, two moments) and, per layer,
-    about 16 fp32 tensors of batch x ctx x d_model plus the scores and softmax (2 x batch x heads x ctx^2)."""
-    out = subprocess.run([sys.executable, "bench_e2e.py", "--dry-run", "--size", "all", "--handout", handout,
-                          "--device", "cuda"], capture_output=True, text=True, cwd=TOOLKIT).stdout
-    ctx, batch, states = (512 if handout == "2026" else 128), 4, {}
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 7 and cells[1].isdigit() and cells[-1].replace(",", "").isdigit():
-            d, _, layers, heads = (int(c) for c in cells[1:5])
-            act = 4 * layers * batch * ctx * (16 * d + 2 * heads * ctx) + 2 * 4 * batch * ctx * 10_000
-            states[cells[0]] = (16 * int(cells[-1].replace(",", "")), act)
-    return states
+    """Table 1 size -> (bytes of fp32 AdamW training state, of activations at batch 4 and the handout's
+    context): parameters x 16 (weights, grads, two moments); per layer about 16 fp32 tensors of batch x ctx x
+    d_model plus the scores and softmax (2 x batch x heads x ctx^2); the logits."""
+    h = results.get_handout(handout)
+    ctx, batch = h.default_context_length, results.DEFAULT_BATCH_SIZE
+    per_token = {size: m.num_layers * (16 * m.d_model + 2 * m.num_heads * ctx) + 2 * m.vocab_size
+                 for size, m in h.presets.items() if size in h.table1}  # fp32 numbers kept per token
+    return {size: (16 * h.presets[size].num_params, 4 * batch * ctx * n) for size, n in per_token.items()}
 
 
 # ---- the plan ----
@@ -150,189 +145,190 @@ class Problem:
 
 
 PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts
-    ("benchmarking_script_a", "benchmarking_script (a)", "A script that builds a model from hyperparameters, makes "
-     "a random batch, and times w warm-up and n measured forward (and backward) steps.", HANDOUTS),
-    ("benchmarking_script_b", "benchmarking_script (b)", "Forward and backward time, mean and standard deviation, "
-     "of every Table 1 size with 5 warm-up and 10 measured steps.", HANDOUTS),
-    ("benchmarking_script_c", "benchmarking_script (c)", "The same without warm-up and with 1 or 2 warm-up steps.",
-     HANDOUTS),
-    ("nsys_profile", "nsys_profile (a)-(e)", "Profiles of forward, backward and optimizer step: forward time against "
-     "the stopwatch, the top kernels and their calls, non-matmul kernels, the matmul share in inference and in "
-     "training, softmax against the attention matmuls in time and FLOPs.", HANDOUTS),
-    ("mixed_precision_accumulation", "mixed_precision_accumulation", "Sum 0.01 a thousand times with fp32, fp16 and "
-     "mixed accumulators and addends; the accuracy of each.", HANDOUTS),
-    ("benchmarking_mixed_precision_ab", "benchmarking_mixed_precision (a), (b)", "The dtype of each ToyModel tensor "
-     "under fp16 autocast; LayerNorm under fp16 and bf16 autocast.", HANDOUTS),
-    ("benchmarking_mixed_precision_c", "benchmarking_mixed_precision (c)", "Forward and backward time with and "
-     "without bf16 mixed precision, per size.", HANDOUTS),
-    ("memory_profiling_ae", "memory_profiling (a), (e)", "Memory timelines of a forward pass and of a training step; "
-     "the largest allocations and where they come from.", HANDOUTS),
-    ("memory_profiling_bcd", "memory_profiling (b)-(d)", "Peak memory per context length, forward and training "
-     "step; the same under bf16; the size of one residual-stream activation.", HANDOUTS),
-    ("memory_profiling_f", "memory_profiling (f)", "Saved tensors per TransformerBlock from Nsight's memory tracking "
-     "and PyTorch's NVTX labels.", ("2026",)),
-    ("gradient_checkpointing", "gradient_checkpointing (a), (b)", "The memory of checkpointing every K blocks; the "
-     "best K for xl, batch 4, context 2048, and its neighbours.", ("2026",)),
-    ("pytorch_attention", "pytorch_attention", "Naive attention, batch 8, d 16-128 by sequence 256-16384: forward and "
-     "backward time, memory before backward, where it runs out of memory.", HANDOUTS),
+    ("benchmarking_script_a", "benchmarking_script (a)", "A script that builds a model from hyperparameters, "
+     "makes a random batch, and times w warm-up and n measured forward (and backward) steps.", HANDOUTS),
+    ("benchmarking_script_b", "benchmarking_script (b)", "Forward and backward time, mean and standard "
+     "deviation, of every Table 1 size with 5 warm-up and 10 measured steps.", HANDOUTS),
+    ("benchmarking_script_c", "benchmarking_script (c)", "The same without warm-up and with 1 or 2 warm-up "
+     "steps.", HANDOUTS),
+    ("nsys_profile", "nsys_profile (a)-(e)", "Profiles of forward, backward and optimizer step: forward time "
+     "against the stopwatch, the top kernels and their calls, non-matmul kernels, the matmul share in "
+     "inference and in training, softmax against the attention matmuls in time and FLOPs.", HANDOUTS),
+    ("mixed_precision_accumulation", "mixed_precision_accumulation", "Sum 0.01 a thousand times with fp32, "
+     "fp16 and mixed accumulators and addends; the accuracy of each.", HANDOUTS),
+    ("benchmarking_mixed_precision_ab", "benchmarking_mixed_precision (a), (b)", "The dtype of each ToyModel "
+     "tensor under fp16 autocast; LayerNorm under fp16 and bf16 autocast.", HANDOUTS),
+    ("benchmarking_mixed_precision_c", "benchmarking_mixed_precision (c)", "Forward and backward time with "
+     "and without bf16 mixed precision, per size.", HANDOUTS),
+    ("memory_profiling_ae", "memory_profiling (a), (e)", "Memory timelines of a forward pass and of a "
+     "training step; the largest allocations and where they come from.", HANDOUTS),
+    ("memory_profiling_bcd", "memory_profiling (b)-(d)", "Peak memory per context length, forward and "
+     "training step; the same under bf16; the size of one residual-stream activation.", HANDOUTS),
+    ("memory_profiling_f", "memory_profiling (f)", "Saved tensors per TransformerBlock from Nsight's memory "
+     "tracking and PyTorch's NVTX labels; what the compiled block saves, beside the handout's 3651.31 MiB "
+     "(§3.2).", ("2026",)),
+    ("gradient_checkpointing", "gradient_checkpointing (a), (b)", "The memory of checkpointing every K "
+     "blocks; the best K for xl, batch 4, context 2048, and its neighbours.", ("2026",)),
+    ("pytorch_attention", "pytorch_attention", "Naive attention, batch 8, d 16-128 by sequence 256-16384: "
+     "forward and backward time, memory before backward, where it runs out of memory.", HANDOUTS),
     ("torch_compile_a", "torch_compile (a)", "Compiled against eager attention on the same grid.", HANDOUTS),
     ("torch_compile_b", "torch_compile (b)", "Compiled against eager whole model, per size.", HANDOUTS),
-    ("flash_forward", "flash_forward (a)-(c)", "FlashAttention-2 forward: a PyTorch autograd.Function, the Triton "
-     "kernel, the causal flag; each checked against the reference.", ("2025",)),
+    ("flash_forward", "flash_forward (a)-(c)", "FlashAttention-2 forward: a PyTorch autograd.Function, the "
+     "Triton kernel, the causal flag; each checked against the reference.", ("2025",)),
     ("flash_backward", "flash_backward", "FlashAttention-2 backward with recomputation; checked against the "
      "reference.", ("2025",)),
-    ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, causal, "
-     "sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.", HANDOUTS),
+    ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, "
+     "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.", HANDOUTS),
 ]
-
-
-def problems(handout: str) -> list:
-    return [Problem(key, title, text) for key, title, text, hs in PROBLEM_TEXT if handout in hs]
+# what each problem exercises, for --quick's verdict (on a GPU: every GPU path)
+PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep", "nsys_profile":
+         "profiler",
+         "mixed_precision_accumulation": "precision", "benchmarking_mixed_precision_ab": "autocast",
+         "benchmarking_mixed_precision_c": "bf16 autocast", "memory_profiling_ae": "memory snapshot",
+         "memory_profiling_bcd": "peak memory", "memory_profiling_f": "compiled block, nsys memory",
+         "gradient_checkpointing": "checkpointing", "pytorch_attention": "attention timing",
+         "torch_compile_a": "compiled attention", "torch_compile_b": "compiled model",
+         "flash_benchmarking": "flash grid", "flash_forward": "kernel check"}
 
 
 def build_plan(args, machine) -> list:
     """Every problem of the handout with its commands, sized to the machine."""
-    h, cpu, quick = args.handout, machine["device"] == "cpu", args.quick
+    h, handout = args.handout, results.get_handout(args.handout)
+    cpu, quick = machine["device"] == "cpu", args.quick
+    small = cpu or quick  # every problem at the tiny size
     dev = ["--device", machine["device"]]
-    yours = [*(["--model", args.model] if args.model else []), *(["--optimizer", args.optimizer]
-                                                                  if args.optimizer else [])]
+    yours = [a for flag in ("model", "optimizer") if getattr(args, flag)
+             for a in (f"--{flag}", getattr(args, flag))]
     lm = ["--handout", h, *dev, *yours]
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
-    e2e_s = 20.0 if cpu else 40.0
-    plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # the figures, where a script draws one
-    if cpu or quick:
-        sizes, too_big = ["tiny"], {}
-    else:  # fits when the predicted state and activations fit in free memory
-        free, sizes, too_big = machine["free_bytes"], [], {}
-        for size in machine["states"]:
-            state, act = machine["states"].get(size, (0, 0))
-            if state + act > 0.9 * free:
-                too_big[size] = (f"skipped: predicted state {state / GIB:.1f} GiB + activations {act / GIB:.1f} GiB "
-                                 f"> 90% of free GPU memory {free / GIB:.1f} GiB")
-            else:
-                sizes.append(size)
-        sizes = sizes or ["tiny"]
+    plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # where a script draws a figure
+    sizes, too_big = ["tiny"], {}
+    if not small:  # a size runs when its predicted state and activations fit in 90% of the free memory
+        free = machine["free_bytes"]
+        too_big = {size: f"skipped: predicted state {state / GIB:.1f} GiB + activations {act / GIB:.1f} "
+                   f"GiB > 90% of free GPU memory {free / GIB:.1f} GiB"
+                   for size, (state, act) in machine["states"].items() if state + act > 0.9 * free}
+        sizes = [s for s in machine["states"] if s not in too_big] or ["tiny"]
 
-    def cost(size, extra_s):  # seconds per configuration: start-up + 15 steps of 6 x params x tokens at 50 TFLOP/s
-        params = machine["states"].get(size, (0, 0))[0] / 16
-        return e2e_s + extra_s + (0 if cpu else 15 * 6 * params * 4 * (512 if h == "2026" else 128) / 50e12)
+    def cost(size, extra_s):  # per configuration: start-up + 15 steps of 6 x params x tokens at 50 TFLOP/s
+        flops = 15 * 6 * machine["states"].get(size, (0,))[0] / 16 * 4 * handout.default_context_length
+        return (20.0 if cpu else 40.0) + extra_s + flops / 50e12
 
-    def per_size(prefix, flags, extra_s, configs=1):
-        cmds = [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs, cost(s, extra_s),
-                        drop=100 + 10 * i if i else 0) for i, s in enumerate(sizes)]
-        cmds += [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], skipped=why)
-                 for s, why in too_big.items()]
-        if len(sizes) > 1:
-            cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1, merge=[c.name for c in cmds]))
+    def merged(prefix, cmds):  # report.py merges a sweep's commands into the problem's table
+        if len(cmds) > 1:
+            cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1,
+                                merge=[c.name for c in cmds]))
         return cmds
 
-    def per_d(prefix, flags, ds, per_config_s, configs):
-        cmds = [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev], configs,
-                        per_config_s, drop=50 + i if i else 0) for i, d in enumerate(ds)]
-        if len(ds) > 1:
-            cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1, merge=[c.name for c in cmds]))
-        return cmds
+    def per_size(prefix, flags, extra_s=0.0, configs=1):
+        cmds = [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
+                        cost(s, extra_s), drop=100 + 10 * i if i else 0) for i, s in enumerate(sizes)]
+        return merged(prefix, cmds + [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm],
+                                              skipped=why) for s, why in too_big.items()])
 
-    plan = {p.key: p for p in problems(h)}
-    plan["benchmarking_script_a"].commands = [Command("e2e_" + sizes[0], "bench_e2e.py",
-                                                      ["--size", sizes[0], *ctx, *steps, *lm], 1,
-                                                      cost(sizes[0], 0))]
+    def per_d(prefix, flags, per_config_s, configs):
+        return merged(prefix, [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev],
+                                       configs, per_config_s, drop=50 + i if i else 0)
+                               for i, d in enumerate(ds)])
+
+    plan = {key: Problem(key, title, text) for key, title, text, hs in PROBLEM_TEXT if h in hs}
+    plan["benchmarking_script_a"].commands = [Command(f"e2e_{sizes[0]}", "bench_e2e.py", [
+        "--size", sizes[0], *ctx, *steps, *lm], 1, cost(sizes[0], 0))]
     b = plan["benchmarking_script_b"]
-    b.commands = per_size("e2e", [*ctx, *steps], 0)[1:] if len(sizes) > 1 else []
-    b.show = ["e2e_all"] if len(sizes) > 1 else ["e2e_" + sizes[0]]
+    b.commands = per_size("e2e", [*ctx, *steps])[1:] if len(sizes) > 1 else []
+    b.show = ["e2e_all"] if len(sizes) > 1 else [f"e2e_{sizes[0]}"]
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
     c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else []), *plot],
-                          0, len(warmups))
+                          configs=len(warmups))
     for cmd in c.commands[1:]:
         cmd.drop = cmd.drop and 20 + cmd.drop % 100
 
-    # nsys_profile: the longest context first (2026), then nsys_run.sh, or torch.profiler where nsys cannot help
+    # nsys_profile: the longest context first (2026), then nsys_run.sh, or torch.profiler without nsys
     n = plan["nsys_profile"]
     two = [s for s in ("small", "medium") if s in sizes] or sizes[:1]
-    if not cpu and h == "2026" and not quick:
-        n.commands.append(Command("context_max", "bench_e2e.py", ["--size", *two, "--context-length", "max", *lm],
-                                  10 * len(two), 30.0))
+    if not small and h == "2026":
+        n.commands.append(Command("context_max", "bench_e2e.py", [
+            "--size", *two, "--context-length", "max", *lm], 10 * len(two), 30.0))
     if not cpu and machine["nsys"]:
         contexts = ["256"] if quick else (["128", "256", "512", "1024"] if h == "2025" else ["CONTEXTS"])
         nsys_sizes = sizes[:1] if quick else (sizes if h == "2025" else two)
-        n.commands.append(Command("nsys", "nsys_run.sh", ["--handout", h, "--size", *nsys_sizes, "--context-length",
-                                                          *contexts, *(["--", *yours] if yours else [])],
-                                  2 * len(nsys_sizes) * len(contexts), 60.0))
+        n.commands.append(Command("nsys", "nsys_run.sh", [
+            "--handout", h, "--size", *nsys_sizes, "--context-length", *contexts,
+            *(["--", *yours] if yours else [])], 2 * len(nsys_sizes) * len(contexts), 60.0))
     else:
-        n.note = ("nsys was not found on PATH: the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
-                  "instead." if machine["nsys"] is None else "on a CPU nsys has no GPU kernels to trace: the "
-                  "torch.profiler path (bench_e2e.py --profile) answers (a)-(e) instead.")
-        prof_ctx = ctx or ["--context-length", "256"]
-        for mode in ("forward", "train"):
-            n.commands.append(Command(f"profile_{mode}", "bench_e2e.py", ["--size", two[0], *prof_ctx, "--mode", mode,
-                                                                          "--profile", *steps, *lm], 1, e2e_s))
+        n.note = ("nsys was not found on PATH" if machine["nsys"] is None else "on a CPU nsys has no GPU "
+                  "kernels to trace") + (": the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
+                                         "instead.")
+        n.commands = [Command(f"profile_{mode}", "bench_e2e.py", [
+            "--size", two[0], *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
+            *lm], 1, 20.0 if cpu else 40.0) for mode in ("forward", "train")]
 
-    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1, 3)]
+    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1,
+                                                             3)]
     plan["benchmarking_mixed_precision_ab"].commands = [Command("toy_autocast", "toy_autocast.py", dev, 1, 3)]
-    plan["benchmarking_mixed_precision_c"].commands = per_size("bf16", [*ctx, *steps, "--dtype", "fp32", "bf16",
-                                                                                   *plot], 0, 2)
+    plan["benchmarking_mixed_precision_c"].commands = per_size(
+        "bf16", [*ctx, *steps, "--dtype", "fp32", "bf16", *plot], configs=2)
 
     # memory: the handout's size and contexts are mem_profile.py's defaults (one command per context on a GPU)
-    mem_steps = ["--warmup", "1", "--steps", "2"] if quick else []
-    if cpu or quick:
+    if small:
         mem_size, mem_ctxs = ["--size", "tiny"], [ctx[1] if ctx else "128"]
     else:
-        big = "xl" if h == "2026" else "2.7B"
-        mem_size = [] if big in sizes else ["--size", sizes[-1]]
-        mem_ctxs = ["128", "2048"] if h == "2026" else ["128", "256", "512"]
+        mem_size = [] if handout.memory_size in sizes else ["--size", sizes[-1]]
+        mem_ctxs = [str(c) for c in handout.memory_contexts]
     ae, bcd = plan["memory_profiling_ae"], plan["memory_profiling_bcd"]
     if cpu:
-        ae.note = "--snapshot needs CUDA: on a CPU the accounting and saved-for-backward tables of (b)-(d) stand in."
-        ae.show = ["memory_" + mem_ctxs[0]]
+        ae.note = ("--snapshot needs CUDA: on a CPU the accounting and saved-for-backward tables of (b)-(d) "
+                   "stand in.")
+        ae.show = [f"memory_{mem_ctxs[0]}"]
     else:
-        ae.commands = [Command(f"snapshot_{c}", "mem_profile.py", [*mem_size, "--context-length", c, "--mode",
-                                                                   "forward", "train", "--snapshot", *mem_steps, *lm],
-                               2, 60.0) for c in mem_ctxs]
-    bcd.commands = [Command(f"memory_{c}", "mem_profile.py", [*mem_size, "--context-length", c, "--mode", "forward",
-                                                              "train", "--dtype", "fp32", "bf16", *mem_steps, *lm],
-                            4, 15.0 if cpu else 40.0, drop=40 if i else 0) for i, c in enumerate(mem_ctxs)]
-    if len(mem_ctxs) > 1:
-        bcd.commands.append(Command("memory_all", "report.py", plot, per_config_s=1,
-                                    merge=[c.name for c in bcd.commands]))
+        ae.commands = [Command(f"snapshot_{c}", "mem_profile.py", [
+            *mem_size, "--context-length", c, "--mode", "forward", "train", "--snapshot", *steps, *lm],
+            2, 60.0) for c in mem_ctxs]
+    bcd.commands = merged("memory", [Command(f"memory_{c}", "mem_profile.py", [
+        *mem_size, "--context-length", c, "--mode", "forward", "train", "--dtype", "fp32", "bf16", *steps,
+        *lm], 4, 15.0 if cpu else 40.0, drop=40 if i else 0) for i, c in enumerate(mem_ctxs)])
     if "memory_profiling_f" in plan:
-        f = plan["memory_profiling_f"]
+        f = plan["memory_profiling_f"]  # §3.2's compiled block: xl, 16 heads, context 2048 (tiny when small)
+        block = (["--size", "tiny", "--context-length", mem_ctxs[0]] if small else
+                 ["--size", "xl" if "xl" in sizes else sizes[-1], "--context-length", "2048"])
+        f.commands = [Command("block_compiled", "mem_profile.py", [
+            *block, "--num-heads", "16", "--mode", "forward", "--compile", *steps, *lm],
+            1, 30.0 if cpu else 90.0)]
         if not cpu and machine["nsys"]:
-            f.commands = [Command("nsys_memory", "nsys_run.sh", ["--handout", h, "--pytorch=autograd-nvtx",
-                                      "--cuda-memory-usage=true", "--size", mem_size[1] if mem_size else "xl",
-                                      "--context-length", mem_ctxs[0], "--mode", "train"], 1, 120.0)]
+            f.commands.append(Command("nsys_memory", "nsys_run.sh", [
+                "--handout", h, "--pytorch=autograd-nvtx", "--cuda-memory-usage=true", "--size",
+                mem_size[1] if mem_size else "xl", "--context-length", mem_ctxs[0], "--mode", "train"],
+                1, 120.0))
         else:
-            f.note = "the Nsight memory view needs nsys and a GPU: the saved-for-backward table is the check."
+            f.note = ("the Nsight memory view needs nsys and a GPU: the saved-for-backward tables (per "
+                      "block, and the compiled block's) are the check.")
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
         g = plan["gradient_checkpointing"]
-        ks = ["0", "1", "2"] if quick or cpu else ["0", "1", "2", "4", "8"]
-        if cpu or quick:
-            g.commands = [Command("checkpoint", "mem_profile.py", [*mem_size, "--mode", "train", "--context-length",
-                                                                  mem_ctxs[0], "--checkpoint", *ks, *mem_steps, *lm, *plot],
-                                  len(ks), 15.0)]
-        else:
-            ckpt = mem_size or ["--size", "xl"]  # the gradient_checkpointing setup, also for K = 0
-            g.commands = [Command(f"checkpoint_k{k}", "mem_profile.py", [*ckpt, "--context-length", "2048",
-                                  "--batch-size", "4", "--mode", "train", "--checkpoint", k, *lm], 1, 60.0)
-                          for k in ks]
-            g.commands.append(Command("checkpoint_all", "report.py", plot, per_config_s=1,
-                                      merge=[c.name for c in g.commands]))
+        if small:
+            g.commands = [Command("checkpoint", "mem_profile.py", [
+                *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",
+                *steps, *lm, *plot], 3, 15.0)]
+        else:  # the handout's setup, also for K = 0
+            size, batch, context = handout.checkpoint_setup
+            g.commands = merged("checkpoint", [Command(f"checkpoint_k{k}", "mem_profile.py", [
+                *(mem_size or ["--size", size]), "--context-length", str(context), "--batch-size", str(batch),
+                "--mode", "train", "--checkpoint", k, *lm], 1, 60.0) for k in ("0", "1", "2", "4", "8")])
 
-    # attention: the grids are bench_attention.py's defaults; on a CPU or --quick, d 16 at short sequences
-    small_grid = ["--seq-len", "64", "128", "--batch-size", "1"] if cpu else ["--seq-len", "256", "1024"]
-    ds = [16] if cpu or quick else [16, 32, 64, 128]
-    grid = small_grid if cpu or quick else []
-    seqs = 2 if cpu or quick else 5
-    plan["pytorch_attention"].commands = per_d("attention", ["--impl", "naive", *grid], ds, 5.0, seqs)
-    plan["torch_compile_a"].commands = per_d("compiled", ["--impl", "naive", "compiled", *grid], ds, 20.0, 2 * seqs)
-    plan["torch_compile_b"].commands = per_size("compile", [*ctx, *steps, "--compile", "off", "on", *plot],
-                                                  40.0, 2)
+    # attention: the grids are bench_attention.py's defaults; when small, d 16 at short sequences
+    grid = ["--seq-len", "64", "128", "--batch-size", "1"] if cpu else ["--seq-len", "256", "1024"]
+    grid, ds, seqs = (grid, [16], 2) if small else ([], [16, 32, 64, 128], 5)
+    plan["pytorch_attention"].commands = per_d("attention", ["--impl", "naive", *grid], 5.0, seqs)
+    plan["torch_compile_a"].commands = per_d("compiled", ["--impl", "naive", "compiled", *grid], 20.0,
+                                             2 * seqs)
+    plan["torch_compile_b"].commands = per_size(
+        "compile", [*ctx, *steps, "--compile", "off", "on", *plot], 40.0, 2)
+    flash_grid = ["--seq-len", "64", "128"] if cpu else ["--seq-len", "128", "256"] if quick else []
     impl = ["--impl", args.impl] if args.impl else []
-    flash_grid = (["--seq-len", "128", "256"] if quick else []) if not cpu else ["--seq-len", "64", "128"]
     fb = plan["flash_benchmarking"]
-    fb.commands = per_d("flash", ["--grid", "flash", *impl, *flash_grid], ds, 5.0, 4 * (2 if grid else 10))
+    fb.commands = per_d("flash", ["--grid", "flash", *impl, *flash_grid], 5.0, 4 * (2 if grid else 10))
     if not args.impl:
         fb.note = "no --impl given: PyTorch's fused SDPA stands in for your kernel."
     if h == "2025":  # the flash problems are the student's kernel: its check against the float64 reference
@@ -341,9 +337,12 @@ def build_plan(args, machine) -> list:
             "--dtype", "fp32", *dev], 1, 10.0, skipped=None if args.impl else
             "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
         plan["flash_backward"].show = ["flash_check"]
-        plan["flash_backward"].note = "the check column of flash_forward's command covers the gradients of Q, K, V."
+        plan["flash_backward"].note = ("the check column of flash_forward's command covers the gradients of "
+                                       "Q, K, V.")
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
+        for c in p.commands if not selected(p, args.only) else ():
+            c.skipped = c.skipped or "skipped: not in --only"
     return list(plan.values())
 
 
@@ -371,8 +370,7 @@ def hms(seconds: float) -> str:
 # ---- running ----
 
 class Stop(Exception):
-    def __init__(self, signum):
-        self.signum = signum
+    """SIGINT or SIGTERM arrived: args[0] is its number."""
 
 
 def on_signal(signum, frame):
@@ -380,151 +378,124 @@ def on_signal(signum, frame):
 
 
 class Study:
-    def __init__(self, root: Path, args, machine):
-        self.root, self.args, self.machine = root, args, machine
-        self.ledger_path = root / "study.jsonl"
-        self.ledger = {}
-        for line in self.ledger_path.read_text().splitlines() if self.ledger_path.is_file() else []:
+    """One study folder: its ledger (study.jsonl, the state) and the commands it runs."""
+
+    def __init__(self, root: Path):
+        self.root, self.ledger = root, {}
+        path = root / "study.jsonl"
+        for line in path.read_text().splitlines() if path.is_file() else []:
             try:  # a line cut short by a kill while it was written is not a finished command
                 entry = json.loads(line)
                 self.ledger[entry["name"]] = entry
             except ValueError:
                 continue
 
-    def scale(self) -> tuple:
+    def scale(self) -> float:
         """How much longer than estimated the commands measured so far took (1 before any)."""
         measured = [e for e in self.ledger.values() if e.get("estimate_s") and e["status"] == "ok"]
         estimated = sum(e["estimate_s"] for e in measured)
-        return measured, (sum(e["seconds"] for e in measured) / estimated) if estimated else 1.0
-
-    def rel(self, path) -> str:
-        path = Path(path).resolve()
-        return str(path.relative_to(TOOLKIT)) if path.is_relative_to(TOOLKIT) else str(path)
-
-    def free_stem(self, cmd) -> str:
-        """The first of name, name-2, ... that no file of the script's folder uses (the scripts' own rule)."""
-        folder = self.root / SUBDIR[cmd.script]
-        names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-        for n in range(1, 1000):
-            stem = cmd.name if n == 1 else f"{cmd.name}-{n}"
-            if not any(x.startswith((stem + ".", stem + "_")) for x in names):
-                return stem
-        raise RuntimeError("no free stem")
-
-    def argv(self, cmd, stem) -> list:
-        if cmd.script == "nsys_run.sh":
-            args = [self.contexts() if a == "CONTEXTS" else [a] for a in cmd.args]
-            return ["bash", "nsys_run.sh", "--results-dir", self.rel(self.root), *sum(args, [])]  # before its --
-        args = list(cmd.args)
-        if cmd.merge:
-            args = [self.rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)] + args
-        return [sys.executable, cmd.script, *args, "--results-dir", self.rel(self.root), "--out", stem]
-
-    def contexts(self) -> list:
-        """nsys_profile (2026): three powers of two > 128, the largest the longest context that trained."""
-        longest = [json.loads(line)["config"]["model"]["context_length"] for line in
-                   self.files("context_max").get("jsonl", Path(os.devnull)).read_text().splitlines()
-                   if line.strip() and json.loads(line).get("status") in ("ok", "noisy")] if self.done(
-                   "context_max") else []
-        top = max(1 << (max(longest).bit_length() - 1) if longest else 1024, 512)
-        return [str(top // 4), str(top // 2), str(top)]
+        return sum(e["seconds"] for e in measured) / estimated if estimated else 1.0
 
     def done(self, name) -> bool:
         return self.ledger.get(name, {}).get("status") == "ok"
 
     def files(self, name) -> dict:
-        entry = self.ledger.get(name)
-        if not entry:
-            return {}
-        return {k: TOOLKIT / v for k, v in entry.get("files", {}).items()}
+        return {k: TOOLKIT / v for k, v in self.ledger.get(name, {}).get("files", {}).items()}
 
-    def record(self, entry):
-        self.ledger[entry["name"]] = entry
-        with open(self.ledger_path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
+    def records(self, name) -> list:
+        path = self.files(name).get("jsonl")
+        lines = path.read_text().splitlines() if path and path.is_file() else []
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def argv(self, cmd, stem) -> list:
+        if cmd.script == "nsys_run.sh":  # --results-dir before its --
+            args = [a for arg in cmd.args for a in (self.contexts() if arg == "CONTEXTS" else [arg])]
+            return ["bash", "nsys_run.sh", "--results-dir", rel(self.root), *args]
+        merged = [rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)]
+        return [sys.executable, cmd.script, *merged, *cmd.args, "--results-dir", rel(self.root), "--out",
+                stem]
+
+    def contexts(self) -> list:
+        """nsys_profile (2026): three powers of two > 128, the largest the longest context that trained."""
+        longest = [r["config"]["model"]["context_length"] for r in self.records("context_max")
+                   if results.finished(r)] if self.done("context_max") else []
+        top = max(1 << (max(longest).bit_length() - 1) if longest else 1024, 512)
+        return [str(top // 4), str(top // 2), str(top)]
 
     def run(self, cmd) -> dict:
-        """Run one command (again once if it fails), its output to logs/<stem>.log; the ledger line when done."""
+        """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
+        inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)]
         if cmd.merge:  # a merge is redone when the commands it merges changed
-            inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)]
             if self.done(cmd.name) and self.ledger[cmd.name].get("inputs") == inputs:
                 return self.ledger[cmd.name]
             if len(inputs) < 2:
                 return {"status": "skipped", "cause": "fewer than two runs to merge"}
         elif cmd.name in self.ledger:
             return self.ledger[cmd.name]
-        for attempt in (1, 2):
-            stem = self.free_stem(cmd)
-            argv = self.argv(cmd, stem)
-            (self.root / "logs").mkdir(parents=True, exist_ok=True)
-            log = self.root / "logs" / f"{stem}.log"
-            started = time.time()
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        for attempt in (1, 2):  # a stem no attempt used before: each leaves its log
+            stem = next(s for s in (cmd.name if n == 1 else f"{cmd.name}-{n}" for n in range(1, 10 ** 6))
+                        if not (self.root / "logs" / f"{s}.log").exists())
+            argv, log, started = self.argv(cmd, stem), self.root / "logs" / f"{stem}.log", time.time()
             with open(log, "w") as out:
                 child = subprocess.Popen(argv, cwd=TOOLKIT, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
                 try:
                     rc = child.wait()
                 except Stop as stop:
-                    stop_child(child, stop.signum)
+                    stop_child(child, stop.args[0])
                     raise
             entry = {"name": cmd.name, "stem": stem, "command": display(argv), "rc": rc,
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
-                     "finished_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                     "files": self.outputs(cmd, stem, started), "log": self.rel(log), "attempt": attempt,
-                     "inputs": [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)] if cmd.merge else None}
+                     "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                     "files": self.outputs(cmd, stem, started), "log": rel(log), "attempt": attempt,
+                     "inputs": inputs if cmd.merge else None, "status": "ok" if rc == 0 else "failed"}
             if rc == 0:
-                entry["status"] = "ok"
                 break
-            entry.update(status="failed", cause=cause(log, rc))
-        self.record(entry)
+            entry["cause"] = cause(log, rc)
+        self.ledger[cmd.name] = entry
+        with open(self.root / "study.jsonl", "a") as f:
+            f.write(json.dumps(entry) + "\n")
         return entry
-
-    def checks(self, plan) -> list:
-        """(problem, 'passed' | 'failed') for each problem that ran a command: passed when every command
-        finished and no row of its records is an error or a timeout."""
-        verdicts = []
-        for p in plan:
-            names = [c.name for c in p.commands if not c.skipped and not c.merge]
-            if not names or not all(n in self.ledger for n in names):
-                continue
-            rows = [json.loads(line) for n in names if "jsonl" in self.files(n) and self.files(n)["jsonl"].is_file()
-                    for line in self.files(n)["jsonl"].read_text().splitlines() if line.strip()]
-            bad = any(str(r.get("status", "")).startswith(("error", "timeout")) for r in rows)
-            verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
-        return verdicts
 
     def outputs(self, cmd, stem, started) -> dict:
         folder = self.root / SUBDIR[cmd.script]
         if cmd.script != "nsys_run.sh":
             found = {"md": folder / f"{stem}.md", "jsonl": folder / f"{stem}.jsonl"}
             found.update({p.stem[len(stem) + 1:] + ".png": p for p in sorted(folder.glob(f"{stem}_*.png"))})
-        else:
-            new = sorted(p for p in folder.glob("*.md") if p.stat().st_mtime >= started - 1) if folder.is_dir() else []
+        else:  # the .md files it wrote: its summary where there is one
+            new = sorted(p for p in folder.glob("*.md") if p.stat().st_mtime >= started - 1)
             summary = [p for p in new if p.name.startswith("summary-")]
             found = {"md": summary[-1]} if summary else {f"md{i}": p for i, p in enumerate(new)}
-        return {k: self.rel(v) for k, v in found.items() if v.is_file()}
+        return {k: rel(v) for k, v in found.items() if v.is_file()}
 
-
-# what each problem exercises, for --quick's verdict (on a GPU: every GPU path)
-PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep", "nsys_profile": "profiler",
-         "mixed_precision_accumulation": "precision", "benchmarking_mixed_precision_ab": "autocast",
-         "benchmarking_mixed_precision_c": "bf16 autocast", "memory_profiling_ae": "memory snapshot",
-         "memory_profiling_bcd": "peak memory", "memory_profiling_f": "nsys memory", "gradient_checkpointing":
-         "checkpointing", "pytorch_attention": "attention timing", "torch_compile_a": "compiled attention",
-         "torch_compile_b": "compiled model", "flash_benchmarking": "flash grid", "flash_forward": "kernel check"}
+    def checks(self, plan) -> list:
+        """(problem, 'passed' | 'failed') for each problem whose commands all ran: passed when each finished
+        and no row of its records is an error or a timeout."""
+        verdicts = []
+        for p in plan:
+            names = [c.name for c in p.commands if not c.skipped and not c.merge]
+            if names and all(n in self.ledger for n in names):
+                bad = any(str(r.get("status", "")).startswith(("error", "timeout"))
+                          for n in names for r in self.records(n))
+                verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
+        return verdicts
 
 
 def stop_child(child, signum):
-    """Stop the running script and everything it started (its own process group): the same signal, then SIGKILL."""
-    for sig, wait in ((signum, 30), (signal.SIGKILL, 5)):
+    """Stop the running script and all it started (its process group): the same signal, then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signum)
         try:
-            os.killpg(child.pid, sig)
-            child.wait(wait)
-            return
-        except ProcessLookupError:
-            return
+            child.wait(30)
         except subprocess.TimeoutExpired:
-            continue
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+def rel(path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(TOOLKIT)) if path.is_relative_to(TOOLKIT) else str(path)
 
 
 def display(argv) -> str:
@@ -532,16 +503,12 @@ def display(argv) -> str:
 
 
 def cause(log: Path, rc: int) -> str:
-    lines = [l.strip() for l in log.read_text(errors="replace").splitlines() if l.strip()]
-    errors = [l for l in lines if "error" in l.lower()]
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
     return f"exit {rc}: {(errors or lines or ['no output'])[-1][:300]}"
 
 
 # ---- measured facts: numbers only, read from the records ----
-
-def finished(r) -> bool:
-    return r.get("status") in ("ok", "noisy")
-
 
 def ms(r, phase) -> str:
     return f"{r[phase + '_ms_mean']:.2f} ms (std {r[phase + '_ms_std']:.2f})"
@@ -559,68 +526,80 @@ def compare(records, variant, names, labels) -> list:
     for size, rows in by_size.items():
         a, b = (rows.get(k) for k in names)
         if a and b:
-            facts.append(f"{size}: " + "; ".join(
-                f"{phase} {labels[0]} {a[phase + '_ms_mean']:.2f} ms, {labels[1]} {b[phase + '_ms_mean']:.2f} ms, "
-                f"{labels[0]}/{labels[1]} {a[phase + '_ms_mean'] / b[phase + '_ms_mean']:.2f}x"
-                for phase in ("forward", "backward", "step") if phase + "_ms_mean" in a))
+            means = [(phase, a[f"{phase}_ms_mean"], b[f"{phase}_ms_mean"])
+                     for phase in ("forward", "backward", "step") if f"{phase}_ms_mean" in a]
+            facts.append(f"{size}: " + "; ".join(f"{phase} {labels[0]} {x:.2f} ms, {labels[1]} {y:.2f} ms, "
+                                                 f"{labels[0]}/{labels[1]} {x / y:.2f}x"
+                                                 for phase, x, y in means))
+    return facts
+
+
+def memory_facts(key, r, first: bool) -> list:
+    facts = [f"{k} {v / GIB:.3f} GiB" for k, v in r.items()
+             if "peak" in k and k.endswith("_bytes") and isinstance(v, (int, float))]
+    best = (r.get("checkpoint_prediction") or {}).get("best_k")
+    if key == "gradient_checkpointing" and first and best is not None:
+        peak = r["checkpoint_prediction"].get("best_predicted_peak_bytes", 0)
+        facts.append(f"predicted best K {best} at {peak / GIB:.3f} GiB")
+    if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
+        facts.append(f"one residual-stream activation {r['residual_stream_bytes']} B "
+                     f"({r.get('residual_stream_formula')})")
+    if key == "memory_profiling_f" and "saved_block_bytes_mean" in r:
+        facts.append(f"saved for backward per block {r['saved_block_bytes_mean'] / MIB:.2f} MiB")
+    if key == "memory_profiling_f" and "block_compiled_saved_bytes" in r:
+        facts.append(f"one block at batch {r['config']['batch_size']} saves for backward "
+                     f"{r['block_compiled_saved_bytes'] / MIB:.2f} MiB in "
+                     f"{r['block_compiled_saved_tensors']} tensors compiled, "
+                     f"{r['block_eager_saved_bytes'] / MIB:.2f} MiB in {r['block_eager_saved_tensors']} "
+                     "eager "
+                     "(the handout's §3.2, xl with 16 heads at context 2048, batch 4: 3651.31 MiB compiled)")
     return facts
 
 
 def facts_for(key, records) -> list:
-    facts = [f"{r.get('label', '?')}: {r.get('status')}" for r in records
-             if not finished(r) and not str(r.get("status", "")).startswith("skipped: measured peaks need")]
-    done = [r for r in records if finished(r)]
-    if key.startswith("benchmarking_script") and key != "benchmarking_script_c":
-        facts += [f"{size_of(r)}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}, backward/forward "
-                  f"{r['backward_ms_mean'] / r['forward_ms_mean']:.2f}x" for r in done if "backward_ms_mean" in r]
+    facts = [f"{r.get('label', '?')}: {r.get('status')}" for r in records if not results.finished(r)
+             and not str(r.get("status", "")).startswith("skipped: measured peaks need")]
+    done = [r for r in records if results.finished(r)]
+    if key in ("benchmarking_script_a", "benchmarking_script_b"):
+        facts += [f"{size_of(r)}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}, "
+                  f"backward/forward {r['backward_ms_mean'] / r['forward_ms_mean']:.2f}x"
+                  for r in done if "backward_ms_mean" in r]
     elif key == "benchmarking_script_c":
         facts += [f"{size_of(r)}, warm-up {r['config']['warmup']}: forward {ms(r, 'forward')}, backward "
                   f"{ms(r, 'backward')}" for r in done if "backward_ms_mean" in r]
     elif key == "nsys_profile":
         longest = {}
-        for r in done:
-            if r.get("context_search"):
-                size = size_of(r)
-                longest[size] = max(longest.get(size, 0), r["config"]["model"]["context_length"])
+        for r in (r for r in done if r.get("context_search")):
+            longest[size_of(r)] = max(longest.get(size_of(r), 0), r["config"]["model"]["context_length"])
         facts += [f"longest context that trained: {s} {c}" for s, c in longest.items()]
         facts += [f"{r.get('label')}: forward {ms(r, 'forward')}" for r in done
                   if "forward_ms_mean" in r and not r.get("context_search")]
     elif key == "mixed_precision_accumulation":
         facts += [f"case {r['case']} ({r['accumulator_dtype']} += {r['addend_dtype']}"
-                  f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): {r['result']!r}, "
-                  f"error {r['abs_error']!r}" for r in done if "case" in r]
+                  f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): "
+                  f"{r['result']!r}, error {r['abs_error']!r}" for r in done if "case" in r]
     elif key == "benchmarking_mixed_precision_c":
         facts += compare(done, "dtype", ("fp32", "bf16"), ("fp32", "bf16"))
     elif key == "torch_compile_b":
         facts += compare(done, "compile", (False, True), ("eager", "compiled"))
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
-        for r in records:
-            peaks = [f"{k} {v / GIB:.3f} GiB" for k, v in r.items()
-                     if "peak" in k and k.endswith("_bytes") and isinstance(v, (int, float))]
-            pred = r.get("checkpoint_prediction") or {}
-            if key == "gradient_checkpointing" and pred and r is records[0]:
-                peaks.append(f"predicted best K {pred.get('best_k')} at "
-                             f"{pred.get('best_predicted_peak_bytes', 0) / GIB:.3f} GiB")
-            if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
-                peaks.append(f"one residual-stream activation {r['residual_stream_bytes']} B "
-                             f"({r.get('residual_stream_formula')})")
-            if key == "memory_profiling_f" and "saved_block_bytes_mean" in r:
-                peaks.append(f"saved for backward per block {r['saved_block_bytes_mean'] / 2**20:.2f} MiB")
-            if peaks:
-                facts.append(f"{r.get('label')}: " + ", ".join(peaks))
-    elif key in ("pytorch_attention", "torch_compile_a", "flash_benchmarking", "flash_forward", "flash_backward"):
+        for i, r in enumerate(records):
+            if found := memory_facts(key, r, first=i == 0):
+                facts.append(f"{r.get('label')}: " + ", ".join(found))
+    elif key.startswith(("pytorch_attention", "torch_compile_a", "flash")):
         for r in done:
-            check = r.get("check") or {}
+            error = (r.get("check") or {}).get("max_error")
             facts.append(f"{r.get('label')}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}"
-                         + (f", saved {r['saved_tensor_bytes'] / 2**20:.2f} MiB" if r.get("saved_tensor_bytes")
-                            else "") + (f", max error {check['max_error']:.2e}" if "max_error" in check else ""))
+                         + (f", saved {r['saved_tensor_bytes'] / MIB:.2f} MiB" if r.get("saved_tensor_bytes")
+                            else "") + (f", max error {error:.2e}" if error is not None else ""))
     return facts
 
 
-# ---- the writeup: blocks rendered as markdown and as LaTeX ----
+# ---- the writeup: markdown, and the same in LaTeX ----
 
 ASCII = {"×": "x", "±": "+/-", "≈": "~", "—": "--", "–": "-", "µ": "u", "μ": "u", "≤": "<=", "≥": ">=",
-         "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2"}
+         "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2",
+         "§": "sec. "}
 TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}",
               ">": r"\textgreater{}"}
@@ -635,11 +614,12 @@ def tex(text: str) -> str:
 
 
 def md_to_tex(markdown: str) -> str:
-    """A script's .md in LaTeX: its pipe tables through tabulate's latex_booktabs, the rest as text."""
-    out, lines = [], markdown.splitlines()
-    i = 0
+    """The writeup (each script's .md in it) in LaTeX: pipe tables through tabulate's latex_booktabs, code
+    verbatim (long lines wrapped), lists, figures; the first heading a section, each problem a subsection."""
+    out, lines, i = [], markdown.splitlines(), 0
     while i < len(lines):
-        if lines[i].lstrip().startswith("|"):
+        line, start = lines[i].strip(), i
+        if line.startswith("|"):
             rows = []
             while i < len(lines) and lines[i].lstrip().startswith("|"):
                 cells = [ascii_fold(c.strip()) for c in lines[i].strip().strip("|").split("|")]
@@ -650,175 +630,136 @@ def md_to_tex(markdown: str) -> str:
             out.append(f"\\begin{{center}}\\resizebox{{\\linewidth}}{{!}}{{%\n{table}}}\\end{{center}}"
                        if len(rows[0]) > 6 else f"\\begin{{center}}\n{table}\n\\end{{center}}")
             continue
-        line = lines[i].strip()
-        if line.startswith("#"):
-            out.append(f"\\paragraph{{{tex(line.lstrip('#').strip())}}}")
+        if line == "```":
+            i = lines.index("```", i + 1)
+            code = (re.sub(r"(.{90}\S*) ", "\\1 \\\\\n      ", ascii_fold(c)) for c in lines[start + 1:i])
+            out.append("\\begin{verbatim}\n" + "\n".join(code) + "\n\\end{verbatim}")
+        elif line.startswith("- "):
+            while i + 1 < len(lines) and lines[i + 1].startswith("- "):
+                i += 1
+            out.append("\\begin{itemize}\n" + "".join(f"\\item {tex(x[2:])}\n" for x in lines[start:i + 1])
+                       + "\\end{itemize}")
+        elif figure := re.fullmatch(r"!\[.*\]\((.+)\)", line):
+            out.append(f"\\includegraphics[width=\\linewidth]{{{figure[1]}}}")
+        elif line.startswith("#"):
+            command = "section*" if i == 0 else "subsection*" if re.match(r"## \d+\. ", line) else "paragraph"
+            out.append(f"\\{command}{{{tex(line.lstrip('#').strip())}}}")
         elif line:
             out.append(tex(line) + "\n")
         i += 1
     return "\n".join(out)
 
 
-def render(blocks, fmt: str) -> str:
-    out = []
-    for kind, value in blocks:
-        if fmt == "md":
-            out.append({"h1": lambda v: f"# {v}\n", "h2": lambda v: f"## {v}\n", "p": lambda v: f"{v}\n",
-                        "code": lambda v: f"```\n{v}\n```\n", "table": lambda v: v.rstrip("\n") + "\n",
-                        "img": lambda v: f"![{Path(v).name}]({v})\n",
-                        "items": lambda v: "".join(f"- {x}\n" for x in v)}[kind](value))
-        else:
-            wrap = lambda v: "\n".join(re.sub(r"(.{90}\S*) ", "\\1 \\\\\n      ", ascii_fold(l)) for l in v.split("\n"))
-            out.append({"h1": lambda v: f"\\section*{{{tex(v)}}}\n", "h2": lambda v: f"\\subsection*{{{tex(v)}}}\n",
-                        "p": lambda v: tex(v) + "\n",
-                        "code": lambda v: f"\\begin{{verbatim}}\n{wrap(v)}\n\\end{{verbatim}}\n",
-                        "table": md_to_tex, "img": lambda v: f"\\includegraphics[width=\\linewidth]{{{v}}}\n",
-                        "items": lambda v: "\\begin{itemize}\n" + "".join(f"\\item {tex(x)}\n" for x in v)
-                        + "\\end{itemize}\n" if v else ""}[kind](value))
-    if fmt == "md":
-        return "\n".join(out)
-    return ("\\documentclass[10pt]{article}\n\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
-            "\\usepackage{graphicx}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n" + "\n".join(out)
-            + "\\end{document}\n")
-
-
-def writeup(study, plan, machine, args) -> list:
-    cpu = machine["device"] == "cpu"
+def writeup(study, plan, machine, args) -> str:
+    """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
-             f"{'64' if args.quick else '128'}, attention d 16 at sequences 64-128, batch 1)" if cpu else
+             f"{'64' if args.quick else '128'}, attention d 16 at sequences 64-128, batch 1)"
+             if machine["device"] == "cpu" else
              f"on {machine['name']} ({machine['free_bytes'] / GIB:.1f} GiB free), sized to its memory")
-    blocks = [("h1", f"CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
-               + (", --quick: every problem at its smallest shape" if args.quick else "")),
-              ("items", [f"model: {args.model or 'ours (model.TransformerLM)'}; optimizer: "
-                         f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
-                         f"{args.impl or 'none (PyTorch SDPA stands in)'}",
-                         f"study folder: {study.rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
-                         f"every command below ran from {TOOLKIT}; its log is in the study folder's logs/"])]
-    verdicts = study.checks(plan)
-    if verdicts:
-        blocks.append(("p", "Checks: " + "; ".join(f"{p.title} ({PATHS.get(p.key, p.key)}) {v}"
-                                                   for p, v in verdicts)))
+    out = [f"# CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
+           + (", --quick: every problem at its smallest shape" if args.quick else ""), "",
+           f"- model: {args.model or 'ours (model.TransformerLM)'}; optimizer: "
+           f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
+           f"{args.impl or 'none (PyTorch SDPA stands in)'}",
+           f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
+           f"- every command below ran from {TOOLKIT}; its log is in the study folder's logs/", ""]
+    if verdicts := study.checks(plan):
+        out += ["Checks: " + "; ".join(f"{p.title} ({PATHS.get(p.key, p.key)}) {v}" for p, v in verdicts), ""]
     for n, p in enumerate(plan, 1):
-        blocks += [("h2", f"{n}. {p.title}"), ("p", f"Deliverable: {p.deliverable}")]
-        if p.note:
-            blocks.append(("p", f"Note: {p.note}"))
-        lines = []
+        out += [f"## {n}. {p.title}", "", f"Deliverable: {p.deliverable}", ""]
+        out += [f"Note: {p.note}", ""] if p.note else []
+        lines = [] if p.commands else [f"# no command of its own: it reads the tables of {', '.join(p.show)}"]
         for c in p.commands:
-            entry = study.ledger.get(c.name, {})
-            if c.skipped:
-                lines.append(f"# {c.name}: {c.skipped}")
-            elif entry:
-                lines.append(entry["command"] + f"   # {entry['status']}, {entry['seconds']:.0f} s"
-                             + (f": {entry['cause']}" if entry.get("cause") else ""))
-            elif not selected(p, args.only):
-                lines.append(f"# {c.name}: not run (--only)")
-            else:
-                lines.append(f"# {c.name}: not run yet")
-        blocks.append(("code", "\n".join(lines) if lines else
-                       f"# no command of its own: it reads the tables of {', '.join(p.show)}"))
-        records, tables = [], 0
-        for name in shown(study, p):
+            entry = study.ledger.get(c.name)
+            lines.append(f"# {c.name}: {c.skipped or 'not run yet'}" if c.skipped or not entry else
+                         f"{entry['command']}   # {entry['status']}, {entry['seconds']:.0f} s"
+                         + (f": {entry['cause']}" if entry.get("cause") else ""))
+        out += ["```", *lines, "```", ""]
+        merges = {c.name: c.merge for c in p.commands if c.merge}
+        covered = {m for name, runs in merges.items() if study.done(name) for m in runs}
+        tables, sources = [], []  # the merged table where the merge ran, else the tables of its runs
+        for name in (n for n in p.show if n not in covered):
+            runs = [m for m in merges.get(name, [name]) if study.done(m)]
+            tables += [name] if name in merges and study.done(name) else runs
+            sources += runs  # the facts come from the runs' own records
+        for name in dict.fromkeys(tables):
             files = study.files(name)
-            if "md" in files or "md0" in files:
-                for k in sorted(k for k in files if k.startswith("md")):
-                    blocks.append(("table", files[k].read_text()))
-                    tables += 1
-            for k in sorted(k for k in files if k.endswith(".png")):
-                blocks.append(("img", os.path.relpath(files[k], study.root)))
-            if "jsonl" in files and files["jsonl"].is_file() and not study.ledger[name].get("inputs"):
-                records += [json.loads(line) for line in files["jsonl"].read_text().splitlines() if line.strip()]
-        for name in (m for c in p.commands for m in c.merge):  # the facts come from the merged runs' own records
-            if "jsonl" in study.files(name) and name not in shown(study, p):
-                records += [json.loads(l) for l in study.files(name)["jsonl"].read_text().splitlines() if l.strip()]
+            out += [files[k].read_text().rstrip("\n") + "\n" for k in sorted(files) if k.startswith("md")]
+            out += [f"![{files[k].name}]({os.path.relpath(files[k], study.root)})\n" for k in sorted(files)
+                    if k.endswith(".png")]
         try:
-            facts = facts_for(p.key, records)
+            facts = facts_for(p.key, [r for name in dict.fromkeys(sources) for r in study.records(name)])
         except (KeyError, TypeError, ZeroDivisionError):  # a record without a field: its table stands alone
             facts = []
-        blocks += [("p", "Measured:"), ("items", facts or ["(the tables above)" if tables else "(not run)"]),
-                   ("p", "Answer:")]
-    return blocks
+        facts = facts or ["(the tables above)" if tables else "(not run)"]
+        out += ["Measured:", "", *(f"- {x}" for x in facts), "", "Answer:", ""]
+    return "\n".join(out)
 
 
-def shown(study, p) -> list:
-    """The merged table where the merge ran, else the tables of the runs it would merge."""
-    names = []
-    for name in p.show:
-        cmd = next((c for c in p.commands if c.name == name and c.merge), None)
-        if cmd and not study.done(name):
-            names += [m for m in cmd.merge if study.done(m)]
-        elif cmd:
-            names.append(name)
-        elif not any(name in c.merge and study.done(c.name) for c in p.commands):
-            names.append(name)
-    return [n for n in dict.fromkeys(names) if study.done(n)]
-
-
-def write_writeup(study, plan, machine, args):
-    blocks = writeup(study, plan, machine, args)
-    for suffix, fmt in ((".md", "md"), (".tex", "tex")):
-        path = study.root / f"writeup{suffix}"
-        path.with_name(path.name + ".partial").write_text(render(blocks, fmt))
-        os.replace(path.with_name(path.name + ".partial"), path)
+def write_writeup(study, plan, machine, args) -> Path:
+    markdown = writeup(study, plan, machine, args)
+    latex = ("\\documentclass[10pt]{article}\n\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
+             "\\usepackage{graphicx}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n" + md_to_tex(markdown)
+             + "\n\\end{document}\n")
+    for name, text in (("writeup.md", markdown), ("writeup.tex", latex)):  # whole files, even when killed
+        (study.root / f"{name}.partial").write_text(text)
+        os.replace(study.root / f"{name}.partial", study.root / name)
     return study.root / "writeup.md"
 
 
 # ---- main ----
 
 def study_root(args, settings) -> Path:
+    """--out; else the latest study with the same settings (unless --fresh); else a new study-<UTC time>."""
     base = Path(args.results_dir) / "study"
     if args.out and not (args.fresh and (base / args.out).exists()):
         return base / args.out
-    if not args.fresh and base.is_dir():
-        for folder in sorted(base.iterdir(), reverse=True):
-            try:
-                if json.loads((folder / "settings.json").read_text()) == settings:
-                    return folder
-            except (OSError, ValueError):
-                continue
-    stem = args.out or f"study-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
-    return next(base / f"{stem}{f'-{n}' if n > 1 else ''}" for n in range(1, 10**6)
-                if not (base / f"{stem}{f'-{n}' if n > 1 else ''}").exists())
+    for folder in sorted(base.iterdir(), reverse=True) if not args.fresh and base.is_dir() else []:
+        try:
+            if json.loads((folder / "settings.json").read_text()) == settings:
+                return folder
+        except (OSError, ValueError):
+            continue
+    stem = args.out or f"study-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
+    return next(base / name for name in (stem if n == 1 else f"{stem}-{n}" for n in range(1, 10 ** 6))
+                if not (base / name).exists())
+
+
+def print_plan(plan, study, scale):
+    for n, p in enumerate(plan, 1):
+        print(f"[{n}/{len(plan)}] {p.title}" + (f"\n    note: {p.note}" if p.note else "")
+              + ("" if p.commands else f"\n    the tables of: {', '.join(p.show)}"))
+        for c in p.commands:
+            to_do = not c.skipped and not (study.done(c.name) and not c.merge)
+            what = f"merge {' '.join(c.merge)}" if c.merge else display([sys.executable, c.script, *c.args])
+            print(f"    {c.name}: {c.skipped or (what if to_do else 'done')}"
+                  + (f"   ~{c.estimate() * scale:.0f} s" if to_do else ""))
+    print("nothing was run (drop --dry-run to run it)")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     machine = probe_machine(args.device, args.handout)
-    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"], "model": args.model,
-                "optimizer": args.optimizer, "impl": args.impl}
+    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
+                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
     root = study_root(args, settings).resolve()
-    study = Study(root, args, machine)
-    plan = build_plan(args, machine)
-    for p in plan:
-        for c in p.commands:
-            if not selected(p, args.only) and not c.skipped:
-                c.skipped = "skipped: not in --only"
-    measured, scale = study.scale()
-    for p in plan:  # what is already done costs nothing
-        for c in p.commands:
-            if study.done(c.name) and not c.merge:
-                c.per_config_s, c.configs = 0.0, 0
+    study, plan = Study(root), build_plan(args, machine)
+    for c in (c for p in plan for c in p.commands if study.done(c.name) and not c.merge):
+        c.per_config_s, c.configs = 0.0, 0  # what is already done costs nothing
+    scale = study.scale()
     dropped = apply_budget(plan, args.budget, scale)
     total = sum(c.estimate() for p in plan for c in p.commands) * scale
-    print(f"study: handout {args.handout} on {machine['name']} ({machine['device']}) -> {study.rel(root)}"
-          f"{'' if not study.ledger else f' (resuming: {len(study.ledger)} commands recorded)'}")
-    print(f"estimate {hms(total)} (h:mm{', scaled by the measured times x%.2f' % scale if measured else ''})"
-          + (f" within --budget {hms(args.budget)}" if args.budget else ""))
+    print(f"study: handout {args.handout} on {machine['name']} ({machine['device']}) -> {rel(root)}"
+          + (f" (resuming: {len(study.ledger)} commands recorded)" if study.ledger else ""))
+    scaled = f", scaled by the measured times x{scale:.2f}" if scale != 1 else ""
+    within = f" within --budget {hms(args.budget)}" if args.budget else ""
+    print(f"estimate {hms(total)} (h:mm{scaled}){within}")
     if args.budget:
         print(DROP_ORDER + (": dropped " + ", ".join(dropped) if dropped else ": nothing dropped"))
         if total > args.budget:
             print(f"note: even after dropping, the estimate exceeds the budget by {hms(total - args.budget)}")
     if args.dry_run:
-        for n, p in enumerate(plan, 1):
-            print(f"[{n}/{len(plan)}] {p.title}")
-            if p.note:
-                print(f"    note: {p.note}")
-            if not p.commands:
-                print(f"    the tables of: {', '.join(p.show)}")
-            for c in p.commands:
-                what = ("merge " + " ".join(c.merge)) if c.merge else display([sys.executable, c.script, *c.args])
-                print(f"    {c.name}: {c.skipped or ('done' if study.done(c.name) and not c.merge else what)}"
-                      + ("" if c.skipped or study.done(c.name) else f"   ~{c.estimate() * scale:.0f} s"))
-        print("nothing was run (drop --dry-run to run it)")
+        print_plan(plan, study, scale)
         return 0
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "settings.json").exists():
@@ -827,25 +768,24 @@ def main(argv=None) -> int:
     failed = []
     try:
         for n, p in enumerate(plan, 1):
-            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()[1]
-            todo = [c for c in p.commands if not c.skipped]
+            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
             print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
-            for c in todo:
+            for c in (c for c in p.commands if not c.skipped):
                 was_done = c.name in study.ledger
                 entry = study.run(c)
                 c.per_config_s, c.configs = 0.0, 0
                 state = "recorded earlier" if was_done and entry.get("name") == c.name else entry["status"]
-                print(f"    {c.name}: {state}" + (f" ({entry['seconds']:.0f} s)" if "seconds" in entry else "")
-                      + (f": {entry['cause']}" if entry.get("cause") else ""), flush=True)
-                if entry["status"] == "failed":
-                    failed.append(c.name)
+                took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
+                print(f"    {c.name}: {state}{took}" + (f": {entry['cause']}" if entry.get("cause") else ""),
+                      flush=True)
+                failed += [c.name] if entry["status"] == "failed" else []
     except Stop as stop:
         for sig in previous:  # a second Ctrl-C does not cut the writeup short
             signal.signal(sig, signal.SIG_IGN)
         path = write_writeup(study, plan, machine, args)
-        print(f"stopped by signal {stop.signum}: finished commands kept; run the same command to continue "
-              f"({study.rel(path)} has what is done)", file=sys.stderr)
-        return 128 + stop.signum
+        print(f"stopped by signal {stop.args[0]}: finished commands kept; run the same command to continue "
+              f"({rel(path)} has what is done)", file=sys.stderr)
+        return 128 + stop.args[0]
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -856,7 +796,7 @@ def main(argv=None) -> int:
         print(f"{verdict}: {', '.join(names) or 'none'}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
-    print(f"wrote {study.rel(path)} and {study.rel(path.with_suffix('.tex'))}")
+    print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))}")
     return 1 if failed else 0
 
 

@@ -119,6 +119,23 @@ def test_budget_drops_the_largest_sizes_first_on_a_gpu():
         c for p in plan for c in p.commands if c.drop and not c.skipped]
 
 
+def test_memory_profiling_f_counts_the_compiled_block_beside_the_handouts_figure():
+    """§3.2's command on a GPU, scaled down on a CPU; its fact read from mem_profile.py's record fields."""
+    gpu = {"device": "cuda", "name": "GPU", "free_bytes": 80e9, "nsys": None,
+           "states": {"small": (2e9, 1e9), "xl": (55e9, 6e9)}}
+    for machine, shape in ((gpu, "--size xl --context-length 2048"),
+                           (study.probe_machine("cpu", "2026"), "--size tiny --context-length 128")):
+        plan = {p.key: p for p in study.build_plan(study.parse_args([]), machine)}
+        command = " ".join(plan["memory_profiling_f"].commands[0].args)
+        assert f"{shape} --num-heads 16 --mode forward --compile" in command, command
+    record = {"label": "xl ctx=2048 forward fp32 naive compiled", "status": "skipped: measured peaks need CUDA",
+              "config": {"batch_size": 4}, "block_compiled_saved_bytes": 3650.31 * 2**20,
+              "block_compiled_saved_tensors": 18, "block_eager_saved_bytes": 7626.12 * 2**20,
+              "block_eager_saved_tensors": 47}
+    fact, = study.facts_for("memory_profiling_f", [record])
+    assert "3650.31 MiB in 18 tensors compiled, 7626.12 MiB in 47 eager" in fact and "3651.31 MiB" in fact
+
+
 @pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
