@@ -15,7 +15,7 @@ from optim import AdamW
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_e2e.py", "bench_attention.py", "mem_profile.py", "precision_demo.py", "toy_autocast.py",
-           "kernel_tables.py"]
+           "kernel_tables.py", "report.py"]
 
 
 @pytest.fixture(scope="module")
