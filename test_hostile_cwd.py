@@ -21,7 +21,7 @@ pathlib.Path(__file__).with_name("IMPORTED-" + __name__).write_text("")
 raise RuntimeError("the hostile {name}.py in the working directory was imported")
 """
 HELP = ["bench_e2e.py", "bench_attention.py", "mem_profile.py", "precision_demo.py",
-        "toy_autocast.py", "report.py", "kernel_tables.py", "bench_noise.py"]
+        "toy_autocast.py", "report.py", "kernel_tables.py", "test_bench_noise.py"]
 RUNS = {"precision_demo run": ["precision_demo.py", "--count", "10"],
         "bench_e2e run": ["bench_e2e.py", "--size", "tiny", "--context-length", "16", "--steps",
                           "1", "--warmup", "0", "--device", "cpu"]}
