@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         with results.sigterm_as_interrupt():  # SIGTERM ends the run as Ctrl-C does
             return measure(args)
     except KeyboardInterrupt as stop:  # the load is already killed; the finished runs are on disk
-        results.progress("bench_noise.py: interrupted; the runs that finished are in its .jsonl")
+        results.progress("test_bench_noise.py: interrupted; the runs that finished are in its .jsonl")
         return 128 + (signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT)
 
 
@@ -198,7 +198,7 @@ def measure(args: argparse.Namespace) -> int:
                 results.progress(f"{position}: {run['speedup']:.2f}x ({run['seconds']:.0f} s, load "
                                  f"{run['loadavg_1m_min']:.1f}-{run['loadavg_1m_max']:.1f})")
     if not runs:
-        results.progress(f"bench_noise.py: no run gave a speed-up ({failures[-1]['status']})")
+        results.progress(f"test_bench_noise.py: no run gave a speed-up ({failures[-1]['status']})")
         return 1
     rows = [spread_row(how, [r for r in runs if r["interleave"] == way],
                        sum(f["interleave"] == way for f in failures))
