@@ -78,6 +78,12 @@ def model_label(config: Record) -> str:
     return config.get("model_name") or config.get("model_factory") or OURS
 
 
+def optimizer_label(config: Record) -> str:
+    """The optimizer of a row: NAME of --optimizer NAME=MODULE:CLASS, else the value as given."""
+    name, sep, spec = config["optimizer"].partition("=")
+    return name if sep and ":" in spec else config["optimizer"]
+
+
 def e2e_row(record: Record) -> Record:
     """One row of the results table."""
     c, m, status = record["config"], record["config"]["model"], record["status"]
@@ -86,7 +92,7 @@ def e2e_row(record: Record) -> Record:
                    "compile": "on" if c["compile"] else None, "warmup": c["warmup"],
                    "status": status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…",
                    "parallel": parallel_label(c), "attn": c["attn"], "model": model_label(c),
-                   "optimizer": c["optimizer"], RUN_COLUMN: run_of(record)}
+                   "optimizer": optimizer_label(c), RUN_COLUMN: run_of(record)}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row: the state alone may not fit
         row["state GiB/rank"] = record["predicted"]["state_bytes"] / GIB
     if not finished(record):
@@ -174,7 +180,7 @@ VARIANT_AXES: dict[str, Callable[[Record], str]] = {  # each axis's config field
     "compile": lambda c: "compiled" if c["compile"] else "eager",
     "attn": lambda c: c["attn"],
     "model": lambda c: model_label(c) if model_label(c) != OURS else "our model",
-    "optimizer": lambda c: {OURS: "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], c["optimizer"]),
+    "optimizer": lambda c: {OURS: "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], optimizer_label(c)),
     "parallel": lambda c: parallel_label(c) or "1 process",
 }
 
@@ -321,7 +327,7 @@ def search_table(records: list[Record], fmt: str) -> str | None:
             best = probes.get(config_key(c)) if ans["longest_context"] else None
             rows.append({RUN_COLUMN: run, "size": c["size"], "mode": c["mode"] + " no-grad" * c["no_grad"],
                          "dtype": c["dtype"], "compile": "on" if c["compile"] else "off", "attn": c["attn"],
-                         "model": model_label(c), "optimizer": c["optimizer"], "parallel": parallel_label(c),
+                         "model": model_label(c), "optimizer": optimizer_label(c), "parallel": parallel_label(c),
                          "longest ctx": ans["longest_context"], "longest 2^k": ans["longest_power_of_two"],
                          "step ms": best and best["step_ms_mean"],
                          "peak mem GiB": best and scaled(best.get("peak_mem_allocated_bytes")),
@@ -613,7 +619,7 @@ def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None
                  for unit, size in (("MiB", MIB), ("GiB", GIB))}
         rows.append({RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"],
                      "mode": c["mode"], "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                     "model": model_label(c), "optimizer": c["optimizer"], "status": rec["status"], **peaks,
+                     "model": model_label(c), "optimizer": optimizer_label(c), "status": rec["status"], **peaks,
                      "step ms": rec["step_ms_mean"] if ok else None})
     hidden = {k for k in ("model", "optimizer") if {row[k] for row in rows} == {OURS}}
     default = with_run_column([c for c in MEMORY_PEAK_COLUMNS if c not in hidden], records)
@@ -626,7 +632,7 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
-              "optimizer": lambda c: c["optimizer"]}
+              "optimizer": optimizer_label}
     varying = [k for k, value in fields.items() if len({value(r["config"]) for r in records}) > 1]
     dtypes = list(dict.fromkeys(r["config"]["dtype"] for r in records))
     modes = [m for m in MODES if any(r["config"]["mode"] == m for r in records)]

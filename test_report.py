@@ -200,3 +200,9 @@ def test_memory_figures_against_context_and_checkpoint_size():
     ax = made["memory_checkpoint"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0 (off)", "1", "2"]
     assert "predicted peak, train fp32 ctx 16" in {line.get_label() for line in ax.get_lines()}
+
+
+def test_your_optimizer_is_named_by_its_short_name():
+    assert report.optimizer_label({"optimizer": "mine=my_optim:SGD"}) == "mine"
+    assert report.optimizer_label({"optimizer": "my_optim:SGD"}) == "my_optim:SGD"
+    assert report.VARIANT_AXES["optimizer"]({"optimizer": "torch"}) == "torch AdamW"
