@@ -19,6 +19,7 @@ from common import (SyncTimer, annotate, matmul_precision_key, peak_tflops, prec
                     set_ranges)
 from model import naive_attention
 from results import get_config
+from test_runner import gone as ended  # a pid has exited (or is a zombie)
 from results import ResultFiles, render_table
 
 HERE = Path(__file__).resolve().parent
@@ -775,16 +776,3 @@ def test_a_process_started_with_die_with_parent_ends_with_its_parent_even_killed
     os.waitpid(parent, 0)
     assert ended(sleeper), "the child outlived its parent"
 
-
-def ended(pid, timeout_s=10):
-    """True once `pid` has exited (gone, or a zombie waiting for its reaper)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(") ")[1].startswith("Z"):
-                    return True
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        time.sleep(0.05)
-    return False
