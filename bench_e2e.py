@@ -657,7 +657,7 @@ def sample_stats(record: dict[str, Any], phases: tuple[str, ...]) -> dict[str, A
 
 
 def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
-    """FLOPs of one global step: model_config's formula for our architecture (formula), FlopCounterMode's count
+    """FLOPs of one global step: results.step_flops, the formula for our architecture (formula), FlopCounterMode's count
     (counted), or None (none)."""
     if run.flops == "formula":
         return results.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size

@@ -535,7 +535,7 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                         "as CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
     if flops:
         parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
-                            help="the FLOPs behind TFLOP/s and MFU: formula = model_config's for our "
+                            help="the FLOPs behind TFLOP/s and MFU: formula = results.step_flops, for our "
                                  "architecture (the default for our model; for yours only if it is the same "
                                  "architecture, as the staff model is); counted = torch.utils.flop_counter's "
                                  "count of one more, untimed step; none (the default for yours): no TFLOP/s, "

@@ -57,7 +57,7 @@ E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "co
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
                "peak mem GiB", "status"]
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
-FLOPS_SOURCES = {"formula": "model_config's formula (our architecture)",
+FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flops)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
                  "none": "none (no TFLOP/s, no MFU)"}
 STATUS_CELL = 100  # characters of a status in a table; the record and stderr keep the whole of it
