@@ -32,13 +32,13 @@ from typing import Any, Callable
 
 import torch
 
-import results
 import common
 import report
+import results
 import runner
-from report import ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, check_summary
 from common import DTYPES, SyncTimer, resolve_device
 from model import naive_attention, sdpa_attention
+from report import ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, check_summary
 from results import ResultFiles, finished, format_bytes
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # causal

@@ -52,23 +52,21 @@ from typing import Any, Callable
 
 import torch
 
-import results
 import bench_attention
 import common
-import parallel
 import kernel_tables
+import parallel
 import report
+import results
 import runner
-from results import positive_float, positive_int
 from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
-from report import E2E_COLUMNS, SEARCH_START, config_key, context_searches, probe_contexts, sizes_table, variants
-from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
-from results import DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, MODES, PHASES_BY_MODE, ModelConfig, get_config
 from parallel import DEFAULT_PG_TIMEOUT_S
-from results import GIB, ResultFiles, finished
-from results import block_sizes, steps_per_block, summarize
+from report import E2E_COLUMNS, SEARCH_START, config_key, context_searches, probe_contexts, sizes_table, variants
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, GIB, MODES, PHASES_BY_MODE, ModelConfig, ResultFiles,
+                     block_sizes, finished, get_config, positive_float, positive_int, steps_per_block, summarize)
+from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe

@@ -31,11 +31,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-import results
 import common
+import results
 from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
-from results import ModelConfig
-from results import progress
+from results import ModelConfig, progress
 
 PARALLEL = ("ddp", "fsdp")
 DEFAULT_PG_TIMEOUT_S = 300.0  # a collective waiting this long for a peer fails (both backends)

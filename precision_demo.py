@@ -19,8 +19,8 @@ from decimal import Decimal
 
 import torch
 
-import results
 import report
+import results
 from common import dtype_name, environment
 from results import ResultFiles
 

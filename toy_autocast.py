@@ -19,8 +19,8 @@ import argparse
 import torch
 import torch.nn as nn
 
-import results
 import report
+import results
 from common import DTYPES, device_or_exit, dtype_name, environment, failure_status
 from results import ResultFiles, progress
 
