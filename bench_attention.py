@@ -594,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                                               render=live, summary=said, measure_variants=measure_together)
     if not records:
         return code
-    published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot, live=live)
+    published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot)
     if args.grid == "leaderboard-2025":
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
                   + (" WRONG" if r.get("status", "").startswith("WRONG") else ""), r["leaderboard"]["ms"])

@@ -1005,7 +1005,7 @@ def main(argv: list[str] | None = None) -> int:
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
         measure_variants=measure_together, resize=RunConfig.with_context, search=args.context_search)
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
-        published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot, live=live,
+        published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot,
                                    append=context_searches(records))
         return code or published  # an interrupted sweep says so first
     return code

@@ -906,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]
     return code or report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot,
-                                  live=live, extra_paths=extra)
+                                  extra_paths=extra)
 
 
 if __name__ == "__main__":

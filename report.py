@@ -829,9 +829,9 @@ class LiveReport:
 
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
             columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
-            live: Any = None, append: list[Record] = ()) -> int:
+            append: list[Record] = ()) -> int:
     """The end of every run: append `append`, save and print the report, draw --plot's figures, say where
-    they are. Returns 0, 1 when a figure failed (the tables stand), 130 after Ctrl-C. `live` is not used."""
+    they are. Returns 0, 1 when a figure failed (the tables stand), 130 after Ctrl-C."""
     try:
         for record in append:
             files.append_record(record)
