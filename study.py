@@ -35,7 +35,6 @@ HANDOUTS = tuple(results.HANDOUTS)
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
           "precision_demo.py": "precision", "toy_autocast.py": "precision", "report.py": "report",
           "nsys_run.sh": "nsys"}
-GIB, MIB = 2 ** 30, 2 ** 20
 DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest "
               "first), then the attention grids' largest head dimensions, then the warm-up study's sizes "
               "past the first")
@@ -206,8 +205,8 @@ def build_plan(args, machine) -> list:
     sizes, too_big = ["tiny"], {}
     if not small:  # a size runs when its predicted state and activations fit in 90% of the free memory
         free = machine["free_bytes"]
-        too_big = {size: f"skipped: predicted state {state / GIB:.1f} GiB + activations {act / GIB:.1f} "
-                   f"GiB > 90% of free GPU memory {free / GIB:.1f} GiB"
+        too_big = {size: f"skipped: predicted state {state / results.GIB:.1f} GiB + activations {act / results.GIB:.1f} "
+                   f"GiB > 90% of free GPU memory {free / results.GIB:.1f} GiB"
                    for size, (state, act) in machine["states"].items() if state + act > 0.9 * free}
         sizes = [s for s in machine["states"] if s not in too_big] or ["tiny"]
 
@@ -404,8 +403,7 @@ class Study:
 
     def records(self, name) -> list:
         path = self.files(name).get("jsonl")
-        lines = path.read_text().splitlines() if path and path.is_file() else []
-        return [json.loads(line) for line in lines if line.strip()]
+        return results.read_records(path) if path and path.is_file() else []
 
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":  # --results-dir before its --
@@ -518,39 +516,23 @@ def size_of(r) -> str:
     return str(r.get("config", {}).get("size") or r.get("label", "?").split()[0])
 
 
-def compare(records, variant, names, labels) -> list:
-    """fp32 vs bf16, eager vs compiled: per size, each phase's two means and their ratio (first / second)."""
-    facts, by_size = [], {}
-    for r in records:
-        by_size.setdefault(size_of(r), {})[r.get("config", {}).get(variant)] = r
-    for size, rows in by_size.items():
-        a, b = (rows.get(k) for k in names)
-        if a and b:
-            means = [(phase, a[f"{phase}_ms_mean"], b[f"{phase}_ms_mean"])
-                     for phase in ("forward", "backward", "step") if f"{phase}_ms_mean" in a]
-            facts.append(f"{size}: " + "; ".join(f"{phase} {labels[0]} {x:.2f} ms, {labels[1]} {y:.2f} ms, "
-                                                 f"{labels[0]}/{labels[1]} {x / y:.2f}x"
-                                                 for phase, x, y in means))
-    return facts
-
-
 def memory_facts(key, r, first: bool) -> list:
-    facts = [f"{k} {v / GIB:.3f} GiB" for k, v in r.items()
+    facts = [f"{k} {v / results.GIB:.3f} GiB" for k, v in r.items()
              if "peak" in k and k.endswith("_bytes") and isinstance(v, (int, float))]
     best = (r.get("checkpoint_prediction") or {}).get("best_k")
     if key == "gradient_checkpointing" and first and best is not None:
         peak = r["checkpoint_prediction"].get("best_predicted_peak_bytes", 0)
-        facts.append(f"predicted best K {best} at {peak / GIB:.3f} GiB")
+        facts.append(f"predicted best K {best} at {peak / results.GIB:.3f} GiB")
     if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
         facts.append(f"one residual-stream activation {r['residual_stream_bytes']} B "
                      f"({r.get('residual_stream_formula')})")
     if key == "memory_profiling_f" and "saved_block_bytes_mean" in r:
-        facts.append(f"saved for backward per block {r['saved_block_bytes_mean'] / MIB:.2f} MiB")
+        facts.append(f"saved for backward per block {r['saved_block_bytes_mean'] / results.MIB:.2f} MiB")
     if key == "memory_profiling_f" and "block_compiled_saved_bytes" in r:
         facts.append(f"one block at batch {r['config']['batch_size']} saves for backward "
-                     f"{r['block_compiled_saved_bytes'] / MIB:.2f} MiB in "
+                     f"{r['block_compiled_saved_bytes'] / results.MIB:.2f} MiB in "
                      f"{r['block_compiled_saved_tensors']} tensors compiled, "
-                     f"{r['block_eager_saved_bytes'] / MIB:.2f} MiB in {r['block_eager_saved_tensors']} "
+                     f"{r['block_eager_saved_bytes'] / results.MIB:.2f} MiB in {r['block_eager_saved_tensors']} "
                      "eager "
                      "(the handout's §3.2, xl with 16 heads at context 2048, batch 4: 3651.31 MiB compiled)")
     return facts
@@ -578,10 +560,6 @@ def facts_for(key, records) -> list:
         facts += [f"case {r['case']} ({r['accumulator_dtype']} += {r['addend_dtype']}"
                   f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): "
                   f"{r['result']!r}, error {r['abs_error']!r}" for r in done if "case" in r]
-    elif key == "benchmarking_mixed_precision_c":
-        facts += compare(done, "dtype", ("fp32", "bf16"), ("fp32", "bf16"))
-    elif key == "torch_compile_b":
-        facts += compare(done, "compile", (False, True), ("eager", "compiled"))
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
         for i, r in enumerate(records):
             if found := memory_facts(key, r, first=i == 0):
@@ -590,7 +568,7 @@ def facts_for(key, records) -> list:
         for r in done:
             error = (r.get("check") or {}).get("max_error")
             facts.append(f"{r.get('label')}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}"
-                         + (f", saved {r['saved_tensor_bytes'] / MIB:.2f} MiB" if r.get("saved_tensor_bytes")
+                         + (f", saved {r['saved_tensor_bytes'] / results.MIB:.2f} MiB" if r.get("saved_tensor_bytes")
                             else "") + (f", max error {error:.2e}" if error is not None else ""))
     return facts
 
@@ -655,7 +633,7 @@ def writeup(study, plan, machine, args) -> str:
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
              f"{'64' if args.quick else '128'}, attention d 16 at sequences 64-128, batch 1)"
              if machine["device"] == "cpu" else
-             f"on {machine['name']} ({machine['free_bytes'] / GIB:.1f} GiB free), sized to its memory")
+             f"on {machine['name']} ({machine['free_bytes'] / results.GIB:.1f} GiB free), sized to its memory")
     out = [f"# CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
            + (", --quick: every problem at its smallest shape" if args.quick else ""), "",
            f"- model: {args.model or 'ours (model.TransformerLM)'}; optimizer: "
