@@ -346,22 +346,28 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
         return samples
 
 
-def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float,
-                     rep_ms: float) -> dict[str, Any]:
+def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
+                     agree: Callable[[int], int] | None = None) -> dict[str, Any]:
     """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep)
-    where triton imports on CUDA; else do_bench's plan with the sync timer: calls for warmup_ms, then
-    as many as fill rep_ms at the warm-up's pace, each timed alone."""
-    do_bench = triton_do_bench() if device.type == "cuda" else None
+    where triton imports on CUDA; else do_bench's plan with the sync timer: calls for warmup_ms at the first
+    call's pace, then as many as fill rep_ms at the warm-up's pace, each timed alone. Under torchrun `agree`
+    turns each rank's count into the one every rank runs (do_bench counts from each rank's own pace, so the
+    ranks' collectives would not pair): then the sync timer, with agreed counts."""
+    do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
     if do_bench is not None:
         return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
                 "warmup_ms": warmup_ms, "rep_ms": rep_ms}
+    agree = agree or (lambda n: n)
     timer, warm = SyncTimer(device), []
-    while not warm or sum(warm) < warmup_ms:
+    with timer:
+        fn()
+    warm.append(timer.elapsed_s * 1e3)
+    for _ in range(agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1))):
         with timer:
             fn()
         warm.append(timer.elapsed_s * 1e3)
     samples = []
-    for _ in range(max(1, round(rep_ms / statistics.fmean(warm)))):
+    for _ in range(agree(max(1, round(rep_ms / statistics.fmean(warm))))):
         with timer:
             fn()
         samples.append(timer.elapsed_s * 1e3)

@@ -905,7 +905,8 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, started: float
     for d in cuda:
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
-    record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms)
+    record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms,
+                                                             agree=agreed_count(device) if run.parallel else None)
     record["wall_s"] = time.perf_counter() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
@@ -916,6 +917,17 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, started: float
         step_s = record["leaderboard"]["ms"] / 1e3
         record["leaderboard"]["mfu"] = record["step_flops"] / step_s / 1e12 / (record["peak_tflops"] * run.world_size)
     return {**record, "status": "noisy" if record["noisy"] else "ok"}
+
+
+def agreed_count(device: torch.device) -> Callable[[int], int]:
+    """Under torchrun: the largest of the ranks' call counts, so that every rank runs as many collectives."""
+    import torch.distributed as dist
+
+    def agree(n: int) -> int:
+        count = torch.tensor([n], device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return int(count.item())
+    return agree
 
 
 @contextlib.contextmanager

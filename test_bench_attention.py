@@ -459,3 +459,11 @@ def test_leaderboard_2025_times_the_snippet_beside_naive_and_sdpa_and_flags_a_dr
     assert "scaled-down shape on a CPU" in out and "scaled-down shape: not comparable" in out
     stands = out[out.index("## Where it stands"):]
     assert "bad (sync timer) WRONG" in stands and "| 2025 best" in stands and "5.364" in stands
+
+
+def test_leaderboard_time_runs_the_counts_the_ranks_agreed_on():
+    """Under torchrun every rank must call the step (and its collectives) equally often: `agree` sets the counts."""
+    calls = []
+    timed = ba.leaderboard_time(lambda: calls.append(1), torch.device("cpu"), warmup_ms=1e6, rep_ms=1e6,
+                                agree=lambda n: 3)
+    assert timed["method"] == "sync timer" and timed["calls"] == 3 and len(calls) == 1 + 3 + 3
