@@ -26,10 +26,8 @@ import json
 import math
 import pickle
 import re
-import statistics
 import sys
 import time
-import timeit
 import traceback
 from collections import Counter
 from dataclasses import dataclass
@@ -260,13 +258,13 @@ def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) ->
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
     common.reset_peak_memory(device)
-    times_ms = []
+    timer, times_ms = SyncTimer(device), []
     for _ in range(run.steps):
-        with SyncTimer(device) as timer:  # synchronised at both ends: the step's kernels are done
+        with timer:  # synchronised at both ends: the step's kernels are done
             step()
         times_ms.append(timer.elapsed_s * 1e3)
-    record = {"environment": common.environment(device), "step_ms": times_ms,
-              "step_ms_mean": statistics.fmean(times_ms), **common.peak_memory_bytes(device)}
+    record = {"environment": common.environment(device), "step_ms": times_ms, **common.peak_memory_bytes(device),
+              **{f"step_ms_{k}": v for k, v in results.summarize(times_ms).items()}}
     if snapshot_path:
         record.update(record_snapshot(step, device, snapshot_path, max_entries))
     return record
@@ -432,12 +430,12 @@ def compiled_block_record(run: MemConfig) -> dict[str, Any]:
     torch.manual_seed(run.seed)
     with fake_model(one, device, fake=False) as (model, _), precision_context(device, run.dtype):
         x = torch.randn(shape, device=device, requires_grad=True)
-        start = timeit.default_timer()
-        compiled_bytes, compiled_tensors, _ = count_saved(
-            torch.compile(first_block(model, run), fullgraph=True), x)
+        with SyncTimer(device) as compiling:  # the first call compiles: its time is the compile time
+            compiled_bytes, compiled_tensors, _ = count_saved(
+                torch.compile(first_block(model, run), fullgraph=True), x)
     return {"block_eager_saved_bytes": eager_bytes, "block_eager_saved_tensors": eager_tensors,
             "block_compiled_saved_bytes": compiled_bytes, "block_compiled_saved_tensors": compiled_tensors,
-            "block_compile_s": timeit.default_timer() - start}
+            "block_compile_s": compiling.elapsed_s}
 
 
 # --- predict: the peak with activation checkpointing ---
