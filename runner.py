@@ -131,6 +131,22 @@ def died_status(exitcode: int | None, oom_before: tuple, oom_after: tuple) -> di
     return {"ok": False, "status": f"error: child process died with exit code {exitcode}"}
 
 
+def _start_uninterrupted(proc: Any) -> None:
+    """proc.start(), with a Ctrl-C that arrives meanwhile raised after it: interrupted mid-start, the new
+    child would read half its arguments and print the fork server's traceback."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        proc.start()
+        return
+    pending: list[int] = []
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        proc.start()
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if pending:
+        raise KeyboardInterrupt
+
+
 def _stop(proc: Any) -> None:
     """SIGTERM, then SIGKILL after a grace period: never wait forever on a hung child."""
     proc.terminate()
@@ -164,7 +180,7 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: boo
     oom_before, start, doing = oom_kill_counts(), timeit.default_timer(), "setting up"
     next_line = start + HEARTBEAT_S
     try:
-        proc.start()
+        _start_uninterrupted(proc)
         result_w.close()
         lifeline_r.close()
         while True:

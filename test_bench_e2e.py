@@ -119,9 +119,11 @@ def test_each_mode_times_its_phases_and_they_add_up_to_the_step(tmp_path, capsys
     for phase in phases + ["step"]:
         assert len(record[f"{phase}_ms"]) == steps and record[f"{phase}_ms_mean"] > 0  # every raw sample kept
     assert not any(f"{p}_ms" in record for p in {"forward", "backward", "optimizer"} - set(phases))
-    for i in range(steps):  # the phases are back to back inside the step's timer
-        parts = sum(record[f"{p}_ms"][i] for p in phases)
-        assert 0.9 * record["step_ms"][i] <= parts <= record["step_ms"][i] * 1.0001
+    # the phases are back to back inside the step's timer: their sum is within each step, and in the least
+    # disturbed step (a loaded machine preempts some) it is nearly all of it
+    gaps = [record["step_ms"][i] - sum(record[f"{p}_ms"][i] for p in phases) for i in range(steps)]
+    assert all(gap >= -1e-4 * step for gap, step in zip(gaps, record["step_ms"]))
+    assert min(gap / step for gap, step in zip(gaps, record["step_ms"])) <= 0.1
     (row,) = cells(capsys.readouterr().out, "step ms")
     assert row["dtype"] == "fp32" and "compile" not in row and ("opt ms" in row) == (mode == "train")
 

@@ -77,6 +77,24 @@ def test_a_hung_child_is_killed_at_its_time_limit_even_when_it_ignores_sigterm(m
     assert time.monotonic() - start < 10
 
 
+def test_a_ctrl_c_while_a_child_starts_waits_for_the_start_then_stops_it(monkeypatch, capfd):
+    """Interrupted mid-start, the new child would read half its arguments and print the server's traceback."""
+    runner.run_isolated(returns_config, {"n": 0})
+    real_start = runner.multiprocessing.context.ForkServerProcess.start
+
+    def start_with_a_ctrl_c(proc):
+        os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at its next instruction: inside start()
+        real_start(proc)
+        started.append(proc)
+
+    started = []
+    monkeypatch.setattr(runner.multiprocessing.context.ForkServerProcess, "start", start_with_a_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_isolated(fails, {"kind": "hang"})
+    (proc,) = started
+    assert proc.exitcode is not None and "Traceback" not in capfd.readouterr().err
+
+
 def ignores_sigterm_and_hangs(n):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(120)
