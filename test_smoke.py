@@ -116,6 +116,19 @@ def test_every_file_and_function_the_docs_name_exists():
     assert not missing, "named in the docs but not in the code: " + ", ".join(sorted(set(missing)))
 
 
+def test_the_gpu_tests_name_only_what_exists():
+    """test_gpu.py runs only where a GPU is lent: on a CPU, check at least that what it calls of ours exists."""
+    import ast
+    tree = ast.parse((HERE / "test_gpu.py").read_text())
+    ours = {p.stem for p in HERE.glob("*.py")}
+    modules = {a.asname or a.name: a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names if a.name in ours}
+    missing = [f"{node.value.id}.{node.attr} (line {node.lineno})" for node in ast.walk(tree)
+               if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+               and not hasattr(importlib.import_module(modules[node.value.id]), node.attr)]
+    assert not missing, "test_gpu.py names what is gone: " + ", ".join(missing)
+
+
 def heading_anchor(heading: str) -> str:
     """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
     import re
