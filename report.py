@@ -8,10 +8,7 @@ any tabulate format, several runs merged into one report (a `run` column in ever
     python3 report.py results/e2e/warmup.jsonl --plot                 # the figures, as PNG
 
 render() is the one path from records to a report (a sweep's live .md, a script's final table, this command),
-so a re-render is the run's own file, byte for byte. Records are read as JSON only; a record's "experiment"
-selects an entry of RENDERERS. Reports go to results/report/, figures beside them, never over an existing
-file. Bad input is one line and exit 2; a record a table cannot use is left out with a note. torch-free;
-matplotlib is imported where a figure is drawn.
+so a re-render is the run's own file, byte for byte. A record's "experiment" selects an entry of RENDERERS.
 """
 from __future__ import annotations
 
@@ -39,6 +36,12 @@ from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS,
 def keys_of(rows: list[Record], last: tuple[str, ...] = ()) -> list[str]:
     """Every key of the rows in the order they first appear, those in `last` at the end."""
     return [k for k in dict.fromkeys(k for row in rows for k in row) if k not in last] + list(last)
+
+
+def shown(rows: list[Record], columns: list[str], always: list[str], vary: tuple[str, ...] = ()) -> list[str]:
+    """The columns worth a column: `always`, those in `vary` where rows differ, the others where a row has one."""
+    return [c for c in columns if c in always or (len({str(row.get(c)) for row in rows}) > 1 if c in vary
+                                                  else any(row.get(c) is not None for row in rows))]
 
 
 def scaled(value: float | None, unit: int = GIB) -> float | None:
@@ -160,11 +163,10 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     holds a figure), compile times, the comparison, the longest contexts, the --profile tables."""
     records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
-    shown = [c for c in E2E_COLUMNS if c in E2E_COLUMNS[:7] + ["warmup"] or (
-        len({str(row[c]) for row in rows}) > 1 if c in ("attn", "model", "optimizer")
-        else any(row.get(c) is not None for row in rows))]
+    always = E2E_COLUMNS[:7] + ["warmup"]  # compile: only when on somewhere
+    default = with_run_column(shown(rows, E2E_COLUMNS, always, ("attn", "model", "optimizer")), records)
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
-             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
+             render_table(rows, pick_columns(default, columns, fmt), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
                      for r in records if "compile_s" in r]
     if compile_times:
@@ -202,22 +204,19 @@ def variants(configs: list[Record]) -> list[str]:
 
 
 def control_phase(configs: list[Record]) -> str | None:
-    """The phase every variant runs identically, whose drift says the machine changed: the optimizer step when
-    only the model's settings vary (dtype but fp16, compile, attention: fp32 master weights either way), the
-    forward when only the optimizer varies; None otherwise."""
+    """The phase every variant runs alike, whose drift says the machine changed: the optimizer step when only
+    the model's settings vary (fp32 master weights either way, but fp16), the forward when only the optimizer."""
     varied = set(varied_axes(configs))
     if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
         return None
     if varied == {"optimizer"}:
         return "forward"
-    fp16 = any(c["dtype"] == "fp16" for c in configs)
-    return "optimizer" if "optimizer" not in varied and not fp16 else None
+    return None if "optimizer" in varied or any(c["dtype"] == "fp16" for c in configs) else "optimizer"
 
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
     """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
-    mode where they vary), each variant's mean ms per phase, the speed-ups of the forward, forward+backward
-    and step, the drift of the control phase; None for a single variant."""
+    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for a single variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
@@ -249,10 +248,7 @@ SEARCH_START = 128  # the first probe; the study's contexts are powers of two fr
 
 def probe_contexts(max_context: int) -> list[int]:
     """SEARCH_START, twice that, ... up to the largest <= max_context."""
-    sizes = [SEARCH_START]
-    while sizes[-1] * 2 <= max_context:
-        sizes.append(sizes[-1] * 2)
-    return sizes
+    return [SEARCH_START * 2**k for k in range(max(1, (max_context // SEARCH_START).bit_length()))]
 
 
 def config_key(config: Record, context: bool = True) -> str:
@@ -336,10 +332,9 @@ def search_table(records: list[Record], fmt: str) -> str | None:
             answers.append(ans)
     if not answers:
         return None
-    columns = with_run_column(["size", "mode", "dtype"], records)
-    columns += [c for c in ("compile", "attn", "model", "optimizer") if len({str(r[c]) for r in rows}) > 1]
-    columns += ["parallel"] * any(r["parallel"] for r in rows) + ["longest ctx", "longest 2^k", "step ms"]
-    columns += ["peak mem GiB"] * any(r["peak mem GiB"] is not None for r in rows) + ["last probe", "answer"]
+    optional = ("compile", "attn", "model", "optimizer", "parallel", "peak mem GiB")
+    columns = with_run_column(shown(rows, list(rows[0])[1:], [c for c in rows[0] if c not in optional],
+                                    optional[:4]), records)
     caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
     resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
     return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
@@ -350,8 +345,7 @@ def search_table(records: list[Record], fmt: str) -> str | None:
 
 
 def profile_report(records: list[Record], fmt: str) -> str | None:
-    """--profile: torch.profiler's kernel tables of every configuration that has them (rank 0's under
-    --parallel), and under --parallel each rank's time in collectives per phase."""
+    """--profile's kernel tables (rank 0's under --parallel), and each rank's time in collectives per phase."""
     parts = []
     for r in records:
         if "profile" in r:
@@ -433,9 +427,8 @@ def impl_row(record: Record) -> Record:
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline; the first when
-    naive did not run), its times beside naive's, the speed-ups (paired by round when timed together) and the
-    check, with naive's own check when it failed; None for one implementation."""
+    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline, else the first): its
+    times beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -471,10 +464,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in impls:
         rows = [impl_row(r) for r in records if r["config"]["impl"] == impl]
-        shown = [c for c in ATTENTION_IMPL_COLUMNS[1:] if c in ("d", "seq", "status", "naive predicted")
-                 or (len({row["dtype"] for row in rows}) > 1 if c == "dtype"
-                     else any(row.get(c) is not None for row in rows))]
-        picked = pick_columns([RUN_COLUMN] * is_merged(records) + shown, columns, fmt, ATTENTION_IMPL_COLUMNS)
+        default = shown(rows, ATTENTION_IMPL_COLUMNS[1:], ["d", "seq", "status", "naive predicted"], ("dtype",))
+        picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
         lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
