@@ -39,7 +39,7 @@ def keys_of(rows: list[Record], last: tuple[str, ...] = ()) -> list[str]:
 
 
 def shown(rows: list[Record], columns: list[str], always: list[str], vary: tuple[str, ...] = ()) -> list[str]:
-    """The columns worth a column: `always`, those in `vary` where rows differ, the others where a row has one."""
+    """The columns to show: `always`, those in `vary` where rows differ, the rest where a row has a value."""
     return [c for c in columns if c in always or (len({str(row.get(c)) for row in rows}) > 1 if c in vary
                                                   else any(row.get(c) is not None for row in rows))]
 
@@ -136,8 +136,8 @@ def sizes_section(records: list[Record], fmt: str) -> str:
 
 def e2e_settings(records: list[Record]) -> dict[str, Setting]:
     """The settings line: what a run's rows share (FLOPs: whose TFLOP/s and MFU divide by, when not ours)."""
-    configs = [r["config"] for r in records]
-    flops = any(c.get("flops", "formula") != "formula" or c.get("model_factory") for c in configs)
+    flops = any(r["config"].get("flops", "formula") != "formula" or r["config"].get("model_factory")
+                for r in records)
 
     def model(r: Record) -> str:  # "ours (model.TransformerLM)", "my:Net", "mine (my:Net)"
         factory, name = r["config"].get("model_factory"), r["config"].get("model_name")
@@ -145,14 +145,14 @@ def e2e_settings(records: list[Record]) -> dict[str, Setting]:
         return f"{name} ({factory})" if name and factory else factory or ours
 
     def ranks(r: Record) -> str | None:
-        cuda = str((r.get("environment") or {}).get("device")).startswith("cuda")
-        return (f"{r['config']['world_size']} ({'nccl' if cuda else 'gloo'}; times: slowest rank per phase)"
+        backend = "nccl" if str((r.get("environment") or {}).get("device")).startswith("cuda") else "gloo"
+        return (f"{r['config']['world_size']} ({backend}; times: slowest rank per phase)"
                 if r["config"].get("parallel") else None)
 
-    def batch(r: Record) -> str:
-        return f"{r['config']['batch_size']}" + " per rank" * bool(r["config"].get("parallel"))
-
-    return {"sizes from": sizes_from, "model": model, "batch": batch, "steps": "steps",
+    return {"sizes from": sizes_from, "model": model,
+            "batch": lambda r: str(r["config"]["batch_size"])
+                               + " per rank" * bool(r["config"].get("parallel")),
+            "steps": "steps",
             "mode": lambda r: r["config"]["mode"] + " no-grad" * r["config"]["no_grad"],
             "FLOPs": lambda r: FLOPS_SOURCES[r["config"].get("flops", "formula")] if flops else None,
             "ranks": ranks}
@@ -204,8 +204,8 @@ def variants(configs: list[Record]) -> list[str]:
 
 
 def control_phase(configs: list[Record]) -> str | None:
-    """The phase every variant runs alike, whose drift says the machine changed: the optimizer step when only
-    the model's settings vary (fp32 master weights either way, but fp16), the forward when only the optimizer."""
+    """The phase all variants run alike (its drift: the machine changed): the optimizer step when only the
+    model's settings vary (fp32 master weights either way; not fp16), the forward when only the optimizer."""
     varied = set(varied_axes(configs))
     if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
         return None
@@ -216,7 +216,7 @@ def control_phase(configs: list[Record]) -> str | None:
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
     """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
-    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for a single variant."""
+    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for one variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
@@ -345,7 +345,7 @@ def search_table(records: list[Record], fmt: str) -> str | None:
 
 
 def profile_report(records: list[Record], fmt: str) -> str | None:
-    """--profile's kernel tables (rank 0's under --parallel), and each rank's time in collectives per phase."""
+    """--profile's kernel tables (rank 0's under --parallel) and each rank's time in collectives per phase."""
     parts = []
     for r in records:
         if "profile" in r:
@@ -427,8 +427,8 @@ def impl_row(record: Record) -> Record:
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline, else the first): its
-    times beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
+    """A row per (d, seq, dtype, batch) and implementation but naive (the baseline, else the first): its times
+    beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -464,7 +464,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in impls:
         rows = [impl_row(r) for r in records if r["config"]["impl"] == impl]
-        default = shown(rows, ATTENTION_IMPL_COLUMNS[1:], ["d", "seq", "status", "naive predicted"], ("dtype",))
+        always = ["d", "seq", "status", "naive predicted"]
+        default = shown(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
         picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
         lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
     if table := attention_comparison(records, fmt, columns):
