@@ -13,7 +13,6 @@ so a re-render is the run's own file, byte for byte. A record's "experiment" sel
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -159,8 +158,7 @@ def e2e_settings(records: list[Record]) -> dict[str, Setting]:
 
 
 def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The model configurations, the settings, the results table (a column only where it tells rows apart or
-    holds a figure), compile times, the comparison, the longest contexts, the --profile tables."""
+    """Model sizes, settings, the results table, compile times, comparison, longest contexts, --profile."""
     records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
     always = E2E_COLUMNS[:7] + ["warmup"]  # compile: only when on somewhere
@@ -258,8 +256,7 @@ def config_key(config: Record, context: bool = True) -> str:
 
 
 def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) -> Record:
-    """One search's answer from its probes ({"context_length", "status"}): the longest context that ran, the
-    longest power of two, the first OOM, whether conclusive, and the answer in words."""
+    """One search's answer from its probes ({"context_length", "status"}): longest, first OOM, in words."""
     probes = sorted(probes, key=lambda p: p["context_length"])
     fits = [p["context_length"] for p in probes if p["status"] in FINISHED]
     ooms = [p["context_length"] for p in probes if is_oom_status(p["status"])]
@@ -457,8 +454,7 @@ def timing_label(record: Record) -> str | None:
 
 
 def render_attention(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The environment, a table per implementation (its columns: those that hold a figure; dtype when
-    several), the comparison (both with the `columns` they have) and what the columns mean."""
+    """The environment, a table per implementation, the comparison and what the columns mean."""
     lines = environment_lines(records, {"batch": "batch_size", "dtype": "dtype", "causal": lambda r: "yes",
                                         "timing": timing_label})
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
@@ -492,8 +488,8 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
 
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
-    """(record, its identifying cells: the run in a merge, then `keys` of the config, model only when yours
-    ran `among` the records), `unique`: once per identity (rows that differ in no printed key are one)."""
+    """(record, its identifying cells: the run in a merge, `keys` of the config, model only when yours ran
+    `among` the records); with `unique`, rows that differ in no printed key are one."""
     among = records if among is None else among
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
@@ -619,8 +615,7 @@ def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None
 
 
 def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
-    """The memory_profiling answer: one row per size and context, forward beside train, fp32 beside bf16;
-    attn, ckpt, model and optimizer get a column only when they vary. None when nothing was measured."""
+    """The memory_profiling answer: a row per size and context, a column per dtype and mode."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
@@ -711,8 +706,7 @@ TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_
 
 
 def precision_row(r: Record) -> Record:
-    """Floats in full (floatfmt="": the shortest repr that round-trips), errors to 3 digits; the stored addend
-    also as an integer over a power of two, which shows how many bits it kept."""
+    """Floats in full (floatfmt=""), errors to 3 digits; the stored addend also as n/2^k (its bits)."""
     numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
     return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
             "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
@@ -724,8 +718,7 @@ def precision_row(r: Record) -> Record:
 
 
 def precision_notes(records: list[Record]) -> list[str]:
-    """Why case 3 equals case 4 (torch's type promotion, as recorded by the run), then how each low-precision
-    accumulator loses the sum, read off its spacing at the result."""
+    """Why case 3 equals case 4 (type promotion), then how each low-precision accumulator loses the sum."""
     by_case = {r["case"]: r for r in records}
     notes = []
     if {"1", "3", "4"} <= by_case.keys():
@@ -768,8 +761,7 @@ def toy_columns(records: list[Record]) -> list[str]:
 
 
 def render_toy(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The title, the CPU note off CUDA, a row per tensor as observed and a column per autocast dtype (a
-    failed dtype's status in each of its cells)."""
+    """The title, the CPU note off CUDA, a row per tensor, a column per autocast dtype (or its status)."""
     merged = is_merged(records)
     lines, rows = [*environment_lines(records, {}), ""], []
     for run, rs in by_run(records).items():
@@ -827,9 +819,9 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
     try:
         for record in append:
             files.append_record(record)
-        shown = emit(files.write_report(lambda f: render(experiment, records, f, columns), fmt))
+        printed = emit(files.write_report(lambda f: render(experiment, records, f, columns), fmt))
         drawn, failed = draw(experiment, records, files) if plot else ([], False)
-        if shown:
+        if printed:
             files.say_written(fmt, [*extra_paths, *drawn])
         return 1 if failed else 0
     except KeyboardInterrupt:
@@ -853,8 +845,7 @@ class Run:
 
 
 def read_run(path: str) -> Run:
-    """One file's records, read as JSON with bounded lines (an endless or binary input is one ReportError); an
-    unreadable last line is skipped (the run stopped while writing it)."""
+    """One file's records, lines bounded (an endless input is one error); a bad last line is skipped."""
     run, total, bad = Run(Path(path), [], [], ""), 0, None
     try:
         with open(path, "rb") as f:
@@ -897,8 +888,7 @@ def read_run(path: str) -> Run:
 
 def renderable(experiment: str, records: list[Record], where: list[str], fmt: str,
                columns: list[str] | None) -> tuple[str, list[Record]]:
-    """The report of the records, leaving out with a note each record the tables cannot use on its own (a
-    field missing or of another type); a ReportError when none can be used."""
+    """The report, leaving out with a note each record the tables cannot use; a ReportError if none can."""
     try:
         return render(experiment, records, fmt, columns), records
     except Exception:  # noqa: BLE001 - data of any shape: find the records that break it
@@ -928,9 +918,8 @@ Notes = list[str]  # what a figure left out, one line each
 
 
 def matplotlib_missing() -> str | None:
-    if importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib, which is not installed: pip install matplotlib"
-    return None
+    found = importlib.util.find_spec("matplotlib")
+    return None if found else "--plot needs matplotlib, which is not installed: pip install matplotlib"
 
 
 def new_figure(records: list[Record], title: str, ncols: int = 1, width: float = 6.4
@@ -1020,8 +1009,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
 
 
 def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
-    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration, as the comparison table
-    has them; a failed one's status is written where its bar would be."""
+    """Each variant's speed-ups over the first, as the comparison has them; a failed one's status as a bar."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
     if (spec := e2e_comparison(measured)) is None:
         return None
@@ -1071,8 +1059,7 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
 
 
 def plot_attention(records: list[Record], notes: Notes) -> Any | None:
-    """Forward, backward time and memory against sequence length, one line per implementation and d (and
-    dtype, batch, run where they vary); failed configurations marked along the top."""
+    """Forward, backward time and memory against sequence length; failed configurations marked on top."""
     if not any(finished(r) for r in records):
         return None
     mem_key = "mem_before_backward_bytes" if any("mem_before_backward_bytes" in r for r in records) \
@@ -1192,8 +1179,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
                 os.replace(partial, path)
                 paths.append(path)
         except Exception as exc:  # noqa: BLE001 - records a figure cannot use, a full disk: the tables stand
-            with contextlib.suppress(OSError):
-                partial.unlink()
+            partial.unlink(missing_ok=True)
             why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
