@@ -957,7 +957,7 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     if x_base:
         ax.set_xscale("log", base=x_base)
-        shown = xs if len(xs) <= 10 else xs[::math.ceil(len(xs) / 10)]
+        shown = xs[::math.ceil(len(xs) / 10)]  # at most 10
         ax.set_xticks(shown, [f"{x:g}" for x in shown])
         ax.xaxis.set_minor_locator(NullLocator())
 
