@@ -37,7 +37,8 @@ def keys_of(rows: list[Record], last: tuple[str, ...] = ()) -> list[str]:
     return [k for k in dict.fromkeys(k for row in rows for k in row) if k not in last] + list(last)
 
 
-def shown(rows: list[Record], columns: list[str], always: list[str], vary: tuple[str, ...] = ()) -> list[str]:
+def shown_columns(rows: list[Record], columns: list[str], always: list[str], vary: tuple[str, ...] = ()
+                  ) -> list[str]:
     """The columns to show: `always`, those in `vary` where rows differ, the rest where a row has a value."""
     return [c for c in columns if c in always or (len({str(row.get(c)) for row in rows}) > 1 if c in vary
                                                   else any(row.get(c) is not None for row in rows))]
@@ -162,9 +163,9 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
     always = E2E_COLUMNS[:7] + ["warmup"]  # compile: only when on somewhere
-    default = with_run_column(shown(rows, E2E_COLUMNS, always, ("attn", "model", "optimizer")), records)
+    shown = shown_columns(rows, E2E_COLUMNS, always, ("attn", "model", "optimizer"))
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
-             render_table(rows, pick_columns(default, columns, fmt), fmt)]
+             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
                      for r in records if "compile_s" in r]
     if compile_times:
@@ -330,8 +331,8 @@ def search_table(records: list[Record], fmt: str) -> str | None:
     if not answers:
         return None
     optional = ("compile", "attn", "model", "optimizer", "parallel", "peak mem GiB")
-    columns = with_run_column(shown(rows, list(rows[0])[1:], [c for c in rows[0] if c not in optional],
-                                    optional[:4]), records)
+    always = [c for c in rows[0] if c not in optional]
+    columns = with_run_column(shown_columns(rows, list(rows[0])[1:], always, optional[:4]), records)
     caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
     resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
     return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
@@ -461,7 +462,7 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
     for impl in impls:
         rows = [impl_row(r) for r in records if r["config"]["impl"] == impl]
         always = ["d", "seq", "status", "naive predicted"]
-        default = shown(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
+        default = shown_columns(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
         picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
         lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
     if table := attention_comparison(records, fmt, columns):
@@ -588,8 +589,8 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
             f"at K = {p['best_k']} ({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive "
             f"halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} boundaries kept, "
             f"one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
-    shown = [c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)]
-    return (render_table(rows, with_run_column(shown, records), fmt, floatfmt=".3f") + "\n\nPredicted peak: "
+    columns = with_run_column(shown_columns(rows, MEMORY_CHECKPOINT_COLUMNS, []), records)
+    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: "
             "the largest of the moments (at) a step's peak can fall in; kept: what the forward leaves for "
             "backward (with K > 0, ceil(N/K) segment inputs); recomputed: one segment's K blocks. "
             "Activations: N a without checkpointing, ceil(N/K) b + K a single level, (ceil(log2 N) + 1) b "
@@ -957,8 +958,8 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     if x_base:
         ax.set_xscale("log", base=x_base)
-        shown = xs[::math.ceil(len(xs) / 10)]  # at most 10
-        ax.set_xticks(shown, [f"{x:g}" for x in shown])
+        ticked = xs[::math.ceil(len(xs) / 10)]  # at most 10
+        ax.set_xticks(ticked, [f"{x:g}" for x in ticked])
         ax.xaxis.set_minor_locator(NullLocator())
 
 
