@@ -8,15 +8,11 @@ any tabulate format, several runs merged into one report (a `run` column in ever
     python3 report.py results/e2e/warmup.jsonl --plot                 # the figures, as PNG
 
 render() is the one path from records to a report (a sweep's live .md, a script's final table, this command),
-so a re-render is the run's own file, byte for byte. Records are read as JSON only; a record's "experiment"
-selects an entry of RENDERERS. Reports go to results/report/, figures beside them, never over an existing
-file. Bad input is one line and exit 2; a record a table cannot use is left out with a note. torch-free;
-matplotlib is imported where a figure is drawn.
+so a re-render is the run's own file, byte for byte. A record's "experiment" selects an entry of RENDERERS.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -39,6 +35,13 @@ from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS,
 def keys_of(rows: list[Record], last: tuple[str, ...] = ()) -> list[str]:
     """Every key of the rows in the order they first appear, those in `last` at the end."""
     return [k for k in dict.fromkeys(k for row in rows for k in row) if k not in last] + list(last)
+
+
+def shown_columns(rows: list[Record], columns: list[str], always: list[str], vary: tuple[str, ...] = ()
+                  ) -> list[str]:
+    """The columns to show: `always`, those in `vary` where rows differ, the rest where a row has a value."""
+    return [c for c in columns if c in always or (len({str(row.get(c)) for row in rows}) > 1 if c in vary
+                                                  else any(row.get(c) is not None for row in rows))]
 
 
 def scaled(value: float | None, unit: int = GIB) -> float | None:
@@ -133,8 +136,8 @@ def sizes_section(records: list[Record], fmt: str) -> str:
 
 def e2e_settings(records: list[Record]) -> dict[str, Setting]:
     """The settings line: what a run's rows share (FLOPs: whose TFLOP/s and MFU divide by, when not ours)."""
-    configs = [r["config"] for r in records]
-    flops = any(c.get("flops", "formula") != "formula" or c.get("model_factory") for c in configs)
+    flops = any(r["config"].get("flops", "formula") != "formula" or r["config"].get("model_factory")
+                for r in records)
 
     def model(r: Record) -> str:  # "ours (model.TransformerLM)", "my:Net", "mine (my:Net)"
         factory, name = r["config"].get("model_factory"), r["config"].get("model_name")
@@ -142,27 +145,25 @@ def e2e_settings(records: list[Record]) -> dict[str, Setting]:
         return f"{name} ({factory})" if name and factory else factory or ours
 
     def ranks(r: Record) -> str | None:
-        cuda = str((r.get("environment") or {}).get("device")).startswith("cuda")
-        return (f"{r['config']['world_size']} ({'nccl' if cuda else 'gloo'}; times: slowest rank per phase)"
+        backend = "nccl" if str((r.get("environment") or {}).get("device")).startswith("cuda") else "gloo"
+        return (f"{r['config']['world_size']} ({backend}; times: slowest rank per phase)"
                 if r["config"].get("parallel") else None)
 
-    def batch(r: Record) -> str:
-        return f"{r['config']['batch_size']}" + " per rank" * bool(r["config"].get("parallel"))
-
-    return {"sizes from": sizes_from, "model": model, "batch": batch, "steps": "steps",
+    return {"sizes from": sizes_from, "model": model,
+            "batch": lambda r: str(r["config"]["batch_size"])
+                               + " per rank" * bool(r["config"].get("parallel")),
+            "steps": "steps",
             "mode": lambda r: r["config"]["mode"] + " no-grad" * r["config"]["no_grad"],
             "FLOPs": lambda r: FLOPS_SOURCES[r["config"].get("flops", "formula")] if flops else None,
             "ranks": ranks}
 
 
 def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The model configurations, the settings, the results table (a column only where it tells rows apart or
-    holds a figure), compile times, the comparison, the longest contexts, the --profile tables."""
+    """Model sizes, settings, the results table, compile times, comparison, longest contexts, --profile."""
     records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
-    shown = [c for c in E2E_COLUMNS if c in E2E_COLUMNS[:7] + ["warmup"] or (
-        len({str(row[c]) for row in rows}) > 1 if c in ("attn", "model", "optimizer")
-        else any(row.get(c) is not None for row in rows))]
+    always = E2E_COLUMNS[:7] + ["warmup"]  # compile: only when on somewhere
+    shown = shown_columns(rows, E2E_COLUMNS, always, ("attn", "model", "optimizer"))
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
              render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
@@ -202,22 +203,19 @@ def variants(configs: list[Record]) -> list[str]:
 
 
 def control_phase(configs: list[Record]) -> str | None:
-    """The phase every variant runs identically, whose drift says the machine changed: the optimizer step when
-    only the model's settings vary (dtype but fp16, compile, attention: fp32 master weights either way), the
-    forward when only the optimizer varies; None otherwise."""
+    """The phase all variants run alike (its drift: the machine changed): the optimizer step when only the
+    model's settings vary (fp32 master weights either way; not fp16), the forward when only the optimizer."""
     varied = set(varied_axes(configs))
     if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
         return None
     if varied == {"optimizer"}:
         return "forward"
-    fp16 = any(c["dtype"] == "fp16" for c in configs)
-    return "optimizer" if "optimizer" not in varied and not fp16 else None
+    return None if "optimizer" in varied or any(c["dtype"] == "fp16" for c in configs) else "optimizer"
 
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
     """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
-    mode where they vary), each variant's mean ms per phase, the speed-ups of the forward, forward+backward
-    and step, the drift of the control phase; None for a single variant."""
+    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for one variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
@@ -249,10 +247,7 @@ SEARCH_START = 128  # the first probe; the study's contexts are powers of two fr
 
 def probe_contexts(max_context: int) -> list[int]:
     """SEARCH_START, twice that, ... up to the largest <= max_context."""
-    sizes = [SEARCH_START]
-    while sizes[-1] * 2 <= max_context:
-        sizes.append(sizes[-1] * 2)
-    return sizes
+    return [SEARCH_START * 2**k for k in range(max(1, (max_context // SEARCH_START).bit_length()))]
 
 
 def config_key(config: Record, context: bool = True) -> str:
@@ -262,8 +257,7 @@ def config_key(config: Record, context: bool = True) -> str:
 
 
 def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) -> Record:
-    """One search's answer from its probes ({"context_length", "status"}): the longest context that ran, the
-    longest power of two, the first OOM, whether conclusive, and the answer in words."""
+    """One search's answer from its probes ({"context_length", "status"}): longest, first OOM, in words."""
     probes = sorted(probes, key=lambda p: p["context_length"])
     fits = [p["context_length"] for p in probes if p["status"] in FINISHED]
     ooms = [p["context_length"] for p in probes if is_oom_status(p["status"])]
@@ -336,10 +330,9 @@ def search_table(records: list[Record], fmt: str) -> str | None:
             answers.append(ans)
     if not answers:
         return None
-    columns = with_run_column(["size", "mode", "dtype"], records)
-    columns += [c for c in ("compile", "attn", "model", "optimizer") if len({str(r[c]) for r in rows}) > 1]
-    columns += ["parallel"] * any(r["parallel"] for r in rows) + ["longest ctx", "longest 2^k", "step ms"]
-    columns += ["peak mem GiB"] * any(r["peak mem GiB"] is not None for r in rows) + ["last probe", "answer"]
+    optional = ("compile", "attn", "model", "optimizer", "parallel", "peak mem GiB")
+    always = [c for c in rows[0] if c not in optional]
+    columns = with_run_column(shown_columns(rows, list(rows[0])[1:], always, optional[:4]), records)
     caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
     resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
     return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
@@ -350,8 +343,7 @@ def search_table(records: list[Record], fmt: str) -> str | None:
 
 
 def profile_report(records: list[Record], fmt: str) -> str | None:
-    """--profile: torch.profiler's kernel tables of every configuration that has them (rank 0's under
-    --parallel), and under --parallel each rank's time in collectives per phase."""
+    """--profile's kernel tables (rank 0's under --parallel) and each rank's time in collectives per phase."""
     parts = []
     for r in records:
         if "profile" in r:
@@ -433,9 +425,8 @@ def impl_row(record: Record) -> Record:
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation other than naive (the baseline; the first when
-    naive did not run), its times beside naive's, the speed-ups (paired by round when timed together) and the
-    check, with naive's own check when it failed; None for one implementation."""
+    """A row per (d, seq, dtype, batch) and implementation but naive (the baseline, else the first): its times
+    beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -464,17 +455,15 @@ def timing_label(record: Record) -> str | None:
 
 
 def render_attention(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The environment, a table per implementation (its columns: those that hold a figure; dtype when
-    several), the comparison (both with the `columns` they have) and what the columns mean."""
+    """The environment, a table per implementation, the comparison and what the columns mean."""
     lines = environment_lines(records, {"batch": "batch_size", "dtype": "dtype", "causal": lambda r: "yes",
                                         "timing": timing_label})
     impls = list(dict.fromkeys(r["config"]["impl"] for r in records))
     for impl in impls:
         rows = [impl_row(r) for r in records if r["config"]["impl"] == impl]
-        shown = [c for c in ATTENTION_IMPL_COLUMNS[1:] if c in ("d", "seq", "status", "naive predicted")
-                 or (len({row["dtype"] for row in rows}) > 1 if c == "dtype"
-                     else any(row.get(c) is not None for row in rows))]
-        picked = pick_columns([RUN_COLUMN] * is_merged(records) + shown, columns, fmt, ATTENTION_IMPL_COLUMNS)
+        always = ["d", "seq", "status", "naive predicted"]
+        default = shown_columns(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
+        picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
         lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
@@ -500,8 +489,8 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
 
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
-    """(record, its identifying cells: the run in a merge, then `keys` of the config, model only when yours
-    ran `among` the records), `unique`: once per identity (rows that differ in no printed key are one)."""
+    """(record, its identifying cells: the run in a merge, `keys` of the config, model only when yours ran
+    `among` the records); with `unique`, rows that differ in no printed key are one."""
     among = records if among is None else among
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
@@ -600,8 +589,8 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
             f"at K = {p['best_k']} ({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive "
             f"halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} boundaries kept, "
             f"one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")
-    shown = [c for c in MEMORY_CHECKPOINT_COLUMNS if any(c in row for row in rows)]
-    return (render_table(rows, with_run_column(shown, records), fmt, floatfmt=".3f") + "\n\nPredicted peak: "
+    columns = with_run_column(shown_columns(rows, MEMORY_CHECKPOINT_COLUMNS, []), records)
+    return (render_table(rows, columns, fmt, floatfmt=".3f") + "\n\nPredicted peak: "
             "the largest of the moments (at) a step's peak can fall in; kept: what the forward leaves for "
             "backward (with K > 0, ceil(N/K) segment inputs); recomputed: one segment's K blocks. "
             "Activations: N a without checkpointing, ceil(N/K) b + K a single level, (ceil(log2 N) + 1) b "
@@ -627,8 +616,7 @@ def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None
 
 
 def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
-    """The memory_profiling answer: one row per size and context, forward beside train, fp32 beside bf16;
-    attn, ckpt, model and optimizer get a column only when they vary. None when nothing was measured."""
+    """The memory_profiling answer: a row per size and context, a column per dtype and mode."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
     fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
@@ -719,8 +707,7 @@ TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_
 
 
 def precision_row(r: Record) -> Record:
-    """Floats in full (floatfmt="": the shortest repr that round-trips), errors to 3 digits; the stored addend
-    also as an integer over a power of two, which shows how many bits it kept."""
+    """Floats in full (floatfmt=""), errors to 3 digits; the stored addend also as n/2^k (its bits)."""
     numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
     return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
             "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
@@ -732,8 +719,7 @@ def precision_row(r: Record) -> Record:
 
 
 def precision_notes(records: list[Record]) -> list[str]:
-    """Why case 3 equals case 4 (torch's type promotion, as recorded by the run), then how each low-precision
-    accumulator loses the sum, read off its spacing at the result."""
+    """Why case 3 equals case 4 (type promotion), then how each low-precision accumulator loses the sum."""
     by_case = {r["case"]: r for r in records}
     notes = []
     if {"1", "3", "4"} <= by_case.keys():
@@ -776,8 +762,7 @@ def toy_columns(records: list[Record]) -> list[str]:
 
 
 def render_toy(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The title, the CPU note off CUDA, a row per tensor as observed and a column per autocast dtype (a
-    failed dtype's status in each of its cells)."""
+    """The title, the CPU note off CUDA, a row per tensor, a column per autocast dtype (or its status)."""
     merged = is_merged(records)
     lines, rows = [*environment_lines(records, {}), ""], []
     for run, rs in by_run(records).items():
@@ -835,9 +820,9 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
     try:
         for record in append:
             files.append_record(record)
-        shown = emit(files.write_report(lambda f: render(experiment, records, f, columns), fmt))
+        printed = emit(files.write_report(lambda f: render(experiment, records, f, columns), fmt))
         drawn, failed = draw(experiment, records, files) if plot else ([], False)
-        if shown:
+        if printed:
             files.say_written(fmt, [*extra_paths, *drawn])
         return 1 if failed else 0
     except KeyboardInterrupt:
@@ -861,8 +846,7 @@ class Run:
 
 
 def read_run(path: str) -> Run:
-    """One file's records, read as JSON with bounded lines (an endless or binary input is one ReportError); an
-    unreadable last line is skipped (the run stopped while writing it)."""
+    """One file's records, lines bounded (an endless input is one error); a bad last line is skipped."""
     run, total, bad = Run(Path(path), [], [], ""), 0, None
     try:
         with open(path, "rb") as f:
@@ -905,8 +889,7 @@ def read_run(path: str) -> Run:
 
 def renderable(experiment: str, records: list[Record], where: list[str], fmt: str,
                columns: list[str] | None) -> tuple[str, list[Record]]:
-    """The report of the records, leaving out with a note each record the tables cannot use on its own (a
-    field missing or of another type); a ReportError when none can be used."""
+    """The report, leaving out with a note each record the tables cannot use; a ReportError if none can."""
     try:
         return render(experiment, records, fmt, columns), records
     except Exception:  # noqa: BLE001 - data of any shape: find the records that break it
@@ -936,9 +919,8 @@ Notes = list[str]  # what a figure left out, one line each
 
 
 def matplotlib_missing() -> str | None:
-    if importlib.util.find_spec("matplotlib") is None:
-        return "--plot needs matplotlib, which is not installed: pip install matplotlib"
-    return None
+    found = importlib.util.find_spec("matplotlib")
+    return None if found else "--plot needs matplotlib, which is not installed: pip install matplotlib"
 
 
 def new_figure(records: list[Record], title: str, ncols: int = 1, width: float = 6.4
@@ -976,8 +958,8 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     if x_base:
         ax.set_xscale("log", base=x_base)
-        shown = xs if len(xs) <= 10 else xs[::math.ceil(len(xs) / 10)]
-        ax.set_xticks(shown, [f"{x:g}" for x in shown])
+        ticked = xs[::math.ceil(len(xs) / 10)]  # at most 10
+        ax.set_xticks(ticked, [f"{x:g}" for x in ticked])
         ax.xaxis.set_minor_locator(NullLocator())
 
 
@@ -1028,8 +1010,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
 
 
 def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
-    """Each variant's speed-up over the first (fwd, fwd+bwd, step) per configuration, as the comparison table
-    has them; a failed one's status is written where its bar would be."""
+    """Each variant's speed-ups over the first, as the comparison has them; a failed one's status as a bar."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
     if (spec := e2e_comparison(measured)) is None:
         return None
@@ -1079,8 +1060,7 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
 
 
 def plot_attention(records: list[Record], notes: Notes) -> Any | None:
-    """Forward, backward time and memory against sequence length, one line per implementation and d (and
-    dtype, batch, run where they vary); failed configurations marked along the top."""
+    """Forward, backward time and memory against sequence length; failed configurations marked on top."""
     if not any(finished(r) for r in records):
         return None
     mem_key = "mem_before_backward_bytes" if any("mem_before_backward_bytes" in r for r in records) \
@@ -1200,8 +1180,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
                 os.replace(partial, path)
                 paths.append(path)
         except Exception as exc:  # noqa: BLE001 - records a figure cannot use, a full disk: the tables stand
-            with contextlib.suppress(OSError):
-                partial.unlink()
+            partial.unlink(missing_ok=True)
             why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
