@@ -210,7 +210,10 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     """An nsys export, or a .nsys-rep through its export X.sqlite in `folder` (default: the report's) unless
     that is older; else a fresh export into X.sqlite when there is none, else into a temporary folder."""
     report = report_file(source)
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
     if report.suffix == ".sqlite":
+
         return load_nsys(report)
     if not report.is_file():
         raise ProfileFormatError(f"{report}: no such report")
@@ -560,13 +563,10 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     """The four tables as JSON-ready rows. `ranges`: --ranges KEY=NAME; `compiled`: a torch.compile run."""
     chosen = select_measured(profile, ranges)
     phases = [p for p in PHASES if p in chosen.used]
-    if STEP in chosen.used:
-        steps, steps_from = sum(chosen.used[STEP].values()), "the step ranges"
-    elif phases:  # the optimizer runs once a step; forward and backward may run more (gradient accumulation)
-        counted = next(p for p in ("optimizer", "backward", "forward") if p in phases)
-        steps, steps_from = sum(chosen.used[counted].values()), f"the {counted} ranges"
-    else:
-        steps, steps_from = 1, "no phase range: the whole region counts as one"
+    # the optimizer runs once a step; forward and backward may run more (gradient accumulation)
+    counted = next((p for p in (STEP, "optimizer", "backward", "forward") if p in chosen.used), None)
+    steps = sum(chosen.used[counted].values()) if counted else 1
+    steps_from = f"the {counted} ranges" if counted else "no phase range: the whole region counts as one"
     groups = attribute(chosen.activities, chosen.ranges, phases)
     notes = list(profile.notes) + ([] if phases or STEP in chosen.used else [NO_PHASE])
     recorded = {r.name for r in profile.ranges}
@@ -1060,9 +1060,8 @@ def sweep_main(argv: list[str]) -> int:
               f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.ctx} --mode "
               f"{first.mode} --profile", file=sys.stderr)
         return 2
-    known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout \
-        if args.pass_through else ""
     for name in [flag.split("=")[0] for flag in args.pass_through]:
+        known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout
         if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
             version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
@@ -1182,10 +1181,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the profiled run did not finish: status {record.get('status')!r}", file=sys.stderr)
             return 1
         stopwatch = stopwatch_ms(record) if record else args.stopwatch
-        if args.export_dir:
-            Path(args.export_dir).mkdir(parents=True, exist_ok=True)
         profile = load_torch_trace(args.source) if is_trace(args.source) else \
-            load_report(args.source, Path(args.export_dir) if args.export_dir else None)
+            load_report(args.source, args.export_dir and Path(args.export_dir))
     except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # fields of another shape
         said = exc if isinstance(exc, ProfileFormatError) else \
             f"{args.e2e_jsonl or args.source}: malformed or unreadable: {type(exc).__name__}: {exc}"
