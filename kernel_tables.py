@@ -213,7 +213,6 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     if folder:
         folder.mkdir(parents=True, exist_ok=True)
     if report.suffix == ".sqlite":
-
         return load_nsys(report)
     if not report.is_file():
         raise ProfileFormatError(f"{report}: no such report")
@@ -431,7 +430,6 @@ def attribute(activities: list[Activity], ranges: list[Range],
               names: Iterable[str]) -> dict[str, list[Activity]]:
     """Work grouped by the innermost range of `names` holding its LAUNCH (OUTSIDE when none): backward kernels
     come from the autograd thread, which a thread's own range stack (nvtx_kern_sum's) misses."""
-
     windows = Windows(r for r in ranges if r.name in set(names))
     groups: dict[str, list[Activity]] = {}
     for a in activities:
@@ -462,8 +460,7 @@ def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
     if chosen.in_warmup:
         left_out = ", ".join(f"{n} {p}" for p, n in chosen.in_warmup.items())
         line += f" (left out, inside warm-up ranges: {left_out})"
-    steps_line = f"{steps} step{'s' if steps != 1 else ''} ({steps_from})"
-    return f"{line}; {steps_line}; measured region: {chosen.region}"
+    return f"{line}; {steps} step{'s' * (steps != 1)} ({steps_from}); measured region: {chosen.region}"
 
 
 def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: list[str], steps: int,
@@ -694,10 +691,10 @@ def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
                                            attention_shape(config), 1, bool(config.get("compile")))
             entry["record"] = record
             entry["status"] = record["status"] if record else "ok (no _e2e.jsonl: no stopwatch)"
-    except ProfileFormatError as exc:
-        entry["status"] = f"error: {exc}"
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a record of another shape
-        entry["status"] = f"error: {prefix}: malformed: {type(exc).__name__}: {exc}"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ProfileFormatError is a ValueError
+        said = exc if isinstance(exc, ProfileFormatError) else \
+            f"{prefix}: malformed: {type(exc).__name__}: {exc}"
+        entry["status"] = f"error: {said}"
     return entry
 
 
@@ -924,12 +921,11 @@ def dry_run(args: argparse.Namespace) -> int:
         return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
+        again = config.file(".nsys-rep").exists()
         todo = {"reuse": "reuse the existing report",
                 "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
-                "profile": "profile again, replacing the report (--force)" if config.file(".nsys-rep").exists()
-                else "profile"}[action(config, args)]
-        print(f"  {i}. {config.label()} -> {config.report}: {todo}")
-
+                "profile": "profile again, replacing the report (--force)" if again else "profile"}
+        print(f"  {i}. {config.label()} -> {config.report}: {todo[action(config, args)]}")
     print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(args.plan[0].app)} ...")
     if not args.no_skip:
@@ -940,7 +936,6 @@ def dry_run(args: argparse.Namespace) -> int:
 
 def remove_files(config: Config) -> None:
     """A configuration's files (the toolkit's names): none may outlive a new, refused or interrupted run."""
-
     for suffix in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl", "_e2e.md"):
         config.file(suffix).unlink(missing_ok=True)
 
