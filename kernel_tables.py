@@ -9,10 +9,8 @@ their calls; the matmul share of inference vs a training step; softmax vs the at
     python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a torch trace
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across nsys_run.sh's reports
 
-The tables: 1. phase times per step against a stopwatch; 2. top kernels; 3. category shares; 4. inside
-attention. A .nsys-rep is read from its export X.sqlite (beside it, or in --csv-dir) unless that is older than
-the report; else `nsys export` ($NSYS, else nsys on PATH) writes X.sqlite there, or into a temporary folder
-when a file of that name exists: a file the toolkit did not write is never replaced or deleted. torch-free.
+A .nsys-rep is read from its export X.sqlite (beside it, or in --csv-dir), exported afresh by nsys when that
+is older; a file the toolkit did not write is never replaced or deleted. torch-free.
 """
 from __future__ import annotations
 
@@ -94,9 +92,8 @@ _NVTX_SQL = ("SELECT COALESCE(e.text, s.value), e.start, e.end FROM NVTX_EVENTS 
 
 
 def load_nsys(source: str | Path) -> Profile:
-    """A profile from an nsys SQLite export (X.sqlite, or the prefix X): each kernel, memcpy and memset joined
-    to the runtime call that launched it (same correlation id and process: globalTid >> 24 is the
-    globalPid's), and the NVTX ranges. A CPU-only run's export has no CUPTI tables: no activities."""
+    """An nsys SQLite export (X.sqlite, or the prefix X): GPU work joined to its launching runtime call (same
+    correlation id and process: globalTid >> 24 is the globalPid's), and the NVTX ranges."""
     path = Path(source) if str(source).endswith(".sqlite") else Path(f"{source}.sqlite")
     if not path.is_file():
         raise ProfileFormatError(f"{path}: no such nsys SQLite export")
@@ -117,9 +114,8 @@ def load_nsys(source: str | Path) -> Profile:
 
 
 def load_torch_trace(path: str | Path) -> Profile:
-    """A profile from a torch.profiler Chrome trace (.json, .json.gz; µs): with CUDA activity, kernels,
-    memcpys and memsets joined to their launching runtime call by correlation id; without, every operator's
-    self CPU time. Ranges are the record_function labels."""
+    """A torch.profiler Chrome trace (.json, .json.gz; µs): GPU work joined to its launch by correlation id,
+    else every operator's self CPU time; the record_function labels as ranges."""
     path = Path(path)
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
@@ -142,8 +138,7 @@ def load_torch_trace(path: str | Path) -> Profile:
 
 
 def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
-    """Self CPU time of every operator (cpu_op): its duration minus that of the operators directly inside it
-    on the same thread, so linear -> matmul -> mm counts each microsecond once."""
+    """Self CPU time of every operator (cpu_op): minus the operators directly inside it on its thread."""
     by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for e in events:
         if e.get("cat") == "cpu_op":
@@ -187,8 +182,7 @@ def nsys_version(text: str) -> tuple[int, ...] | None:
 
 
 def export_failure(report: Path, nsys: str, result: subprocess.CompletedProcess) -> str:
-    """One line: why `nsys export` could not read the report, naming both versions when a newer nsys wrote it
-    (a report's first bytes carry its version: "NVIDIA Tegra Profiler Report 2023@4@4@54-...")."""
+    """Why `nsys export` failed, naming both versions when a newer nsys wrote the report (its first bytes)."""
     with open(report, "rb") as f:
         written_by = nsys_version(f.read(256).decode("latin-1"))
     mine = nsys_version(subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout)
@@ -213,10 +207,11 @@ def report_file(source: str | Path) -> Path:
 
 
 def load_report(source: str | Path, folder: Path | None = None) -> Profile:
-    """A profile from an nsys export, or from a .nsys-rep through its export X.sqlite in `folder` (default:
-    the report's), read as it is unless older than the report; else nsys exports afresh into X.sqlite when no
-    such file exists, else into a temporary folder, removed after."""
+    """An nsys export, or a .nsys-rep through its export X.sqlite in `folder` (default: the report's) unless
+    that is older; else a fresh export into X.sqlite when there is none, else into a temporary folder."""
     report = report_file(source)
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
     if report.suffix == ".sqlite":
         return load_nsys(report)
     if not report.is_file():
@@ -342,8 +337,7 @@ def is_warmup(name: str) -> bool:
 
 
 def phase_of(name: str, given: dict[str, str]) -> str | None:
-    """The phase (or STEP) a range stands for: the one --ranges gave it, else the one whose usual spelling it
-    is, unless --ranges gave that phase another name."""
+    """The phase (or STEP) a range stands for: by --ranges, else by its usual spelling if --ranges left it."""
     key = next((key for key, value in given.items() if name == value and key != MEASURE), None)
     usual = normalise_range_name(name)
     return key or next((k for k, names in RANGE_SPELLINGS.items() if k not in given and usual in names), None)
@@ -365,15 +359,13 @@ def attention_shape(config: dict[str, Any] | None) -> dict[str, int] | None:
 
 
 class Windows:
-    """Ranges, to find the innermost one holding a time (a bisection, then a backward scan that stops once no
-    earlier range reaches the time)."""
+    """Ranges, to find the innermost one holding a time: a bisection, then a scan back while they reach it."""
 
     def __init__(self, ranges: Iterable[Range]):
         self.ranges = sorted(ranges, key=lambda r: (r.start_ns, -r.end_ns))
         self._starts = [r.start_ns for r in self.ranges]
-        self._reach = [0.0] * len(self.ranges)  # the latest end among this range and those before it
-        for i, r in enumerate(self.ranges):
-            self._reach[i] = max(r.end_ns, self._reach[i - 1]) if i else r.end_ns
+        # the latest end among this range and those before it
+        self._reach = list(itertools.accumulate((r.end_ns for r in self.ranges), max))
 
     def find(self, t_ns: float) -> Range | None:
         i = bisect.bisect_right(self._starts, t_ns) - 1
@@ -396,8 +388,8 @@ class Selection:
 
 
 def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Selection:
-    """Inside the measure ranges when there are some; else from the first to the last phase range outside
-    warm-up ranges (a student's set-up and teardown are not steps); else the whole profile without warm-up."""
+    """Inside the measure ranges; else from the first to the last phase range (a student's set-up and teardown
+    are not steps); else the whole profile. Warm-up ranges are left out."""
     given = given or {}
     measure_name = given.get(MEASURE, MEASURE)
     measure = Windows(r for r in profile.ranges if r.name == measure_name)
@@ -436,8 +428,8 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
 
 def attribute(activities: list[Activity], ranges: list[Range],
               names: Iterable[str]) -> dict[str, list[Activity]]:
-    """Work grouped by the innermost range of `names` holding its LAUNCH (OUTSIDE when none): PyTorch launches
-    backward kernels from its autograd thread, so a thread's own range stack (nvtx_kern_sum's) misses them."""
+    """Work grouped by the innermost range of `names` holding its LAUNCH (OUTSIDE when none): backward kernels
+    come from the autograd thread, which a thread's own range stack (nvtx_kern_sum's) misses."""
     windows = Windows(r for r in ranges if r.name in set(names))
     groups: dict[str, list[Activity]] = {}
     for a in activities:
@@ -468,15 +460,13 @@ def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
     if chosen.in_warmup:
         left_out = ", ".join(f"{n} {p}" for p, n in chosen.in_warmup.items())
         line += f" (left out, inside warm-up ranges: {left_out})"
-    steps_line = f"{steps} step{'s' if steps != 1 else ''} ({steps_from})"
-    return f"{line}; {steps_line}; measured region: {chosen.region}"
+    return f"{line}; {steps} step{'s' * (steps != 1)} ({steps_from}); measured region: {chosen.region}"
 
 
 def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: list[str], steps: int,
                stopwatch: dict[str, float], has_work: bool) -> list[dict[str, Any]]:
-    """Table 1: per phase, its ranges' time per step against the stopwatch, and the work inside (empty, not
-    zero, when the profile holds no work). The step row: step ranges, else the measure ranges over the steps.
-    Per step: a phase may run more than once a step."""
+    """Table 1: per phase, its ranges' time per step (a phase may run more than once a step) against the
+    stopwatch, and the work inside. The step row: step ranges, else the measure ranges over the steps."""
     def per_step(items: Iterable[Activity | Range]) -> float:
         return sum(item.duration_ns for item in items) / 1e6 / steps
 
@@ -527,9 +517,8 @@ def category_row(scope: str, activities: list[Activity], steps: int) -> dict[str
 
 def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
                    shape: dict[str, int] | None) -> list[dict[str, Any]]:
-    """Table 4: time per call of each attention sub-step, its FLOPs and achieved GFLOP/s. FLOPs of one call
-    (one layer, all heads): QK^T and PV are each half of results.attention_matmul_flops; the softmax counts
-    max, subtract, exp, sum and divide as one FLOP per score each (an exp costs more instructions)."""
+    """Table 4: time per call of each attention sub-step, its FLOPs (one layer, all heads) and GFLOP/s. QK^T
+    and PV are each half of results.attention_matmul_flops; softmax: max, sub, exp, sum, divide per score."""
     groups = attribute(activities, ranges, ATTENTION_STEPS)
     flops = {}
     if shape:
@@ -552,8 +541,7 @@ def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
 
 
 def softmax_matmul_ratios(rows: list[dict[str, Any]]) -> tuple[float, float | None] | None:
-    """(softmax's time per call / one attention matmul's (the mean of the two), the same for FLOPs: None
-    without the model's shape); None without the sub-steps or without matmul time."""
+    """(softmax / the mean attention matmul in time per call, the same in FLOPs or None), or None."""
     by = {r["sub_step"]: r for r in rows}
     matmuls = [by[s] for s in ("computing attention scores", "final matmul") if s in by]
     softmax = by.get("computing softmax")
@@ -569,17 +557,13 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
                  shape: dict[str, int] | None = None, top: int = 10, compiled: bool = False,
                  ranges: dict[str, str] | None = None,
                  stopwatch_source: str = "bench_e2e's stopwatch") -> dict[str, Any]:
-    """The four tables as JSON-ready rows, from the measured region of `profile`. `ranges`: --ranges KEY=NAME.
-    `compiled`: the run used torch.compile, which emits no attention sub-step ranges."""
+    """The four tables as JSON-ready rows. `ranges`: --ranges KEY=NAME; `compiled`: a torch.compile run."""
     chosen = select_measured(profile, ranges)
     phases = [p for p in PHASES if p in chosen.used]
-    if STEP in chosen.used:
-        steps, steps_from = sum(chosen.used[STEP].values()), "the step ranges"
-    elif phases:  # the optimizer runs once a step; forward and backward may run more (gradient accumulation)
-        counted = next(p for p in ("optimizer", "backward", "forward") if p in phases)
-        steps, steps_from = sum(chosen.used[counted].values()), f"the {counted} ranges"
-    else:
-        steps, steps_from = 1, "no phase range: the whole region counts as one"
+    # the optimizer runs once a step; forward and backward may run more (gradient accumulation)
+    counted = next((p for p in (STEP, "optimizer", "backward", "forward") if p in chosen.used), None)
+    steps = sum(chosen.used[counted].values()) if counted else 1
+    steps_from = f"the {counted} ranges" if counted else "no phase range: the whole region counts as one"
     groups = attribute(chosen.activities, chosen.ranges, phases)
     notes = list(profile.notes) + ([] if phases or STEP in chosen.used else [NO_PHASE])
     recorded = {r.name for r in profile.ranges}
@@ -631,7 +615,8 @@ def short_name(name: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _render(rows: list[dict[str, Any]], spec: list[tuple[str, str]], fmt: str, floatfmt: str = ".2f") -> str:
+def _render(rows: list[dict[str, Any]], spec: list[tuple[str, str]], fmt: str,
+            floatfmt: str | list[str] = ".2f") -> str:
     return results.render_table([{header: row.get(key) for key, header in spec} for row in rows],
                                 [header for _, header in spec], fmt, floatfmt)
 
@@ -689,8 +674,7 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
 
 
 def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
-    """One report for the summary: what its name says, its tables (from its export and <report>_e2e.jsonl),
-    or why it has none: `status` (skipped, failed), the profiled run's status (an OOM), what is missing."""
+    """One report for the summary: what its name says, its tables, or why it has none (`status`, skipped)."""
     size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
     entry = {"prefix": prefix, "size": size, "context": int(context), "mode": mode, "variant": variant or "",
              "status": status, "tables": None, "record": None}
@@ -707,17 +691,16 @@ def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
                                            attention_shape(config), 1, bool(config.get("compile")))
             entry["record"] = record
             entry["status"] = record["status"] if record else "ok (no _e2e.jsonl: no stopwatch)"
-    except ProfileFormatError as exc:
-        entry["status"] = f"error: {exc}"
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a record of another shape
-        entry["status"] = f"error: {prefix}: malformed: {type(exc).__name__}: {exc}"
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ProfileFormatError is a ValueError
+        said = exc if isinstance(exc, ProfileFormatError) else \
+            f"{prefix}: malformed: {type(exc).__name__}: {exc}"
+        entry["status"] = f"error: {said}"
     return entry
 
 
 def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One (size, context, variant), its modes side by side: the forward pass from the forward-only run (else
-    a training run's forward phase), the matmul share of the whole step from the training run, the top kernel
-    of forward + backward."""
+    """One (size, context, variant): the forward pass from the forward-only run (else a training run's forward
+    phase), the matmul share of a training step, the top kernel of forward + backward."""
     done = {mode: entry["tables"] for mode, entry in runs.items() if entry["tables"] is not None}
     row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
                            "runs": {mode: entry["status"] for mode, entry in runs.items()},
@@ -764,9 +747,8 @@ SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("varian
 
 def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: str, out: str | None = None,
                   fmt: str = "github") -> None:
-    """The summary of nsys_run.sh's reports (`statuses`: why some have none), one row per size, context and
-    variant: the forward pass (nsys_profile (a)-(c), (e)) and the matmul shares (d), printed and saved as
-    <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
+    """nsys_profile (a)-(e) across nsys_run.sh's reports (`statuses`: why some have none), printed and saved
+    as <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
     entries = [report_summary(prefix, statuses.get(prefix, "")) for prefix in prefixes]
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
     for entry in entries:
@@ -789,8 +771,7 @@ def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: 
                  if k in row}} for row in rows]
 
     def render(chosen: str) -> str:
-        table = results.render_table([{head: row.get(key) for key, head, _ in spec} for row in shown],
-                                     [head for _, head, _ in spec], chosen, [f or "g" for _, _, f in spec])
+        table = _render(shown, [(key, head) for key, head, _ in spec], chosen, [f or "g" for *_, f in spec])
         return "\n".join([header, "", "### nsys_run.sh summary: the forward pass, and the matmul share of "
                           "inference vs a training step", "", table] + [""] * bool(notes)
                          + [f"- {note}" for note in notes])
@@ -940,13 +921,11 @@ def dry_run(args: argparse.Namespace) -> int:
         return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
-        todo = action(config, args)
-        if todo == "profile" and config.file(".nsys-rep").exists():
-            todo = "profile again, replacing the report (--force)"
-        print(f"  {i}. {config.label()} -> {config.report}: " + {
-            "reuse": "reuse the existing report",
-            "kept": "keep the existing report, made with other arguments: fails (--force replaces it)"}.get(
-                todo, todo))
+        again = config.file(".nsys-rep").exists()
+        todo = {"reuse": "reuse the existing report",
+                "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
+                "profile": "profile again, replacing the report (--force)" if again else "profile"}
+        print(f"  {i}. {config.label()} -> {config.report}: {todo[action(config, args)]}")
     print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(args.plan[0].app)} ...")
     if not args.no_skip:
@@ -956,15 +935,14 @@ def dry_run(args: argparse.Namespace) -> int:
 
 
 def remove_files(config: Config) -> None:
-    """A configuration's files (the toolkit's own names), before it is profiled again or when its run was
-    refused or interrupted: none may outlive the new run."""
+    """A configuration's files (the toolkit's names): none may outlive a new, refused or interrupted run."""
     for suffix in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl", "_e2e.md"):
         config.file(suffix).unlink(missing_ok=True)
 
 
 def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
-    """`nsys profile` of bench_e2e.py in its own process group, stopped on an interrupt (SIGTERM, SIGKILL
-    after 30 s; nsys ends the profiled run). bench_e2e's record is kept as <report>_e2e.*."""
+    """`nsys profile` of bench_e2e.py in its own process group (SIGTERM, SIGKILL after 30 s on an interrupt);
+    bench_e2e's record is kept as <report>_e2e.*."""
     with tempfile.TemporaryDirectory(prefix="nsys_run-") as tmp:
         app = [sys.executable, BENCH_E2E, *config.app, "--results-dir", tmp, "--out", "e2e"]
         say(f"profiling {config.label()}: bench_e2e.py {' '.join(config.app)}")
@@ -989,8 +967,7 @@ def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
 
 
 def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[int, str, str]:
-    """Profile (or reuse) one configuration and make its tables: (exit status; ok, OOM, kept, failed or
-    refused; why it has no tables where its record does not say)."""
+    """Profile (or reuse) one configuration and make its tables: (exit status, kind, why it has no tables)."""
     todo, jsonl, report = action(config, args), config.file("_e2e.jsonl"), config.file(".nsys-rep")
     if todo == "kept":
         say(f"error: {report} exists, made with other arguments than these ({config.report}.args); it is "
@@ -1035,8 +1012,8 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
 
 
 def profile_plan(args: argparse.Namespace, nsys: str) -> int:
-    """Every configuration in order, a failure losing none of the others (a refusal stops the loop: it would
-    repeat), then the summary. Returns the first failure's exit status, else 0."""
+    """Every configuration (a refusal stops the loop: it would repeat), then the summary: the first failure's
+    exit status, else 0."""
     exit_status, statuses = 0, {}
     skip = results.SkipAfterOOM(enabled=not args.no_skip)
     folder = Path(args.results_dir) / "nsys"
@@ -1078,9 +1055,8 @@ def sweep_main(argv: list[str]) -> int:
               f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.ctx} --mode "
               f"{first.mode} --profile", file=sys.stderr)
         return 2
-    known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout \
-        if args.pass_through else ""
     for name in [flag.split("=")[0] for flag in args.pass_through]:
+        known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout
         if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
             version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
@@ -1200,10 +1176,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the profiled run did not finish: status {record.get('status')!r}", file=sys.stderr)
             return 1
         stopwatch = stopwatch_ms(record) if record else args.stopwatch
-        if args.export_dir:
-            Path(args.export_dir).mkdir(parents=True, exist_ok=True)
         profile = load_torch_trace(args.source) if is_trace(args.source) else \
-            load_report(args.source, Path(args.export_dir) if args.export_dir else None)
+            load_report(args.source, args.export_dir and Path(args.export_dir))
     except (KeyError, TypeError, ValueError, AttributeError, OSError) as exc:  # fields of another shape
         said = exc if isinstance(exc, ProfileFormatError) else \
             f"{args.e2e_jsonl or args.source}: malformed or unreadable: {type(exc).__name__}: {exc}"
