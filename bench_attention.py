@@ -317,33 +317,39 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
             "warmup_calls": run.warmup, "timed_calls": run.iters, **why}
 
 
+def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
+    """ms of each of `calls` calls of fn(), synchronised at both ends (SyncTimer); what fn returns is freed
+    after the clock stops (freeing a forward's graph is not part of the forward)."""
+    timer, samples = SyncTimer(device), []
+    for _ in range(calls):
+        with timer:
+            result = fn()
+        samples.append(timer.elapsed_s * 1e3)
+        del result
+    return samples
+
+
 def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: int, iters: int,
                warmup_ms: float, rep_ms: float) -> list[float]:
-    """Milliseconds per call of fn(), one sample per timed call; what it returns is freed after the
-    clock stops (freeing a forward's graph is not part of the forward)."""
+    """Milliseconds per call of fn(), one sample per timed call."""
     do_bench = triton_do_bench() if device.type == "cuda" else None
     with runner.timed_phase(f"timing {label}"):
         if do_bench is not None:  # sized in ms, L2 flushed before each call, CUDA events
             return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         for _ in range(warmup):
             fn()
-        if device.type == "cuda":  # read after one final sync: the GPU's time of each call
-            events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(iters)]
-            torch.cuda.synchronize(device)
-            for start, end in events:
-                start.record()
-                result = fn()
-                end.record()
-                del result
-            torch.cuda.synchronize(device)
-            return [start.elapsed_time(end) for start, end in events]
-        timer, samples = SyncTimer(device), []
-        for _ in range(iters):
-            with timer:
-                result = fn()
-            samples.append(timer.elapsed_s * 1e3)
+        if device.type != "cuda":
+            return sync_times(fn, device, iters)
+        # CUDA events, read after one final sync: the GPU's time of each call
+        events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(iters)]
+        torch.cuda.synchronize(device)
+        for start, end in events:
+            start.record()
+            result = fn()
+            end.record()
             del result
-        return samples
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) for start, end in events]
 
 
 def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
@@ -358,19 +364,9 @@ def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: flo
         return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
                 "warmup_ms": warmup_ms, "rep_ms": rep_ms}
     agree = agree or (lambda n: n)
-    timer, warm = SyncTimer(device), []
-    with timer:
-        fn()
-    warm.append(timer.elapsed_s * 1e3)
-    for _ in range(agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1))):
-        with timer:
-            fn()
-        warm.append(timer.elapsed_s * 1e3)
-    samples = []
-    for _ in range(agree(max(1, round(rep_ms / statistics.fmean(warm))))):
-        with timer:
-            fn()
-        samples.append(timer.elapsed_s * 1e3)
+    warm = sync_times(fn, device, 1)
+    warm += sync_times(fn, device, agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1)))
+    samples = sync_times(fn, device, agree(max(1, round(rep_ms / statistics.fmean(warm)))))
     return {"ms": statistics.fmean(samples), "method": "sync timer", "warmup_ms": warmup_ms, "rep_ms": rep_ms,
             "calls": len(samples)}
 
