@@ -246,9 +246,7 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
     """Warm-up steps, then the peak counter reset and `steps` timed steps: max_memory_allocated (tensors) and
     max_memory_reserved (what the caching allocator holds from the driver) over them."""
-    device = resolve_device(run.device)
-    if device.type != "cuda":
-        raise ValueError(f"measured peaks need a CUDA device, not {device}")
+    device = resolve_device(run.device)  # CUDA: measure() calls this only there
     step = build_step(run, device)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
@@ -323,9 +321,8 @@ class CreatedIn(TorchDispatchMode):
 
 def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
                        backward: bool = False) -> dict[str, Any]:
-    """Every storage autograd saves in one forward pass and the loss, once each, with the module it was made
-    in, weights and buffers left out; the block paths, the parameter count, one block's gradient bytes, the
-    largest transient (e.g. the logits' gradient with `backward`). fake=False: real tensors."""
+    """Every storage autograd saves in the forward and loss, once each, with the module that made it (weights
+    and buffers left out); the blocks, parameters, a block's gradient bytes, the largest transient."""
     device = torch.device(device)
     with fake_model(run, device, fake) as (model, tokens):
         prefix, blocks = find_blocks(model)
@@ -413,9 +410,8 @@ def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
 
 
 def compiled_block_record(run: MemConfig) -> dict[str, Any]:
-    """One block (of the model built with one layer) under torch.compile(block, fullgraph=True), its forward
-    on a real (batch, ctx, d_model) input counted as the handout counts (inductor's partitioner recomputes
-    cheap pointwise ops in backward instead of saving them); beside it the block eager, on fake tensors."""
+    """A one-layer model's block under torch.compile(block, fullgraph=True) on a real input, counted as the
+    handout counts (inductor recomputes cheap pointwise ops in backward); beside it eager, on fake tensors."""
     device = resolve_device(run.device)
     one = dataclasses.replace(run, model=dataclasses.replace(run.model, num_layers=1), checkpoint_every=0)
     shape = (run.batch_size, run.context_length, run.model.d_model)
@@ -459,9 +455,8 @@ def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = No
 
 def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], static: dict[str, int],
                  mode: str) -> dict[str, int]:
-    """Bytes in use at each moment a step's peak can fall in: backward's start; the first segment's backward,
-    which runs last (its blocks recomputed; its own gradients arrive as its activations go); backward's end;
-    the optimizer step (+ one parameter-sized temporary: our AdamW's denominator)."""
+    """Bytes in use when a step's peak can fall: backward's start; the first segment's backward, which runs
+    last (its blocks recomputed); backward's end; the optimizer step (+ our AdamW's denominator)."""
     state = static["weights_bytes"] + static["adamw_state_bytes"]
     start = state + kept + figures["outside_bytes"] + figures["transient_bytes"]
     if mode == "forward":
@@ -479,9 +474,8 @@ def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], sta
 
 
 def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
-    """The predicted peak with checkpointing every K blocks, for this K and every K = 0..N (single level:
-    ceil(N/K) segment inputs kept, one segment's K blocks recomputed), and the nested strategy's (recursive
-    halving: ceil(log2 N) + 1 segment inputs on the stack, one block recomputed)."""
+    """The predicted peak with checkpointing every K blocks, for this K and K = 0..N (ceil(N/K) segment inputs
+    kept, K blocks recomputed), and nested (ceil(log2 N) + 1 inputs kept, one block recomputed)."""
     n, static = run.model.num_layers, static_memory_bytes(run.model, run.mode)
     b = run.batch_size * run.context_length * run.model.d_model * FP32_BYTES  # a segment's input
 
@@ -622,9 +616,8 @@ def own_file(filename: str, root: PurePosixPath) -> str | None:
 
 
 def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
-    """The most common source root of the snapshot's own Python frames: from '/', descend into the folder that
-    holds nearly all (near_all) of the frames below, stop where they part (a student's repository, whose two
-    packages share its frames). None when no frame is anyone's own code."""
+    """The source root of the snapshot's own Python frames: from '/', descend into the folder holding nearly
+    all (near_all) of the frames below, stop where they part; None when no frame is anyone's own code."""
     files = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
                     for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
     parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
