@@ -188,9 +188,8 @@ IMPLEMENTATIONS: dict[str, Callable[[], Attention]] = {
 
 
 def attention_function(impl: str, compiled: bool = False) -> Attention:
-    """Ours by name; yours (MODULE:CALLABLE) called as f(q, k, v, True), or .apply(q, k, v, True)
-    for a torch.autograd.Function subclass; `compiled`: yours through torch.compile, as the 2025
-    leaderboard runs it."""
+    """Ours by name; yours (MODULE:CALLABLE) called as f(q, k, v, True), or .apply(q, k, v, True) for a
+    torch.autograd.Function subclass; `compiled`: yours through torch.compile, as the 2025 leaderboard."""
     if impl in IMPLEMENTATIONS:
         return IMPLEMENTATIONS[impl]()
     found = common.load(impl)
@@ -248,9 +247,8 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
                        grad_out: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]:
     """(out, dq, dk, dv), each shaped, typed and placed like q; an OOM stays one (the row: OOM)."""
     def described(t: Any) -> str:
-        if not isinstance(t, torch.Tensor):
-            return type(t).__name__
-        return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+        return (f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
+                if isinstance(t, torch.Tensor) else type(t).__name__)
 
     expected, where = described(inputs[0]), "forward"
     try:
@@ -271,9 +269,8 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
 
 def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
                          grad_out: torch.Tensor, dtype: str, name: str) -> dict[str, Any]:
-    """Each tensor's error against causal attention on copies of the inputs made before the kernel
-    ran, and what is wrong where it can be told: inputs written in place, NaN or inf, and (when the
-    check fails) results that match attention without the causal mask."""
+    """Each tensor's error against causal attention on copies of the inputs made before the kernel ran, and
+    what is wrong: inputs written in place, NaN or inf, or (failing) a match with unmasked attention."""
     pristine = [t.detach().clone() for t in inputs]
     results = run_implementation(attention, inputs, grad_out, name)
     problems = [f"modifies {n} in place" for n, t, p in zip("qkv", inputs, pristine)
@@ -317,60 +314,55 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
             "warmup_calls": run.warmup, "timed_calls": run.iters, **why}
 
 
+def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
+    """ms of each of `calls` calls of fn(), synchronised at both ends (SyncTimer); what fn returns is freed
+    after the clock stops (freeing a forward's graph is not part of the forward)."""
+    timer, samples = SyncTimer(device), []
+    for _ in range(calls):
+        with timer:
+            result = fn()
+        samples.append(timer.elapsed_s * 1e3)
+        del result
+    return samples
+
+
 def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: int, iters: int,
                warmup_ms: float, rep_ms: float) -> list[float]:
-    """Milliseconds per call of fn(), one sample per timed call; what it returns is freed after the
-    clock stops (freeing a forward's graph is not part of the forward)."""
+    """Milliseconds per call of fn(), one sample per timed call."""
     do_bench = triton_do_bench() if device.type == "cuda" else None
     with runner.timed_phase(f"timing {label}"):
         if do_bench is not None:  # sized in ms, L2 flushed before each call, CUDA events
             return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         for _ in range(warmup):
             fn()
-        if device.type == "cuda":  # read after one final sync: the GPU's time of each call
-            events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(iters)]
-            torch.cuda.synchronize(device)
-            for start, end in events:
-                start.record()
-                result = fn()
-                end.record()
-                del result
-            torch.cuda.synchronize(device)
-            return [start.elapsed_time(end) for start, end in events]
-        timer, samples = SyncTimer(device), []
-        for _ in range(iters):
-            with timer:
-                result = fn()
-            samples.append(timer.elapsed_s * 1e3)
+        if device.type != "cuda":
+            return sync_times(fn, device, iters)
+        # CUDA events, read after one final sync: the GPU's time of each call
+        events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(iters)]
+        torch.cuda.synchronize(device)
+        for start, end in events:
+            start.record()
+            result = fn()
+            end.record()
             del result
-        return samples
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) for start, end in events]
 
 
 def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
                      agree: Callable[[int], int] | None = None) -> dict[str, Any]:
-    """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep)
-    where triton imports on CUDA; else do_bench's plan with the sync timer: calls for warmup_ms at the first
-    call's pace, then as many as fill rep_ms at the warm-up's pace, each timed alone. Under torchrun `agree`
-    turns each rank's count into the one every rank runs (do_bench counts from each rank's own pace, so the
-    ranks' collectives would not pair): then the sync timer, with agreed counts."""
+    """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep) on CUDA
+    with triton; else its plan with the sync timer (calls for warmup_ms at the first call's pace, then as many
+    as fill rep_ms). Under torchrun `agree` makes every rank run the same counts (do_bench counts from each
+    rank's own pace, so the ranks' collectives would not pair)."""
     do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
     if do_bench is not None:
         return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
                 "warmup_ms": warmup_ms, "rep_ms": rep_ms}
     agree = agree or (lambda n: n)
-    timer, warm = SyncTimer(device), []
-    with timer:
-        fn()
-    warm.append(timer.elapsed_s * 1e3)
-    for _ in range(agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1))):
-        with timer:
-            fn()
-        warm.append(timer.elapsed_s * 1e3)
-    samples = []
-    for _ in range(agree(max(1, round(rep_ms / statistics.fmean(warm))))):
-        with timer:
-            fn()
-        samples.append(timer.elapsed_s * 1e3)
+    warm = sync_times(fn, device, 1)
+    warm += sync_times(fn, device, agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1)))
+    samples = sync_times(fn, device, agree(max(1, round(rep_ms / statistics.fmean(warm)))))
     return {"ms": statistics.fmean(samples), "method": "sync timer", "warmup_ms": warmup_ms, "rep_ms": rep_ms,
             "calls": len(samples)}
 
@@ -415,9 +407,8 @@ PEAK_SEQ2_TENSORS = {"naive": 7.5, "compiled": 4.5}
 
 
 def predicted_need_bytes(run: AttentionRun) -> int:
-    """The fit guard's peak: quadratic for naive and compiled; for sdpa and yours what a fused
-    kernel keeps (Q, K, V, output, fp32 log-sum-exp: a lower bound; more fails as OOM); plus the
-    gradients of Q, K, V and the output, and the check's float64 tensors."""
+    """The fit guard's peak: quadratic for naive and compiled; for sdpa and yours what a fused kernel keeps
+    (Q, K, V, output, fp32 log-sum-exp: a lower bound), plus dQ, dK, dV, dO and the check's float64 copies."""
     b, s, d, e = run.batch_size, run.seq_len, run.d, DTYPES[run.dtype].itemsize
     quadratic = PEAK_SEQ2_TENSORS.get(run.impl, 0) * b * s * s * e if run.spec is None else 0
     fused = 0 if quadratic else 4 * b * s * d * e + 4 * b * s
@@ -466,8 +457,8 @@ def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Te
 
 
 def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, dict[str, Any]]:
-    """The fit guard, the implementation (yours imported here, in the child), compiled (compile_s:
-    the first forward and backward), then checked on inputs of its own."""
+    """The fit guard, the implementation (yours imported here, in the child), compiled (compile_s: the first
+    forward and backward), then checked on inputs of its own."""
     need, free = predicted_need_bytes(run), free_memory_bytes(device)
     if not run.force and free is not None and need > free:
         return None, {"status": f"skipped: needs {format_bytes(need)}, {format_bytes(free)} free",
@@ -490,11 +481,9 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
 
 
 def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
-    """One shape's implementations in this process: each prepared, then each on fresh inputs of its
-    own (a kernel that writes into its inputs changes only its own), timed in rounds A B | B A ...
-    (runner.interleave; one round when alone): in each, every implementation times its block of
-    iters / ROUNDS calls (do_bench: rep_ms / ROUNDS) of each phase, with one warm-up call after the
-    first round. The records' `pairing` says which samples came from which round."""
+    """One shape's implementations in this process, each prepared, then on fresh inputs of its own (a kernel
+    that writes into its inputs changes only its own) timed in rounds A B | B A ... (runner.interleave): each
+    round times iters / ROUNDS calls (do_bench: rep_ms / ROUNDS) of each phase; `pairing` names the rounds."""
     device = resolve_device(runs[0].device)
     prepared = [prepare(run, device) for run in runs]
     records = [record for _, record in prepared]

@@ -92,7 +92,7 @@ class MemConfig:
                 self.context_length)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[MemConfig]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "the handout's memory_profiling size, 2026: xl, 2025: 2.7B")
     p.add_argument("--context-length", type=results.positive_int, nargs="+", default=None,
@@ -127,29 +127,24 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_output_args(p, default_stem="memory")
     report.add_columns_and_plot_args(p, "mem_profile")
     results.add_dry_run_arg(p)
-    return p
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[MemConfig]]:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if args.analyze is not None:
-        results.refuse(parser, [
+        results.refuse(p, [
             (args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
             (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
         args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
-    results.refuse(parser, [(args.code_root is not None, "--code-root goes with --analyze")])
-    common.device_or_exit(parser, args.device)
-    report.columns_or_exit(parser, args.columns, MEMORY_PEAK_COLUMNS)
-    handout = results.handout_or_exit(parser, args)
-    common.models_or_exit(parser, args, {"--attn": args.attn is not None,
-                                         "--checkpoint": any(args.checkpoint)})
+    results.refuse(p, [(args.code_root is not None, "--code-root goes with --analyze")])
+    common.device_or_exit(p, args.device)
+    report.columns_or_exit(p, args.columns, MEMORY_PEAK_COLUMNS)
+    handout = results.handout_or_exit(p, args)
+    common.models_or_exit(p, args, {"--attn": args.attn is not None,
+                                    "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
         size, batch, context = handout.checkpoint_setup
         contexts = (context,)
-    sizes = results.sizes_or_exit(parser, args, args.size or [size])
+    sizes = results.sizes_or_exit(p, args, args.size or [size])
     runs = []
     try:
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
@@ -162,10 +157,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                 attn if ours else "naive", k if ours else 0, args.compile, common.model_factory(model),
                 optimizer if mode == "train" else common.OURS, args.device, args.seed))
     except results.ConfigError as exc:
-        parser.error(str(exc))
+        p.error(str(exc))
     runs = list(dict.fromkeys(runs))
     for run in runs:
-        results.check_tensor_sizes(parser, results.model_tensor_shapes(run.model, run.batch_size))
+        results.check_tensor_sizes(p, results.model_tensor_shapes(run.model, run.batch_size))
     return args, runs
 
 
@@ -251,9 +246,7 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
     """Warm-up steps, then the peak counter reset and `steps` timed steps: max_memory_allocated (tensors) and
     max_memory_reserved (what the caching allocator holds from the driver) over them."""
-    device = resolve_device(run.device)
-    if device.type != "cuda":
-        raise ValueError(f"measured peaks need a CUDA device, not {device}")
+    device = resolve_device(run.device)  # CUDA: measure() calls this only there
     step = build_step(run, device)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
@@ -328,9 +321,8 @@ class CreatedIn(TorchDispatchMode):
 
 def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
                        backward: bool = False) -> dict[str, Any]:
-    """Every storage autograd saves in one forward pass and the loss, once each, with the module it was made
-    in, weights and buffers left out; the block paths, the parameter count, one block's gradient bytes, the
-    largest transient (e.g. the logits' gradient with `backward`). fake=False: real tensors."""
+    """Every storage autograd saves in the forward and loss, once each, with the module that made it (weights
+    and buffers left out); the blocks, parameters, a block's gradient bytes, the largest transient."""
     device = torch.device(device)
     with fake_model(run, device, fake) as (model, tokens):
         prefix, blocks = find_blocks(model)
@@ -418,9 +410,8 @@ def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
 
 
 def compiled_block_record(run: MemConfig) -> dict[str, Any]:
-    """One block (of the model built with one layer) under torch.compile(block, fullgraph=True), its forward
-    on a real (batch, ctx, d_model) input counted as the handout counts (inductor's partitioner recomputes
-    cheap pointwise ops in backward instead of saving them); beside it the block eager, on fake tensors."""
+    """A one-layer model's block under torch.compile(block, fullgraph=True) on a real input, counted as the
+    handout counts (inductor recomputes cheap pointwise ops in backward); beside it eager, on fake tensors."""
     device = resolve_device(run.device)
     one = dataclasses.replace(run, model=dataclasses.replace(run.model, num_layers=1), checkpoint_every=0)
     shape = (run.batch_size, run.context_length, run.model.d_model)
@@ -464,9 +455,8 @@ def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = No
 
 def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], static: dict[str, int],
                  mode: str) -> dict[str, int]:
-    """Bytes in use at each moment a step's peak can fall in: backward's start; the first segment's backward,
-    which runs last (its blocks recomputed; its own gradients arrive as its activations go); backward's end;
-    the optimizer step (+ one parameter-sized temporary: our AdamW's denominator)."""
+    """Bytes in use when a step's peak can fall: backward's start; the first segment's backward, which runs
+    last (its blocks recomputed); backward's end; the optimizer step (+ our AdamW's denominator)."""
     state = static["weights_bytes"] + static["adamw_state_bytes"]
     start = state + kept + figures["outside_bytes"] + figures["transient_bytes"]
     if mode == "forward":
@@ -484,9 +474,8 @@ def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], sta
 
 
 def checkpoint_prediction(run: MemConfig, kept_bytes: int, figures: dict[str, int]) -> dict[str, Any]:
-    """The predicted peak with checkpointing every K blocks, for this K and every K = 0..N (single level:
-    ceil(N/K) segment inputs kept, one segment's K blocks recomputed), and the nested strategy's (recursive
-    halving: ceil(log2 N) + 1 segment inputs on the stack, one block recomputed)."""
+    """The predicted peak with checkpointing every K blocks, for this K and K = 0..N (ceil(N/K) segment inputs
+    kept, K blocks recomputed), and nested (ceil(log2 N) + 1 inputs kept, one block recomputed)."""
     n, static = run.model.num_layers, static_memory_bytes(run.model, run.mode)
     b = run.batch_size * run.context_length * run.model.d_model * FP32_BYTES  # a segment's input
 
@@ -627,9 +616,8 @@ def own_file(filename: str, root: PurePosixPath) -> str | None:
 
 
 def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
-    """The most common source root of the snapshot's own Python frames: from '/', descend into the folder that
-    holds nearly all (near_all) of the frames below, stop where they part (a student's repository, whose two
-    packages share its frames). None when no frame is anyone's own code."""
+    """The source root of the snapshot's own Python frames: from '/', descend into the folder holding nearly
+    all (near_all) of the frames below, stop where they part; None when no frame is anyone's own code."""
     files = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
                     for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
     parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
@@ -788,36 +776,39 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
 # --- one configuration (in its child process) ---
 
 
+@contextlib.contextmanager
+def stage(record: dict[str, Any], prefix: str) -> Any:
+    """One stage of a configuration: `{prefix}status` ok, or its failure and traceback (a failure is data, and
+    the other stages still run)."""
+    try:
+        yield
+        record[f"{prefix}status"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        record.update({f"{prefix}status": common.failure_status(exc), f"{prefix}traceback": traceback.format_exc()})
+
+
 def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
             max_entries: int) -> dict[str, Any]:
-    """The stages, each with its own status (one failing keeps the others): saved for backward and, for ours,
-    the checkpointing prediction (any device); the compiled block; the measured peak and snapshot (CUDA)."""
+    """The stages: saved for backward and, for ours, the checkpointing prediction (any device); the compiled
+    block; the measured peak and snapshot (CUDA)."""
     device = resolve_device(run.device)
     record: dict[str, Any] = {}
-    try:
+    with stage(record, "saved_"):
         saved = saved_for_backward(run, device)
         record.update(summarize_saved(saved), model_num_params=saved["params"],
-                      block_grad_bytes=saved["block_grad_bytes"], saved_status="ok")
+                      block_grad_bytes=saved["block_grad_bytes"])
         if run.model_factory is None:
             figures = activation_figures(dataclasses.replace(run, checkpoint_every=0), device)
-            kept = record["saved_blocks_bytes"]
-            record["checkpoint_prediction"] = checkpoint_prediction(run, kept, figures)
-    except Exception as exc:  # noqa: BLE001 - a failure is data
-        record.update(saved_status=common.failure_status(exc), saved_traceback=traceback.format_exc())
+            record["checkpoint_prediction"] = checkpoint_prediction(run, record["saved_blocks_bytes"], figures)
     if run.compile:
-        try:
-            record.update(compiled_block_record(run), compiled_status="ok")
-        except Exception as exc:  # noqa: BLE001
-            record.update(compiled_status=common.failure_status(exc),
-                          compiled_traceback=traceback.format_exc())
+        with stage(record, "compiled_"):
+            record.update(compiled_block_record(run))
     if not measure_peaks:  # the row's status is its saved stage's where that failed
         skipped = "skipped: measured peaks need a CUDA device"
         return {**record, "status": skipped if record["saved_status"] == "ok" else record["saved_status"]}
     path = f"{snapshot_prefix}_{re.sub(r'[= ]+', '_', run.label())}.pickle" if snapshot_prefix else None
-    try:
-        record.update(measure_peak(run, path, max_entries), status="ok")
-    except Exception as exc:  # noqa: BLE001
-        record.update(status=common.failure_status(exc), traceback=traceback.format_exc())
+    with stage(record, ""):
+        record.update(measure_peak(run, path, max_entries))
     return record
 
 

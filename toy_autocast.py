@@ -50,7 +50,7 @@ OUTPUT_LABELS = {"fc1": "fc1 output", "relu": "ReLU output", "ln": "LayerNorm ou
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    results.add_device_args(p)
     p.add_argument("--dtype", nargs="+", choices=("fp16", "bf16"), default=["fp16", "bf16"],
                    help="autocast dtype(s), one table column each")
     p.add_argument("--in-features", type=results.positive_int, default=20,
