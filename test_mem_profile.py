@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 
 import mem_profile
 import report
@@ -255,6 +256,26 @@ def test_the_predicted_peak_matches_the_cpu_allocators_peak_for_each_k():
         assert measured[k] == pytest.approx(predicted[k], rel=0.10), (k, measured[k] / predicted[k])
     # the same best K, where the saved-for-backward totals alone would pick the largest
     assert min(predicted, key=predicted.get) == min(measured, key=measured.get) == 1 == p["best_k"]
+
+
+def nested_checkpointing_forward(self, token_ids):
+    """Recursive halving: each half a checkpoint of its own halves, down to one block (the toolkit's model runs
+    single-level only; this is the strategy whose peak mem_profile predicts as "nested")."""
+    def run(x, lo, hi):
+        if hi - lo == 1:
+            return self.layers[lo](x)
+        mid = (lo + hi) // 2
+        x = torch.utils.checkpoint.checkpoint(run, x, lo, mid, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint(run, x, mid, hi, use_reentrant=False)
+
+    return self.lm_head(self.ln_final(run(self.token_embeddings(token_ids), 0, len(self.layers))))
+
+
+def test_the_nested_prediction_matches_the_cpu_allocators_peak_of_recursive_halving(monkeypatch):
+    p = prediction(1)[1]
+    monkeypatch.setattr(TransformerLM, "forward", nested_checkpointing_forward)
+    measured = cpu_peak_bytes(DEEP, 4, 0) + p["state_bytes"]
+    assert measured == pytest.approx(p["nested_predicted_peak_bytes"], rel=0.10)
 
 
 def test_the_prediction_is_made_of_the_fake_runs_figures_single_level_and_nested():
