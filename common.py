@@ -1,7 +1,5 @@
-"""What every experiment needs at run time: device and precision, the synchronised timer, memory counters,
-NVTX / profiler ranges, the GPU peak table, the environment record, failures as data, the differences between
-torch releases, and the student's own code named as [NAME=]MODULE:CALLABLE.
-"""
+"""Run-time helpers: torch-release differences, device and precision, the synchronised timer, memory, NVTX /
+profiler ranges, GPU peaks, the environment record, failures as data, and your code as [NAME=]MODULE:CALLABLE."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +10,6 @@ import importlib
 import os
 import platform
 import re
-import signal
 import sys
 import threading
 import timeit
@@ -43,18 +40,13 @@ def ddp_no_forward_buffer_sync() -> dict[str, bool]:
     return {"forward_sync_buffers": False} if TORCH_VERSION >= (2, 13) else {"broadcast_buffers": False}
 
 
-def tf32_enabled(kind: str) -> bool:
-    """Whether TF32 is allowed for "matmul" or "cudnn": from 2.9 through the fp32_precision API when it is set
-    (reading the legacy flag then raises), else the legacy allow_tf32 flag."""
-    if kind not in ("matmul", "cudnn"):
-        raise ValueError(f"unknown TF32 setting {kind!r}; choose from matmul, cudnn")
-    legacy = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
-    if TORCH_VERSION >= (2, 9):
-        api = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn.conv
-        precision = api.fp32_precision
-        if precision != "none":
-            return precision == "tf32"
-    return bool(legacy.allow_tf32)
+def tf32_enabled() -> bool:
+    """Whether TF32 matmuls are allowed: from 2.9 the fp32_precision API when it is set (reading the legacy flag
+    then raises), else the legacy allow_tf32 flag."""
+    matmul = torch.backends.cuda.matmul
+    if TORCH_VERSION >= (2, 9) and matmul.fp32_precision != "none":
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
 
 
 def fsdp2_unsupported(device: torch.device) -> str | None:
@@ -113,8 +105,7 @@ def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractCo
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait
-    for)."""
+    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -123,17 +114,17 @@ class SyncTimer:
     """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
     `with SyncTimer(device) as t: step()`, then t.elapsed_s."""
 
-    def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
-        self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
+    def __init__(self, device: torch.device | None = None):
+        self.device = device or torch.device("cpu")
         self.elapsed_s = float("nan")
 
     def __enter__(self) -> SyncTimer:
-        self._sync()
+        synchronize(self.device)
         self._start = timeit.default_timer()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._sync()
+        synchronize(self.device)
         self.elapsed_s = timeit.default_timer() - self._start
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -163,8 +154,7 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are
-    0)."""
+    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are 0)."""
     return t.untyped_storage()._cdata
 
 
@@ -215,12 +205,8 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
     """Switch named ranges on: NVTX (a no-op where there is none, unless a named library is broken) and/or
     torch.profiler.record_function labels."""
-    try:
-        _RANGES["nvtx"] = nvtx_functions() if nvtx else None
-    except ValueError:
-        if os.environ.get(NVTX_LIBRARY_ENV):
-            raise
-        _RANGES["nvtx"] = None
+    usable = nvtx and (os.environ.get(NVTX_LIBRARY_ENV) or torch.cuda.is_available())
+    _RANGES["nvtx"] = nvtx_functions() if usable else None
     _RANGES["profiler"] = bool(profiler)
 
 
@@ -382,7 +368,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled("matmul"), "threads": torch.get_num_threads(),
+        "tf32_matmul": tf32_enabled(), "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "python": platform.python_version(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -422,7 +408,7 @@ def gpu_load(device: torch.device) -> dict[str, Any]:
     return out
 
 
-# ---- failures as data, and the processes we start ----
+# ---- failures as data ----
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -437,13 +423,6 @@ def failure_status(exc: BaseException) -> str:
     return "OOM" if is_oom(exc) else f"error: {one_line(exc)}"
 
 
-def die_with_parent() -> None:
-    """preexec_fn for subprocess.Popen: the child gets SIGKILL when this process dies, even of kill -9
-    (Linux's prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 # ---- the student's code: --model / --optimizer / --impl [NAME=]MODULE:CALLABLE ----
 
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # cs336_basics.model:BasicsTransformerLM, flash:Outer.Inner
@@ -456,13 +435,6 @@ class LoadError(Exception):
 
 def is_spec(text: str) -> bool:
     return SPEC.match(text) is not None
-
-
-def user_code_name(text: str) -> str:
-    """What tables and records call a --model / --optimizer / --impl value: NAME of NAME=MODULE:CALLABLE, else
-    the value as given."""
-    match = SPEC.match(text)
-    return match.group(1) or text if match else text
 
 
 def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
@@ -494,12 +466,11 @@ def load(spec: str) -> Any:
         sys.path.insert(sys.path.index(HERE) + 1 if HERE in sys.path else 0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {exc.name!r} in the "
-                            f"current directory ({cwd}), PYTHONPATH or the installed packages") from None
-        raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
+        name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if name is not None and (module_name + ".").startswith(name + "."):
+            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {name!r} in the "
+                            f"current directory ({cwd}), PYTHONPATH or the installed packages") from None
         raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
     found: Any = module
     for part in attribute.split("."):
