@@ -1,5 +1,5 @@
-"""Run-time helpers: torch-release differences, device and precision, the synchronised timer, memory, NVTX /
-profiler ranges, GPU peaks, the environment record, failures as data, and your code as [NAME=]MODULE:CALLABLE."""
+"""Run-time helpers: torch-release differences, device and precision, the synchronised timer, memory, NVTX
+and profiler ranges, GPU peaks, the environment record, failures as data, your code as MODULE:CALLABLE."""
 from __future__ import annotations
 
 import argparse
@@ -41,8 +41,8 @@ def ddp_no_forward_buffer_sync() -> dict[str, bool]:
 
 
 def tf32_enabled() -> bool:
-    """Whether TF32 matmuls are allowed: from 2.9 the fp32_precision API when it is set (reading the legacy flag
-    then raises), else the legacy allow_tf32 flag."""
+    """Whether TF32 matmuls are allowed: from 2.9 the fp32_precision API when it is set (reading the legacy
+    flag then raises), else the legacy allow_tf32 flag."""
     matmul = torch.backends.cuda.matmul
     if TORCH_VERSION >= (2, 9) and matmul.fp32_precision != "none":
         return matmul.fp32_precision == "tf32"
@@ -105,7 +105,7 @@ def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractCo
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait for)."""
+    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has none to wait for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -154,7 +154,7 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are 0)."""
+    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data_ptr is 0)."""
     return t.untyped_storage()._cdata
 
 

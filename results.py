@@ -1,7 +1,5 @@
 """Records, tables and result files, without torch (report.py and kernel_tables.py start without it):
-statuses, the model's configurations and FLOPs (model.py re-exports them), the statistics of interleaved
-comparisons, the table renderer, the comparison table, the run-settings header, result files, and the shared
-command-line helpers."""
+statuses, model configurations and FLOPs, paired statistics, tables, result files, command-line helpers."""
 from __future__ import annotations
 
 import argparse
@@ -72,8 +70,7 @@ def format_bytes(n: float | None) -> str | None:
 
 
 def number(value: Any) -> bool:
-    """A finite int or float (not None, a status string or a bool): what a table or a figure can use as
-    one."""
+    """A finite int or float (not None, a status string or a bool): a number a table or figure can use."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -81,8 +78,7 @@ def number(value: Any) -> bool:
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot exist (unknown preset, bad shape): scripts make it a one-line usage
-    error."""
+    """A configuration that cannot exist (unknown preset, bad shape): a one-line usage error."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +114,7 @@ class ModelConfig:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or the
-        norms."""
+        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or norms."""
         return self.num_layers * (self.block_params - 2 * self.d_model) + self.d_model * self.vocab_size
 
     @property
@@ -242,8 +237,7 @@ def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: s
 
 
 def attention_matmul_flops(batch: int, seq: int, d_model: int) -> int:
-    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S: the causal half is
-    masked)."""
+    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S; the causal half masked)."""
     return 2 * (2 * batch * seq * seq * d_model)
 
 
@@ -297,14 +291,12 @@ def block_sizes(steps: int, block: int) -> list[int]:
     return [min(block, steps - start) for start in range(0, steps, block)]
 
 
-def steps_per_block(step_s: float | None, steps: int, min_block_s: float,
-                    min_rounds: int = MIN_ROUNDS_FOR_INTERVAL) -> int:
+def steps_per_block(step_s: float | None, steps: int, min_block_s: float) -> int:
     """Consecutive steps per variant: enough that a block lasts `min_block_s` (a switch costs cold caches),
-    but leaving at least `min_rounds` rounds. `step_s`: a warm-up step's time; None gives blocks of one
-    step."""
+    but leaving MIN_ROUNDS_FOR_INTERVAL rounds. `step_s`: a warm-up step's time; None: blocks of one step."""
     if step_s is None or step_s <= 0:
         return 1
-    return max(1, min(math.ceil(min_block_s / step_s), steps // min_rounds))
+    return max(1, min(math.ceil(min_block_s / step_s), steps // MIN_ROUNDS_FOR_INTERVAL))
 
 
 def signed_rank_counts(n: int) -> list[int]:
@@ -316,11 +308,11 @@ def signed_rank_counts(n: int) -> list[int]:
     return counts
 
 
-def signed_rank_depth(n: int, confidence: float = CONFIDENCE) -> int | None:
+def signed_rank_depth(n: int) -> int | None:
     """The interval runs from the k-th smallest to the k-th largest Walsh average, for the largest k with
-    P(T <= k - 1) <= (1 - confidence) / 2; None when even k = 1 covers less (n < 6 at 95%). Exact up to
+    P(T <= k - 1) <= (1 - CONFIDENCE) / 2; None when even k = 1 covers less (n < 6). Exact up to
     EXACT_SIGNED_RANK_N (as R's wilcox.test), then the normal approximation with continuity correction."""
-    tail = (1.0 - confidence) / 2.0
+    tail = (1.0 - CONFIDENCE) / 2.0
     if n > EXACT_SIGNED_RANK_N:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         z = statistics.NormalDist().inv_cdf(1.0 - tail)
@@ -341,7 +333,6 @@ class PairedRatio:
     low: float | None
     high: float | None
     rounds: int
-    confidence: float = CONFIDENCE
 
     @property
     def resolved(self) -> bool | None:
@@ -352,7 +343,7 @@ class PairedRatio:
         return None if self.low is None else f"{self.low:.2f}-{self.high:.2f}x"
 
 
-def paired_ratio(baseline: list[float], variant: list[float], confidence: float = CONFIDENCE) -> PairedRatio:
+def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
     """The speed-up of `variant` over `baseline` from per-round times: the Hodges-Lehmann estimate of the
     log-ratios and the signed-rank interval, taken back with exp."""
     if len(baseline) != len(variant) or not baseline:
@@ -363,11 +354,9 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
                              for t in (baseline, variant))
     logs = [math.log(b / v) for b, v in zip(baseline, variant)]
     walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
-    centre = math.exp(statistics.median(walsh))
-    depth = signed_rank_depth(len(baseline), confidence)
-    if depth is None:
-        return PairedRatio(centre, None, None, len(baseline), confidence)
-    return PairedRatio(centre, math.exp(walsh[depth - 1]), math.exp(walsh[-depth]), len(baseline), confidence)
+    depth = signed_rank_depth(len(baseline))
+    low, high = (None, None) if depth is None else (math.exp(walsh[depth - 1]), math.exp(walsh[-depth]))
+    return PairedRatio(math.exp(statistics.median(walsh)), low, high, len(baseline))
 
 
 def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
@@ -401,8 +390,7 @@ def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> Paire
 
 def means_outside(found: PairedRatio, baseline: Record, variant: Record,
                   phases: tuple[str, ...]) -> float | None:
-    """The ratio of the means when it lies outside the paired interval (a few slow steps pull a mean), else
-    None."""
+    """The ratio of the means when outside the paired interval (a few slow steps pull a mean), else None."""
     if found.low is None:
         return None
     ratio = ratio_of_means(baseline, variant, phases)
@@ -433,8 +421,7 @@ class Drift:
 
 def drift(baseline: Record, variant: Record, phase: str) -> Drift | None:
     """A control phase (the same work in both variants) whose means differ by more than twice the standard
-    error of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed between the
-    variants."""
+    error of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed in between."""
     a, b = baseline.get(f"{phase}_ms"), variant.get(f"{phase}_ms")
     if not a or not b or len(a) < 2 or len(b) < 2:
         return None
@@ -473,8 +460,7 @@ def as_report_file(text: str, fmt: str) -> str:
 
 
 def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str = ".2f") -> str:
-    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN and missing print
-    empty."""
+    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
     body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
             for row in rows]
     return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
@@ -540,13 +526,12 @@ def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str,
     return settings
 
 
-def environment_lines(records: list[Record],
-                      settings: dict[str, Setting] | Callable[[list[Record]], dict[str, Any]]) -> list[str]:
-    """The run-settings header above a report's tables: the environment and the run's settings (a fields dict
-    for run_settings, or a function of the records); in a merge, one line per run, named."""
+def environment_lines(records: list[Record], settings: dict[str, Setting]) -> list[str]:
+    """The run-settings header above a report's tables: the environment and run_settings(settings); in a
+    merge, one line per run, named."""
     lines = []
     for run, group in by_run(records).items():
-        found = run_settings(group, settings) if isinstance(settings, dict) else settings(group)
+        found = run_settings(group, settings)
         env = next((r["environment"] for r in group if "device_name" in (r.get("environment") or {})), None)
         line = environment_header(env, **found) if env else " | ".join(f"{k}: {v}" for k, v in found.items())
         lines.append(f"{run}: {line}" if is_merged(records) else line)
@@ -569,13 +554,10 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
     # in a merge where a configuration is in two runs, each run is compared within itself: nothing is dropped
-    groups = [records]
-    if is_merged(records):
-        runs_of: dict[tuple[str, str], set] = {}
-        for r in records:
-            runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
-        if any(len(runs) > 1 for runs in runs_of.values()):
-            groups = list(by_run(records).values())
+    runs_of: dict[tuple[str, str], set] = {}
+    for r in records:
+        runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
+    groups = list(by_run(records).values()) if any(len(runs) > 1 for runs in runs_of.values()) else [records]
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
     for i, group in enumerate(groups):
         for r in group:
@@ -597,21 +579,19 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
     rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes, all rows
     for found in by_row.values():
         runs = {RUN_COLUMN: ", ".join(map(str, by_run(list(found.values()))))} if is_merged(records) else {}
-        ident: Record = {**runs,
-                         **row(next(iter(found.values())))}
+        ident: Record = {**runs, **row(next(iter(found.values())))}
         base, paired = found.get(names[0]), set()
         unresolved, few, pulled, others = below if per_variant else ([], {}, [], [])
         where = " ".join(f"{k}={v}" for k, v in ident.items()) + " " if per_variant else ""
         out = {**ident, **time_cells(base, lambda label: f"{label} ms: {names[0]}")}
         for name in names[1:]:
-            if per_variant and (r := found.get(name)) is not None:
+            if (r := found.get(name)) is None and per_variant:
+                continue
+            if per_variant:
                 out = {**ident, per_variant: name, **time_cells(base, lambda label: f"{names[0]} {label}"),
                        **time_cells(r, lambda label: f"{label} ms")}
                 rows.append(out)
-            elif per_variant:
-                continue
             else:
-                r = found.get(name)
                 out.update(time_cells(r, lambda label: f"{label} ms: {name}"))
             found_ratios = {}
             for label, phases in ratios.items():
@@ -690,7 +670,7 @@ def stem_problem(text: str) -> str | None:
     """Why `text` cannot be a result stem, or None."""
     if not text:
         return "must be a non-empty file-name stem"
-    if any(sep and sep in text for sep in ("/", "\\", os.sep, os.altsep)):
+    if "/" in text or "\\" in text:  # os.sep and os.altsep are among them
         return (f"must be a file-name stem without a folder, got {text!r} "
                 "(use --results-dir to choose the folder)")
     if text[0] in ".-":
@@ -713,8 +693,7 @@ def stem_from(name: str, default: str) -> str:
     """A stem made from an input's name under --out's rules: unprintable characters and path separators
     replaced, leading '.' and '-' dropped, cut to MAX_STEM_BYTES; `default` when nothing is left."""
     text = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name).lstrip(".-")
-    while len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
-        text = text[:-1]
+    text = text.encode()[:MAX_STEM_BYTES].decode(errors="ignore")  # printable: no lone surrogates left
     return text if text and stem_problem(text) is None else default
 
 
@@ -728,7 +707,8 @@ def results_folder(text: str) -> str:
 
 
 def strict_json_value(obj: Any) -> Any:
-    """`obj` with NaN and infinities (nested, dataclasses too) replaced by None: they are not JSON."""
+    """`obj` as strict JSON: NaN and infinities (nested, dataclasses too) as None; paths, torch dtypes and
+    devices as their names (told by module, so that this file needs no torch)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -737,18 +717,11 @@ def strict_json_value(obj: Any) -> Any:
         return [strict_json_value(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return strict_json_value(dataclasses.asdict(obj))
-    return obj
-
-
-def json_default(obj: Any) -> Any:
-    # torch.dtype and torch.device as their names, told by module so that this file needs no torch
-    if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch":
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    return str(obj) if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch" else obj
 
 
 def to_json_line(record: Record) -> str:
-    return json.dumps(strict_json_value(record), default=json_default, allow_nan=False)
+    return json.dumps(strict_json_value(record), allow_nan=False)
 
 
 def read_records(path: str | os.PathLike) -> list[Record]:
@@ -763,11 +736,10 @@ def exit_usage_error(message: str) -> NoReturn:
 
 
 class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem is taken when any file of it exists;
-    then <stem>-2, <stem>-3, ... The stem is reserved by creating <stem><reserve> with O_EXCL, so two runs
-    never share one and none overwrites another's files. Records are appended whole or not at all; reports are
-    replaced atomically. A folder that cannot be written is exit 2; a write that fails later (a full disk) is
-    exit 1 that names only files holding the records."""
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run; a stem any file has is taken, then <stem>-2,
+    <stem>-3, ... reserved by creating <stem><reserve> with O_EXCL: two runs never share one. Records are
+    appended whole, reports replaced atomically. An unwritable folder is exit 2; a later failed write (a full
+    disk) is exit 1, naming the files that hold the records."""
 
     def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
                  reserve: str = ".jsonl"):
@@ -785,17 +757,14 @@ class ResultFiles:
             progress(f"note: results for {stem!r} already exist; writing {self.stem!r} instead")
 
     def _reserve_stem(self, stem: str, reserve: str) -> str:
-        for n in itertools.count(1):
-            candidate = stem if n == 1 else f"{stem}-{n}"
+        for candidate in itertools.chain([stem], (f"{stem}-{n}" for n in itertools.count(2))):
             if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
                 continue
-            try:  # atomic: of two runs that both saw the stem free, exactly one creates the file
+            # atomic: of two runs that both saw the stem free, exactly one creates the file
+            with contextlib.suppress(FileExistsError):
                 flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
                 os.close(os.open(self.folder / f"{candidate}{reserve}", flags, 0o666))
                 return candidate
-            except FileExistsError:
-                continue
-        raise AssertionError("unreachable")
 
     def release(self) -> None:
         """Give the stem back when nothing was written: remove the empty reserved file."""
