@@ -50,8 +50,7 @@ def tf32_enabled() -> bool:
 
 
 def fsdp2_unsupported(device: torch.device) -> str | None:
-    """Why FSDP2 cannot run on `device`: on the CPU, 2.6's fully_shard calls torch.cpu.Stream.record_event
-    (2.7)."""
+    """Why FSDP2 cannot run on `device`: on a CPU, 2.6's fully_shard calls 2.7's Stream.record_event."""
     if device.type == "cpu" and TORCH_VERSION < (2, 7):
         return (f"FSDP2 on the CPU needs torch 2.7 or later (torch.cpu.Stream.record_event); this is torch "
                 f"{torch.__version__}")
@@ -111,8 +110,7 @@ def synchronize(device: torch.device) -> None:
 
 
 class SyncTimer:
-    """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
-    `with SyncTimer(device) as t: step()`, then t.elapsed_s."""
+    """Seconds, the device synchronised at both clock reads: `with SyncTimer(device) as t:`, t.elapsed_s."""
 
     def __init__(self, device: torch.device | None = None):
         self.device = device or torch.device("cpu")
@@ -144,8 +142,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
-    """Peak bytes since the last reset, allocated (live tensors) and reserved (the caching allocator's
-    segments); {} on a CPU, which has no such counter."""
+    """Peak bytes since the reset, allocated (live tensors) and reserved (the allocator's); {} on a CPU."""
     if device.type != "cuda":
         return {}
     torch.cuda.synchronize(device)
@@ -203,8 +200,7 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
 
 
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch named ranges on: NVTX (a no-op where there is none, unless a named library is broken) and/or
-    torch.profiler.record_function labels."""
+    """Switch on NVTX ranges (a no-op without CUDA or a named library) and/or record_function labels."""
     usable = nvtx and (os.environ.get(NVTX_LIBRARY_ENV) or torch.cuda.is_available())
     _RANGES["nvtx"] = nvtx_functions() if usable else None
     _RANGES["profiler"] = bool(profiler)
@@ -223,9 +219,8 @@ def _active_range(name: str) -> Iterator[None]:
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
-    """A named range around a region when set_ranges switched them on, else one shared no-op context. Never
-    inside code torch.compile traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries
-    anyway."""
+    """A named range when set_ranges switched them on, else one shared no-op. None where torch.compile
+    traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries anyway."""
     if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
@@ -394,8 +389,7 @@ GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "tempe
 
 
 def gpu_load(device: torch.device) -> dict[str, Any]:
-    """The GPU's utilisation, temperature, power, SM clock and the other processes on it; {"nvml": why} when
-    NVML cannot be read."""
+    """Utilisation, temperature, power, SM clock, other processes; {"nvml": why} when NVML is unreadable."""
     out: dict[str, Any] = {}
     try:
         for key, reader in GPU_READERS.items():
@@ -515,8 +509,7 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
 
 def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
                    ours_only: dict[str, bool]) -> None:
-    """--model without repeats; a flag that changes only our model (`ours_only`: flag -> given) is a usage
-    error when only yours run."""
+    """--model without repeats; a flag of our model only (`ours_only`: flag -> given) without ours: exit 2."""
     args.model = list(dict.fromkeys(args.model))
     if OURS not in args.model:
         for flag, given in ours_only.items():

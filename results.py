@@ -176,8 +176,7 @@ def get_handout(name: str) -> Handout:
 
 
 def get_config(name: str, handout: str = DEFAULT_HANDOUT, **overrides: Any) -> ModelConfig:
-    """The preset called exactly `name` in `handout`'s table, at its default context length, with the non-None
-    `overrides` applied."""
+    """Preset `name` of `handout`'s table at its default context length, with the non-None `overrides`."""
     chosen = get_handout(handout)
     _check_preset(name, chosen)
     changes = {"context_length": chosen.default_context_length,
@@ -249,8 +248,7 @@ def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> int:
 
 
 def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
-    """Forward only: forward FLOPs; with backward 3x (two matmuls per forward matmul: input and weight
-    gradients). AdamW is elementwise and not counted."""
+    """Forward FLOPs, 3x with backward (input and weight gradients); AdamW is elementwise, not counted."""
     return forward_flops(cfg, batch, seq) * (1 if mode == "forward" else 3)
 
 
@@ -344,8 +342,7 @@ class PairedRatio:
 
 
 def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
-    """The speed-up of `variant` over `baseline` from per-round times: the Hodges-Lehmann estimate of the
-    log-ratios and the signed-rank interval, taken back with exp."""
+    """`variant`'s speed-up over `baseline` from per-round times: the log-ratios' HL estimate and interval."""
     if len(baseline) != len(variant) or not baseline:
         raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
     if len(baseline) > MAX_ROUNDS:  # neighbouring rounds merged: they stay paired
@@ -360,9 +357,8 @@ def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
 
 
 def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
-    """Per round of the record's pairing, the summed mean of `phases` (ms). pairing["rounds"] holds each
-    round's [start, stop) in the `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own
-    counts)."""
+    """Per round, the summed mean of `phases` (ms): pairing["rounds"] holds each round's [start, stop) in the
+    `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own counts)."""
     pairing = record.get("pairing")
     if not pairing or not all(f"{p}_ms" in record for p in phases):
         return None
@@ -399,8 +395,7 @@ def means_outside(found: PairedRatio, baseline: Record, variant: Record,
 
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
-    """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that
-    gives more)), ratios of means outside the interval."""
+    """Notes: intervals containing 1, too few rounds (name -> (rounds, option)), means outside intervals."""
     notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
     notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
               for name, (n, knob) in few_rounds.items()]
@@ -515,8 +510,8 @@ Setting = str | Callable[[Record], Any]  # a config key, or a function of the re
 
 
 def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str, str]:
-    """What a run's rows were measured with: label -> the values of `fields` (config keys or functions of a
-    record) these records hold, in order, joined with 'and'; a field no record has is left out."""
+    """label -> the values of `fields` (config keys or functions of a record) these records hold, joined with
+    'and'; a field no record has is left out."""
     settings = {}
     for label, field in fields.items():
         values = [field(r) if callable(field) else (r.get("config") or {}).get(field) for r in records]
@@ -527,8 +522,7 @@ def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str,
 
 
 def environment_lines(records: list[Record], settings: dict[str, Setting]) -> list[str]:
-    """The run-settings header above a report's tables: the environment and run_settings(settings); in a
-    merge, one line per run, named."""
+    """The header above a report's tables: environment and run_settings; in a merge, a line per run."""
     lines = []
     for run, group in by_run(records).items():
         found = run_settings(group, settings)
@@ -544,12 +538,10 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     per_variant: str | None = None,
                     cells: Callable[[Record, Record | None], Record] | None = None
                     ) -> tuple[list[str], list[Record], list[str]]:
-    """The variants (the first is the baseline), the comparison table's rows and the notes under it. A row per
-    `row(record)`: each variant's time per `times` label (default `ratios`), then each other variant's
-    PairedRatio over the baseline per `ratios` label (a label's phases are summed), and the row's notes; a
-    failed variant shows its status. per_variant="impl" (a table too wide otherwise): a row per configuration
-    and non-baseline variant, its ratios in one "speed-up" cell, then `cells(record, baseline)`, the notes
-    under the table. `control`: a phase every variant runs alike, checked for drift."""
+    """(variants, the first the baseline; rows; notes under the table). A row per `row(record)`: each
+    variant's time per `times` label, each other's PairedRatio per `ratios` label (phases summed), notes; a
+    failure shows its status. per_variant: a row per configuration and variant, one "speed-up" cell, then
+    `cells(record, baseline)`, notes under the table. `control`: a phase run alike, checked for drift."""
     times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
@@ -630,9 +622,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
 def comparison_table(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
                      ratios: dict[str, tuple[str, ...]], fmt: str = "github",
                      columns: list[str] | None = None, floatfmt: str = ".2f", **options: Any) -> str | None:
-    """The one comparison table (comparison_rows; `options` are its keywords), its columns picked by --columns
-    (those it has), the meaning of a speed-up under it, then its notes; None for a single variant. A speed-up
-    cell reads "1.93x (1.85-2.01x)", the estimate and its 95% interval, or per_variant "1.93/1.40/1.52x"."""
+    """comparison_rows' table (`options`: its keywords), what a speed-up means, the notes; None for one
+    variant. A speed-up reads "1.93x (1.85-2.01x)" (estimate, 95% interval), per_variant "1.93/1.40/1.52x"."""
     names, rows, notes = comparison_rows(records, variant, row, ratios, **options)
     if len(names) < 2:
         return None
@@ -690,8 +681,7 @@ def result_stem(text: str) -> str:
 
 
 def stem_from(name: str, default: str) -> str:
-    """A stem made from an input's name under --out's rules: unprintable characters and path separators
-    replaced, leading '.' and '-' dropped, cut to MAX_STEM_BYTES; `default` when nothing is left."""
+    """`name` made a stem by --out's rules (bad characters replaced, cut); `default` when nothing is left."""
     text = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name).lstrip(".-")
     text = text.encode()[:MAX_STEM_BYTES].decode(errors="ignore")  # printable: no lone surrogates left
     return text if text and stem_problem(text) is None else default
@@ -796,9 +786,8 @@ class ResultFiles:
         raise SystemExit(1)
 
     def append_record(self, record: Record) -> None:
-        """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file
-        would write a failed remainder again on close), cut back to its last whole line when a write fails or
-        is interrupted. A failed write prints the record on stdout and ends the run (exit 1)."""
+        """One line of strict JSON, whole or not at all: os.write on O_APPEND (a buffered file writes a failed
+        remainder again on close), cut back when a write fails; then the record goes to stdout, exit 1."""
         line = (to_json_line(record) + "\n").encode()
         fd = end = None
         try:
@@ -866,8 +855,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2); under torchrun only rank
-    0 says it."""
+    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2), from rank 0 only."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
@@ -924,8 +912,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, attentions: Any, *,
                       several_modes: bool, several_warmups: bool, warmup: int, steps: int) -> None:
-    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload's settings (bench_e2e,
-    mem_profile)."""
+    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload (bench_e2e, mem_profile)."""
     parser.add_argument("--mode", nargs="+" if several_modes else None, choices=list(modes),
                         default=["forward", "train"] if several_modes else "train",
                         help="forward only, forward+backward, or a full training step "
@@ -961,8 +948,7 @@ def add_handout_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Handout:
-    """--handout, else $CS336_HANDOUT (read at parse time), else the current one; sets args.handout and
-    args.handout_source. A bad variable is a one-line exit 2, like a bad flag."""
+    """--handout, else $CS336_HANDOUT, else the current one, into args.handout and args.handout_source."""
     if args.handout is not None:
         args.handout_source = "--handout"
     elif os.environ.get(HANDOUT_ENV, "").strip():
@@ -976,8 +962,8 @@ def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> list[str]:
-    """expand_sizes in args.handout (a bad name: exit 2). When the handout was not chosen and a name means
-    another model in the other handout (xl), a note says which runs."""
+    """expand_sizes (a bad name: exit 2), with a note when the default handout's size is another model in
+    the other handout (xl)."""
     try:
         sizes = expand_sizes(names, args.handout)
     except ConfigError as exc:
@@ -1056,8 +1042,8 @@ def progress(message: str) -> None:
 
 
 def emit(text: str) -> bool:
-    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so neither
-    a BrokenPipeError nor the exit-time flush interrupts the work."""
+    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so no
+    BrokenPipeError interrupts the work."""
     try:
         print(text, flush=True)
         return True
