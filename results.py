@@ -367,19 +367,14 @@ def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
             for r in range(len(pairing["rounds"]))]
 
 
-def paired(baseline: Record, variant: Record) -> bool:
-    """Whether two records were measured as a pair: the same comparison group, the same number of rounds."""
-    a, b = baseline.get("pairing"), variant.get("pairing")
-    return bool(a and b and a["group"] == b["group"] and len(a["rounds"]) == len(b["rounds"]))
-
-
 def ratio_of_means(baseline: Record, variant: Record, phases: tuple[str, ...]) -> float:
     return sum(baseline[f"{p}_ms_mean"] for p in phases) / sum(variant[f"{p}_ms_mean"] for p in phases)
 
 
 def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> PairedRatio:
-    """Paired by round when measured as a pair, else the ratio of the means with no interval."""
-    if paired(baseline, variant):
+    """Paired by round when measured as a pair (one group, as many rounds), else the ratio of the means."""
+    a, b = baseline.get("pairing"), variant.get("pairing")
+    if a and b and a["group"] == b["group"] and len(a["rounds"]) == len(b["rounds"]):
         return paired_ratio(round_times(baseline, phases), round_times(variant, phases))
     return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
 
