@@ -646,9 +646,8 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
 
 # ---- result files and records ----
 
-# A stem names files inside the results folder and nothing else: no folder, no leading '.' (hidden, '..') or
-# '-' (read as a flag by the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255
-# bytes.
+# A stem names files inside the results folder only: no folder, no leading '.' (hidden, '..') or '-' (a flag
+# to the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255 bytes.
 MAX_STEM_BYTES = 200
 
 
@@ -663,7 +662,7 @@ def stem_problem(text: str) -> str | None:
         return f"must not start with '.' or '-', got {text!r}"
     if not text.isprintable():
         return f"must be printable characters only, got {text!r}"
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
+    if len(text.encode()) > MAX_STEM_BYTES:  # printable: no lone surrogates
         return f"must be at most {MAX_STEM_BYTES} bytes long"
     return None
 
