@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import functools
 import importlib
 import os
 import platform
@@ -390,10 +391,8 @@ GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "tempe
 
 def gpu_load(device: torch.device) -> dict[str, Any]:
     """Utilisation, temperature, power, SM clock, other processes; {"nvml": why} when NVML is unreadable."""
-    out: dict[str, Any] = {}
     try:
-        for key, reader in GPU_READERS.items():
-            out[key] = getattr(torch.cuda, reader)(device)
+        out: dict[str, Any] = {key: getattr(torch.cuda, read)(device) for key, read in GPU_READERS.items()}
         listing = torch.cuda.list_gpu_processes(device)  # "process   1234 uses  512.000 MB GPU memory" lines
     except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML, a MIG slice: the load is unknown
         return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"}
@@ -466,14 +465,11 @@ def load(spec: str) -> Any:
             raise LoadError(f"cannot import {module_name} (for {spec}): no module named {name!r} in the "
                             f"current directory ({cwd}), PYTHONPATH or the installed packages") from None
         raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
-    found: Any = module
-    for part in attribute.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            where = getattr(module, "__file__", None) or "a namespace package"
-            raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
-    return found
+    try:
+        return functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        where = getattr(module, "__file__", None) or "a namespace package"
+        raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
 
 
 def one_line(exc: BaseException) -> str:
