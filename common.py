@@ -1,18 +1,16 @@
-"""What every experiment needs at run time: device and precision, the synchronised timer, memory counters,
-NVTX / profiler ranges, the GPU peak table, the environment record, failures as data, the differences between
-torch releases, and the student's own code named as [NAME=]MODULE:CALLABLE.
-"""
+"""Run-time helpers: torch-release differences, device and precision, the synchronised timer, memory, NVTX
+and profiler ranges, GPU peaks, the environment record, failures as data, your code as MODULE:CALLABLE."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import ctypes
 import datetime
+import functools
 import importlib
 import os
 import platform
 import re
-import signal
 import sys
 import threading
 import timeit
@@ -43,23 +41,17 @@ def ddp_no_forward_buffer_sync() -> dict[str, bool]:
     return {"forward_sync_buffers": False} if TORCH_VERSION >= (2, 13) else {"broadcast_buffers": False}
 
 
-def tf32_enabled(kind: str) -> bool:
-    """Whether TF32 is allowed for "matmul" or "cudnn": from 2.9 through the fp32_precision API when it is set
-    (reading the legacy flag then raises), else the legacy allow_tf32 flag."""
-    if kind not in ("matmul", "cudnn"):
-        raise ValueError(f"unknown TF32 setting {kind!r}; choose from matmul, cudnn")
-    legacy = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn
-    if TORCH_VERSION >= (2, 9):
-        api = torch.backends.cuda.matmul if kind == "matmul" else torch.backends.cudnn.conv
-        precision = api.fp32_precision
-        if precision != "none":
-            return precision == "tf32"
-    return bool(legacy.allow_tf32)
+def tf32_enabled() -> bool:
+    """Whether TF32 matmuls are allowed: from 2.9 the fp32_precision API when it is set (reading the legacy
+    flag then raises), else the legacy allow_tf32 flag."""
+    matmul = torch.backends.cuda.matmul
+    if TORCH_VERSION >= (2, 9) and matmul.fp32_precision != "none":
+        return matmul.fp32_precision == "tf32"
+    return bool(matmul.allow_tf32)
 
 
 def fsdp2_unsupported(device: torch.device) -> str | None:
-    """Why FSDP2 cannot run on `device`: on the CPU, 2.6's fully_shard calls torch.cpu.Stream.record_event
-    (2.7)."""
+    """Why FSDP2 cannot run on `device`: on a CPU, 2.6's fully_shard calls 2.7's Stream.record_event."""
     if device.type == "cpu" and TORCH_VERSION < (2, 7):
         return (f"FSDP2 on the CPU needs torch 2.7 or later (torch.cpu.Stream.record_event); this is torch "
                 f"{torch.__version__}")
@@ -113,15 +105,13 @@ def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractCo
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has nothing to wait
-    for)."""
+    """Wait for the work queued on `device` (CUDA kernels run asynchronously; a CPU has none to wait for)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 class SyncTimer:
-    """Wall-clock seconds with the device synchronised before the clock is read, at both ends:
-    `with SyncTimer(device) as t: step()`, then t.elapsed_s."""
+    """Seconds, the device synchronised at both clock reads: `with SyncTimer(device) as t:`, t.elapsed_s."""
 
     def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
         self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
@@ -153,8 +143,7 @@ def reset_peak_memory(device: torch.device) -> None:
 
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:
-    """Peak bytes since the last reset, allocated (live tensors) and reserved (the caching allocator's
-    segments); {} on a CPU, which has no such counter."""
+    """Peak bytes since the reset, allocated (live tensors) and reserved (the allocator's); {} on a CPU."""
     if device.type != "cuda":
         return {}
     torch.cuda.synchronize(device)
@@ -163,8 +152,7 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data pointers are
-    0)."""
+    """One key per storage, shared by its views (the StorageImpl's address: fake tensors' data_ptr is 0)."""
     return t.untyped_storage()._cdata
 
 
@@ -213,14 +201,9 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
 
 
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch named ranges on: NVTX (a no-op where there is none, unless a named library is broken) and/or
-    torch.profiler.record_function labels."""
-    try:
-        _RANGES["nvtx"] = nvtx_functions() if nvtx else None
-    except ValueError:
-        if os.environ.get(NVTX_LIBRARY_ENV):
-            raise
-        _RANGES["nvtx"] = None
+    """Switch on NVTX ranges (a no-op without CUDA or a named library) and/or record_function labels."""
+    usable = nvtx and (os.environ.get(NVTX_LIBRARY_ENV) or torch.cuda.is_available())
+    _RANGES["nvtx"] = nvtx_functions() if usable else None
     _RANGES["profiler"] = bool(profiler)
 
 
@@ -237,9 +220,8 @@ def _active_range(name: str) -> Iterator[None]:
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
-    """A named range around a region when set_ranges switched them on, else one shared no-op context. Never
-    inside code torch.compile traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries
-    anyway."""
+    """A named range when set_ranges switched them on, else one shared no-op. None where torch.compile
+    traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries anyway."""
     if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
@@ -382,7 +364,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "device": str(device), "device_name": device_name(device), "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "tf32_matmul": tf32_enabled("matmul"), "threads": torch.get_num_threads(),
+        "tf32_matmul": tf32_enabled(), "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(), "python": platform.python_version(),
         "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -408,12 +390,9 @@ GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "tempe
 
 
 def gpu_load(device: torch.device) -> dict[str, Any]:
-    """The GPU's utilisation, temperature, power, SM clock and the other processes on it; {"nvml": why} when
-    NVML cannot be read."""
-    out: dict[str, Any] = {}
+    """Utilisation, temperature, power, SM clock, other processes; {"nvml": why} when NVML is unreadable."""
     try:
-        for key, reader in GPU_READERS.items():
-            out[key] = getattr(torch.cuda, reader)(device)
+        out: dict[str, Any] = {key: getattr(torch.cuda, read)(device) for key, read in GPU_READERS.items()}
         listing = torch.cuda.list_gpu_processes(device)  # "process   1234 uses  512.000 MB GPU memory" lines
     except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML, a MIG slice: the load is unknown
         return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"}
@@ -422,7 +401,7 @@ def gpu_load(device: torch.device) -> dict[str, Any]:
     return out
 
 
-# ---- failures as data, and the processes we start ----
+# ---- failures as data ----
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -437,13 +416,6 @@ def failure_status(exc: BaseException) -> str:
     return "OOM" if is_oom(exc) else f"error: {one_line(exc)}"
 
 
-def die_with_parent() -> None:
-    """preexec_fn for subprocess.Popen: the child gets SIGKILL when this process dies, even of kill -9
-    (Linux's prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
 # ---- the student's code: --model / --optimizer / --impl [NAME=]MODULE:CALLABLE ----
 
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"  # cs336_basics.model:BasicsTransformerLM, flash:Outer.Inner
@@ -456,13 +428,6 @@ class LoadError(Exception):
 
 def is_spec(text: str) -> bool:
     return SPEC.match(text) is not None
-
-
-def user_code_name(text: str) -> str:
-    """What tables and records call a --model / --optimizer / --impl value: NAME of NAME=MODULE:CALLABLE, else
-    the value as given."""
-    match = SPEC.match(text)
-    return match.group(1) or text if match else text
 
 
 def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
@@ -494,21 +459,17 @@ def load(spec: str) -> Any:
         sys.path.insert(sys.path.index(HERE) + 1 if HERE in sys.path else 0, cwd)
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
-            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {exc.name!r} in the "
+    except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
+        name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if name is not None and (module_name + ".").startswith(name + "."):
+            raise LoadError(f"cannot import {module_name} (for {spec}): no module named {name!r} in the "
                             f"current directory ({cwd}), PYTHONPATH or the installed packages") from None
         raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
-        raise LoadError(f"importing {module_name} (for {spec}) failed: {one_line(exc)}") from None
-    found: Any = module
-    for part in attribute.split("."):
-        try:
-            found = getattr(found, part)
-        except AttributeError:
-            where = getattr(module, "__file__", None) or "a namespace package"
-            raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
-    return found
+    try:
+        return functools.reduce(getattr, attribute.split("."), module)
+    except AttributeError:
+        where = getattr(module, "__file__", None) or "a namespace package"
+        raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
 
 
 def one_line(exc: BaseException) -> str:
@@ -544,8 +505,7 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
 
 def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
                    ours_only: dict[str, bool]) -> None:
-    """--model without repeats; a flag that changes only our model (`ours_only`: flag -> given) is a usage
-    error when only yours run."""
+    """--model without repeats; a flag of our model only (`ours_only`: flag -> given) without ours: exit 2."""
     args.model = list(dict.fromkeys(args.model))
     if OURS not in args.model:
         for flag, given in ours_only.items():

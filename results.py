@@ -1,7 +1,5 @@
 """Records, tables and result files, without torch (report.py and kernel_tables.py start without it):
-statuses, the model's configurations and FLOPs (model.py re-exports them), the statistics of interleaved
-comparisons, the table renderer, the comparison table, the run-settings header, result files, and the shared
-command-line helpers."""
+statuses, model configurations and FLOPs, paired statistics, tables, result files, command-line helpers."""
 from __future__ import annotations
 
 import argparse
@@ -72,8 +70,7 @@ def format_bytes(n: float | None) -> str | None:
 
 
 def number(value: Any) -> bool:
-    """A finite int or float (not None, a status string or a bool): what a table or a figure can use as
-    one."""
+    """A finite int or float (not None, a status string or a bool): a number a table or figure can use."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -81,8 +78,7 @@ def number(value: Any) -> bool:
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot exist (unknown preset, bad shape): scripts make it a one-line usage
-    error."""
+    """A configuration that cannot exist (unknown preset, bad shape): a one-line usage error."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +114,7 @@ class ModelConfig:
 
     @property
     def matmul_params(self) -> int:
-        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or the
-        norms."""
+        """Parameters used as matmul weights: every Linear, lm_head included; not the embedding or norms."""
         return self.num_layers * (self.block_params - 2 * self.d_model) + self.d_model * self.vocab_size
 
     @property
@@ -181,8 +176,7 @@ def get_handout(name: str) -> Handout:
 
 
 def get_config(name: str, handout: str = DEFAULT_HANDOUT, **overrides: Any) -> ModelConfig:
-    """The preset called exactly `name` in `handout`'s table, at its default context length, with the non-None
-    `overrides` applied."""
+    """Preset `name` of `handout`'s table at its default context length, with the non-None `overrides`."""
     chosen = get_handout(handout)
     _check_preset(name, chosen)
     changes = {"context_length": chosen.default_context_length,
@@ -242,8 +236,7 @@ def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: s
 
 
 def attention_matmul_flops(batch: int, seq: int, d_model: int) -> int:
-    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S: the causal half is
-    masked)."""
+    """QK^T and PV of one layer, all heads: 2 x 2*B*S*S*d_model (the full S x S; the causal half masked)."""
     return 2 * (2 * batch * seq * seq * d_model)
 
 
@@ -255,8 +248,7 @@ def forward_flops(cfg: ModelConfig, batch: int, seq: int) -> int:
 
 
 def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
-    """Forward only: forward FLOPs; with backward 3x (two matmuls per forward matmul: input and weight
-    gradients). AdamW is elementwise and not counted."""
+    """Forward FLOPs, 3x with backward (input and weight gradients); AdamW is elementwise, not counted."""
     return forward_flops(cfg, batch, seq) * (1 if mode == "forward" else 3)
 
 
@@ -297,14 +289,12 @@ def block_sizes(steps: int, block: int) -> list[int]:
     return [min(block, steps - start) for start in range(0, steps, block)]
 
 
-def steps_per_block(step_s: float | None, steps: int, min_block_s: float,
-                    min_rounds: int = MIN_ROUNDS_FOR_INTERVAL) -> int:
+def steps_per_block(step_s: float | None, steps: int, min_block_s: float) -> int:
     """Consecutive steps per variant: enough that a block lasts `min_block_s` (a switch costs cold caches),
-    but leaving at least `min_rounds` rounds. `step_s`: a warm-up step's time; None gives blocks of one
-    step."""
+    but leaving MIN_ROUNDS_FOR_INTERVAL rounds. `step_s`: a warm-up step's time; None: blocks of one step."""
     if step_s is None or step_s <= 0:
         return 1
-    return max(1, min(math.ceil(min_block_s / step_s), steps // min_rounds))
+    return max(1, min(math.ceil(min_block_s / step_s), steps // MIN_ROUNDS_FOR_INTERVAL))
 
 
 def signed_rank_counts(n: int) -> list[int]:
@@ -316,11 +306,11 @@ def signed_rank_counts(n: int) -> list[int]:
     return counts
 
 
-def signed_rank_depth(n: int, confidence: float = CONFIDENCE) -> int | None:
+def signed_rank_depth(n: int) -> int | None:
     """The interval runs from the k-th smallest to the k-th largest Walsh average, for the largest k with
-    P(T <= k - 1) <= (1 - confidence) / 2; None when even k = 1 covers less (n < 6 at 95%). Exact up to
+    P(T <= k - 1) <= (1 - CONFIDENCE) / 2; None when even k = 1 covers less (n < 6). Exact up to
     EXACT_SIGNED_RANK_N (as R's wilcox.test), then the normal approximation with continuity correction."""
-    tail = (1.0 - confidence) / 2.0
+    tail = (1.0 - CONFIDENCE) / 2.0
     if n > EXACT_SIGNED_RANK_N:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         z = statistics.NormalDist().inv_cdf(1.0 - tail)
@@ -341,7 +331,6 @@ class PairedRatio:
     low: float | None
     high: float | None
     rounds: int
-    confidence: float = CONFIDENCE
 
     @property
     def resolved(self) -> bool | None:
@@ -352,9 +341,8 @@ class PairedRatio:
         return None if self.low is None else f"{self.low:.2f}-{self.high:.2f}x"
 
 
-def paired_ratio(baseline: list[float], variant: list[float], confidence: float = CONFIDENCE) -> PairedRatio:
-    """The speed-up of `variant` over `baseline` from per-round times: the Hodges-Lehmann estimate of the
-    log-ratios and the signed-rank interval, taken back with exp."""
+def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
+    """`variant`'s speed-up over `baseline` from per-round times: the log-ratios' HL estimate and interval."""
     if len(baseline) != len(variant) or not baseline:
         raise ValueError(f"need the same non-zero number of rounds, got {len(baseline)} and {len(variant)}")
     if len(baseline) > MAX_ROUNDS:  # neighbouring rounds merged: they stay paired
@@ -363,17 +351,14 @@ def paired_ratio(baseline: list[float], variant: list[float], confidence: float 
                              for t in (baseline, variant))
     logs = [math.log(b / v) for b, v in zip(baseline, variant)]
     walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
-    centre = math.exp(statistics.median(walsh))
-    depth = signed_rank_depth(len(baseline), confidence)
-    if depth is None:
-        return PairedRatio(centre, None, None, len(baseline), confidence)
-    return PairedRatio(centre, math.exp(walsh[depth - 1]), math.exp(walsh[-depth]), len(baseline), confidence)
+    depth = signed_rank_depth(len(baseline))
+    low, high = (None, None) if depth is None else (math.exp(walsh[depth - 1]), math.exp(walsh[-depth]))
+    return PairedRatio(math.exp(statistics.median(walsh)), low, high, len(baseline))
 
 
 def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
-    """Per round of the record's pairing, the summed mean of `phases` (ms). pairing["rounds"] holds each
-    round's [start, stop) in the `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own
-    counts)."""
+    """Per round, the summed mean of `phases` (ms): pairing["rounds"] holds each round's [start, stop) in the
+    `<phase>_ms` lists; rounds_by_phase overrides it per phase (do_bench's own counts)."""
     pairing = record.get("pairing")
     if not pairing or not all(f"{p}_ms" in record for p in phases):
         return None
@@ -382,27 +367,21 @@ def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
             for r in range(len(pairing["rounds"]))]
 
 
-def paired(baseline: Record, variant: Record) -> bool:
-    """Whether two records were measured as a pair: the same comparison group, the same number of rounds."""
-    a, b = baseline.get("pairing"), variant.get("pairing")
-    return bool(a and b and a["group"] == b["group"] and len(a["rounds"]) == len(b["rounds"]))
-
-
 def ratio_of_means(baseline: Record, variant: Record, phases: tuple[str, ...]) -> float:
     return sum(baseline[f"{p}_ms_mean"] for p in phases) / sum(variant[f"{p}_ms_mean"] for p in phases)
 
 
 def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> PairedRatio:
-    """Paired by round when measured as a pair, else the ratio of the means with no interval."""
-    if paired(baseline, variant):
+    """Paired by round when measured as a pair (one group, as many rounds), else the ratio of the means."""
+    a, b = baseline.get("pairing"), variant.get("pairing")
+    if a and b and a["group"] == b["group"] and len(a["rounds"]) == len(b["rounds"]):
         return paired_ratio(round_times(baseline, phases), round_times(variant, phases))
     return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
 
 
 def means_outside(found: PairedRatio, baseline: Record, variant: Record,
                   phases: tuple[str, ...]) -> float | None:
-    """The ratio of the means when it lies outside the paired interval (a few slow steps pull a mean), else
-    None."""
+    """The ratio of the means when outside the paired interval (a few slow steps pull a mean), else None."""
     if found.low is None:
         return None
     ratio = ratio_of_means(baseline, variant, phases)
@@ -411,8 +390,7 @@ def means_outside(found: PairedRatio, baseline: Record, variant: Record,
 
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
-    """A comparison row's notes: intervals containing 1, too few rounds (name -> (rounds, the option that
-    gives more)), ratios of means outside the interval."""
+    """Notes: intervals containing 1, too few rounds (name -> (rounds, option)), means outside intervals."""
     notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
     notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
               for name, (n, knob) in few_rounds.items()]
@@ -433,8 +411,7 @@ class Drift:
 
 def drift(baseline: Record, variant: Record, phase: str) -> Drift | None:
     """A control phase (the same work in both variants) whose means differ by more than twice the standard
-    error of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed between the
-    variants."""
+    error of the difference (Welch) and by DRIFT_MIN_CHANGE at least: the machine changed in between."""
     a, b = baseline.get(f"{phase}_ms"), variant.get(f"{phase}_ms")
     if not a or not b or len(a) < 2 or len(b) < 2:
         return None
@@ -473,8 +450,7 @@ def as_report_file(text: str, fmt: str) -> str:
 
 
 def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str = ".2f") -> str:
-    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN and missing print
-    empty."""
+    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
     body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
             for row in rows]
     return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
@@ -529,8 +505,8 @@ Setting = str | Callable[[Record], Any]  # a config key, or a function of the re
 
 
 def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str, str]:
-    """What a run's rows were measured with: label -> the values of `fields` (config keys or functions of a
-    record) these records hold, in order, joined with 'and'; a field no record has is left out."""
+    """label -> the values of `fields` (config keys or functions of a record) these records hold, joined with
+    'and'; a field no record has is left out."""
     settings = {}
     for label, field in fields.items():
         values = [field(r) if callable(field) else (r.get("config") or {}).get(field) for r in records]
@@ -540,13 +516,11 @@ def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str,
     return settings
 
 
-def environment_lines(records: list[Record],
-                      settings: dict[str, Setting] | Callable[[list[Record]], dict[str, Any]]) -> list[str]:
-    """The run-settings header above a report's tables: the environment and the run's settings (a fields dict
-    for run_settings, or a function of the records); in a merge, one line per run, named."""
+def environment_lines(records: list[Record], settings: dict[str, Setting]) -> list[str]:
+    """The header above a report's tables: environment and run_settings; in a merge, a line per run."""
     lines = []
     for run, group in by_run(records).items():
-        found = run_settings(group, settings) if isinstance(settings, dict) else settings(group)
+        found = run_settings(group, settings)
         env = next((r["environment"] for r in group if "device_name" in (r.get("environment") or {})), None)
         line = environment_header(env, **found) if env else " | ".join(f"{k}: {v}" for k, v in found.items())
         lines.append(f"{run}: {line}" if is_merged(records) else line)
@@ -559,23 +533,18 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     per_variant: str | None = None,
                     cells: Callable[[Record, Record | None], Record] | None = None
                     ) -> tuple[list[str], list[Record], list[str]]:
-    """The variants (the first is the baseline), the comparison table's rows and the notes under it. A row per
-    `row(record)`: each variant's time per `times` label (default `ratios`), then each other variant's
-    PairedRatio over the baseline per `ratios` label (a label's phases are summed), and the row's notes; a
-    failed variant shows its status. per_variant="impl" (a table too wide otherwise): a row per configuration
-    and non-baseline variant, its ratios in one "speed-up" cell, then `cells(record, baseline)`, the notes
-    under the table. `control`: a phase every variant runs alike, checked for drift."""
+    """(variants, the first the baseline; rows; notes under the table). A row per `row(record)`: each
+    variant's time per `times` label, each other's PairedRatio per `ratios` label (phases summed), notes; a
+    failure shows its status. per_variant: a row per configuration and variant, one "speed-up" cell, then
+    `cells(record, baseline)`, notes under the table. `control`: a phase run alike, checked for drift."""
     times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
     # in a merge where a configuration is in two runs, each run is compared within itself: nothing is dropped
-    groups = [records]
-    if is_merged(records):
-        runs_of: dict[tuple[str, str], set] = {}
-        for r in records:
-            runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
-        if any(len(runs) > 1 for runs in runs_of.values()):
-            groups = list(by_run(records).values())
+    runs_of: dict[tuple[str, str], set] = {}
+    for r in records:
+        runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
+    groups = list(by_run(records).values()) if any(len(runs) > 1 for runs in runs_of.values()) else [records]
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
     for i, group in enumerate(groups):
         for r in group:
@@ -597,21 +566,19 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
     rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes, all rows
     for found in by_row.values():
         runs = {RUN_COLUMN: ", ".join(map(str, by_run(list(found.values()))))} if is_merged(records) else {}
-        ident: Record = {**runs,
-                         **row(next(iter(found.values())))}
+        ident: Record = {**runs, **row(next(iter(found.values())))}
         base, paired = found.get(names[0]), set()
         unresolved, few, pulled, others = below if per_variant else ([], {}, [], [])
         where = " ".join(f"{k}={v}" for k, v in ident.items()) + " " if per_variant else ""
         out = {**ident, **time_cells(base, lambda label: f"{label} ms: {names[0]}")}
         for name in names[1:]:
-            if per_variant and (r := found.get(name)) is not None:
+            if (r := found.get(name)) is None and per_variant:
+                continue
+            if per_variant:
                 out = {**ident, per_variant: name, **time_cells(base, lambda label: f"{names[0]} {label}"),
                        **time_cells(r, lambda label: f"{label} ms")}
                 rows.append(out)
-            elif per_variant:
-                continue
             else:
-                r = found.get(name)
                 out.update(time_cells(r, lambda label: f"{label} ms: {name}"))
             found_ratios = {}
             for label, phases in ratios.items():
@@ -650,9 +617,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
 def comparison_table(records: list[Record], variant: Callable[[Record], str], row: Callable[[Record], Record],
                      ratios: dict[str, tuple[str, ...]], fmt: str = "github",
                      columns: list[str] | None = None, floatfmt: str = ".2f", **options: Any) -> str | None:
-    """The one comparison table (comparison_rows; `options` are its keywords), its columns picked by --columns
-    (those it has), the meaning of a speed-up under it, then its notes; None for a single variant. A speed-up
-    cell reads "1.93x (1.85-2.01x)", the estimate and its 95% interval, or per_variant "1.93/1.40/1.52x"."""
+    """comparison_rows' table (`options`: its keywords), what a speed-up means, the notes; None for one
+    variant. A speed-up reads "1.93x (1.85-2.01x)" (estimate, 95% interval), per_variant "1.93/1.40/1.52x"."""
     names, rows, notes = comparison_rows(records, variant, row, ratios, **options)
     if len(names) < 2:
         return None
@@ -680,9 +646,8 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
 
 # ---- result files and records ----
 
-# A stem names files inside the results folder and nothing else: no folder, no leading '.' (hidden, '..') or
-# '-' (read as a flag by the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255
-# bytes.
+# A stem names files inside the results folder only: no folder, no leading '.' (hidden, '..') or '-' (a flag
+# to the next command), and short enough that "<stem>-<n>_timeline.png" stays under 255 bytes.
 MAX_STEM_BYTES = 200
 
 
@@ -690,14 +655,14 @@ def stem_problem(text: str) -> str | None:
     """Why `text` cannot be a result stem, or None."""
     if not text:
         return "must be a non-empty file-name stem"
-    if any(sep and sep in text for sep in ("/", "\\", os.sep, os.altsep)):
+    if "/" in text or "\\" in text:  # os.sep and os.altsep are among them
         return (f"must be a file-name stem without a folder, got {text!r} "
                 "(use --results-dir to choose the folder)")
     if text[0] in ".-":
         return f"must not start with '.' or '-', got {text!r}"
     if not text.isprintable():
         return f"must be printable characters only, got {text!r}"
-    if len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
+    if len(text.encode()) > MAX_STEM_BYTES:  # printable: no lone surrogates
         return f"must be at most {MAX_STEM_BYTES} bytes long"
     return None
 
@@ -710,11 +675,9 @@ def result_stem(text: str) -> str:
 
 
 def stem_from(name: str, default: str) -> str:
-    """A stem made from an input's name under --out's rules: unprintable characters and path separators
-    replaced, leading '.' and '-' dropped, cut to MAX_STEM_BYTES; `default` when nothing is left."""
+    """`name` made a stem by --out's rules (bad characters replaced, cut); `default` when nothing is left."""
     text = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name).lstrip(".-")
-    while len(text.encode("utf-8", "surrogateescape")) > MAX_STEM_BYTES:
-        text = text[:-1]
+    text = text.encode()[:MAX_STEM_BYTES].decode(errors="ignore")  # printable: no lone surrogates left
     return text if text and stem_problem(text) is None else default
 
 
@@ -728,7 +691,8 @@ def results_folder(text: str) -> str:
 
 
 def strict_json_value(obj: Any) -> Any:
-    """`obj` with NaN and infinities (nested, dataclasses too) replaced by None: they are not JSON."""
+    """`obj` as strict JSON: NaN and infinities (nested, dataclasses too) as None; paths, torch dtypes and
+    devices as their names (told by module, so that this file needs no torch)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -737,18 +701,11 @@ def strict_json_value(obj: Any) -> Any:
         return [strict_json_value(v) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return strict_json_value(dataclasses.asdict(obj))
-    return obj
-
-
-def json_default(obj: Any) -> Any:
-    # torch.dtype and torch.device as their names, told by module so that this file needs no torch
-    if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch":
-        return str(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+    return str(obj) if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch" else obj
 
 
 def to_json_line(record: Record) -> str:
-    return json.dumps(strict_json_value(record), default=json_default, allow_nan=False)
+    return json.dumps(strict_json_value(record), allow_nan=False)
 
 
 def read_records(path: str | os.PathLike) -> list[Record]:
@@ -763,11 +720,10 @@ def exit_usage_error(message: str) -> NoReturn:
 
 
 class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run. A stem is taken when any file of it exists;
-    then <stem>-2, <stem>-3, ... The stem is reserved by creating <stem><reserve> with O_EXCL, so two runs
-    never share one and none overwrites another's files. Records are appended whole or not at all; reports are
-    replaced atomically. A folder that cannot be written is exit 2; a write that fails later (a full disk) is
-    exit 1 that names only files holding the records."""
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run; a stem any file has is taken, then <stem>-2,
+    <stem>-3, ... reserved by creating <stem><reserve> with O_EXCL: two runs never share one. Records are
+    appended whole, reports replaced atomically. An unwritable folder is exit 2; a later failed write (a full
+    disk) is exit 1, naming the files that hold the records."""
 
     def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
                  reserve: str = ".jsonl"):
@@ -785,17 +741,14 @@ class ResultFiles:
             progress(f"note: results for {stem!r} already exist; writing {self.stem!r} instead")
 
     def _reserve_stem(self, stem: str, reserve: str) -> str:
-        for n in itertools.count(1):
-            candidate = stem if n == 1 else f"{stem}-{n}"
+        for candidate in itertools.chain([stem], (f"{stem}-{n}" for n in itertools.count(2))):
             if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
                 continue
-            try:  # atomic: of two runs that both saw the stem free, exactly one creates the file
+            # atomic: of two runs that both saw the stem free, exactly one creates the file
+            with contextlib.suppress(FileExistsError):
                 flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
                 os.close(os.open(self.folder / f"{candidate}{reserve}", flags, 0o666))
                 return candidate
-            except FileExistsError:
-                continue
-        raise AssertionError("unreachable")
 
     def release(self) -> None:
         """Give the stem back when nothing was written: remove the empty reserved file."""
@@ -827,9 +780,8 @@ class ResultFiles:
         raise SystemExit(1)
 
     def append_record(self, record: Record) -> None:
-        """One line of strict JSON, whole or not at all: os.write on an O_APPEND descriptor (a buffered file
-        would write a failed remainder again on close), cut back to its last whole line when a write fails or
-        is interrupted. A failed write prints the record on stdout and ends the run (exit 1)."""
+        """One line of strict JSON, whole or not at all: os.write on O_APPEND (a buffered file writes a failed
+        remainder again on close), cut back when a write fails; then the record goes to stdout, exit 1."""
         line = (to_json_line(record) + "\n").encode()
         fd = end = None
         try:
@@ -897,8 +849,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class ArgParser(argparse.ArgumentParser):
-    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2); under torchrun only rank
-    0 says it."""
+    """argparse with a one-line error (`prog: error: message (see --help)`, exit 2), from rank 0 only."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
@@ -955,8 +906,7 @@ def add_device_args(parser: argparse.ArgumentParser) -> None:
 
 def add_workload_args(parser: argparse.ArgumentParser, modes: Any, dtypes: Any, attentions: Any, *,
                       several_modes: bool, several_warmups: bool, warmup: int, steps: int) -> None:
-    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload's settings (bench_e2e,
-    mem_profile)."""
+    """--mode, --dtype, --attn, --warmup, --steps, --seed: the LM workload (bench_e2e, mem_profile)."""
     parser.add_argument("--mode", nargs="+" if several_modes else None, choices=list(modes),
                         default=["forward", "train"] if several_modes else "train",
                         help="forward only, forward+backward, or a full training step "
@@ -992,8 +942,7 @@ def add_handout_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Handout:
-    """--handout, else $CS336_HANDOUT (read at parse time), else the current one; sets args.handout and
-    args.handout_source. A bad variable is a one-line exit 2, like a bad flag."""
+    """--handout, else $CS336_HANDOUT, else the current one, into args.handout and args.handout_source."""
     if args.handout is not None:
         args.handout_source = "--handout"
     elif os.environ.get(HANDOUT_ENV, "").strip():
@@ -1007,8 +956,8 @@ def handout_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, names: list[str]) -> list[str]:
-    """expand_sizes in args.handout (a bad name: exit 2). When the handout was not chosen and a name means
-    another model in the other handout (xl), a note says which runs."""
+    """expand_sizes (a bad name: exit 2), with a note when the default handout's size is another model in
+    the other handout (xl)."""
     try:
         sizes = expand_sizes(names, args.handout)
     except ConfigError as exc:
@@ -1087,8 +1036,8 @@ def progress(message: str) -> None:
 
 
 def emit(text: str) -> bool:
-    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so neither
-    a BrokenPipeError nor the exit-time flush interrupts the work."""
+    """Print to stdout; False once stdout is closed (`| head -1`): later output goes to /dev/null, so no
+    BrokenPipeError interrupts the work."""
     try:
         print(text, flush=True)
         return True
