@@ -360,10 +360,8 @@ def check_logits(logits: Any, run: RunConfig) -> None:
 
 
 class Workload:
-    """Model, optimizer and one random batch on the device, and the three phases of a step: forward() (the model
-    call and the loss), backward() (through the gradient scaler for fp16), optimizer_step() (step and
-    zero_grad(set_to_none=True)). Under --parallel this process is one rank of a process group already joined:
-    the model is wrapped in DDP or sharded with FSDP2 and the batch is this rank's own."""
+    """Model, optimizer and one random batch on the device, and a step's three phases. Under --parallel this process
+    is one rank of a process group already joined: the model is in DDP or FSDP2 and the batch is this rank's."""
 
     def __init__(self, run: RunConfig):
         phase("building the model")
@@ -400,7 +398,7 @@ class Workload:
                 self.logits_checked = True
             return cross_entropy(logits, self.targets)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:  # through the gradient scaler for fp16
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def optimizer_step(self) -> None:
@@ -410,9 +408,6 @@ class Workload:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def zero_grad(self) -> None:
-        self.model.zero_grad(set_to_none=True)
 
 
 # ---------------------------------------------------------------- measure
@@ -436,7 +431,7 @@ def run_step(work: Workload) -> dict[str, float]:
             times[name] = timer.elapsed_s
     times["step"] = step.elapsed_s
     if work.run.mode == "forward-backward":
-        work.zero_grad()  # untimed: each step starts without gradients, as a train step does
+        work.model.zero_grad(set_to_none=True)  # untimed: each step starts without gradients, as a train step does
     return times
 
 
@@ -496,11 +491,9 @@ MIN_BLOCK_S = 0.005
 
 
 def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]]) -> list[dict[str, Any]]:
-    """The variants of one comparison in this process: each built, compiled and warmed up in turn, then their timed
-    steps in rounds (runner.interleave: A B | B A | ...), one block of steps of every variant per round, so
-    whatever the machine does meanwhile falls on every side alike. Each record keeps `pairing` (which samples came
-    from which round). On CUDA a variant's peak is its own resident bytes plus the most its blocks allocated above
-    their start, as if it ran alone."""
+    """The variants of one comparison: each built, compiled and warmed up in turn, then one block of timed steps of
+    each per round (runner.interleave: A B | B A | ...), so drift falls on every side alike; `pairing` says which
+    samples came from which round. A variant's CUDA peak: its resident bytes plus its blocks' most above that."""
     records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
     for i, prepare in enumerate(preparers):
         level = allocated_bytes(device)
@@ -588,7 +581,7 @@ def counted_step_flops(work: Workload) -> int:
         loss = work.forward(eager=True)
         if work.run.mode != "forward":
             loss.backward()
-    work.zero_grad()
+    work.model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
 
@@ -741,10 +734,8 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                     reshard_after_forward=args.reshard_after_forward[0] == "on", pg_timeout_s=args.pg_timeout)
     if not args.dry_run:
         state = parallel.state_bytes_per_rank(cfg, run.parallel, world_size, "train")["state_bytes"]
-        if on_cuda and not run.parallel:  # one process may spread its model over every GPU it sees
-            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        else:
-            devices = [parallel.rank_device(device, parallel.torchrun_launch())]
+        devices = ([torch.device("cuda", i) for i in range(torch.cuda.device_count())] if on_cuda and not run.parallel
+                   else [parallel.rank_device(device, parallel.torchrun_launch())])  # one process: every GPU it sees
         free = sum(bench_attention.free_memory_bytes(d) or 0 for d in devices)
         if free and state > free:
             parser.error(f"--leaderboard {args.leaderboard}: the training state alone needs {state / GIB:.1f} GiB per "
@@ -829,15 +820,9 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
                    for n, p in your_params.items()})
     worst = max(errors, key=errors.get)
-    return {**out, "ok": errors[worst] <= CHECK_TOLERANCE, "worst": worst, "max_error": errors[worst],
-            "errors": errors}
-
-
-def check_status(check: dict) -> str:
-    if "problem" in check:
-        return f"WRONG: {check['problem']}"
-    return (f"WRONG: {check['worst']} off by {check['max_error']:.1e} (relative; tolerance {check['tolerance']:.0e}) "
-            f"against {check['reference']}")
+    out.update(ok=errors[worst] <= CHECK_TOLERANCE, worst=worst, max_error=errors[worst], errors=errors)
+    return out if out["ok"] else {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance "
+                                                    f"{CHECK_TOLERANCE:.0e}) against {out['reference']}"}
 
 
 def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.device,
@@ -847,7 +832,7 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     phase("the behaviour check")
     record: dict[str, Any] = {"check": behaviour_check(run.model_factory, args.param_map, device, run.seed)}
     if not record["check"]["ok"]:
-        return {**record, "status": check_status(record["check"])}
+        return {**record, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
 
     def train_step() -> None:  # the leaderboard's step: run_step's phases, with no synchronisation between them
