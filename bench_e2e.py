@@ -2,7 +2,6 @@
 model size, the effect of warm-up, what bf16 mixed precision, torch.compile, fused attention, another model or
 optimizer buy, and the longest context that trains.
 
-    python3 bench_e2e.py --size large --warmup 0                  # one size, no warm-up
     python3 bench_e2e.py --size all                                # the handout's Table 1, one row each
     python3 bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python3 bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
@@ -69,7 +68,6 @@ from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
-ONE_SAMPLE_NOTE = "1 timed step: no std"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name for tables and records
 
 
@@ -572,9 +570,8 @@ def measure_together(runs: list[RunConfig]) -> list[dict[str, Any]]:
 
 
 def counted_step_flops(work: Workload) -> int:
-    """FLOPs of one step as torch.utils.flop_counter counts them (matmuls and attention, 2 per multiply-add;
-    elementwise work and the optimizer not counted), through the model itself: the counter cannot see into
-    torch.compile's wrapper. Works for any model."""
+    """FLOPs of one step as torch.utils.flop_counter counts them in any model (matmuls and attention; not the
+    elementwise work or the optimizer), through the model itself: the counter cannot see into torch.compile."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
@@ -619,7 +616,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
                     if out[f"{p}_ms_cv"] is not None and out[f"{p}_ms_cv"] > NOISY_CV]
     if out["step_ms_n"] < 2:
-        out["note"] = ONE_SAMPLE_NOTE
+        out["note"] = "1 timed step: no std"
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     out["tokens_per_s"] = run.batch_size * run.context_length * run.world_size / step_s  # the global batch
     # FLOPs of one global step: the formula for our architecture, FlopCounterMode's count, or none
@@ -883,7 +880,7 @@ def leaderboard_report(run: RunConfig, r: dict[str, Any]) -> str:
     check = r.get("check")
     said = "" if check is None else f"; reference {check['reference']}, check {'passed' if check['ok'] else 'failed'}"
     lines = [leaderboard_header(run), f"device: {device}; torch {r['environment']['torch']}{said}"]
-    if r["status"] not in ("ok", "noisy"):
+    if not finished(r):
         return "\n\n".join(lines + [r["status"]])
     lb = r["leaderboard"]
     row = {"step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"], "bwd ms": r["backward_ms_mean"],
@@ -917,14 +914,13 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
             record.update(leaderboard_measure(args, run, device, started))
     except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
         record["status"] = common.failure_status(exc)
-    if not parallel.is_rank_zero():
-        return 0 if finished(record) else 1
-    files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
-    files.append_record(record)
-    text = leaderboard_report(run, record)
-    files.markdown.write_text(text + "\n")
-    print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
-    return 0 if record["status"] in ("ok", "noisy") else 1
+    if parallel.is_rank_zero():
+        files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
+        files.append_record(record)
+        text = leaderboard_report(run, record)
+        files.markdown.write_text(text + "\n")
+        print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
+    return 0 if finished(record) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

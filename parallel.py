@@ -162,12 +162,6 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
     return model
 
 
-def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole, by its name in the unwrapped model (FSDP2's shards all-gathered: a collective)."""
-    return {name.removeprefix("module."): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in model.named_parameters()}
-
-
 # ---- the training state per rank ----
 
 
