@@ -731,8 +731,10 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                     reshard_after_forward=args.reshard_after_forward[0] == "on", pg_timeout_s=args.pg_timeout)
     if not args.dry_run:
         state = parallel.state_bytes_per_rank(cfg, run.parallel, world_size, "train")["state_bytes"]
-        devices = ([torch.device("cuda", i) for i in range(torch.cuda.device_count())] if on_cuda and not run.parallel
-                   else [parallel.rank_device(device, parallel.torchrun_launch())])  # one process: every GPU it sees
+        if on_cuda and not run.parallel:  # one process may spread its model over every GPU it sees
+            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+        else:
+            devices = [parallel.rank_device(device, parallel.torchrun_launch())]
         free = sum(bench_attention.free_memory_bytes(d) or 0 for d in devices)
         if free and state > free:
             parser.error(f"--leaderboard {args.leaderboard}: the training state alone needs {state / GIB:.1f} GiB per "
