@@ -2,7 +2,6 @@
 model size, the effect of warm-up, what bf16 mixed precision, torch.compile, fused attention, another model or
 optimizer buy, and the longest context that trains.
 
-    python3 bench_e2e.py --size large --warmup 0                  # one size, no warm-up
     python3 bench_e2e.py --size all                                # the handout's Table 1, one row each
     python3 bench_e2e.py --size small --warmup 0 1 2 5             # the warm-up study, rows side by side
     python3 bench_e2e.py --size all --dtype fp32 bf16              # fp32 vs bf16 autocast, with a speed-up table
@@ -19,14 +18,13 @@ optimizer buy, and the longest context that trains.
     torchrun --nproc-per-node 2 bench_e2e.py --leaderboard --parallel fsdp   # ... spread over 2 GPUs
     python3 bench_e2e.py --leaderboard full --dry-run --parallel fsdp --world-size 2   # the state per device
 
-Method (the `measure` section below): the model, optimizer and one random batch are built on the device; with
---compile the first step is timed apart (compile_s); --warmup steps run untimed; the peak-memory counter is reset;
-then --steps timed steps, each phase (forward with the loss, backward, optimizer step) between two device
-synchronisations (common.SyncTimer), and the whole step the same way. Variants compared (--dtype, --compile, --attn,
---model, --optimizer) are built in one process and their timed steps alternate A B | B A | ... so a machine that
-drifts drifts for all of them alike. Each configuration runs in a child process (runner.py): an OOM or a crash is a
-row. The tables are report.py's (it re-renders saved runs too); docs/bench_e2e.md is the manual.
---leaderboard (the `leaderboard` section) runs in this process: the behaviour check, do_bench, then the split.
+Method (the `measure` section): the model, optimizer and one random batch are built on the device; the compile
+step (compile_s) and --warmup steps run untimed; the peak-memory counter is reset; then --steps timed steps, each
+phase (forward with the loss, backward, optimizer step) and the whole step between two device synchronisations
+(common.SyncTimer). Variants (--dtype, --compile, --attn, --model, --optimizer) are built in one process and their
+timed steps alternate A B | B A | ..., so drift falls on all alike. Each configuration runs in a child process
+(runner.py): an OOM or a crash is a row. Tables: report.py; manual: docs/bench_e2e.md. --leaderboard (its own
+section) runs in this process: the behaviour check, do_bench, then the split.
 """
 from __future__ import annotations
 
@@ -40,7 +38,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import textwrap
@@ -49,6 +46,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 import torch
 
@@ -70,7 +68,6 @@ from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
-ONE_SAMPLE_NOTE = "1 timed step: no std"
 MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name for tables and records
 
 
@@ -107,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "several to compare them in one table (train mode)", flops=True)
     model_flag = next(a for a in p._actions if a.dest == "model")
     model_flag.type, model_flag.help = named_model, model_flag.help + "; NAME=MODEL names it in tables and records"
+    model_flag.default = [(None, common.OURS)]
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--nvtx", action="store_true",
@@ -167,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     handout = results.handout_or_exit(parser, args)
     report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
     runner.check_sweep_args(parser, args)
-    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads}
+    dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads")}
     if args.size is None:
         args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
     else:
@@ -175,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    given = list(dict.fromkeys(m if isinstance(m, tuple) else (None, m) for m in args.model))  # the default: "ours"
+    given = list(dict.fromkeys(args.model))  # (NAME or None, model)
     names = [n for n, _ in given if n is not None]
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
@@ -360,10 +358,8 @@ def check_logits(logits: Any, run: RunConfig) -> None:
 
 
 class Workload:
-    """Model, optimizer and one random batch on the device, and the three phases of a step: forward() (the model
-    call and the loss), backward() (through the gradient scaler for fp16), optimizer_step() (step and
-    zero_grad(set_to_none=True)). Under --parallel this process is one rank of a process group already joined:
-    the model is wrapped in DDP or sharded with FSDP2 and the batch is this rank's own."""
+    """Model, optimizer and one random batch on the device, and a step's three phases. Under --parallel this process
+    is one rank of a process group already joined: the model is in DDP or FSDP2 and the batch is this rank's."""
 
     def __init__(self, run: RunConfig):
         phase("building the model")
@@ -400,7 +396,7 @@ class Workload:
                 self.logits_checked = True
             return cross_entropy(logits, self.targets)
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor) -> None:  # through the gradient scaler for fp16
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def optimizer_step(self) -> None:
@@ -411,23 +407,18 @@ class Workload:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def zero_grad(self) -> None:
-        self.model.zero_grad(set_to_none=True)
-
 
 # ---------------------------------------------------------------- measure
 
 
-def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> dict[str, float]:
+def run_step(work: Workload) -> dict[str, float]:
     """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises the device, reads
     timeit.default_timer, runs, synchronises, reads; so each phase is timed to its last kernel, and the step
     timer holds the phases back to back. Nothing else runs inside the timers: no data creation, no .item() (a
-    hidden sync), no printing. `on_phase(name)` (mem_profile's timeline marks) runs between the phase timers."""
+    hidden sync), no printing."""
     times: dict[str, float] = {}
     with SyncTimer(work.device) as step:
         for name in PHASES_BY_MODE[work.run.mode]:  # forward[, backward[, optimizer]]
-            if on_phase:
-                on_phase(name)
             with annotate(name), SyncTimer(work.device) as timer:  # annotate: an NVTX / profiler range
                 if name == "forward":
                     loss = work.forward()
@@ -436,11 +427,9 @@ def run_step(work: Workload, on_phase: Callable[[str], None] | None = None) -> d
                 else:
                     work.optimizer_step()
             times[name] = timer.elapsed_s
-        if on_phase:
-            on_phase("end")
     times["step"] = step.elapsed_s
     if work.run.mode == "forward-backward":
-        work.zero_grad()  # untimed: each step starts without gradients, as a train step does
+        work.model.zero_grad(set_to_none=True)  # untimed: each step starts without gradients, as a train step does
     return times
 
 
@@ -457,50 +446,41 @@ class Prepared:
     after: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # untimed, after the timed steps: more fields
 
 
-def compile_and_warm_up(step: Callable[[], dict[str, float]], device: torch.device, warmup: int,
-                        compile_first: bool, of: str = "") -> tuple[dict[str, float], float | None]:
-    """What is excluded from the timings: the compile step (its time kept apart as compile_s) and `warmup` steps.
-    Returns ({"compile_s": ...} or {}, the last warm-up step's seconds or None)."""
-    compiled = {}
-    if compile_first:  # the first call compiles (forward, and backward on the first backward)
+def warm_up(p: Prepared, of: str = "") -> tuple[dict[str, Any], float | None]:
+    """What is excluded from the timings: the compile step (its time kept apart as compile_s) and the warm-up
+    steps. Returns the record so far (environment, load before, compile_s) and the last warm-up step's seconds."""
+    record: dict[str, Any] = {"environment": environment(p.device), "load": {"before": machine_load(p.device)}}
+    if p.compile_first:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
-        _, compiled["compile_s"] = SyncTimer(device).time(step)
+        _, record["compile_s"] = SyncTimer(p.device).time(p.step)
     last_s = None
     with annotate("warmup"):
-        for i in range(warmup):
-            phase(f"warm-up {i + 1}/{warmup}{of}")
-            last_s = step()["step"]
-    return compiled, last_s
+        for i in range(p.warmup):
+            phase(f"warm-up {i + 1}/{p.warmup}{of}")
+            last_s = p.step()["step"]
+    return record, last_s
 
 
-def samples_by_phase(samples: list[dict[str, float]]) -> dict[str, list[float]]:
-    """Steps' seconds per phase as a record keeps them: `<phase>_ms` lists of milliseconds, in step order."""
-    return {f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {}
-
-
-def measure_steps(step: Callable[[], dict[str, float]], device: torch.device, warmup: int, steps: int,
-                  compile_first: bool = False,
-                  profiler: contextlib.AbstractContextManager = contextlib.nullcontext()) -> dict[str, Any]:
-    """One configuration: compile step and warm-up (untimed), the peak counter reset, `steps` timed steps, the
-    peaks read. The record: raw samples as `<phase>_ms` lists, the environment, on CUDA the peak bytes."""
-    record: dict[str, Any] = {"environment": environment(device)}
-    record.update(compile_and_warm_up(step, device, warmup, compile_first)[0])
-    reset_peak_memory(device)
-    samples = []
-    with profiler, annotate("measure"):
-        for i in range(steps):
-            with timed_phase(f"step {i + 1}/{steps}"):  # the progress heartbeat stays quiet inside
-                samples.append(step())
-    phase("after the timed steps")
-    return {**record, **peak_memory_bytes(device), **samples_by_phase(samples)}
+def with_samples(p: Prepared, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
+    """The record after the timed steps: each phase's samples as a `<phase>_ms` list (ms, in step order), the load
+    after, then the untimed `after` fields."""
+    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {})
+    record["load"]["after"] = machine_load(p.device)
+    return {**record, **(p.after(record) if p.after else {})}
 
 
 def measure(p: Prepared) -> dict[str, Any]:
-    """measure_steps with the machine's load before and after, then the untimed `after` fields."""
-    load_before = machine_load(p.device)
-    record = measure_steps(p.step, p.device, p.warmup, p.steps, p.compile_first, p.profiler)
-    record["load"] = {"before": load_before, "after": machine_load(p.device)}
-    return {**record, **(p.after(record) if p.after else {})}
+    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks
+    read (on CUDA)."""
+    record, _ = warm_up(p)
+    reset_peak_memory(p.device)
+    samples = []
+    with p.profiler, annotate("measure"):
+        for i in range(p.steps):
+            with timed_phase(f"step {i + 1}/{p.steps}"):  # the progress heartbeat stays quiet inside
+                samples.append(p.step())
+    phase("after the timed steps")
+    return with_samples(p, {**record, **peak_memory_bytes(p.device)}, samples)
 
 
 # A block of one variant's consecutive timed steps lasts at least this long (unless that leaves fewer than 6
@@ -509,21 +489,16 @@ MIN_BLOCK_S = 0.005
 
 
 def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]]) -> list[dict[str, Any]]:
-    """The variants of one comparison in this process. Each is built, compiled and warmed up in turn; then the
-    timed steps alternate in rounds (runner.interleave: A B | B A | ...), one block of steps of every variant per
-    round, so whatever the machine does meanwhile falls on every side alike. One record per variant: its samples,
-    compile time, load, and `pairing` (which samples came from which round). On CUDA a variant's peak is its own
-    resident bytes plus the most its blocks allocated above their start, as if it ran alone."""
+    """The variants of one comparison: each built, compiled and warmed up in turn, then one block of timed steps of
+    each per round (runner.interleave: A B | B A | ...), so drift falls on every side alike; `pairing` says which
+    samples came from which round. A variant's CUDA peak: its resident bytes plus its blocks' most above that."""
     records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
     for i, prepare in enumerate(preparers):
         level = allocated_bytes(device)
         phase(f"building variant {i + 1}/{len(preparers)}")
         p = prepare()
-        if not isinstance(p.profiler, contextlib.nullcontext):
-            raise ValueError("a profiler holds one variant: profile each variant alone")
-        load = {"before": machine_load(device)}
-        compiled, last_warmup_s = compile_and_warm_up(p.step, device, p.warmup, p.compile_first, f" of variant {i + 1}")
-        records.append({"environment": environment(device), "load": load, **compiled})
+        record, last_warmup_s = warm_up(p, f" of variant {i + 1}")
+        records.append(record)
         turns.append((p, allocated_bytes(device) - level))
         warmup_times.append(last_warmup_s)
     steps = turns[0][0].steps
@@ -532,7 +507,6 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
     sizes = block_sizes(steps, block)
     samples: list[list[dict[str, float]]] = [[] for _ in turns]
     rounds: list[list[list[int]]] = [[] for _ in turns]
-    peaks: list[int | None] = [None for _ in turns]
 
     def run_block(i: int, r: int) -> None:
         """Variant i's block of round r: its timed steps back to back (run_step: a SyncTimer around each phase)."""
@@ -546,20 +520,16 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         rounds[i].append([start, start + size])
         if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
             peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
-            peaks[i] = max(peaks[i] or 0, peak)
+            records[i]["peak_mem_allocated_bytes"] = max(records[i].get("peak_mem_allocated_bytes", 0), peak)
 
     with annotate("measure"):
         runner.interleave(len(turns), len(sizes), run_block)
     phase("after the timed steps")
     group = uuid.uuid4().hex[:12]
-    for i, (record, (p, _)) in enumerate(zip(records, turns)):
-        record.update(samples_by_phase(samples[i]))
-        if peaks[i] is not None:
-            record["peak_mem_allocated_bytes"] = peaks[i]
-        record["pairing"] = {"group": group, "mode": "steps", "position": i, "variants": len(turns),
-                             "steps_per_block": block, "rounds": rounds[i]}
-        record["load"]["after"] = machine_load(device)
-        record.update(p.after(record) if p.after else {})
+    for i, (p, _) in enumerate(turns):
+        records[i]["pairing"] = {"group": group, "mode": "steps", "position": i, "variants": len(turns),
+                                 "steps_per_block": block, "rounds": rounds[i]}
+        records[i] = with_samples(p, records[i], samples[i])
     return records
 
 
@@ -575,9 +545,8 @@ def prepare(run: RunConfig) -> Prepared:
     work = Workload(run)
     profiler = contextlib.nullcontext()
     if run.profile_results_dir is not None:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        activities += [torch.profiler.ProfilerActivity.CUDA] if work.device.type == "cuda" else []
-        profiler = common.quiet_profiler(activities)
+        kinds = ["CPU", "CUDA"] if work.device.type == "cuda" else ["CPU"]
+        profiler = common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
 
     def after(record: dict[str, Any]) -> dict[str, Any]:
         out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
@@ -601,16 +570,15 @@ def measure_together(runs: list[RunConfig]) -> list[dict[str, Any]]:
 
 
 def counted_step_flops(work: Workload) -> int:
-    """FLOPs of one step as torch.utils.flop_counter counts them (matmuls and attention, 2 per multiply-add;
-    elementwise work and the optimizer not counted), through the model itself: the counter cannot see into
-    torch.compile's wrapper. Works for any model."""
+    """FLOPs of one step as torch.utils.flop_counter counts them in any model (matmuls and attention; not the
+    elementwise work or the optimizer), through the model itself: the counter cannot see into torch.compile."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
         loss = work.forward(eager=True)
         if work.run.mode != "forward":
             loss.backward()
-    work.zero_grad()
+    work.model.zero_grad(set_to_none=True)
     return counter.get_total_flops()
 
 
@@ -619,75 +587,54 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
     tables ({"profile": ...}); under --parallel every rank's time in collectives ({"collectives": ...}), and only
     rank 0 keeps its trace."""
     phase("writing the profiler trace")
-    keep = parallel.is_rank_zero()
-    if keep:
+    keep, out = parallel.is_rank_zero(), {}
+    with tempfile.TemporaryDirectory() as scratch:
         stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
         stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
-        trace = ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json")
-    else:
-        handle, name = tempfile.mkstemp(suffix=".json")
-        os.close(handle)
-        trace = Path(name)
-    profiler.export_chrome_trace(str(trace))
-    out: dict[str, Any] = {}
-    try:
+        trace = (ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json") if keep
+                 else Path(scratch, "trace.json"))
+        profiler.export_chrome_trace(str(trace))
         if run.parallel:
-            with open(trace) as f:
-                out["collectives"] = parallel.collective_rows(json.load(f)["traceEvents"], PHASES_BY_MODE[run.mode])
+            events = json.loads(trace.read_text())["traceEvents"]
+            out["collectives"] = parallel.collective_rows(events, PHASES_BY_MODE[run.mode])
         if keep:
             tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
                                                  kernel_tables.stopwatch_ms(record),
                                                  kernel_tables.attention_shape(dataclasses.asdict(run)),
                                                  compiled=run.compile)
             out["profile"] = {"trace": str(trace), "tables": tables}
-    finally:
-        if not keep:
-            trace.unlink()
     return out
 
 
 # ---------------------------------------------------------------- report
 
 
-def sample_stats(record: dict[str, Any], phases: tuple[str, ...]) -> dict[str, Any]:
-    """`<phase>_ms_<stat>` (mean, std, median, min, max, cv, n) of each phase's raw samples."""
-    return {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
-
-
-def step_flops(run: RunConfig, record: dict[str, Any]) -> int | None:
-    """FLOPs of one global step: results.step_flops, the formula for our architecture (formula), FlopCounterMode's count
-    (counted), or None (none)."""
-    if run.flops == "formula":
-        return results.step_flops(run.model, run.batch_size, run.context_length, run.mode) * run.world_size
-    return record["counted_step_flops"] * run.world_size if run.flops == "counted" else None
-
-
 def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
     """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU of a finished record."""
     phases = PHASES_BY_MODE[run.mode] + ("step",)
-    out = sample_stats(record, phases)
+    out = {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
     out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
                     if out[f"{p}_ms_cv"] is not None and out[f"{p}_ms_cv"] > NOISY_CV]
     if out["step_ms_n"] < 2:
-        out["note"] = ONE_SAMPLE_NOTE
+        out["note"] = "1 timed step: no std"
     step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
     out["tokens_per_s"] = run.batch_size * run.context_length * run.world_size / step_s  # the global batch
-    flops = step_flops(run, record)
+    # FLOPs of one global step: the formula for our architecture, FlopCounterMode's count, or none
+    flops = (results.step_flops(run.model, run.batch_size, run.context_length, run.mode) if run.flops == "formula"
+             else record["counted_step_flops"] if run.flops == "counted" else None)
+    flops = flops and flops * run.world_size
     out.update(step_flops=flops, flops_source=run.flops, achieved_tflops=None, peak_tflops=None, peak_source=None,
                mfu_precision=None, mfu=None)
     if flops is None:  # no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
         return out
-    out["achieved_tflops"] = flops / step_s / 1e12
     env = record["environment"]
     precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
-    if peak_override is not None:
-        peak, label = peak_override, "--peak-tflops"
-    elif env["device"].startswith("cuda"):
-        peak, label = peak_tflops(env["device_name"], precision)
-    else:
-        peak, label = None, None  # a CPU has no entry in the peak table: no MFU rather than a guess
-    out.update(peak_tflops=peak, peak_source=label, mfu_precision=precision)
-    out["mfu"] = out["achieved_tflops"] / (peak * run.world_size) if peak else None  # N GPUs: N x the peak
+    peak, label = ((peak_override, "--peak-tflops") if peak_override is not None
+                   else peak_tflops(env["device_name"], precision) if env["device"].startswith("cuda")
+                   else (None, None))  # a CPU has no entry in the peak table: no MFU rather than a guess
+    achieved = flops / step_s / 1e12
+    out.update(achieved_tflops=achieved, peak_tflops=peak, peak_source=label, mfu_precision=precision,
+               mfu=achieved / (peak * run.world_size) if peak else None)  # N GPUs: N x the peak
     return out
 
 
@@ -762,8 +709,8 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     world_size = parallel.check_parallel_args(parser, args, device)
     full = args.leaderboard == "full" or (args.leaderboard == "auto" and device.type == "cuda")
     args.leaderboard = "full" if full else "scaled"
-    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.num_layers, "num_heads": args.num_heads,
-            "vocab_size": args.vocab_size, "context_length": (args.context_length or [None])[0]}
+    dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")}
+    dims["context_length"] = (args.context_length or [None])[0]
     try:
         cfg = dataclasses.replace(LEADERBOARD if full else SCALED, **{k: v for k, v in dims.items() if v})
     except results.ConfigError as exc:
@@ -774,7 +721,7 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     on_cuda = device.type == "cuda"
     args.rep_ms = args.rep_ms or (30_000.0 if on_cuda else 500.0)
     args.warmup_ms = args.warmup_ms or (10_000.0 if on_cuda else 100.0)
-    name, spec = args.model[0] if isinstance(args.model[0], tuple) else (None, args.model[0])
+    name, spec = args.model[0]
     run = RunConfig(size=f"leaderboard-{args.leaderboard}", model=cfg, batch_size=batch // world_size,
                     warmup=args.warmup[0], steps=args.steps, dtype="bf16", compile=args.compile != ["off"],
                     attn=(args.attn or ["naive"])[0],
@@ -872,34 +819,24 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
                    for n, p in your_params.items()})
     worst = max(errors, key=errors.get)
-    return {**out, "ok": errors[worst] <= CHECK_TOLERANCE, "worst": worst, "max_error": errors[worst],
-            "errors": errors}
+    out.update(ok=errors[worst] <= CHECK_TOLERANCE, worst=worst, max_error=errors[worst], errors=errors)
+    return out if out["ok"] else {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance "
+                                                    f"{CHECK_TOLERANCE:.0e}) against {out['reference']}"}
 
 
-def check_status(check: dict) -> str:
-    if "problem" in check:
-        return f"WRONG: {check['problem']}"
-    return (f"WRONG: {check['worst']} off by {check['max_error']:.1e} (relative; tolerance {check['tolerance']:.0e}) "
-            f"against {check['reference']}")
-
-
-def leaderboard_measure(args: argparse.Namespace, run: RunConfig, started: float) -> dict[str, Any]:
+def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.device,
+                        started: float) -> dict[str, Any]:
     """The check, then do_bench of the leaderboard's step (the headline, and the wall time so far), then --steps
     steps with each phase synchronised apart (the split, peak memory, MFU)."""
-    device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
-    record: dict[str, Any] = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run),
-                              "label": run.label(), "environment": environment(device)}
     phase("the behaviour check")
-    record["check"] = behaviour_check(run.model_factory, args.param_map, device, run.seed)
+    record: dict[str, Any] = {"check": behaviour_check(run.model_factory, args.param_map, device, run.seed)}
     if not record["check"]["ok"]:
-        return {**record, "status": check_status(record["check"])}
+        return {**record, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
 
-    def train_step() -> None:  # the leaderboard's step
-        work.optimizer.zero_grad(set_to_none=True)
-        loss = work.forward().sum()  # the model and cross_entropy under bf16 autocast
-        loss.backward()
-        work.optimizer.step()
+    def train_step() -> None:  # the leaderboard's step: run_step's phases, with no synchronisation between them
+        work.backward(work.forward())  # the model and cross_entropy under bf16 autocast
+        work.optimizer_step()  # step, zero_grad(set_to_none=True)
 
     cuda = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if device.type == "cuda" else []
     for d in cuda:
@@ -911,11 +848,10 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, started: float
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
                                     if torch.cuda.max_memory_allocated(d)}
-    record.update(measure_steps(lambda: run_step(work), device, run.warmup, run.steps))
+    record.update(measure(Prepared(lambda: run_step(work), device, run.warmup, run.steps)))
     record.update(derive_figures(run, record, args.peak_tflops))
-    if record["peak_tflops"]:
-        step_s = record["leaderboard"]["ms"] / 1e3
-        record["leaderboard"]["mfu"] = record["step_flops"] / step_s / 1e12 / (record["peak_tflops"] * run.world_size)
+    if record["mfu"]:  # MFU on do_bench's step time rather than the split's
+        record["leaderboard"]["mfu"] = record["mfu"] * record["step_ms_mean"] / record["leaderboard"]["ms"]
     return {**record, "status": "noisy" if record["noisy"] else "ok"}
 
 
@@ -933,16 +869,11 @@ def agreed_count(device: torch.device) -> Callable[[int], int]:
 @contextlib.contextmanager
 def cold_caches() -> Any:
     """TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an empty folder for the block, as the leaderboard's run."""
-    folder, saved = tempfile.mkdtemp(prefix="leaderboard-cache-"), {}
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
-        saved[name] = os.environ.get(name)
-        os.environ[name] = os.path.join(folder, name.split("_")[0].lower())
-    try:
-        yield folder
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True) as folder:
+        caches = {name: os.path.join(folder, name.split("_")[0].lower())
+                  for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+        with mock.patch.dict(os.environ, caches):
+            yield folder
 
 
 def leaderboard_report(run: RunConfig, r: dict[str, Any]) -> str:
@@ -951,7 +882,7 @@ def leaderboard_report(run: RunConfig, r: dict[str, Any]) -> str:
     check = r.get("check")
     said = "" if check is None else f"; reference {check['reference']}, check {'passed' if check['ok'] else 'failed'}"
     lines = [leaderboard_header(run), f"device: {device}; torch {r['environment']['torch']}{said}"]
-    if r["status"] not in ("ok", "noisy"):
+    if not finished(r):
         return "\n\n".join(lines + [r["status"]])
     lb = r["leaderboard"]
     row = {"step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"], "bwd ms": r["backward_ms_mean"],
@@ -978,20 +909,20 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
     device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
     group = (parallel.configuration_group("leaderboard/", device, run.pg_timeout_s) if run.parallel
              else contextlib.nullcontext())
+    record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
+              "environment": environment(device)}
     try:
         with cold_caches(), group:
-            record = leaderboard_measure(args, run, started)
+            record.update(leaderboard_measure(args, run, device, started))
     except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
-        record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
-                  "environment": environment(device), "status": common.failure_status(exc)}
-    if not parallel.is_rank_zero():
-        return 0 if finished(record) else 1
-    files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
-    files.append_record(record)
-    text = leaderboard_report(run, record)
-    files.markdown.write_text(text + "\n")
-    print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
-    return 0 if record["status"] in ("ok", "noisy") else 1
+        record["status"] = common.failure_status(exc)
+    if parallel.is_rank_zero():
+        files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
+        files.append_record(record)
+        text = leaderboard_report(run, record)
+        files.markdown.write_text(text + "\n")
+        print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
+    return 0 if finished(record) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,15 @@
 """Data parallelism for `bench_e2e.py --parallel ddp|fsdp` under torchrun: DDP and FSDP2 around the model, the
-training state each rank holds, the process group of one configuration, the ranks' agreement on its outcome, and
-every rank's timings merged into one record; with --profile, the time in collectives per phase.
+training state per rank, the process group of one configuration, the ranks' agreement on its outcome, every rank's
+timings merged into one record; with --profile, the time in collectives per phase.
 
     torchrun --nproc-per-node 2 bench_e2e.py --parallel ddp fsdp --size tiny --device cpu   # 2 processes, gloo
     torchrun --nproc-per-node 8 bench_e2e.py --parallel fsdp --size 2.7B --dtype bf16          # 8 GPUs, NCCL
 
-Every rank process runs the same sweep; each configuration runs, on every rank, in a fresh child process which
-joins a process group made for it (a PrefixStore on torchrun's TCPStore), so a failure never outlives its
-configuration. A child that fails writes its rank under the configuration's `first_failure` key; the other ranks'
-parents see it within POLL_S and stop their children (a peer stuck in a collective would wait out the timeout);
-then every rank publishes its answer and reads everyone's: all reach the same row ("OOM on rank 3") without a
-collective that could hang.
+Every rank runs the same sweep, each configuration in a fresh child process that joins a process group made for it
+(a PrefixStore on torchrun's TCPStore), so a failure never outlives its configuration. A failing child writes its
+rank under the configuration's `first_failure` key; the other ranks' parents see it and stop their children (a
+peer stuck in a collective would wait out the timeout); then every rank publishes its answer and reads everyone's:
+all reach the same row ("OOM on rank 3") without a collective that could hang.
 """
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ from results import ModelConfig, progress
 
 PARALLEL = ("ddp", "fsdp")
 DEFAULT_PG_TIMEOUT_S = 300.0  # a collective waiting this long for a peer fails (both backends)
-POLL_S = 0.2  # how often a rank process looks for a failed peer while its child runs
 FIRST_FAILURE = "first_failure"  # store key (per configuration): the rank that failed first
 
 
@@ -73,10 +71,6 @@ def is_rank_zero() -> bool:
 def rank_device(device: torch.device, launch: Launch | None) -> torch.device:
     """With CUDA each rank uses the GPU of its local rank (one device per process, as NCCL requires)."""
     return torch.device("cuda", launch.local_rank) if launch is not None and device.type == "cuda" else device
-
-
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
 
 
 # ---- the command line ----
@@ -148,11 +142,10 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixed_precision: str = "off",
                 reshard_after_forward: bool = True) -> nn.Module:
-    """ddp: a full replica on every rank, gradients all-reduced in buckets during backward (kept in the buckets:
-    gradient_as_bucket_view; no buffer broadcast before forward, the RoPE cache is the same on every rank).
-    fsdp: FSDP2, fully_shard on every block, then the root: parameters, gradients and optimizer state sharded on
-    dim 0; each block all-gathered before its forward and backward, gradients reduce-scattered. bf16 mixed
-    precision: gathered parameters and compute in bf16, sharded master weights and reduction in fp32."""
+    """ddp: a replica per rank, gradients all-reduced in buckets during backward (no buffer broadcast before
+    forward: the RoPE cache is the same on every rank). fsdp: FSDP2's fully_shard on every block, then the root:
+    parameters, gradients and optimizer state sharded on dim 0, each block all-gathered before its forward and
+    backward. bf16: gathered parameters and compute in bf16, sharded master weights and reduction in fp32."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -167,12 +160,6 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
     fully_shard(model, mesh=mesh, mp_policy=policy,
                 reshard_after_forward=fsdp_root_reshard_after_forward(reshard_after_forward))
     return model
-
-
-def full_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole, by its name in the unwrapped model (FSDP2's shards all-gathered: a collective)."""
-    return {name.removeprefix("module."): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for name, p in model.named_parameters()}
 
 
 # ---- the training state per rank ----
@@ -211,14 +198,13 @@ def configuration_group(prefix: str, device: torch.device, timeout_s: float = DE
     launch = torchrun_launch()
     if launch is None:
         raise RuntimeError("a distributed configuration needs torchrun's RANK / WORLD_SIZE / MASTER_ADDR")
-    client = dist.TCPStore(launch.master_addr, launch.master_port, is_master=False,
-                           timeout=datetime.timedelta(seconds=timeout_s))  # torchrun's store: it outlives us
+    timeout, cuda = datetime.timedelta(seconds=timeout_s), device.type == "cuda"
+    client = dist.TCPStore(launch.master_addr, launch.master_port, is_master=False, timeout=timeout)  # torchrun's
     store = dist.PrefixStore(prefix, client)
-    if device.type == "cuda":
+    if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group(backend_for(device), store=dist.PrefixStore("pg/", store), rank=launch.rank,
-                            world_size=launch.world_size, timeout=datetime.timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("pg/", store), rank=launch.rank,
+                            world_size=launch.world_size, timeout=timeout, device_id=device if cuda else None)
     try:
         yield launch
     except BaseException as exc:
@@ -335,17 +321,17 @@ def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 # ---- --profile: time in collectives per phase ----
 
 # NCCL kernels on a GPU (ncclDevKernel_AllReduce_Sum_f32_..), "gloo:<op>" ranges on a CPU (gloo runs a
-# reduce-scatter as an all-reduce)
-COLLECTIVE_KINDS = (("all-reduce", re.compile(r"all_?reduce", re.I)), ("all-gather", re.compile(r"all_?gather", re.I)),
-                    ("reduce-scatter", re.compile(r"reduce_?scatter", re.I)),
-                    ("broadcast", re.compile(r"broadcast", re.I)))
+# reduce-scatter as an all-reduce); matched case-insensitively
+COLLECTIVE_KINDS = {"all-reduce": r"all_?reduce", "all-gather": r"all_?gather", "reduce-scatter": r"reduce_?scatter",
+                    "broadcast": r"broadcast"}
 
 
 def collective_kind(name: str) -> str | None:
     """The kind of an NCCL kernel or a gloo range; None for anything that is not a collective."""
     if not (name.startswith("gloo:") or "nccl" in name.lower()):
         return None
-    return next((kind for kind, pattern in COLLECTIVE_KINDS if pattern.search(name)), "other collective")
+    return next((kind for kind, pattern in COLLECTIVE_KINDS.items() if re.search(pattern, name, re.I)),
+                "other collective")
 
 
 def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -365,7 +351,7 @@ def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...])
         inside = [(kind, s, t) for kind, s, t in collectives if any(a <= s <= b for a, b in windows)]
         per_step_ms = 1 / len(windows) / 1e3  # trace times are microseconds
         row: dict[str, Any] = {"phase": phase, "phase_ms": sum(b - a for a, b in windows) * per_step_ms}
-        for kind in [k for k, _ in COLLECTIVE_KINDS] + ["other collective"]:
+        for kind in [*COLLECTIVE_KINDS, "other collective"]:
             if ms := sum(t - s for k, s, t in inside if k == kind) * per_step_ms:
                 row[f"{kind}_ms"] = ms
         covered, end = 0.0, -math.inf  # the union of the collectives' intervals

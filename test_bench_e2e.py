@@ -1,6 +1,7 @@
 """bench_e2e.py on tiny configurations (CPU): the timed step, its records and tables, comparisons interleaved on
 every axis (models included), failures as rows, the longest-context search, Ctrl-C, bad input. The models below
 (model_a, oom_model, ...) are plugged in as a student's own: --model NAME=test_bench_e2e:CALLABLE."""
+import contextlib
 import dataclasses
 import math
 import os
@@ -137,10 +138,17 @@ def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
         def __init__(self, device):
             super().__init__(sync=lambda: order.append("sync"))
 
+    @contextlib.contextmanager
+    def annotate(name):  # the phase's range: its timer runs inside it
+        order.append(name)
+        yield
+        order.append("/" + name)
+
     monkeypatch.setattr(bench_e2e, "SyncTimer", RecordingTimer)
-    times = bench_e2e.run_step(work, on_phase=order.append)
-    assert order == ["sync", "forward", "sync", "sync", "backward", "sync", "sync", "optimizer", "sync", "sync",
-                     "end", "sync"]
+    monkeypatch.setattr(bench_e2e, "annotate", annotate)
+    times = bench_e2e.run_step(work)
+    assert order == ["sync", "forward", "sync", "sync", "/forward", "backward", "sync", "sync", "/backward",
+                     "optimizer", "sync", "sync", "/optimizer", "sync"]
     assert set(times) == {"forward", "backward", "optimizer", "step"}
 
 
