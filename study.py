@@ -368,12 +368,9 @@ def hms(seconds: float) -> str:
 
 # ---- running ----
 
-class Stop(Exception):
-    """SIGINT or SIGTERM arrived: args[0] is its number."""
-
-
-def on_signal(signum, frame):
-    raise Stop(signum)
+def signal_number(stop: KeyboardInterrupt) -> int:
+    """Ctrl-C, or SIGTERM (results.sigterm_as_interrupt raises it as Terminated)."""
+    return signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT
 
 
 class Study:
@@ -440,8 +437,8 @@ class Study:
                                          start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
                 try:
                     rc = child.wait()
-                except Stop as stop:
-                    stop_child(child, stop.args[0])
+                except KeyboardInterrupt as stop:
+                    stop_child(child, signal_number(stop))
                     raise
             entry = {"name": cmd.name, "stem": stem, "command": display(argv), "rc": rc,
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
@@ -742,31 +739,30 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "settings.json").exists():
         (root / "settings.json").write_text(json.dumps(settings) + "\n")
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     failed = []
-    try:
-        for n, p in enumerate(plan, 1):
-            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
-            print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
-            for c in (c for c in p.commands if not c.skipped):
-                was_done = c.name in study.ledger
-                entry = study.run(c)
-                c.per_config_s, c.configs = 0.0, 0
-                state = "recorded earlier" if was_done and entry.get("name") == c.name else entry["status"]
-                took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
-                print(f"    {c.name}: {state}{took}" + (f": {entry['cause']}" if entry.get("cause") else ""),
-                      flush=True)
-                failed += [c.name] if entry["status"] == "failed" else []
-    except Stop as stop:
-        for sig in previous:  # a second Ctrl-C does not cut the writeup short
-            signal.signal(sig, signal.SIG_IGN)
-        path = write_writeup(study, plan, machine, args)
-        print(f"stopped by signal {stop.args[0]}: finished commands kept; run the same command to continue "
-              f"({rel(path)} has what is done)", file=sys.stderr)
-        return 128 + stop.args[0]
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with results.sigterm_as_interrupt():
+        try:
+            for n, p in enumerate(plan, 1):
+                left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
+                print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
+                for c in (c for c in p.commands if not c.skipped):
+                    was_done = c.name in study.ledger
+                    entry = study.run(c)
+                    c.per_config_s, c.configs = 0.0, 0
+                    again = was_done and entry.get("name") == c.name
+                    state = "recorded earlier" if again else entry["status"]
+                    took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
+                    cause = f": {entry['cause']}" if entry.get("cause") else ""
+                    print(f"    {c.name}: {state}{took}{cause}", flush=True)
+                    failed += [c.name] if entry["status"] == "failed" else []
+        except KeyboardInterrupt as stop:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
+            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            path = write_writeup(study, plan, machine, args)
+            signal.signal(signal.SIGINT, handler)
+            print(f"stopped by signal {signal_number(stop)}: finished commands kept; run the same command to "
+                  f"continue ({rel(path)} has what is done)", file=sys.stderr)
+            return 128 + signal_number(stop)
     path = write_writeup(study, plan, machine, args)
     checks = study.checks(plan)
     for verdict in ("passed", "failed"):
