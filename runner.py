@@ -151,10 +151,10 @@ def _stop(proc: Any) -> None:
 def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: bool = False,
                  timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None,
                  on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`fn(**kwargs)` (module-level, picklable result) in a fresh child of the fork server: {"ok": True, "value":
-    ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s", ...}. Stopped after
-    `timeout_s`, when `stop_when()` returns a status (a torchrun peer failed), or on Ctrl-C (re-raised).
-    `on_heartbeat(line)`, called here, gets `<phase>... <s> s` every HEARTBEAT_S. `in_process`: no isolation."""
+    """`fn(**kwargs)` (module-level, picklable result) in a fresh child of the fork server: {"ok": True,
+    "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s", ...}.
+    Stopped after `timeout_s`, when `stop_when()` returns a status (a torchrun peer failed), or on Ctrl-C
+    (re-raised). `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S. `in_process`: no child."""
     if in_process:
         try:
             return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
@@ -269,8 +269,8 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def interleave(variants: int, rounds: int, run_block: Callable[[int, int], None]) -> None:
-    """run_block(variant, round) for every variant, `rounds` times in round_order (A B | B A | A B ...), so that
-    a machine that changes speed changes it for every variant alike."""
+    """run_block(variant, round) for every variant, `rounds` times in round_order (A B | B A | A B ...), so
+    that a machine that changes speed changes it for every variant alike."""
     for r in range(rounds):
         for variant in round_order(variants, r):
             run_block(variant, r)
@@ -317,12 +317,12 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        summary: Callable | None = None, measure_variants: Callable | None = None,
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
     """Run every configuration of `plan` (a run, or a list: the variants of one comparison) as add_sweep_args'
-    flags say. A run has label() and skip_key() -> (group, size name, size). In the child: measure(run) returns
-    its record, measure_variants(runs) those of variants measured together. Here: finish(run, record) adds
-    derived figures, render(records, fmt) rewrites the report after each row, summary(record) ends a progress
-    line. search=True: a group's runs are probes of increasing size, ended by the first failure; an OOM after a
-    fit starts a Bisection of resize(run, size) probes. Under torchrun every rank runs each configuration; rank
-    0 (files given) writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    flags say. A run has label() and skip_key() -> (group, size name, size). In the child: measure(run)
+    returns its record, measure_variants(runs) those of variants measured together. Here: finish(run, record)
+    adds derived figures, render(records, fmt) rewrites the report after each row, summary(record) ends a
+    progress line. search=True: a group's runs are probes of increasing size, ended by the first failure; an
+    OOM after a fit starts a Bisection of resize(run, size) probes. Under torchrun every rank runs each
+    configuration; rank 0 writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -410,15 +410,14 @@ class Sweep:
         single = time_limit(self.args.timeout, self.slowest_s)
         return None if single is None else single * count
 
-    def record_of(self, run: Any, answer: dict[str, Any] | None) -> dict[str, Any]:
+    def record_of(self, run: Any, answer: dict[str, Any]) -> dict[str, Any]:
         record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label()}
-        if answer is not None and answer["ok"]:
-            record.update(answer["value"])
-            record.setdefault("status", "ok")
-            if answer.get("pid") is not None:
-                record["pid"] = answer["pid"]
-        elif answer is not None:
-            record.update({k: v for k, v in answer.items() if k != "ok"})
+        if not answer["ok"]:
+            return {**record, **{k: v for k, v in answer.items() if k != "ok"}}
+        record.update(answer["value"])
+        record.setdefault("status", "ok")
+        if answer.get("pid") is not None:
+            record["pid"] = answer["pid"]
         return record
 
     def add(self, run: Any, record: dict[str, Any], number: int, elapsed: float) -> None:
@@ -447,7 +446,7 @@ class Sweep:
             if reason := self.skip.reason(group, size_name, size):
                 self.done += 1
                 self.say(f"[{self.done}/{self.total}] starting {run.label()}")
-                self.add(run, {**self.record_of(run, None), "status": reason}, self.done, 0.0)
+                self.add(run, self.record_of(run, {"ok": False, "status": reason}), self.done, 0.0)
             else:
                 todo.append((i, run))
         if len(todo) > 1 and self.mode == "steps" and self.measure_variants is not None:
@@ -483,8 +482,7 @@ class Sweep:
                               on_heartbeat=self.beat(where))
         elapsed = (timeit.default_timer() - start) / len(todo)
         if not answer["ok"]:
-            self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each variant "
-                     "alone")
+            self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each alone")
             self.interleave_runs(todo, fallback=answer["status"])
             return
         for (_, run), value in zip(todo, answer["value"]):
