@@ -738,6 +738,7 @@ def main(argv=None) -> int:
     if not (root / "settings.json").exists():
         (root / "settings.json").write_text(json.dumps(settings) + "\n")
     failed = []
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     with results.sigterm_as_interrupt():
         try:
             for n, p in enumerate(plan, 1):
@@ -755,12 +756,13 @@ def main(argv=None) -> int:
                     failed += [c.name] if entry["status"] == "failed" else []
         except KeyboardInterrupt as stop:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
-            handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             path = write_writeup(study, plan, machine, args)
-            signal.signal(signal.SIGINT, handler)
             print(f"stopped by signal {signal_number(stop)}: finished commands kept; run the same command to "
                   f"continue ({rel(path)} has what is done)", file=sys.stderr)
             return 128 + signal_number(stop)
+        finally:
+            signal.signal(signal.SIGINT, handler)
     path = write_writeup(study, plan, machine, args)
     checks = study.checks(plan)
     for verdict in ("passed", "failed"):
