@@ -9,6 +9,7 @@ residual), a final RMSNorm and an untied lm_head, no biases. A reference state d
 """
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -17,7 +18,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch.utils.checkpoint import checkpoint
 
-from common import annotate
+from common import LoadError, annotate, load
+from optim import AdamW
 
 # ---- configuration: ModelConfig, both handouts' presets (Table 1), FLOPs ----
 # Plain Python defined in results.py, so that report.py and kernel_tables.py read configurations from records
@@ -181,13 +183,9 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """token ids (batch, seq) -> logits (batch, seq, vocab).
-
-    attn: "naive" (hand-written, the default) or "sdpa" (torch's fused kernel).
-    checkpoint_every: 0 = no activation checkpointing; K > 0 = the blocks run in segments of K, each under
-    non-reentrant torch.utils.checkpoint, so only segment inputs are kept and the K blocks are recomputed in
-    backward.
-    """
+    """token ids (batch, seq) -> logits (batch, seq, vocab). attn: a key of ATTENTION. checkpoint_every=K > 0:
+    the blocks run in segments of K under torch.utils.checkpoint, so only a segment's input is kept for
+    backward and its K blocks are recomputed there."""
 
     def __init__(self, cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0):
         super().__init__()
@@ -229,44 +227,37 @@ USER_OPTIMIZER_LR = 1e-3  # what ours and torch's AdamW default to: the step's c
 def build_model(cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0,
                 factory: str | None = None) -> nn.Module:
     """Ours, or `factory` (MODULE:CALLABLE) called with the staff constructor's keywords, on the current default
-    device. A factory that cannot take them or returns no nn.Module is a common.LoadError (one line)."""
+    device. A factory that cannot take them or returns no nn.Module is a LoadError (one line)."""
     if factory is None:
         return TransformerLM(cfg, attn=attn, checkpoint_every=checkpoint_every)
-    import inspect
-
-    import common
-    make = common.load(factory)
+    make = load(factory)
     keywords = {name: getattr(cfg, name) for name in STAFF_MODEL_KEYWORDS}
     try:
         inspect.signature(make).bind(**keywords)
     except TypeError as exc:
-        raise common.LoadError(f"{factory} cannot be called with the staff model's keywords "
-                                  f"({', '.join(STAFF_MODEL_KEYWORDS)}): {exc}") from None
+        raise LoadError(f"{factory} cannot be called with the staff model's keywords "
+                        f"({', '.join(STAFF_MODEL_KEYWORDS)}): {exc}") from None
     except ValueError:  # no signature to read (a builtin): let the call say
         pass
     model = make(**keywords)
     if not isinstance(model, nn.Module):
-        raise common.LoadError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
+        raise LoadError(f"{factory} returned a {type(model).__name__}, not a torch.nn.Module")
     return model
 
 
 def build_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
     """ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); else MODULE:CLASS, built as
     CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)."""
-    import inspect
-
-    import common
-    from optim import AdamW
     if name == "ours":
         return AdamW(params)
     if name == "torch":
         return torch.optim.AdamW(params, **({"fused": True} if device.type == "cuda" else {"foreach": True}))
-    make = common.load(name)
+    make = load(name)
     try:
         takes_lr = "lr" in inspect.signature(make).parameters
     except (TypeError, ValueError):
         takes_lr = True
     optimizer = make(params, lr=USER_OPTIMIZER_LR) if takes_lr else make(params)
     if not (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))):
-        raise common.LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
+        raise LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
     return optimizer

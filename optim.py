@@ -1,5 +1,5 @@
-"""AdamW (Loshchilov & Hutter, decoupled weight decay) with multi-tensor `torch._foreach_*` operations, in the order
-torch.optim.AdamW(foreach=True) uses, so the two agree to float rounding and cost the same (docs/model.md).
+"""AdamW (Loshchilov & Hutter, decoupled weight decay) with multi-tensor `torch._foreach_*` operations in
+torch.optim.AdamW(foreach=True)'s order, so the two agree to float rounding and cost the same (docs/model.md).
 """
 from __future__ import annotations
 
@@ -25,42 +25,31 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
-            for p in group["params"]:
-                if p.grad is None:  # frozen or unused this step: no update, no state
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
+            params = [p for p in group["params"] if p.grad is not None]  # no gradient: no update, no state
+            if not params:
+                continue
+            if any(p.grad.is_sparse for p in params):
+                raise RuntimeError("AdamW does not support sparse gradients")
+            for p in params:
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
                 state["step"] += 1
-                params.append(p)
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
-            if params:
-                _adamw_foreach(params, grads, exp_avgs, exp_avg_sqs, steps, lr=group["lr"], betas=group["betas"],
-                               eps=group["eps"], weight_decay=group["weight_decay"])
+            grads = [p.grad for p in params]
+            exp_avgs = [self.state[p]["exp_avg"] for p in params]
+            exp_avg_sqs = [self.state[p]["exp_avg_sq"] for p in params]
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            if weight_decay:
+                torch._foreach_mul_(params, 1 - lr * weight_decay)
+            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+            # bias corrections per parameter: one that had no gradient on some steps has a smaller step count
+            steps = [self.state[p]["step"] for p in params]
+            neg_step_sizes = [-lr / (1 - beta1 ** t) for t in steps]
+            denom = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** t) for t in steps])
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)
         return loss
-
-
-def _adamw_foreach(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
-                   exp_avg_sqs: list[torch.Tensor], steps: list[int], *, lr: float, betas: tuple[float, float],
-                   eps: float, weight_decay: float) -> None:
-    beta1, beta2 = betas
-    if weight_decay:
-        torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
-    # Bias corrections per parameter: a parameter that had no gradient on some steps has a smaller step count.
-    neg_step_sizes = [-lr / (1 - beta1 ** t) for t in steps]
-    bias_correction2_sqrt = [math.sqrt(1 - beta2 ** t) for t in steps]
-    denom = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_div_(denom, bias_correction2_sqrt)
-    torch._foreach_add_(denom, eps)
-    torch._foreach_addcdiv_(params, exp_avgs, denom, neg_step_sizes)

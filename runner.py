@@ -1,15 +1,10 @@
 """Running a script's configurations, each in a fresh child process, so that an OOM, a crash or a poisoned
-CUDA context never reaches the next row: a failure is a row (OOM, `error: ...`, `timeout after N s`), the
-larger sizes of a group are skipped after an OOM, each record is appended and the report rewritten as it
-finishes, SIGTERM and Ctrl-C keep the finished rows, and a heartbeat on stderr names a long one's phase.
+CUDA context never reaches the next row: a failure is a row, SIGTERM and Ctrl-C keep the finished rows, and
+a comparison's variants are interleaved (A B | B A ...). See docs/running.md.
 
     plan = runner.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
                                               finish=finish_record, render=live, measure_variants=together)
-
-A comparison's variants are interleaved (interleave(): A B | B A ...), so that a machine that changes speed
-changes it for all of them alike: --interleave steps alternates their blocks of timed steps in one child,
---interleave runs alternates whole runs (--repeats), each in children of its own. See docs/running.md.
 """
 from __future__ import annotations
 
@@ -108,18 +103,15 @@ def _child_main(result: Any, lifeline: Any, fn: Callable, kwargs: dict[str, Any]
 
 def oom_kill_counts() -> tuple[int | None, int | None]:
     """The kernel's OOM-kill counters, system-wide and this cgroup's (a container's limit), or None."""
-    def read(path: str, key: str) -> int | None:
-        with contextlib.suppress(OSError, StopIteration, ValueError):
+    def read(path: str, prefix: str) -> str | None:  # the first such line, after `prefix`
+        with contextlib.suppress(OSError, StopIteration):
             with open(path) as f:
-                return next(int(line.split()[1]) for line in f if line.startswith(key + " "))
+                return next(line[len(prefix):].strip() for line in f if line.startswith(prefix))
         return None
 
-    cgroup = None
-    with contextlib.suppress(OSError, StopIteration):
-        with open("/proc/self/cgroup") as f:
-            cgroup = next(line[3:].strip() for line in f if line.startswith("0::"))
-    events = read(f"/sys/fs/cgroup{cgroup}/memory.events", "oom_kill") if cgroup else None
-    return read("/proc/vmstat", "oom_kill"), events
+    cgroup = read("/proc/self/cgroup", "0::")
+    events = read(f"/sys/fs/cgroup{cgroup}/memory.events", "oom_kill ") if cgroup else None
+    return tuple(int(n) if n and n.isdigit() else None for n in (read("/proc/vmstat", "oom_kill "), events))
 
 
 def died_status(exitcode: int | None, oom_before: tuple, oom_after: tuple) -> dict[str, Any]:
@@ -159,12 +151,10 @@ def _stop(proc: Any) -> None:
 def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: bool = False,
                  timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None,
                  on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`fn(**kwargs)` (module-level, returning a picklable value) in a fresh child of the fork server:
-    {"ok": True, "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after
-    N s", ...}. The child is stopped after `timeout_s`, when `stop_when()` returns a status (a torchrun peer
-    failed), or on Ctrl-C (which propagates). `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S,
-    written here: nothing runs in the child beside its work. `in_process`: here, failures alike, without
-    isolation, time limit or heartbeat."""
+    """`fn(**kwargs)` (module-level, picklable result) in a fresh child of the fork server: {"ok": True,
+    "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s", ...}.
+    Stopped after `timeout_s`, when `stop_when()` returns a status (a torchrun peer failed), or on Ctrl-C
+    (re-raised). `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S. `in_process`: no child."""
     if in_process:
         try:
             return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
@@ -279,10 +269,8 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def interleave(variants: int, rounds: int, run_block: Callable[[int, int], None]) -> None:
-    """The interleaving loop of every comparison: `rounds` rounds, each calling run_block(variant, round) once
-    per variant in round_order (A B | B A | A B ...), so that a machine that speeds up or slows down as time
-    goes by does so for every variant alike. bench_e2e.py and bench_attention.py run their blocks of timed
-    steps through it; the sweep its --interleave runs children."""
+    """run_block(variant, round) for every variant, `rounds` times in round_order (A B | B A | A B ...), so
+    that a machine that changes speed changes it for every variant alike."""
     for r in range(rounds):
         for variant in round_order(variants, r):
             run_block(variant, r)
@@ -328,16 +316,13 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
-    """Run every configuration of `plan` (a run, or a list of runs: the variants of one comparison) as
-    add_sweep_args' flags say. Each run has label() and skip_key() -> (group, size name, size); measure(run)
-    (module-level) returns its record in the child; measure_variants(runs) the records of a comparison's
-    variants measured together in one child (None: each in children of its own). In this process,
-    finish(run, record) adds derived figures to a row, render(records, fmt) is the report rewritten after each
-    row, summary(record) ends a finished row's progress line. search=True: each group's runs are the probes of
-    a search, in increasing size, ended by its first failure; an OOM that follows a fit starts a Bisection
-    whose probes resize(run, size) makes. Under torchrun (runs with .parallel set) every rank runs each
-    configuration and gets the same records; only rank 0 (files given) prints and writes. Returns (records,
-    exit status: 0, 130 after Ctrl-C, 143 after SIGTERM); an interrupted sweep keeps its rows."""
+    """Run every configuration of `plan` (a run, or a list: the variants of one comparison) as add_sweep_args'
+    flags say. A run has label() and skip_key() -> (group, size name, size). In the child: measure(run)
+    returns its record, measure_variants(runs) those of variants measured together. Here: finish(run, record)
+    adds derived figures, render(records, fmt) rewrites the report after each row, summary(record) ends a
+    progress line. search=True: a group's runs are probes of increasing size, ended by the first failure; an
+    OOM after a fit starts a Bisection of resize(run, size) probes. Under torchrun every rank runs each
+    configuration; rank 0 writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -425,15 +410,14 @@ class Sweep:
         single = time_limit(self.args.timeout, self.slowest_s)
         return None if single is None else single * count
 
-    def record_of(self, run: Any, answer: dict[str, Any] | None) -> dict[str, Any]:
+    def record_of(self, run: Any, answer: dict[str, Any]) -> dict[str, Any]:
         record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label()}
-        if answer is not None and answer["ok"]:
-            record.update(answer["value"])
-            record.setdefault("status", "ok")
-            if answer.get("pid") is not None:
-                record["pid"] = answer["pid"]
-        elif answer is not None:
-            record.update({k: v for k, v in answer.items() if k != "ok"})
+        if not answer["ok"]:
+            return {**record, **{k: v for k, v in answer.items() if k != "ok"}}
+        record.update(answer["value"])
+        record.setdefault("status", "ok")
+        if answer.get("pid") is not None:
+            record["pid"] = answer["pid"]
         return record
 
     def add(self, run: Any, record: dict[str, Any], number: int, elapsed: float) -> None:
@@ -462,7 +446,7 @@ class Sweep:
             if reason := self.skip.reason(group, size_name, size):
                 self.done += 1
                 self.say(f"[{self.done}/{self.total}] starting {run.label()}")
-                self.add(run, {**self.record_of(run, None), "status": reason}, self.done, 0.0)
+                self.add(run, self.record_of(run, {"ok": False, "status": reason}), self.done, 0.0)
             else:
                 todo.append((i, run))
         if len(todo) > 1 and self.mode == "steps" and self.measure_variants is not None:
@@ -498,8 +482,7 @@ class Sweep:
                               on_heartbeat=self.beat(where))
         elapsed = (timeit.default_timer() - start) / len(todo)
         if not answer["ok"]:
-            self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each variant "
-                     "alone")
+            self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each alone")
             self.interleave_runs(todo, fallback=answer["status"])
             return
         for (_, run), value in zip(todo, answer["value"]):

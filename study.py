@@ -81,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--out must be a plain name, got {args.out!r}")
     known = sorted(key for key, *_ in PROBLEM_TEXT)
     for name in args.only or ():
-        if not any(k == name or k.startswith(name + "_") for k in known):
+        if not any(selected(k, [name]) for k in known):
             parser.error(f"--only: unknown problem {name!r}; one of: {', '.join(known)}")
     return args
 
@@ -180,14 +180,14 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts
      "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.", HANDOUTS),
 ]
 # what each problem exercises, for --quick's verdict (on a GPU: every GPU path)
-PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep", "nsys_profile":
-         "profiler",
-         "mixed_precision_accumulation": "precision", "benchmarking_mixed_precision_ab": "autocast",
-         "benchmarking_mixed_precision_c": "bf16 autocast", "memory_profiling_ae": "memory snapshot",
-         "memory_profiling_bcd": "peak memory", "memory_profiling_f": "compiled block, nsys memory",
-         "gradient_checkpointing": "checkpointing", "pytorch_attention": "attention timing",
-         "torch_compile_a": "compiled attention", "torch_compile_b": "compiled model",
-         "flash_benchmarking": "flash grid", "flash_forward": "kernel check"}
+PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep",
+         "nsys_profile": "profiler", "mixed_precision_accumulation": "precision",
+         "benchmarking_mixed_precision_ab": "autocast", "benchmarking_mixed_precision_c": "bf16 autocast",
+         "memory_profiling_ae": "memory snapshot", "memory_profiling_bcd": "peak memory",
+         "memory_profiling_f": "compiled block, nsys memory", "gradient_checkpointing": "checkpointing",
+         "pytorch_attention": "attention timing", "torch_compile_a": "compiled attention",
+         "torch_compile_b": "compiled model", "flash_benchmarking": "flash grid",
+         "flash_forward": "kernel check"}
 
 
 def build_plan(args, machine) -> list:
@@ -205,8 +205,8 @@ def build_plan(args, machine) -> list:
     sizes, too_big = ["tiny"], {}
     if not small:  # a size runs when its predicted state and activations fit in 90% of the free memory
         free = machine["free_bytes"]
-        too_big = {size: f"skipped: predicted state {state / results.GIB:.1f} GiB + activations {act / results.GIB:.1f} "
-                   f"GiB > 90% of free GPU memory {free / results.GIB:.1f} GiB"
+        too_big = {size: f"skipped: predicted state {state / results.GIB:.1f} GiB + activations "
+                   f"{act / results.GIB:.1f} GiB > 90% of free GPU memory {free / results.GIB:.1f} GiB"
                    for size, (state, act) in machine["states"].items() if state + act > 0.9 * free}
         sizes = [s for s in machine["states"] if s not in too_big] or ["tiny"]
 
@@ -340,13 +340,14 @@ def build_plan(args, machine) -> list:
                                        "Q, K, V.")
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
-        for c in p.commands if not selected(p, args.only) else ():
+        for c in p.commands if not selected(p.key, args.only) else ():
             c.skipped = c.skipped or "skipped: not in --only"
     return list(plan.values())
 
 
-def selected(problem, only) -> bool:
-    return not only or any(problem.key == o or problem.key.startswith(o + "_") for o in only)
+def selected(key: str, only: list | None) -> bool:
+    """--only names a problem, or the problems whose keys start with it and '_' (memory_profiling)."""
+    return not only or any(key == o or key.startswith(o + "_") for o in only)
 
 
 def apply_budget(plan, budget, scale) -> list:
@@ -368,12 +369,9 @@ def hms(seconds: float) -> str:
 
 # ---- running ----
 
-class Stop(Exception):
-    """SIGINT or SIGTERM arrived: args[0] is its number."""
-
-
-def on_signal(signum, frame):
-    raise Stop(signum)
+def signal_number(stop: KeyboardInterrupt) -> int:
+    """Ctrl-C, or SIGTERM (results.sigterm_as_interrupt raises it as Terminated)."""
+    return signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT
 
 
 class Study:
@@ -383,11 +381,9 @@ class Study:
         self.root, self.ledger = root, {}
         path = root / "study.jsonl"
         for line in path.read_text().splitlines() if path.is_file() else []:
-            try:  # a line cut short by a kill while it was written is not a finished command
+            with contextlib.suppress(ValueError):  # a line cut short by a kill: not a finished command
                 entry = json.loads(line)
                 self.ledger[entry["name"]] = entry
-            except ValueError:
-                continue
 
     def scale(self) -> float:
         """How much longer than estimated the commands measured so far took (1 before any)."""
@@ -440,8 +436,8 @@ class Study:
                                          start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
                 try:
                     rc = child.wait()
-                except Stop as stop:
-                    stop_child(child, stop.args[0])
+                except KeyboardInterrupt as stop:
+                    stop_child(child, signal_number(stop))
                     raise
             entry = {"name": cmd.name, "stem": stem, "command": display(argv), "rc": rc,
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
@@ -532,9 +528,9 @@ def memory_facts(key, r, first: bool) -> list:
         facts.append(f"one block at batch {r['config']['batch_size']} saves for backward "
                      f"{r['block_compiled_saved_bytes'] / results.MIB:.2f} MiB in "
                      f"{r['block_compiled_saved_tensors']} tensors compiled, "
-                     f"{r['block_eager_saved_bytes'] / results.MIB:.2f} MiB in {r['block_eager_saved_tensors']} "
-                     "eager "
-                     "(the handout's §3.2, xl with 16 heads at context 2048, batch 4: 3651.31 MiB compiled)")
+                     f"{r['block_eager_saved_bytes'] / results.MIB:.2f} MiB in "
+                     f"{r['block_eager_saved_tensors']} eager (the handout's §3.2, xl with 16 heads at "
+                     "context 2048, batch 4: 3651.31 MiB compiled)")
     return facts
 
 
@@ -567,9 +563,10 @@ def facts_for(key, records) -> list:
     elif key.startswith(("pytorch_attention", "torch_compile_a", "flash")):
         for r in done:
             error = (r.get("check") or {}).get("max_error")
+            saved = r.get("saved_tensor_bytes")
             facts.append(f"{r.get('label')}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}"
-                         + (f", saved {r['saved_tensor_bytes'] / results.MIB:.2f} MiB" if r.get("saved_tensor_bytes")
-                            else "") + (f", max error {error:.2e}" if error is not None else ""))
+                         + (f", saved {saved / results.MIB:.2f} MiB" if saved else "")
+                         + (f", max error {error:.2e}" if error is not None else ""))
     return facts
 
 
@@ -693,11 +690,9 @@ def study_root(args, settings) -> Path:
     if args.out and not (args.fresh and (base / args.out).exists()):
         return base / args.out
     for folder in sorted(base.iterdir(), reverse=True) if not args.fresh and base.is_dir() else []:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if json.loads((folder / "settings.json").read_text()) == settings:
                 return folder
-        except (OSError, ValueError):
-            continue
     stem = args.out or f"study-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
     return next(base / name for name in (stem if n == 1 else f"{stem}-{n}" for n in range(1, 10 ** 6))
                 if not (base / name).exists())
@@ -742,31 +737,32 @@ def main(argv=None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     if not (root / "settings.json").exists():
         (root / "settings.json").write_text(json.dumps(settings) + "\n")
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     failed = []
-    try:
-        for n, p in enumerate(plan, 1):
-            left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
-            print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
-            for c in (c for c in p.commands if not c.skipped):
-                was_done = c.name in study.ledger
-                entry = study.run(c)
-                c.per_config_s, c.configs = 0.0, 0
-                state = "recorded earlier" if was_done and entry.get("name") == c.name else entry["status"]
-                took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
-                print(f"    {c.name}: {state}{took}" + (f": {entry['cause']}" if entry.get("cause") else ""),
-                      flush=True)
-                failed += [c.name] if entry["status"] == "failed" else []
-    except Stop as stop:
-        for sig in previous:  # a second Ctrl-C does not cut the writeup short
-            signal.signal(sig, signal.SIG_IGN)
-        path = write_writeup(study, plan, machine, args)
-        print(f"stopped by signal {stop.args[0]}: finished commands kept; run the same command to continue "
-              f"({rel(path)} has what is done)", file=sys.stderr)
-        return 128 + stop.args[0]
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    with results.sigterm_as_interrupt():
+        try:
+            for n, p in enumerate(plan, 1):
+                left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
+                print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
+                for c in (c for c in p.commands if not c.skipped):
+                    was_done = c.name in study.ledger
+                    entry = study.run(c)
+                    c.per_config_s, c.configs = 0.0, 0
+                    again = was_done and entry.get("name") == c.name
+                    state = "recorded earlier" if again else entry["status"]
+                    took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
+                    cause = f": {entry['cause']}" if entry.get("cause") else ""
+                    print(f"    {c.name}: {state}{took}{cause}", flush=True)
+                    failed += [c.name] if entry["status"] == "failed" else []
+        except KeyboardInterrupt as stop:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            path = write_writeup(study, plan, machine, args)
+            print(f"stopped by signal {signal_number(stop)}: finished commands kept; run the same command to "
+                  f"continue ({rel(path)} has what is done)", file=sys.stderr)
+            return 128 + signal_number(stop)
+        finally:
+            signal.signal(signal.SIGINT, handler)
     path = write_writeup(study, plan, machine, args)
     checks = study.checks(plan)
     for verdict in ("passed", "failed"):
