@@ -39,7 +39,7 @@ import runner
 from common import DTYPES, SyncTimer, resolve_device
 from model import naive_attention, sdpa_attention
 from report import ATTENTION_COLUMNS, ATTENTION_PHASE_SHORT, BASELINE, check_summary
-from results import ResultFiles, finished, format_bytes
+from results import LEADERBOARD_2025_SHAPE, ResultFiles, finished, format_bytes
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # causal
 
@@ -56,13 +56,12 @@ GRIDS: dict[str, dict[str, Any]] = {
     "flash": {"impl": [BASELINE, "sdpa"], "d": [16, 32, 64, 128],
               "seq_len": [2**i for i in range(7, 17)], "batch_size": 1, "dtype": ["bf16", "fp32"],
               **DO_BENCH_DEFAULTS},
-    "leaderboard-2025": {"impl": ["naive", "sdpa"], "d": [64], "seq_len": [16384], "batch_size": 16,
+    "leaderboard-2025": {"impl": ["naive", "sdpa"], "d": [LEADERBOARD_2025_SHAPE[2]],
+                         "seq_len": [LEADERBOARD_2025_SHAPE[1]], "batch_size": LEADERBOARD_2025_SHAPE[0],
                          "dtype": ["bf16"], "warmup_ms": 1000.0, "rep_ms": 10_000.0},
 }
 # leaderboard-2025 without a GPU: a shape a CPU runs in seconds, and do_bench's ms cut to match
 LEADERBOARD_2025_CPU = {"seq_len": [256], "batch_size": 4, "warmup_ms": 20.0, "rep_ms": 100.0}
-PUBLISHED_2025 = [("2025 naive baseline", 80.0, "one H100", "Spring 2025"),
-                  ("2025 best", 5.364, "one H100", "Spring 2025")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,16 +366,6 @@ def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: flo
             "calls": len(samples)}
 
 
-def where_it_stands(yours: list[tuple[str, float | None]], published: list[tuple[str, float, str, str]],
-                    device_name: str, scaled: bool) -> str:
-    """The published leaderboard figures beside yours, and what compares."""
-    rows = [{"": name, "ms": ms, "GPU": device_name, "when": "this run"} for name, ms in yours]
-    rows += [{"": name, "ms": ms, "GPU": gpu, "when": when} for name, ms, gpu, when in published]
-    note = ("scaled-down shape: not comparable with the published figures" if scaled else
-            "only a run on the same GPU compares with a published figure")
-    return f"## Where it stands\n\n{results.render_table(rows, ['', 'ms', 'GPU', 'when'], floatfmt=',.3f')}\n\n{note}"
-
-
 def time_phases(attention: Attention, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
                 time: Callable[[Callable[[], Any], str], list[float]]) -> dict[str, list[float]]:
     """The forward (its graph built, as in training), the backward through one graph built outside
@@ -590,14 +579,6 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         return code
     published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot)
-    if args.grid == "leaderboard-2025":
-        yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
-                  + (" WRONG" if r.get("status", "").startswith("WRONG") else ""), r["leaderboard"]["ms"])
-                 if "leaderboard" in r else (f"{r['config']['impl']}: {r['status']}", None) for r in records]
-        standing = where_it_stands(yours, PUBLISHED_2025, records[0]["environment"]["device_name"], args.scaled)
-        print("\n" + standing)
-        with open(files.markdown, "a") as f:
-            f.write("\n" + standing + "\n")
     return code or published  # an interrupted sweep's code comes first
 
 

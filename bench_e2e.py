@@ -62,8 +62,9 @@ from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matm
 from model import ATTENTION, build_model, build_optimizer, cross_entropy
 from parallel import DEFAULT_PG_TIMEOUT_S
 from report import E2E_COLUMNS, SEARCH_START, config_key, context_searches, probe_contexts, sizes_table, variants
-from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, GIB, MODES, PHASES_BY_MODE, ModelConfig, ResultFiles,
-                     block_sizes, finished, get_config, positive_float, positive_int, steps_per_block, summarize)
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, GIB, LEADERBOARD, LEADERBOARD_BATCH, MODES,
+                     PHASES_BY_MODE, ModelConfig, ResultFiles, block_sizes, finished, get_config, positive_float,
+                     positive_int, steps_per_block, summarize)
 from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
@@ -674,13 +675,7 @@ def plan_notes(runs: list[RunConfig], args: argparse.Namespace) -> list[str]:
 
 # ---------------------------------------------------------------- leaderboard
 
-# The 2026 leaderboard (stanford-cs336/assignment2-systems-leaderboard): the staff model at this shape, batch 2
-LEADERBOARD = ModelConfig(d_model=4096, d_ff=11008, num_layers=34, num_heads=32, vocab_size=151_936,
-                          context_length=32_768)
-LEADERBOARD_BATCH = 2
 SCALED = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=1024, context_length=128)  # CPU
-PUBLISHED_2026 = [("2026 naive baseline", 10_000.0, "two B200s", "Spring 2026"),
-                  ("2026 best", 6_199.0, "two B200s", "Spring 2026")]
 WALL_LIMIT_S = 600.0  # the leaderboard's run must finish within 10 minutes from empty caches
 # The behaviour check: both models at this shape, the reference in fp32, yours under bf16 autocast as timed
 CHECK_MODEL = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=512, context_length=128)
@@ -754,23 +749,11 @@ def leaderboard_dry_run(args: argparse.Namespace, run: RunConfig) -> int:
     rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
              parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
             for p, w in dict.fromkeys(layouts)]
-    print(f"{leaderboard_header(run)}\n\npredicted training state per device ({state_counted(run.model)}):\n\n"
+    print(f"{report.leaderboard_header(dataclasses.asdict(run))}\n\n"
+          f"predicted training state per device ({state_counted(run.model)}):\n\n"
           f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
           "nothing was built, run or written (drop --dry-run to run it)")
     return 0
-
-
-def leaderboard_header(run: RunConfig) -> str:
-    m = run.model
-    exact = run.model == LEADERBOARD and run.batch_size * run.world_size == LEADERBOARD_BATCH
-    shape = ("the leaderboard's shape" + ("" if exact else ", changed") if run.size == "leaderboard-full"
-             else "a scaled-down shape (the leaderboard's: d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab "
-                  "151936, context 32768, batch 2)")
-    spread = f"{run.parallel} over {run.world_size} ranks" if run.parallel else "one process"
-    return (f"# 2026 leaderboard: {run.model_name or run.model_factory or 'ours'}, optimizer {run.optimizer}\n\n"
-            f"{shape}: d_model {m.d_model}, d_ff {m.d_ff}, {m.num_layers} layers, {m.num_heads} heads, vocab "
-            f"{m.vocab_size}, context {m.context_length}, batch {run.batch_size * run.world_size} ({spread}), bf16 "
-            "autocast, causal")
 
 
 def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
@@ -876,32 +859,6 @@ def cold_caches() -> Any:
             yield folder
 
 
-def leaderboard_report(run: RunConfig, r: dict[str, Any]) -> str:
-    """The header, the result table, where it stands."""
-    device = r["environment"]["device_name"]
-    check = r.get("check")
-    said = "" if check is None else f"; reference {check['reference']}, check {'passed' if check['ok'] else 'failed'}"
-    lines = [leaderboard_header(run), f"device: {device}; torch {r['environment']['torch']}{said}"]
-    if not finished(r):
-        return "\n\n".join(lines + [r["status"]])
-    lb = r["leaderboard"]
-    row = {"step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"], "bwd ms": r["backward_ms_mean"],
-           "opt ms": r["optimizer_ms_mean"], "split step ms": r["step_ms_mean"],
-           "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
-           "MFU %": 100 * lb["mfu"] if lb.get("mfu") else None,
-           "wall s": r["wall_s"], "status": r["status"] + ("; over 10 min" if r["over_10_min"] else "")}
-    lines.append(results.render_table([row], list(row), floatfmt=",.1f"))
-    lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms), the headline; "
-                 f"fwd/bwd/opt: {run.steps} steps, each phase between synchronisations; wall s: from the start to "
-                 "do_bench's figure, caches empty (flagged over 10 min); MFU on do_bench's figure")
-    if len(r.get("peak_mem_by_device") or {}) > 1:
-        lines.append("peak per device: " + ", ".join(f"{d} {b / GIB:.1f} GiB"
-                                                     for d, b in r["peak_mem_by_device"].items()))
-    lines.append(bench_attention.where_it_stands([(f"yours ({lb['method']})", lb["ms"])], PUBLISHED_2026, device,
-                                                 run.size != "leaderboard-full"))
-    return "\n\n".join(lines)
-
-
 def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
     """--leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
     if args.dry_run:
@@ -918,10 +875,8 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
         record["status"] = common.failure_status(exc)
     if parallel.is_rank_zero():
         files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
-        files.append_record(record)
-        text = leaderboard_report(run, record)
-        files.markdown.write_text(text + "\n")
-        print(f"{text}\n\nwrote {files.markdown} and {files.jsonl}")
+        if published := report.publish("leaderboard-2026", [record], files, args.fmt, append=[record]):
+            return published  # 130: Ctrl-C while the report was written
     return 0 if finished(record) else 1
 
 

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kernel_tables
-from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN,
-                     RUN_KEY, ArgParser, ModelConfig, PairedRatio, Record, ResultFiles, Setting,
+from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEADERBOARD_2025_SHAPE,
+                     LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
+                     ModelConfig, PairedRatio, Record, ResultFiles, Setting,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
                      emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number,
                      pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
@@ -475,7 +476,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
                f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
                "kernel is still timed") if tolerances else ""
-    return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."])
+    standing = attention_standing(records, fmt)
+    return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."] + ["", standing] * bool(standing))
 
 
 # ---- mem_profile tables ----
@@ -781,6 +783,88 @@ def render_toy(records: list[Record], fmt: str, columns: list[str] | None = None
     return "\n".join(lines + [render_table(rows, columns, fmt)])
 
 
+# ---- the leaderboards ----
+
+# The published figures (name, ms, GPU, when): 2026's training step (stanford-cs336/assignment2-systems-leaderboard)
+# and 2025's FlashAttention-2 (the 2025 handout, section 1.3.3)
+PUBLISHED = {"2026": [("2026 naive baseline", 10_000.0, "two B200s", "Spring 2026"),
+                      ("2026 best", 6_199.0, "two B200s", "Spring 2026")],
+             "2025": [("2025 naive baseline", 80.0, "one H100", "Spring 2025"),
+                      ("2025 best", 5.364, "one H100", "Spring 2025")]}
+LEADERBOARD_COLUMNS = [RUN_COLUMN, "step ms", "method", "fwd ms", "bwd ms", "opt ms", "split step ms",
+                       "peak mem GiB", "MFU %", "wall s", "status"]
+
+
+def where_it_stands(yours: list[tuple[str, float | None]], year: str, device_name: str, scaled: bool,
+                    fmt: str) -> str:
+    """The published leaderboard figures beside yours, and what compares."""
+    rows = [{"": name, "ms": ms, "GPU": device_name, "when": "this run"} for name, ms in yours]
+    rows += [{"": name, "ms": ms, "GPU": gpu, "when": when} for name, ms, gpu, when in PUBLISHED[year]]
+    note = ("scaled-down shape: not comparable with the published figures" if scaled else
+            "only a run on the same GPU compares with a published figure")
+    return f"## Where it stands\n\n{render_table(rows, ['', 'ms', 'GPU', 'when'], fmt, floatfmt=',.3f')}\n\n{note}"
+
+
+def attention_standing(records: list[Record], fmt: str) -> str | None:
+    """leaderboard-2025's records: each implementation's do_bench figure beside the published ones."""
+    timed = [r for r in records if r["config"].get("leaderboard")]
+    if not timed:
+        return None
+    yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})" + " WRONG" * r["status"].startswith("WRONG"),
+              r["leaderboard"]["ms"]) if "leaderboard" in r else (f"{r['config']['impl']}: {r['status']}", None)
+             for r in timed]
+    c = timed[0]["config"]
+    scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
+    return where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)
+
+
+def leaderboard_header(config: Record) -> str:
+    """What ran: your model and optimizer, the shape (the leaderboard's, changed, or scaled down), the layout."""
+    m, batch = config["model"], config["batch_size"] * config["world_size"]
+    exact = ModelConfig(**m) == LEADERBOARD and batch == LEADERBOARD_BATCH
+    shape = ("the leaderboard's shape" + ("" if exact else ", changed") if config["size"] == "leaderboard-full"
+             else "a scaled-down shape (the leaderboard's: d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab "
+                  "151936, context 32768, batch 2)")
+    spread = f"{config['parallel']} over {config['world_size']} ranks" if config["parallel"] else "one process"
+    name = config.get("model_name") or config.get("model_factory") or "ours"
+    return (f"# 2026 leaderboard: {name}, optimizer {config['optimizer']}\n\n"
+            f"{shape}: d_model {m['d_model']}, d_ff {m['d_ff']}, {m['num_layers']} layers, {m['num_heads']} heads, "
+            f"vocab {m['vocab_size']}, context {m['context_length']}, batch {batch} ({spread}), bf16 autocast, causal")
+
+
+def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """Each --leaderboard run: what ran, do_bench's figure and the split the leaderboard does not show, where it
+    stands."""
+    sections = []
+    for r in records:
+        env, check = r["environment"], r.get("check")
+        said = "" if check is None else (f"; reference {check['reference']}, check "
+                                         + ("passed" if check["ok"] else "failed"))
+        lines = [leaderboard_header(r["config"]), f"device: {env['device_name']}; torch {env['torch']}{said}"]
+        if not finished(r):
+            sections.append("\n\n".join(lines + [r["status"]]))
+            continue
+        lb = r["leaderboard"]
+        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"],
+               "bwd ms": r["backward_ms_mean"], "opt ms": r["optimizer_ms_mean"], "split step ms": r["step_ms_mean"],
+               "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
+               "MFU %": 100 * lb["mfu"] if lb.get("mfu") else None,
+               "wall s": r["wall_s"], "status": r["status"] + ("; over 10 min" if r["over_10_min"] else "")}
+        shown = pick_columns(with_run_column(LEADERBOARD_COLUMNS[1:], records), columns, fmt, LEADERBOARD_COLUMNS)
+        lines.append(render_table([row], shown, fmt, floatfmt=",.1f"))
+        lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms), the "
+                     f"headline; fwd/bwd/opt: {r['config']['steps']} steps, each phase between synchronisations; "
+                     "wall s: from the start to do_bench's figure, caches empty (flagged over 10 min); MFU on "
+                     "do_bench's figure")
+        if len(r.get("peak_mem_by_device") or {}) > 1:
+            lines.append("peak per device: " + ", ".join(f"{d} {b / GIB:.1f} GiB"
+                                                         for d, b in r["peak_mem_by_device"].items()))
+        lines.append(where_it_stands([(f"yours ({lb['method']})", lb["ms"])], "2026", env["device_name"],
+                                     r["config"]["size"] != "leaderboard-full", fmt))
+        sections.append("\n\n".join(lines))
+    return "\n\n".join(sections)
+
+
 # ---- the experiments ----
 
 # experiment -> (render: (records, fmt, --columns) -> report, what --columns may name)
@@ -790,6 +874,7 @@ RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str
     "mem_profile": (render_memory, lambda records: MEMORY_PEAK_COLUMNS),
     "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
     "toy_autocast": (render_toy, toy_columns),
+    "leaderboard-2026": (render_leaderboard, lambda records: LEADERBOARD_COLUMNS),
 }
 
 

@@ -135,6 +135,13 @@ PRESETS_2026 = {"tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARG
 PRESETS_2025 = {"tiny": TINY, "small": _SMALL, "medium": _MEDIUM, "large": _LARGE,
                 "xl": ModelConfig(d_model=1600, d_ff=6400, num_layers=48, num_heads=25), "2.7B": _D2560}
 
+# The 2026 leaderboard (stanford-cs336/assignment2-systems-leaderboard): the staff model at this shape, batch 2
+LEADERBOARD = ModelConfig(d_model=4096, d_ff=11008, num_layers=34, num_heads=32, vocab_size=151_936,
+                          context_length=32_768)
+LEADERBOARD_BATCH = 2
+# 2025's leaderboard (the 2025 handout, section 1.3.3): FlashAttention-2 on (heads, seq, d), bf16, causal
+LEADERBOARD_2025_SHAPE = (16, 16_384, 64)
+
 
 @dataclass(frozen=True)
 class Handout:

@@ -459,6 +459,8 @@ def test_leaderboard_2025_times_the_snippet_beside_naive_and_sdpa_and_flags_a_dr
     assert "scaled-down shape on a CPU" in out and "scaled-down shape: not comparable" in out
     stands = out[out.index("## Where it stands"):]
     assert "bad (sync timer) WRONG" in stands and "| 2025 best" in stands and "5.364" in stands
+    saved = next((tmp_path / "attention").glob("*.md")).read_text()  # the saved report has it too
+    assert stands.split("\nwrote ")[0].strip() in saved
 
 
 def test_leaderboard_time_runs_the_counts_the_ranks_agreed_on():
