@@ -59,7 +59,7 @@ import results
 import runner
 from common import (DTYPES, SyncTimer, annotate, environment, machine_load, matmul_precision_key, peak_memory_bytes,
                     peak_tflops, precision_context, reset_peak_memory, resolve_device, set_ranges)
-from model import ATTENTION, build_model, build_optimizer, cross_entropy
+from model import ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
 from parallel import DEFAULT_PG_TIMEOUT_S
 from report import E2E_COLUMNS, SEARCH_START, config_key, context_searches, probe_contexts, sizes_table, variants
 from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, GIB, LEADERBOARD, LEADERBOARD_BATCH, MODES,
@@ -347,17 +347,6 @@ class RunConfig:
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
 
 
-def check_logits(logits: Any, run: RunConfig) -> None:
-    """A model must map token ids (batch, seq) to floating-point logits (batch, seq, vocab); a ValueError
-    naming it otherwise (checked on the first forward only: a shape and a dtype, no synchronisation)."""
-    expected = (run.batch_size, run.context_length, run.model.vocab_size)
-    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
-        return
-    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
-    raise ValueError(f"{run.model_name or run.model_factory or 'the model'} returned {got} for token ids "
-                     f"{expected[:2]}; expected floating-point logits (batch, seq, vocab) = {expected}")
-
-
 class Workload:
     """Model, optimizer and one random batch on the device, and a step's three phases. Under --parallel this process
     is one rank of a process group already joined: the model is in DDP or FSDP2 and the batch is this rank's."""
@@ -393,7 +382,8 @@ class Workload:
         with grad_mode, precision_context(self.device, self.run.dtype):
             logits = (self.model if eager else self.callable_model)(self.tokens)
             if not self.logits_checked:
-                check_logits(logits, self.run)
+                check_logits(logits, tuple(self.tokens.shape), self.run.model.vocab_size,
+                             self.run.model_name or self.run.model_factory)
                 self.logits_checked = True
             return cross_entropy(logits, self.targets)
 

@@ -45,7 +45,7 @@ import report
 import results
 import runner
 from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
-from model import ATTENTION, build_model, build_optimizer, cross_entropy
+from model import ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
 from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
 
@@ -185,17 +185,6 @@ def first_block(model: nn.Module, run: MemConfig) -> nn.Module:
     return blocks[0]
 
 
-def check_logits(logits: Any, run: MemConfig) -> None:
-    """Your model must map token ids (batch, seq) to logits (batch, seq, vocab); one line naming it if not."""
-    expected = (run.batch_size, run.context_length, run.model.vocab_size)
-    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
-        return
-    got = (f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor)
-           else f"a {type(logits).__name__}")
-    raise ValueError(f"{run.model_factory or 'the model'} returned {got} for token ids {expected[:2]}; "
-                     f"expected floating-point logits (batch, seq, vocab) = {expected}")
-
-
 @contextlib.contextmanager
 def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
     """The model and token ids on fake tensors of `device` (a real run's graph, shapes and autocast dtypes, no
@@ -226,7 +215,8 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
         mark("forward")
         with precision_context(device, run.dtype):
             logits = forward(tokens)
-            check_logits(logits, run)
+            check_logits(logits, (run.batch_size, run.context_length), run.model.vocab_size,
+                         run.model_factory)
             loss = cross_entropy(logits, targets)
         if run.mode != "forward":
             mark("backward")
@@ -338,7 +328,9 @@ def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake:
             with saved_tensors(describe, exclude=resident) as saved, made:
                 with torch.enable_grad(), precision_context(device, run.dtype):
                     logits = model(tokens)
-                    check_logits(logits, run)  # before the loss: one line, not a fake-tensor traceback
+                    # before the loss: one line, not a fake-tensor traceback
+                    check_logits(logits, (run.batch_size, run.context_length), run.model.vocab_size,
+                                 run.model_factory)
                     loss = cross_entropy(logits, tokens)
             if backward:
                 with made:

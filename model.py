@@ -245,6 +245,17 @@ def build_model(cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0
     return model
 
 
+def check_logits(logits: object, tokens_shape: tuple[int, int], vocab_size: int, name: str | None) -> None:
+    """A model must map token ids (batch, seq) to floating-point logits (batch, seq, vocab); a ValueError naming it
+    otherwise (the scripts check a student's model once, on its first forward: a shape and a dtype, no sync)."""
+    expected = (*tokens_shape, vocab_size)
+    if isinstance(logits, torch.Tensor) and tuple(logits.shape) == expected and logits.is_floating_point():
+        return
+    got = f"{tuple(logits.shape)} {logits.dtype}" if isinstance(logits, torch.Tensor) else f"a {type(logits).__name__}"
+    raise ValueError(f"{name or 'the model'} returned {got} for token ids {tokens_shape}; expected floating-point "
+                     f"logits (batch, seq, vocab) = {expected}")
+
+
 def build_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
     """ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); else MODULE:CLASS, built as
     CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)."""
