@@ -113,10 +113,16 @@ def test_budget_drops_the_largest_sizes_first_on_a_gpu():
     plan = study.build_plan(args, machine)
     commands = {c.name: c for p in plan for c in p.commands}
     assert "predicted state" in commands["e2e_10B"].skipped and "free GPU memory" in commands["e2e_10B"].skipped
+    estimate = {c.name: c.estimate() for p in plan for c in p.commands}  # a dropped one's is 0 after
     dropped = study.apply_budget(plan, 3600, 1.0)
     assert dropped[0].endswith("_xl") and "e2e_small" not in dropped and "precision_demo" not in dropped
-    assert sum(c.estimate() for p in plan for c in p.commands) <= 3600 or not [
-        c for p in plan for c in p.commands if c.drop and not c.skipped]
+    kept = [c for p in plan for c in p.commands if not c.skipped]
+    total = sum(c.estimate() for c in kept)
+    assert total <= 3600 or not any(c.drop for c in kept)  # it fits, unless nothing droppable is left
+    assert total + estimate[dropped[-1]] > 3600  # no more dropped than needed
+    ranks = [(commands[name].drop, estimate[name]) for name in dropped]
+    assert ranks == sorted(ranks, reverse=True)  # in the stated order: highest drop rank, then the longest
+    assert all((c.drop, c.estimate()) <= min(ranks) for c in kept if c.drop)  # nothing kept outranks a drop
 
 
 def test_memory_profiling_f_counts_the_compiled_block_beside_the_handouts_figure():
