@@ -134,10 +134,12 @@ def labelled_ticks(labels) -> int:
     return len([t for t in labels if t.get_text()])
 
 
-def check_axes(fig) -> None:
-    """Log axes carry several labelled ticks; no legend inside an axes that holds bars."""
+def check_axes(fig, log: str = "") -> None:
+    """`log` ("x", "y", "xy"): the axes every panel draws on a log scale; log axes carry several labelled ticks;
+    no legend inside an axes that holds bars."""
     fig.savefig(Path("/dev/null"), format="png")
     for ax in fig.axes:
+        assert all(getattr(ax, f"get_{axis}scale")() == "log" for axis in log), (log, ax.get_xlabel())
         if ax.get_yscale() == "log":
             assert labelled_ticks(ax.get_yticklabels()) > 1, ax.get_ylabel()
         if ax.get_xscale() == "log":
@@ -153,6 +155,7 @@ def test_e2e_figures_from_records():
     assert set(made) == {"phases", "speedup", "warmup"}
     for fig in made.values():
         check_axes(fig)
+    check_axes(made["warmup"], log="y")
     speedup = made["speedup"].axes[0]
     heights = [round(p.get_height(), 2) for p in speedup.patches]
     assert heights[0::2] == [2.0, 2.0, 2.0]  # fp32 20 ms / bf16 10 ms at warm-up 0: fwd, fwd+bwd, step
@@ -170,13 +173,13 @@ def test_a_null_where_a_number_is_expected_draws_the_rest():
 
 def test_precision_and_attention_figures_label_their_log_axes(precision_run):
     records = [json.loads(line) for line in (precision_run / "run.jsonl").read_text().splitlines()]
-    check_axes(report.figures("precision_demo", records)["sums"])
+    check_axes(report.figures("precision_demo", records)["sums"], log="xy")
     attention = [{"experiment": "bench_attention", "status": "ok" if seq < 64 else "OOM", "environment": ENV,
                   "config": {"impl": impl, "d": 16, "seq_len": seq, "dtype": "fp32", "batch_size": 1},
                   "forward_ms_mean": seq * f, "backward_ms_mean": 2 * seq * f, "saved_tensor_bytes": seq**2 * 4096}
                  for impl, f in (("naive", 0.011), ("sdpa", 0.007)) for seq in (16, 32, 64)]
     fig = report.figures("bench_attention", attention)["attention"]
-    check_axes(fig)
+    check_axes(fig, log="xy")
     assert {line.get_label() for line in fig.axes[0].get_lines()} == {"naive 16", "sdpa 16"}
 
 
@@ -196,7 +199,7 @@ def test_memory_figures_against_context_and_checkpoint_size():
     made = report.figures("mem_profile", [memory(ctx, k) for ctx in (16, 32) for k in (0, 1, 2)])
     assert set(made) == {"memory_context", "memory_checkpoint"}
     for fig in made.values():
-        check_axes(fig)
+        check_axes(fig, log="y")
     ax = made["memory_checkpoint"].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0 (off)", "1", "2"]
     assert "predicted peak, train fp32 ctx 16" in {line.get_label() for line in ax.get_lines()}
