@@ -1163,8 +1163,8 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
         for name, points in lines.items():
             ax.plot(*zip(*sorted(points)), marker="o", label=name)
         if failed:
-            ax.scatter([r["config"]["seq_len"] for r in failed], [0.96] * len(failed), marker="X",
-                       color="red", transform=ax.get_xaxis_transform(), label="failed (OOM, error, skipped)",
+            ax.scatter([r["config"]["seq_len"] for r in failed], [0.96] * len(failed), marker="X", color="red",
+                       transform=ax.get_xaxis_transform(), label="not drawn: OOM, error, skipped, WRONG",
                        clip_on=False)
         log_axes(ax, "sequence length", label)
     return legend_outside(fig, axes[0])
