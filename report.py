@@ -1052,7 +1052,7 @@ def legend_outside(fig: Any, ax: Any) -> Any:
     """The legend right of the axes, where it covers no bar or line; returns the figure."""
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="outside right upper", fontsize=8)
+        fig.legend(handles, labels, loc="outside right center", fontsize=8)  # clear of the suptitle
     return fig
 
 
@@ -1103,14 +1103,19 @@ def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
     bars = [(row, name) for row in rows for name in names[1:]]
     fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}",
                             width=max(6.4, 1.2 * len(bars) + 2))
-    width = 0.8 / len(spec["ratios"])
+    width, spans = 0.8 / len(spec["ratios"]), []
     for i, label in enumerate(spec["ratios"]):
         xs = [j + (i - (len(spec["ratios"]) - 1) / 2) * width for j in range(len(bars))]
         found = [row.get(f"{label} speed-up: {name}") for row, name in bars]
         ax.bar(xs, [s.ratio if isinstance(s, PairedRatio) else math.nan for s in found], width, label=label)
+        spans += [(x, s) for x, s in zip(xs, found) if isinstance(s, PairedRatio) and s.low is not None]
         for x, s in zip(xs, found):
             if isinstance(s, str):  # OOM, error: said where the bar would be
                 ax.annotate(s, (x, 1.0), rotation=90, ha="center", va="bottom", fontsize=7)
+    if spans:  # the comparison's 95% intervals, where the variants were paired
+        ax.errorbar([x for x, _ in spans], [s.ratio for _, s in spans], fmt="none", color="black", capsize=3,
+                    yerr=[[s.ratio - s.low for _, s in spans], [s.high - s.ratio for _, s in spans]],
+                    label="95% interval")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}"
                                      + (f" warm-up {row['warmup']}" if "warmup" in row else "") + f"\n{name}"

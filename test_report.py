@@ -13,6 +13,7 @@ import pytest
 
 import precision_demo
 import report
+import results
 
 HERE = Path(__file__).resolve().parent
 
@@ -161,6 +162,26 @@ def test_e2e_figures_from_records():
     assert heights[0::2] == [2.0, 2.0, 2.0]  # fp32 20 ms / bf16 10 ms at warm-up 0: fwd, fwd+bwd, step
     assert [t.get_text() for t in speedup.texts] == ["OOM"] * 3  # the OOM row's status where its bars would be
     assert "warm-up 1" in {line.get_label() for line in made["warmup"].axes[0].get_lines()}
+
+
+def test_paired_speed_ups_carry_their_intervals_as_error_bars():
+    def paired(dtype, step):
+        r = e2e(dtype, 0, step)
+        r.update(backward_ms=r["forward_ms"], optimizer_ms=r["forward_ms"],
+                 pairing={"group": "g", "rounds": [[i, i + 1] for i in range(len(step))]})
+        return r
+
+    fp32 = [20.0 + i % 3 for i in range(12)]
+    records = [paired("fp32", fp32), paired("bf16", [s / (1.9 + 0.05 * (i % 4)) for i, s in enumerate(fp32)])]
+    ax = report.figures("bench_e2e", records)["speedup"].axes[0]
+    from matplotlib.container import ErrorbarContainer
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert bars.get_label() == "95% interval"
+    (segments,) = bars.lines[2]
+    lows, highs = zip(*[(seg[0][1], seg[1][1]) for seg in segments.get_segments()])
+    found = results.paired_ratio(fp32, records[1]["step_ms"])
+    assert all(1.9 <= low < high <= 2.1 for low, high in zip(lows, highs))
+    assert (round(lows[-1], 6), round(highs[-1], 6)) == (round(found.low, 6), round(found.high, 6))  # the step's
 
 
 def test_a_null_where_a_number_is_expected_draws_the_rest():
