@@ -1043,7 +1043,8 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
     ax.yaxis.set_minor_locator(NullLocator())
     if x_base:
         ax.set_xscale("log", base=x_base)
-        ticked = xs[::math.ceil(len(xs) / 10)]  # at most 10
+        # base 2 (sequence lengths, sizes): at the plotted x, at most 10; base 10: 1, 2, 5 x 10^k
+        ticked = xs[::math.ceil(len(xs) / 10)] if x_base == 2 else log_ticks(xs[0], xs[-1])
         ax.set_xticks(ticked, [f"{x:g}" for x in ticked])
         ax.xaxis.set_minor_locator(NullLocator())
 
@@ -1214,10 +1215,13 @@ def plot_precision(records: list[Record], notes: Notes) -> Any | None:
     if not cases:
         return None
     fig, (ax_sum, ax_err) = new_figure(cases, "Accumulating in low precision", ncols=2, width=5.6)
+    n, _ = zip(*cases[0]["partial_sums"])
+    ax_sum.plot(n, [k * cases[0]["value"] for k in n], color="0.75", linewidth=4, label=f"exact: n x {cases[0]['value']:g}")
     for i, r in enumerate(cases):
         n, sums = zip(*r["partial_sums"])
-        label = f"case {r['case']}: {r['accumulator_dtype']} += {r['addend_dtype']}" + (
-            f" ({run_of(r)})" if is_merged(records) else "")
+        label = (f"case {r['case']}: {r['accumulator_dtype']} += {r['addend_dtype']}"
+                 + " -> float32" * bool(r.get("addend_converted_to_float32"))
+                 + (f" ({run_of(r)})" if is_merged(records) else ""))
         style = ["-", "--", "-.", ":"][i % 4]  # cases that coincide stay visible
         ax_sum.plot(n, sums, style, marker=".", label=label)
         # an exact partial sum has no place on a log axis: a gap (nan), not a made-up value

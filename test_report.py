@@ -194,7 +194,11 @@ def test_a_null_where_a_number_is_expected_draws_the_rest():
 
 def test_precision_and_attention_figures_label_their_log_axes(precision_run):
     records = [json.loads(line) for line in (precision_run / "run.jsonl").read_text().splitlines()]
-    check_axes(report.figures("precision_demo", records)["sums"], log="xy")
+    sums = report.figures("precision_demo", records)["sums"]
+    check_axes(sums, log="xy")
+    labels = [line.get_label() for line in sums.axes[0].get_lines()]
+    assert len(set(labels)) == len(labels) == len(records) + 1  # each case told apart, and the exact sum
+    assert "case 4: float32 += float16 -> float32" in labels and "exact: n x 0.01" in labels
     attention = [{"experiment": "bench_attention", "status": "ok" if seq < 64 else "OOM", "environment": ENV,
                   "config": {"impl": impl, "d": 16, "seq_len": seq, "dtype": "fp32", "batch_size": 1},
                   "forward_ms_mean": seq * f, "backward_ms_mean": 2 * seq * f, "saved_tensor_bytes": seq**2 * 4096}
