@@ -1021,10 +1021,14 @@ def new_figure(records: list[Record], title: str, ncols: int = 1, width: float =
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
-    """Ticks at 1, 2, 5 x 10^k between lo and hi (decades only when they are many), at least two: matplotlib's
-    log locator labels only decades, so a range within one decade would show a single label."""
-    ticks = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
-             for m in (1, 2, 5) if lo <= m * 10.0**e <= hi]
+    """Ticks at 1, 2, 5 x 10^k between lo and hi, and the next one out where an end of the data lies within 1.5x
+    of it (so the highest line is not left above the last label); decades only when they are many; at least two:
+    matplotlib's log locator labels only decades, so a range within one decade would show a single label."""
+    steps = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+             for m in (1, 2, 5)]
+    below, above = max(t for t in steps if t <= lo), min(t for t in steps if t >= hi)
+    ticks = sorted({t for t in steps if lo <= t <= hi} | ({below} if lo <= 1.5 * below else set())
+                   | ({above} if above <= 1.5 * hi else set()))
     ticks = [t for t in ticks if f"{t:.0e}"[0] == "1"] if len(ticks) > 8 else ticks
     return ticks if len(ticks) >= 2 else sorted({float(f"{lo:.2g}"), float(f"{hi:.2g}")})
 

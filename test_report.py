@@ -164,6 +164,15 @@ def test_e2e_figures_from_records():
     assert "warm-up 1" in {line.get_label() for line in made["warmup"].axes[0].get_lines()}
 
 
+@pytest.mark.parametrize("lo,hi,ticks", [
+    (17, 482, [20, 50, 100, 200, 500]),  # the top line near 500 gets that label, not left above 200
+    (200, 290, [200, 290]),  # within one step: the ends themselves
+    (1, 1000, [1, 10, 100, 1000]),  # many: decades only
+])
+def test_log_axes_label_every_line_between_two_ticks(lo, hi, ticks):
+    assert report.log_ticks(lo, hi) == ticks
+
+
 def test_paired_speed_ups_carry_their_intervals_as_error_bars():
     def paired(dtype, step):
         r = e2e(dtype, 0, step)
