@@ -169,7 +169,7 @@ def test_e2e_figures_from_records():
     (200, 290, [200, 290]),  # within one step: the ends themselves
     (1, 1000, [1, 10, 100, 1000]),  # many: decades only
 ])
-def test_log_axes_label_every_line_between_two_ticks(lo, hi, ticks):
+def test_log_ticks_reach_an_end_of_the_data_that_lies_near_the_next_tick(lo, hi, ticks):
     assert report.log_ticks(lo, hi) == ticks
 
 
