@@ -407,8 +407,11 @@ def test_flash_grid_plan_and_its_table_fits_160_characters(student, tmp_path, ca
     assert header == ["d", "seq", "dtype", "impl", "naive fwd", "naive bwd", "naive fwd+bwd",
                       "fwd ms", "bwd ms", "fwd+bwd ms", "speed-up", "check"]
     assert len(table) == 2 + 2 * 2 * 2 * 2  # a row per (d, seq, dtype, impl)
-    assert max(map(len, table)) <= 160 + 8  # 160 with short timings; a loaded machine's widen the number cells
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    # 160 characters while times have at most 3 integer digits and speed-ups 1 (a loaded machine's may not)
+    usual = all(float(x) < 100 for row in rows for x in row[4:10]) and all(
+        float(x) < 10 for row in rows for x in row[10].rstrip("x").split("/"))
+    assert max(map(len, table)) <= 160 or not usual
     assert {(row[3], row[-1]) for row in rows} == {("flash", "ok"),
                                                   ("no_mask", "WRONG: non-causal")}
 
