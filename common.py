@@ -113,17 +113,17 @@ def synchronize(device: torch.device) -> None:
 class SyncTimer:
     """Seconds, the device synchronised at both clock reads: `with SyncTimer(device) as t:`, t.elapsed_s."""
 
-    def __init__(self, device: torch.device | None = None, sync: Callable[[], None] | None = None):
-        self._sync = sync or (lambda: synchronize(device or torch.device("cpu")))
+    def __init__(self, device: torch.device | None = None):
+        self.device = device or torch.device("cpu")
         self.elapsed_s = float("nan")
 
     def __enter__(self) -> SyncTimer:
-        self._sync()
+        synchronize(self.device)
         self._start = timeit.default_timer()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._sync()
+        synchronize(self.device)
         self.elapsed_s = timeit.default_timer() - self._start
 
     def time(self, fn: Callable[[], Any]) -> tuple[Any, float]:

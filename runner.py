@@ -378,10 +378,6 @@ class Bisection:
         else:
             self.fails = min(self.fails, size)
 
-    @property
-    def resolved(self) -> bool:
-        return self.fits // self.resolution + 1 > -(-self.fails // self.resolution) - 1
-
 
 class Sweep:
     """The state of one run_configurations: records so far, the skip rule, progress counts, searches."""

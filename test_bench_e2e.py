@@ -134,17 +134,13 @@ def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
     work = bench_e2e.Workload(run)
     order = []
 
-    class RecordingTimer(common.SyncTimer):
-        def __init__(self, device):
-            super().__init__(sync=lambda: order.append("sync"))
-
     @contextlib.contextmanager
     def annotate(name):  # the phase's range: its timer runs inside it
         order.append(name)
         yield
         order.append("/" + name)
 
-    monkeypatch.setattr(bench_e2e, "SyncTimer", RecordingTimer)
+    monkeypatch.setattr(common, "synchronize", lambda device: order.append("sync"))
     monkeypatch.setattr(bench_e2e, "annotate", annotate)
     times = bench_e2e.run_step(work)
     assert order == ["sync", "forward", "sync", "sync", "/forward", "backward", "sync", "sync", "/backward",
@@ -393,11 +389,11 @@ def test_search_answers_and_the_bisection_budget():
     while (size := bisection.next_size()) is not None:
         tried.append(size)
         bisection.record(size, fits=size < 400)  # the fake limit: 399
-    assert tried == [384, 448] and (bisection.fits, bisection.fails) == (384, 448) and bisection.resolved
+    assert tried == [384, 448] and (bisection.fits, bisection.fails) == (384, 448)  # resolved: 64 apart
     spent = runner.Bisection(fits=1024, fails=2048, resolution=64, budget=2)
     for _ in range(2):
         spent.record(spent.next_size(), fits=True)
-    assert spent.next_size() is None and not spent.resolved
+    assert spent.next_size() is None and spent.fails - spent.fits > spent.resolution  # the budget ended it
 
     def answer(*probes, cap=4096, budget=8):
         seen = [{"context_length": n, "status": s} for n, s in probes]
