@@ -625,6 +625,11 @@ def md_to_tex(markdown: str) -> str:
     return "\n".join(out)
 
 
+def demoted(markdown: str) -> str:
+    """A script's report inside a problem's section: its headings one level down, the rest as written."""
+    return re.sub(r"^(#{1,5}) ", r"#\1 ", markdown, flags=re.MULTILINE)
+
+
 def writeup(study, plan, machine, args) -> str:
     """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
@@ -659,7 +664,8 @@ def writeup(study, plan, machine, args) -> str:
             sources += runs  # the facts come from the runs' own records
         for name in dict.fromkeys(tables):
             files = study.files(name)
-            out += [files[k].read_text().rstrip("\n") + "\n" for k in sorted(files) if k.startswith("md")]
+            out += [demoted(files[k].read_text().rstrip("\n")) + "\n" for k in sorted(files)
+                    if k.startswith("md")]
             out += [f"![{files[k].name}]({os.path.relpath(files[k], study.root)})\n" for k in sorted(files)
                     if k.endswith(".png")]
         try:
