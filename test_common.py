@@ -80,7 +80,7 @@ def test_timer_uses_cuda_synchronize_for_a_cuda_device(monkeypatch):
 
 def test_timer_measures_real_time():
     _, seconds = SyncTimer().time(lambda: time.sleep(0.05))
-    assert 0.045 < seconds < 0.5
+    assert 0.045 < seconds < 5  # a loaded machine may wake the sleeper late
 
 
 def test_precision_context_dtypes_on_cpu():

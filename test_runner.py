@@ -192,14 +192,15 @@ def gone(pid, timeout_s=15):
 def test_every_failure_in_a_child_is_a_row_and_later_configurations_run(tmp_path, capsys):
     faults = "error16_hang24_kill32_exit40_long48_oom64"
     contexts = ["8", "16", "24", "32", "40", "48", "56", "64", "72"]
-    code = bench_e2e.main([*SMALL, "--context-length", *contexts, "--timeout", "4", "--model",
+    # --timeout: the hang's wait, and room for the others on a loaded machine (each takes ~0.5 s at idle)
+    code = bench_e2e.main([*SMALL, "--context-length", *contexts, "--timeout", "8", "--model",
                            f"faulty=test_faults_helper:{faults}", "--results-dir", str(tmp_path), "--out", "f"])
     assert code == 0
     records = read_records(tmp_path / "e2e" / "f.jsonl")
     statuses = [r["status"] for r in records]
     assert statuses[0] in ("ok", "noisy") and statuses[6] in ("ok", "noisy"), statuses
     assert statuses[1:6] + statuses[7:] == [
-        "error: RuntimeError: injected failure", "timeout after 4 s", "error: child process died with exit code -9",
+        "error: RuntimeError: injected failure", "timeout after 8 s", "error: child process died with exit code -9",
         "error: SystemExit: 0", f"error: RuntimeError: {test_faults_helper.LONG_MESSAGE}", "OOM",
         "skipped: OOM at ctx=64"]
     assert f"{test_faults_helper.LONG_MESSAGE} (" in capsys.readouterr().err  # whole on stderr too
