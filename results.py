@@ -205,13 +205,11 @@ def _check_preset(name: str, handout: Handout, also_valid: tuple[str, ...] = ())
 
 def expand_sizes(names: list[str], handout: str) -> list[str]:
     """--size values with 'all' replaced by the handout's Table 1 (in order, no repeats), each checked."""
-    sizes: list[str] = []
     chosen = get_handout(handout)
     for name in names:
         if name != "all":
             _check_preset(name, chosen, also_valid=("all",))
-        sizes += [s for s in (chosen.table1 if name == "all" else [name]) if s not in sizes]
-    return sizes
+    return list(dict.fromkeys(s for name in names for s in (chosen.table1 if name == "all" else [name])))
 
 
 def sizes_from(record: Record) -> str:
@@ -285,14 +283,11 @@ def summarize(samples: list[float]) -> dict[str, float | None]:
 
 def round_order(variants: int, round_index: int) -> list[int]:
     """0..n-1 in even rounds, reversed in odd ones: A B | B A | A B ..."""
-    order = list(range(variants))
-    return order if round_index % 2 == 0 else order[::-1]
+    return list(range(variants))[::-1 if round_index % 2 else 1]
 
 
 def block_sizes(steps: int, block: int) -> list[int]:
     """`steps` timed steps taken in blocks of `block`: each round's block size (the last may be shorter)."""
-    if steps < 1 or block < 1:
-        raise ValueError(f"steps and block must be positive, got {steps} and {block}")
     return [min(block, steps - start) for start in range(0, steps, block)]
 
 
@@ -304,15 +299,6 @@ def steps_per_block(step_s: float | None, steps: int, min_block_s: float) -> int
     return max(1, min(math.ceil(min_block_s / step_s), steps // MIN_ROUNDS_FOR_INTERVAL))
 
 
-def signed_rank_counts(n: int) -> list[int]:
-    """counts[t]: how many of the 2**n sign patterns of ranks 1..n have positive ranks summing to t."""
-    counts = [1] + [0] * (n * (n + 1) // 2)
-    for rank in range(1, n + 1):
-        for total in range(rank * (rank + 1) // 2, rank - 1, -1):
-            counts[total] += counts[total - rank]
-    return counts
-
-
 def signed_rank_depth(n: int) -> int | None:
     """The interval runs from the k-th smallest to the k-th largest Walsh average, for the largest k with
     P(T <= k - 1) <= (1 - CONFIDENCE) / 2; None when even k = 1 covers less (n < 6). Exact up to
@@ -322,7 +308,11 @@ def signed_rank_depth(n: int) -> int | None:
         sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
         z = statistics.NormalDist().inv_cdf(1.0 - tail)
         return max(1, math.floor(n * (n + 1) / 4.0 - z * sd + 0.5))
-    counts, below, k = signed_rank_counts(n), 0, 0
+    counts = [1] + [0] * (n * (n + 1) // 2)  # counts[t]: sign patterns of ranks 1..n whose positive ranks sum to t
+    for rank in range(1, n + 1):
+        for total in range(rank * (rank + 1) // 2, rank - 1, -1):
+            counts[total] += counts[total - rank]
+    below, k = 0, 0
     while (below + counts[k]) / 2**n <= tail:
         below += counts[k]
         k += 1
@@ -386,15 +376,6 @@ def speedup(baseline: Record, variant: Record, phases: tuple[str, ...]) -> Paire
     return PairedRatio(ratio_of_means(baseline, variant, phases), None, None, 0)
 
 
-def means_outside(found: PairedRatio, baseline: Record, variant: Record,
-                  phases: tuple[str, ...]) -> float | None:
-    """The ratio of the means when outside the paired interval (a few slow steps pull a mean), else None."""
-    if found.low is None:
-        return None
-    ratio = ratio_of_means(baseline, variant, phases)
-    return None if found.low <= ratio <= found.high else ratio
-
-
 def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]], pulled: list[str],
                    calls: str) -> list[str]:
     """Notes: intervals containing 1, too few rounds (name -> (rounds, option)), means outside intervals."""
@@ -411,9 +392,6 @@ def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]]
 class Drift:
     phase: str
     change: float  # the variant's mean / the baseline's mean - 1
-
-    def text(self) -> str:
-        return f"drift: {self.phase} changed by {self.change:+.0%}"
 
 
 def drift(baseline: Record, variant: Record, phase: str) -> Drift | None:
@@ -511,23 +489,16 @@ def environment_header(env: Record, **extra: Any) -> str:
 Setting = str | Callable[[Record], Any]  # a config key, or a function of the record
 
 
-def run_settings(records: list[Record], fields: dict[str, Setting]) -> dict[str, str]:
-    """label -> the values of `fields` (config keys or functions of a record) these records hold, joined with
-    'and'; a field no record has is left out."""
-    settings = {}
-    for label, field in fields.items():
-        values = [field(r) if callable(field) else (r.get("config") or {}).get(field) for r in records]
-        shown = [str(v) for v in dict.fromkeys(values) if v is not None]
-        if shown:
-            settings[label] = " and ".join(shown)
-    return settings
-
-
 def environment_lines(records: list[Record], settings: dict[str, Setting]) -> list[str]:
-    """The header above a report's tables: environment and run_settings; in a merge, a line per run."""
+    """The header above a report's tables: environment, then the values each of `settings` (config keys or
+    functions of a record) takes, joined with 'and' (none: left out); in a merge, a line per run."""
     lines = []
     for run, group in by_run(records).items():
-        found = run_settings(group, settings)
+        found = {}
+        for label, field in settings.items():
+            values = [field(r) if callable(field) else (r.get("config") or {}).get(field) for r in group]
+            if shown := [str(v) for v in dict.fromkeys(values) if v is not None]:
+                found[label] = " and ".join(shown)
         env = next((r["environment"] for r in group if "device_name" in (r.get("environment") or {})), None)
         line = environment_header(env, **found) if env else " | ".join(f"{k}: {v}" for k, v in found.items())
         lines.append(f"{run}: {line}" if is_merged(records) else line)
@@ -548,12 +519,10 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
     # in a merge where a configuration is in two runs, each run is compared within itself: nothing is dropped
-    runs_of: dict[tuple[str, str], set] = {}
-    for r in records:
-        runs_of.setdefault((key(r), variant(r)), set()).add(run_of(r))
-    groups = list(by_run(records).values()) if any(len(runs) > 1 for runs in runs_of.values()) else [records]
+    pairs = [(key(r), variant(r)) for r in records]
+    split = len(set(zip(map(run_of, records), pairs))) > len(set(pairs))
     by_row: dict[tuple[int, str], dict[str, Record]] = {}
-    for i, group in enumerate(groups):
+    for i, group in enumerate(by_run(records).values() if split else [records]):
         for r in group:
             by_row.setdefault((i, key(r)), {})[variant(r)] = r
 
@@ -601,7 +570,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                 if s.rounds and s.low is None:  # rounds are steps (calls), or whole runs (--interleave runs)
                     runs = (base.get("pairing") or {}).get("mode") == "runs"
                     few[name] = (s.rounds, "--repeats" if runs else more_rounds)
-                if (means := means_outside(s, base, r, phases)) is not None:
+                # a few slow steps pull a mean: the ratio of the means outside the paired interval
+                if s.low is not None and not s.low <= (means := ratio_of_means(base, r, phases)) <= s.high:
                     pulled.append(f"{where}{label} {name} {means:.2f}x")
             if per_variant:
                 failure = next((s for s in found_ratios.values() if not isinstance(s, PairedRatio)), None)
@@ -611,7 +581,7 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                 out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
             if (control and timed(base, (control,)) and timed(r, (control,))
                     and (moved := drift(base, r, control))):
-                others.append(f"{where}{moved.text()} ({name})")
+                others.append(f"{where}drift: {control} changed by {moved.change:+.0%} ({name})")
         # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
         noisy = [n for n, r in found.items() if r["status"] == "noisy" and n not in paired]
         others += [f"{where}noisy: {', '.join(noisy)}"] if noisy else []
@@ -658,34 +628,28 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
 MAX_STEM_BYTES = 200
 
 
-def stem_problem(text: str) -> str | None:
-    """Why `text` cannot be a result stem, or None."""
-    if not text:
-        return "must be a non-empty file-name stem"
-    if "/" in text or "\\" in text:  # os.sep and os.altsep are among them
-        return (f"must be a file-name stem without a folder, got {text!r} "
-                "(use --results-dir to choose the folder)")
-    if text[0] in ".-":
-        return f"must not start with '.' or '-', got {text!r}"
-    if not text.isprintable():
-        return f"must be printable characters only, got {text!r}"
-    if len(text.encode()) > MAX_STEM_BYTES:  # printable: no lone surrogates
-        return f"must be at most {MAX_STEM_BYTES} bytes long"
-    return None
-
-
 def result_stem(text: str) -> str:
     """--out: a plain file-name stem, checked at parse time."""
-    if problem := stem_problem(text):
-        raise argparse.ArgumentTypeError(problem)
-    return text
+    if not text:
+        problem = "must be a non-empty file-name stem"
+    elif "/" in text or "\\" in text:  # os.sep and os.altsep are among them
+        problem = f"must be a file-name stem without a folder, got {text!r} (use --results-dir to choose the folder)"
+    elif text[0] in ".-":
+        problem = f"must not start with '.' or '-', got {text!r}"
+    elif not text.isprintable():
+        problem = f"must be printable characters only, got {text!r}"
+    elif len(text.encode()) > MAX_STEM_BYTES:  # printable: no lone surrogates
+        problem = f"must be at most {MAX_STEM_BYTES} bytes long"
+    else:
+        return text
+    raise argparse.ArgumentTypeError(problem)
 
 
 def stem_from(name: str, default: str) -> str:
     """`name` made a stem by --out's rules (bad characters replaced, cut); `default` when nothing is left."""
     text = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in name).lstrip(".-")
     text = text.encode()[:MAX_STEM_BYTES].decode(errors="ignore")  # printable: no lone surrogates left
-    return text if text and stem_problem(text) is None else default
+    return text or default
 
 
 def results_folder(text: str) -> str:
@@ -740,39 +704,27 @@ class ResultFiles:
         wanted = stem or f"{default_stem}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.stem = self._reserve_stem(wanted, reserve)
+            for self.stem in itertools.chain([wanted], (f"{wanted}-{n}" for n in itertools.count(2))):
+                if any(p.name.startswith((self.stem + ".", self.stem + "_")) for p in self.folder.iterdir()):
+                    continue
+                # atomic: of two runs that both saw the stem free, exactly one creates the file
+                with contextlib.suppress(FileExistsError):
+                    os.close(os.open(self.path(reserve), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                    break
         except OSError as exc:
             exit_usage_error(f"cannot write results in {self.folder}: {exc.strerror or exc}")
-        self.reserved = self.path(reserve)
+        self.reserved, self.jsonl, self.markdown = self.path(reserve), self.path(".jsonl"), self.path(".md")
         if stem and self.stem != stem:
             progress(f"note: results for {stem!r} already exist; writing {self.stem!r} instead")
-
-    def _reserve_stem(self, stem: str, reserve: str) -> str:
-        for candidate in itertools.chain([stem], (f"{stem}-{n}" for n in itertools.count(2))):
-            if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
-                continue
-            # atomic: of two runs that both saw the stem free, exactly one creates the file
-            with contextlib.suppress(FileExistsError):
-                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
-                os.close(os.open(self.folder / f"{candidate}{reserve}", flags, 0o666))
-                return candidate
 
     def release(self) -> None:
         """Give the stem back when nothing was written: remove the empty reserved file."""
         with contextlib.suppress(OSError):
-            if self.records_written == 0 and self.reserved.is_file() and self.reserved.stat().st_size == 0:
+            if self.records_written == 0 and self.reserved.stat().st_size == 0:
                 self.reserved.unlink()
 
     def path(self, suffix: str) -> Path:
         return self.folder / f"{self.stem}{suffix}"
-
-    @property
-    def jsonl(self) -> Path:
-        return self.path(".jsonl")
-
-    @property
-    def markdown(self) -> Path:
-        return self.path(".md")
 
     def kept(self) -> str:
         if self.records_elsewhere:
@@ -787,27 +739,22 @@ class ResultFiles:
         raise SystemExit(1)
 
     def append_record(self, record: Record) -> None:
-        """One line of strict JSON, whole or not at all: os.write on O_APPEND (a buffered file writes a failed
-        remainder again on close), cut back when a write fails; then the record goes to stdout, exit 1."""
+        """One line of strict JSON, whole or not at all: unbuffered (a buffered file writes a failed remainder
+        again on close), cut back when a write fails; then the record goes to stdout, exit 1."""
         line = (to_json_line(record) + "\n").encode()
-        fd = end = None
         try:
-            fd = os.open(self.jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            end = os.fstat(fd).st_size
-            view = memoryview(line)
-            while view:  # a short write (a disk filling up): write the rest
-                view = view[os.write(fd, view):]
-        except BaseException as exc:
-            if end is not None:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, end)
-            if not isinstance(exc, OSError):
-                raise
+            with open(self.jsonl, "ab", buffering=0) as f:
+                end, view = f.tell(), memoryview(line)
+                try:
+                    while view:  # a short write (a disk filling up): write the rest
+                        view = view[os.write(f.fileno(), view):]
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        f.truncate(end)
+                    raise
+        except OSError as exc:
             emit(line.decode().rstrip("\n"))
             self._failed(self.jsonl, exc, "; the record that could not be written is printed on stdout")
-        finally:
-            if fd is not None:
-                os.close(fd)
         self.records_written += 1
 
     def _replace(self, path: Path, text: str) -> None:
