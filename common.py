@@ -99,8 +99,6 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str) -> torch.device:
 
 def precision_context(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
     """fp32: nothing. bf16 / fp16: torch.autocast on `device`; parameters stay fp32 (master weights)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
     return contextlib.nullcontext() if dtype == "fp32" else torch.autocast(device.type, dtype=DTYPES[dtype])
 
 
@@ -373,32 +371,27 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def machine_load(device: torch.device) -> dict[str, Any]:
-    """What else the machine was doing, read (untimed) around a measurement: the 1-minute load average (above
-    the usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's load too."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-                            "cpu_count": os.cpu_count(), "cpus_usable": usable}
-    if device.type == "cuda":
-        load.update(gpu_load(device))
-    return load
-
-
 # record key -> torch.cuda's reader of it (through NVML: needs pynvml)
 GPU_READERS = {"gpu_utilization_pct": "utilization", "gpu_temperature_c": "temperature",
                "gpu_power_mw": "power_draw", "gpu_sm_clock_mhz": "clock_rate"}
 
 
-def gpu_load(device: torch.device) -> dict[str, Any]:
-    """Utilisation, temperature, power, SM clock, other processes; {"nvml": why} when NVML is unreadable."""
+def machine_load(device: torch.device) -> dict[str, Any]:
+    """What else the machine was doing, read (untimed) around a measurement: the 1-minute load average (above
+    the usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's utilisation, temperature,
+    power, SM clock and other processes, or {"nvml": why} when NVML is unreadable."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                            "cpu_count": os.cpu_count(), "cpus_usable": usable}
+    if device.type != "cuda":
+        return load
     try:
-        out: dict[str, Any] = {key: getattr(torch.cuda, read)(device) for key, read in GPU_READERS.items()}
+        gpu = {key: getattr(torch.cuda, read)(device) for key, read in GPU_READERS.items()}
         listing = torch.cuda.list_gpu_processes(device)  # "process   1234 uses  512.000 MB GPU memory" lines
     except Exception as exc:  # noqa: BLE001 - no pynvml, no NVML, a MIG slice: the load is unknown
-        return {"nvml": f"unavailable: {type(exc).__name__}: {exc}"}
-    out["gpu_other_pids"] = [pid for pid in map(int, re.findall(r"process\s+(\d+)\s+uses", listing))
-                             if pid != os.getpid()]
-    return out
+        return {**load, "nvml": f"unavailable: {type(exc).__name__}: {exc}"}
+    pids = map(int, re.findall(r"process\s+(\d+)\s+uses", listing))
+    return {**load, **gpu, "gpu_other_pids": [pid for pid in pids if pid != os.getpid()]}
 
 
 # ---- failures as data ----

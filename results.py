@@ -417,14 +417,10 @@ MODEL_SHAPE_COLUMNS = ("d_model", "d_ff", "layers", "heads")  # LaTeX tables lea
 RUN_KEY, RUN_COLUMN = "_run", "run"  # a merged record's run (a key no script writes), and its column
 
 
-def report_suffix(fmt: str) -> str:
-    return REPORT_SUFFIXES.get(fmt, ".txt")
-
-
 def as_report_file(text: str, fmt: str) -> str:
     """A report as its file holds it; LaTeX: a file to \\input, every line outside the tables a comment."""
     if fmt not in LATEX_FORMATS:
-        return text if text.endswith("\n") else text + "\n"
+        return text
     out, in_table = [], False
     for line in text.splitlines():
         in_table = in_table or line.startswith(("\\begin{tabular}", "\\begin{longtable}"))
@@ -574,13 +570,11 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                 if s.low is not None and not s.low <= (means := ratio_of_means(base, r, phases)) <= s.high:
                     pulled.append(f"{where}{label} {name} {means:.2f}x")
             if per_variant:
-                failure = next((s for s in found_ratios.values() if not isinstance(s, PairedRatio)), None)
-                out.update({"speed-up": failure if failure or None in found_ratios.values() else found_ratios,
-                            **(cells(r, base) if cells else {})})
+                failure = (s for s in found_ratios.values() if not isinstance(s, PairedRatio))  # a status or None
+                out.update({"speed-up": next(failure, found_ratios), **(cells(r, base) if cells else {})})
             else:
                 out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
-            if (control and timed(base, (control,)) and timed(r, (control,))
-                    and (moved := drift(base, r, control))):
+            if control and base and r and (moved := drift(base, r, control)):
                 others.append(f"{where}drift: {control} changed by {moved.change:+.0%} ({name})")
         # a paired ratio says how sure it is (its interval); "noisy" is left for rows measured apart
         noisy = [n for n, r in found.items() if r["status"] == "noisy" and n not in paired]
@@ -772,16 +766,15 @@ class ResultFiles:
 
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:
         """Save the report `render(fmt)` makes: the .md always in markdown, the file of `fmt` beside it."""
-        text = render(fmt)
-        self._replace(self.markdown, text if report_suffix(fmt) == ".md" else render("github"))
-        if report_suffix(fmt) != ".md":
-            self._replace(self.path(report_suffix(fmt)), as_report_file(text, fmt))
+        text, suffix = render(fmt), REPORT_SUFFIXES.get(fmt, ".txt")
+        self._replace(self.markdown, text if suffix == ".md" else render("github"))
+        if suffix != ".md":
+            self._replace(self.path(suffix), as_report_file(text, fmt))
         return text
 
     def say_written(self, fmt: str, extra_paths: list[Any] = ()) -> None:
-        paths = [self.markdown] + ([self.path(report_suffix(fmt))] if report_suffix(fmt) != ".md" else [])
-        paths += [self.jsonl] if self.jsonl.is_file() else []
-        emit("\nwrote " + " and ".join(map(str, [*paths, *extra_paths])))
+        paths = dict.fromkeys([self.markdown, self.path(REPORT_SUFFIXES.get(fmt, ".txt")), self.jsonl, *extra_paths])
+        emit("\nwrote " + " and ".join(str(p) for p in paths if p != self.jsonl or p.is_file()))
 
     def publish(self, render: Callable[[str], str], fmt: str, extra_paths: list[Any] = ()) -> None:
         """Save the report, print it, say where the files are (files first: a closed stdout loses nothing)."""
