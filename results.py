@@ -910,15 +910,13 @@ def sizes_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace, nam
     except ConfigError as exc:
         parser.error(str(exc))
     mine = HANDOUTS[args.handout].presets
-    for size in sizes if args.handout_source == "default" else []:
-        for other in HANDOUTS.values():
-            theirs = other.presets.get(size, mine[size])
-            if theirs != mine[size]:
-                progress(f"note: {size} is handout {args.handout}'s {size} (d_model {mine[size].d_model}, "
-                         f"{mine[size].num_layers} layers), not handout {other.name}'s "
-                         f"(d_model {theirs.d_model}, {theirs.num_layers} layers): "
-                         f"for that one pass --handout {other.name} "
-                         f"(or set {HANDOUT_ENV}={other.name})")
+    for size, other in itertools.product(sizes if args.handout_source == "default" else [], HANDOUTS.values()):
+        if (theirs := other.presets.get(size, mine[size])) != mine[size]:
+            progress(f"note: {size} is handout {args.handout}'s {size} (d_model {mine[size].d_model}, "
+                     f"{mine[size].num_layers} layers), not handout {other.name}'s "
+                     f"(d_model {theirs.d_model}, {theirs.num_layers} layers): "
+                     f"for that one pass --handout {other.name} "
+                     f"(or set {HANDOUT_ENV}={other.name})")
     return sizes
 
 
