@@ -507,10 +507,9 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     per_variant: str | None = None,
                     cells: Callable[[Record, Record | None], Record] | None = None
                     ) -> tuple[list[str], list[Record], list[str]]:
-    """(variants, the first the baseline; rows; notes under the table). A row per `row(record)`: each
-    variant's time per `times` label, each other's PairedRatio per `ratios` label (phases summed), notes; a
-    failure shows its status. per_variant: a row per configuration and variant, one "speed-up" cell, then
-    `cells(record, baseline)`, notes under the table. `control`: a phase run alike, checked for drift."""
+    """(variants, the first the baseline; rows; notes). A row per `row(record)`: each variant's time per `times`
+    label, each other's PairedRatio per `ratios` label (phases summed), notes; a failure shows its status.
+    per_variant: a row per variant, a "speed-up" cell, `cells(record, baseline)`; `control`: checked for drift."""
     times = times or ratios
     names = list(dict.fromkeys(variant(r) for r in records))
     key = lambda r: json.dumps(row(r), sort_keys=True, default=str)  # noqa: E731
@@ -522,18 +521,17 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
         for r in group:
             by_row.setdefault((i, key(r)), {})[variant(r)] = r
 
-    def status(r: Record | None) -> str:  # "OOM", "error", "not run": a failed row's status, no detail
-        return "not run" if r is None else r["status"].split(":")[0]
-
     def timed(r: Record | None, phases: tuple[str, ...]) -> bool:  # a WRONG kernel is timed all the same
         return r is not None and all(number(r.get(f"{p}_ms_mean")) for p in phases)
 
-    def failed(r: Record | None) -> bool:
-        return r is None or not finished(r) and not timed(r, next(iter(times.values())))
+    def failure(r: Record | None) -> str | None:  # "OOM", "error", "not run": a failed row's status, no detail
+        if r is None or not finished(r) and not timed(r, next(iter(times.values()))):
+            return "not run" if r is None else r["status"].split(":")[0]
+        return None
 
     def time_cells(r: Record | None, name: Callable[[str], str]) -> Record:  # numbers or statuses
-        return {name(label): sum(r[f"{p}_ms_mean"] for p in phases) if timed(r, phases) else
-                status(r) if failed(r) else None for label, phases in times.items()}
+        return {name(label): sum(r[f"{p}_ms_mean"] for p in phases) if timed(r, phases) else failure(r)
+                for label, phases in times.items()}
 
     rows, below = [], ([], {}, [], [])  # per_variant: unresolved, few rounds, pulled, other notes, all rows
     for found in by_row.values():
@@ -555,8 +553,7 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
             found_ratios = {}
             for label, phases in ratios.items():
                 if not (timed(base, phases) and timed(r, phases)):
-                    found_ratios[label] = (status(r) if failed(r) else
-                                           f"baseline {status(base)}" if failed(base) else None)
+                    found_ratios[label] = failure(r) or (f"baseline {failure(base)}" if failure(base) else None)
                     continue
                 found_ratios[label] = s = speedup(base, r, phases)
                 paired.update((names[0], name) if s.rounds else ())
@@ -570,8 +567,8 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                 if s.low is not None and not s.low <= (means := ratio_of_means(base, r, phases)) <= s.high:
                     pulled.append(f"{where}{label} {name} {means:.2f}x")
             if per_variant:
-                failure = (s for s in found_ratios.values() if not isinstance(s, PairedRatio))  # a status or None
-                out.update({"speed-up": next(failure, found_ratios), **(cells(r, base) if cells else {})})
+                failed = (s for s in found_ratios.values() if not isinstance(s, PairedRatio))  # a status or None
+                out.update({"speed-up": next(failed, found_ratios), **(cells(r, base) if cells else {})})
             else:
                 out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
             if control and base and r and (moved := drift(base, r, control)):
@@ -685,10 +682,9 @@ def exit_usage_error(message: str) -> NoReturn:
 
 
 class ResultFiles:
-    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run; a stem any file has is taken, then <stem>-2,
-    <stem>-3, ... reserved by creating <stem><reserve> with O_EXCL: two runs never share one. Records are
-    appended whole, reports replaced atomically. An unwritable folder is exit 2; a later failed write (a full
-    disk) is exit 1, naming the files that hold the records."""
+    """`<results_dir>/<subdir>/<stem>.{jsonl,md}` for one run: <stem>, <stem>-2, ... the first no file has,
+    reserved by creating <stem><reserve> with O_EXCL (two runs never share one). Records are appended whole,
+    reports replaced atomically. Exit 2 for an unwritable folder; 1 for a later failed write (a full disk)."""
 
     def __init__(self, results_dir: str | os.PathLike, subdir: str, stem: str | None, default_stem: str,
                  reserve: str = ".jsonl"):
