@@ -694,12 +694,14 @@ class ResultFiles:
         wanted = stem or f"{default_stem}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            for self.stem in itertools.chain([wanted], (f"{wanted}-{n}" for n in itertools.count(2))):
-                if any(p.name.startswith((self.stem + ".", self.stem + "_")) for p in self.folder.iterdir()):
+            for candidate in itertools.chain([wanted], (f"{wanted}-{n}" for n in itertools.count(2))):
+                if any(p.name.startswith((candidate + ".", candidate + "_")) for p in self.folder.iterdir()):
                     continue
                 # atomic: of two runs that both saw the stem free, exactly one creates the file
                 with contextlib.suppress(FileExistsError):
-                    os.close(os.open(self.path(reserve), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+                    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+                    os.close(os.open(self.folder / (candidate + reserve), flags, 0o666))
+                    self.stem = candidate
                     break
         except OSError as exc:
             exit_usage_error(f"cannot write results in {self.folder}: {exc.strerror or exc}")
@@ -922,10 +924,9 @@ def add_dry_run_arg(parser: argparse.ArgumentParser) -> None:
                              "run or written")
 
 
-def print_dry_run(labels: list[str], preamble: str = "", notes: list[str] = (), at_most: bool = False) -> int:
-    """--dry-run: the preamble, the numbered plan, the notes. Returns the exit status."""
-    if preamble:
-        print(preamble + "\n")
+def print_dry_run(labels: list[str], preamble: str, notes: list[str] = (), at_most: bool = False) -> int:
+    """--dry-run: the preamble (the settings or sizes), the numbered plan, the notes. Returns the exit status."""
+    print(preamble + "\n")
     count = f"{'at most ' if at_most else ''}{len(labels)} configuration{'s' if len(labels) != 1 else ''}"
     print(f"dry run: {count} would run, in this order:")
     for i, label in enumerate(labels, 1):
