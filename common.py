@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import timeit
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -423,10 +423,8 @@ def is_spec(text: str) -> bool:
     return SPEC.match(text) is not None
 
 
-def named_or_spec(names: Iterable[str]) -> Callable[[str], str]:
+def named_or_spec(names: list[str]) -> Callable[[str], str]:
     """argparse type of a flag taking one of `names` (ours) or [NAME=]MODULE:CALLABLE (yours)."""
-    names = tuple(names)
-
     def parse(text: str) -> str:
         if text in names or is_spec(text):
             return text
