@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -887,14 +888,9 @@ def render(experiment: str, records: list[Record], fmt: str, columns: list[str] 
     return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
 
 
-class LiveReport:
-    """A sweep's report, rewritten as rows finish (runner's render)."""
-
-    def __init__(self, experiment: str, columns: list[str] | None = None):
-        self.experiment, self.columns = experiment, columns
-
-    def __call__(self, records: list[Record], fmt: str) -> str:
-        return render(self.experiment, records, fmt, self.columns)
+def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:
+    """A sweep's report, rewritten as rows finish (runner's render: records, fmt)."""
+    return functools.partial(render, experiment, columns=columns)
 
 
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
@@ -1000,9 +996,6 @@ def renderable(experiment: str, records: list[Record], where: list[str], fmt: st
 
 # ---- figures ----
 
-Notes = list[str]  # what a figure left out, one line each
-
-
 def matplotlib_missing() -> str | None:
     found = importlib.util.find_spec("matplotlib")
     return None if found else "--plot needs matplotlib, which is not installed: pip install matplotlib"
@@ -1074,7 +1067,7 @@ def varying(records: list[Record], keys: list[str]) -> list[str]:
     return [k for k in keys if len(seen(k)) > 1] + (["run"] if is_merged(records) else [])
 
 
-def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_phases(records: list[Record]) -> Any | None:
     """Step time per configuration, stacked by phase, with the step's std as error bar."""
     done = [r for r in records if finished(r) and number(r.get("step_ms_mean"))]
     if not done:
@@ -1091,7 +1084,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     ax.errorbar(range(len(done)), [r["step_ms_mean"] for r in done], yerr=stds, fmt="none", ecolor="black",
                 capsize=3, label="step mean ± std")
     if 0.0 in stds:
-        notes.append(f"{stds.count(0.0)} configuration(s) without a step std (one timed step)")
+        progress(f"note: figure phases: {stds.count(0.0)} configuration(s) without a step std (one timed step)")
     ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
                                      + f"\nctx {r['config']['model']['context_length']}" for r in done],
                   fontsize=8)
@@ -1099,7 +1092,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax)
 
 
-def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_speedups(records: list[Record]) -> Any | None:
     """Each variant's speed-ups over the first, as the comparison has them; a failed one's status as a bar."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
     if (spec := e2e_comparison(measured)) is None:
@@ -1130,7 +1123,7 @@ def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax)
 
 
-def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_warmup(records: list[Record]) -> Any | None:
     """Time of each timed step against its index, one line per warm-up count, one panel per configuration."""
     groups: dict[str, list[Record]] = {}
     for r in records:
@@ -1154,7 +1147,7 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
     return fig
 
 
-def plot_attention(records: list[Record], notes: Notes) -> Any | None:
+def plot_attention(records: list[Record]) -> Any | None:
     """Forward, backward time and memory against sequence length; failed configurations marked on top."""
     if not any(finished(r) for r in records):
         return None
@@ -1180,7 +1173,7 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, axes[0])
 
 
-def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any | None:
+def plot_memory(records: list[Record], by: str = "context") -> Any | None:
     """Memory against context length (at the smallest K), or against K (by="K"): the measured peak per mode,
     the bytes saved for backward and the predicted peak, where the records hold them."""
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
@@ -1213,7 +1206,7 @@ def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any
     return legend_outside(fig, ax)
 
 
-def plot_precision(records: list[Record], notes: Notes) -> Any | None:
+def plot_precision(records: list[Record]) -> Any | None:
     """The running sum against the number of additions for each accumulator, and its relative error."""
     cases = [r for r in records if r.get("partial_sums")]
     if not cases:
@@ -1236,11 +1229,11 @@ def plot_precision(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
-FIGURES: dict[str, dict[str, Callable[[list[Record], Notes], Any]]] = {
+FIGURES: dict[str, dict[str, Callable[[list[Record]], Any]]] = {
     "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
     "bench_attention": {"attention": plot_attention},
     "mem_profile": {"memory_context": plot_memory,
-                    "memory_checkpoint": lambda records, notes: plot_memory(records, notes, by="K")},
+                    "memory_checkpoint": lambda records: plot_memory(records, by="K")},
     "precision_demo": {"sums": plot_precision},
     "toy_autocast": {},
 }
@@ -1254,10 +1247,9 @@ FIGURE_NEEDS = {
 }
 
 
-def figures(experiment: str, records: list[Record], notes: Notes | None = None) -> dict[str, Any]:
+def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
     """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    notes = [] if notes is None else notes
-    made = {name: plot(records, notes) for name, plot in FIGURES[experiment].items()}
+    made = {name: plot(records) for name, plot in FIGURES[experiment].items()}
     return {name: fig for name, fig in made.items() if fig is not None}
 
 
@@ -1269,11 +1261,10 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
         progress(f"note: no figures: {missing}")
         return paths, failed
     for name, plot in FIGURES[experiment].items():
-        notes: Notes = []
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")
         try:
-            if (fig := plot(records, notes)) is not None:
+            if (fig := plot(records)) is not None:
                 fig.savefig(partial, dpi=120, format="png")
                 os.replace(partial, path)
                 paths.append(path)
@@ -1282,8 +1273,6 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
             why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
-        for line in notes:
-            progress(f"note: figure {name}: {line}")
     if not paths and not failed:
         progress(f"note: no figures: {experiment}'s figures need {FIGURE_NEEDS[experiment]}")
     return paths, failed
