@@ -51,7 +51,6 @@ def scaled(value: float | None, unit: int = GIB) -> float | None:
 
 
 def labelled(record: Record, records: list[Record]) -> str:
-    """A record's label, and its run in a merge."""
     return record["label"] + (f" ({run_of(record)})" if is_merged(records) else "")
 
 
@@ -90,7 +89,6 @@ def optimizer_label(config: Record) -> str:
 
 
 def e2e_row(record: Record) -> Record:
-    """One row of the results table."""
     c, m, status = record["config"], record["config"]["model"], record["status"]
     row: Record = {"size": c["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
                    "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
@@ -205,8 +203,7 @@ def variants(configs: list[Record]) -> list[str]:
 
 
 def control_phase(configs: list[Record]) -> str | None:
-    """The phase all variants run alike (its drift: the machine changed): the optimizer step when only the
-    model's settings vary (fp32 master weights either way; not fp16), the forward when only the optimizer."""
+    """The phase all variants run alike, whose drift says the machine changed (the optimizer: fp32 either way)."""
     varied = set(varied_axes(configs))
     if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
         return None
@@ -216,8 +213,7 @@ def control_phase(configs: list[Record]) -> str | None:
 
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
-    """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
-    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for one variant."""
+    """results.comparison_rows' arguments for a sweep's variants; None for one variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
@@ -353,8 +349,7 @@ def profile_report(records: list[Record], fmt: str) -> str | None:
             parts.append(f"## torch.profiler: {labelled(r, records)}{whose} (timings above were taken with "
                          "the profiler on)\n\n" + kernel_tables.render_tables(r["profile"]["tables"], fmt)
                          + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
-        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None
-                 else f"{row['share']:.0%}"}
+        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None else f"{row['share']:.0%}"}
                 for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
         if rows:  # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
             kinds = [k for k in keys_of(rows) if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
@@ -427,8 +422,7 @@ def impl_row(record: Record) -> Record:
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation but naive (the baseline, else the first): its times
-    beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
+    """Each implementation's times beside the baseline's, the speed-ups and the check; None for one impl."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -492,8 +486,7 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
 
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
-    """(record, its identifying cells: the run in a merge, `keys` of the config, model only when yours ran
-    `among` the records); with `unique`, rows that differ in no printed key are one."""
+    """(record, its identifying cells: run in a merge, `keys`, model only when yours ran `among` them)."""
     among = records if among is None else among
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
@@ -501,7 +494,7 @@ def memory_rows(records: list[Record], keys: list[str], among: list[Record] | No
         c = rec["config"]
         values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
                   "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                  "heads": c["model"]["num_heads"], "model": model_label(c)}
+                  "heads": c["model"]["num_heads"], "model": model_label(c), "optimizer": optimizer_label(c)}
         ident = {**({RUN_COLUMN: run_of(rec)} if is_merged(among) else {}),
                  **{k: values[k] for k in keys if k != "model" or yours}}
         seen.setdefault(tuple(ident.values()) if unique else len(seen), (rec, ident))
@@ -569,8 +562,7 @@ def compiled_block_table(records: list[Record], fmt: str) -> str | None:
 
 
 def checkpoint_table(records: list[Record], fmt: str) -> str | None:
-    """One row per K: the parts of its predicted peak and the moment it falls in, the measured peak (CUDA)
-    beside it; then per setting the best K and the nested strategy. None when no configuration checkpoints."""
+    """One row per K, its predicted peak beside the measured one; then per setting the best K and the nested."""
     predicted = [r for r in records if r.get("checkpoint_prediction")]
     if not any(r["config"]["checkpoint_every"] for r in predicted):
         return None
@@ -604,16 +596,13 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
 def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The measured peaks; the model and optimizer columns only when yours or several ran."""
     rows = []
-    for rec in records:
-        c, ok = rec["config"], rec["status"] == "ok"
-        peaks = {f"peak {short} {unit}": rec[f"peak_mem_{what}_bytes"] / size if ok else None
-                 for short, what in (("alloc", "allocated"), ("reserved", "reserved"))
-                 for unit, size in (("MiB", MIB), ("GiB", GIB))}
-        rows.append({RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"],
-                     "mode": c["mode"], "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                     "model": model_label(c), "optimizer": optimizer_label(c), "status": rec["status"], **peaks,
-                     "step ms": rec["step_ms_mean"] if ok else None})
-    hidden = {k for k in ("model", "optimizer") if {row[k] for row in rows} == {OURS}}
+    for rec, ident in memory_rows(records, MEMORY_PEAK_COLUMNS[:8], unique=False):
+        ok = rec["status"] == "ok"
+        rows.append({**ident, "status": rec["status"], "step ms": rec["step_ms_mean"] if ok else None,
+                     **{f"peak {short} {unit}": rec[f"peak_mem_{what}_bytes"] / size if ok else None
+                        for short, what in (("alloc", "allocated"), ("reserved", "reserved"))
+                        for unit, size in (("MiB", MIB), ("GiB", GIB))}})
+    hidden = {k for k in ("model", "optimizer") if {row.get(k, OURS) for row in rows} == {OURS}}
     default = with_run_column([c for c in MEMORY_PEAK_COLUMNS if c not in hidden], records)
     return render_table(rows, pick_columns(default, columns, fmt), fmt)
 
@@ -642,12 +631,11 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
 def snapshot_report(title: str, fields: Record, fmt: str) -> str:
     """The peak check, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
-    mib = {k: scaled(check.get(k), MIB) for k in
-           ("rebuilt_peak_bytes", "requested_peak_bytes", "diff_bytes", "max_memory_allocated_bytes")}
+    mib = lambda key: scaled(check.get(key), MIB)  # noqa: E731
     check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
-                 "rebuilt MiB": mib["rebuilt_peak_bytes"], "requested peak MiB": mib["requested_peak_bytes"],
-                 "diff MiB": mib["diff_bytes"], "status": check["status"],
-                 "max_memory_allocated MiB (rounded blocks)": mib["max_memory_allocated_bytes"]}
+                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
+                 "diff MiB": mib("diff_bytes"), "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
     largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
                 "first frame in the code studied": r["sites"], "phase": r["phases"]}
                for r in fields["snapshot_largest"]]
@@ -827,15 +815,13 @@ def leaderboard_header(config: Record) -> str:
              else "a scaled-down shape (the leaderboard's: d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab "
                   "151936, context 32768, batch 2)")
     spread = f"{config['parallel']} over {config['world_size']} ranks" if config["parallel"] else "one process"
-    name = config.get("model_name") or config.get("model_factory") or "ours"
-    return (f"# 2026 leaderboard: {name}, optimizer {config['optimizer']}\n\n"
+    return (f"# 2026 leaderboard: {model_label(config)}, optimizer {config['optimizer']}\n\n"
             f"{shape}: d_model {m['d_model']}, d_ff {m['d_ff']}, {m['num_layers']} layers, {m['num_heads']} heads, "
             f"vocab {m['vocab_size']}, context {m['context_length']}, batch {batch} ({spread}), bf16 autocast, causal")
 
 
 def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """Each --leaderboard run: what ran, do_bench's figure and the split the leaderboard does not show, where it
-    stands."""
+    """Each --leaderboard run: what ran, do_bench's figure, the split of the step, where it stands."""
     sections = []
     for r in records:
         env, check = r["environment"], r.get("check")
@@ -896,8 +882,7 @@ def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[l
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
             columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
             append: list[Record] = ()) -> int:
-    """The end of every run: append `append`, save and print the report, draw --plot's figures, say where
-    they are. Returns 0, 1 when a figure failed (the tables stand), 130 after Ctrl-C."""
+    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C."""
     try:
         for record in append:
             files.append_record(record)
@@ -1014,9 +999,8 @@ def new_figure(records: list[Record], title: str, ncols: int = 1, width: float =
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
-    """Ticks at 1, 2, 5 x 10^k between lo and hi, and the next one out where an end of the data lies within 1.5x
-    of it (so the highest line is not left above the last label); decades only when they are many; at least two:
-    matplotlib's log locator labels only decades, so a range within one decade would show a single label."""
+    """Ticks at 1, 2, 5 x 10^k over lo..hi, and the next one out within 1.5x of an end; decades when many; at least
+    two (matplotlib's log locator labels only decades: within one decade it would show a single label)."""
     steps = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
              for m in (1, 2, 5)]
     below, above = max(t for t in steps if t <= lo), min(t for t in steps if t >= hi)
@@ -1174,8 +1158,7 @@ def plot_attention(records: list[Record]) -> Any | None:
 
 
 def plot_memory(records: list[Record], by: str = "context") -> Any | None:
-    """Memory against context length (at the smallest K), or against K (by="K"): the measured peak per mode,
-    the bytes saved for backward and the predicted peak, where the records hold them."""
+    """Measured peak, saved for backward, predicted peak against context (at the smallest K) or K (by="K")."""
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
     chosen = records if by == "K" else [r for r in records if r["config"]["checkpoint_every"] == ks[0]]
     contexts = {r["config"]["model"]["context_length"] for r in chosen}
@@ -1254,8 +1237,7 @@ def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
-    """Each figure saved as `<stem>_<name>.png` (renamed over: no partial image); one that fails is a line on
-    stderr, and the others are drawn. Returns (paths, whether one failed)."""
+    """Each figure as `<stem>_<name>.png` (renamed over: no partial image); a failed one is a line on stderr."""
     paths, failed = [], False
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
