@@ -170,8 +170,15 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    sections = [e2e_comparison_section(records, fmt), search_table(records, fmt),
-                profile_report(records, fmt)]
+    if spec := e2e_comparison(records):
+        names, merged = variants([r["config"] for r in records]), is_merged(records)
+        lines += ["", f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
+                  f"{'; runs merged' if merged else ''})\n\n" + comparison_table(records, fmt=fmt, **spec)
+                  + "\n\nMean ms per phase from the rows above; fwd+bwd sums the two phases. drift: a phase every "
+                  "variant runs alike changed between them by more than twice its standard error. A failed row "
+                  "shows its status, not a number."
+                  + " A configuration measured in several runs is compared within each run, never across." * merged]
+    sections = [search_table(records, fmt), profile_report(records, fmt)]
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
 
 
@@ -225,18 +232,6 @@ def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
                               **{k: r["config"][k] for k in also}},
             "ratios": {"fwd": ("forward",), **fwd_bwd, "step": ("step",)},
             "times": {E2E_PHASE_SHORT[p]: (p,) for p in phases}, "control": control_phase(configs)}
-
-
-def e2e_comparison_section(records: list[Record], fmt: str) -> str | None:
-    if (spec := e2e_comparison(records)) is None:
-        return None
-    names, merged = variants([r["config"] for r in records]), is_merged(records)
-    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
-            f"{'; runs merged' if merged else ''})\n\n" + comparison_table(records, fmt=fmt, **spec)
-            + "\n\nMean ms per phase from the rows above; fwd+bwd sums the two phases. drift: a phase every "
-            "variant runs alike changed between them by more than twice its standard error. A failed row "
-            "shows its status, not a number."
-            + " A configuration measured in several runs is compared within each run, never across." * merged)
 
 
 # --context-length max: the longest context that runs (runner.Bisection probes after the first OOM)
@@ -471,8 +466,15 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
                f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
                "kernel is still timed") if tolerances else ""
-    standing = attention_standing(records, fmt)
-    return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."] + ["", standing] * bool(standing))
+    lines += ["", ATTENTION_NOTE + checked + "."]
+    if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
+        yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
+                  + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r
+                 else (f"{r['config']['impl']}: {r['status']}", None) for r in timed]
+        c = timed[0]["config"]
+        scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
+        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)]
+    return "\n".join(lines)
 
 
 # ---- mem_profile tables ----
@@ -792,19 +794,6 @@ def where_it_stands(yours: list[tuple[str, float | None]], year: str, device_nam
     note = ("scaled-down shape: not comparable with the published figures" if scaled else
             "only a run on the same GPU compares with a published figure")
     return f"## Where it stands\n\n{render_table(rows, ['', 'ms', 'GPU', 'when'], fmt, floatfmt=',.3f')}\n\n{note}"
-
-
-def attention_standing(records: list[Record], fmt: str) -> str | None:
-    """leaderboard-2025's records: each implementation's do_bench figure beside the published ones."""
-    timed = [r for r in records if r["config"].get("leaderboard")]
-    if not timed:
-        return None
-    yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})" + " WRONG" * r["status"].startswith("WRONG"),
-              r["leaderboard"]["ms"]) if "leaderboard" in r else (f"{r['config']['impl']}: {r['status']}", None)
-             for r in timed]
-    c = timed[0]["config"]
-    scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
-    return where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)
 
 
 def leaderboard_header(config: Record) -> str:
