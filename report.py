@@ -897,7 +897,6 @@ class Run:
     records: list[Record]
     lines: list[int]  # of each record in the file
     experiment: str
-    skipped: int = 0  # a truncated last line (an interrupted run)
 
 
 def read_run(path: str) -> Run:
@@ -938,7 +937,9 @@ def read_run(path: str) -> Run:
     kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    run.experiment, run.skipped = kinds[0], int(bad is not None)
+    if bad:
+        progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
+    run.experiment = kinds[0]
     return run
 
 
@@ -1184,8 +1185,8 @@ def plot_precision(records: list[Record]) -> Any | None:
     if not cases:
         return None
     fig, (ax_sum, ax_err) = new_figure(cases, "Accumulating in low precision", ncols=2, width=5.6)
-    n, _ = zip(*cases[0]["partial_sums"])
-    ax_sum.plot(n, [k * cases[0]["value"] for k in n], color="0.75", linewidth=4, label=f"exact: n x {cases[0]['value']:g}")
+    (n, _), value = zip(*cases[0]["partial_sums"]), cases[0]["value"]
+    ax_sum.plot(n, [k * value for k in n], color="0.75", linewidth=4, label=f"exact: n x {value:g}")
     for i, r in enumerate(cases):
         n, sums = zip(*r["partial_sums"])
         label = (f"case {r['case']}: {r['accumulator_dtype']} += {r['addend_dtype']}"
@@ -1208,6 +1209,7 @@ FIGURES: dict[str, dict[str, Callable[[list[Record]], Any]]] = {
                     "memory_checkpoint": lambda records: plot_memory(records, by="K")},
     "precision_demo": {"sums": plot_precision},
     "toy_autocast": {},
+    "leaderboard-2026": {},
 }
 FIGURE_NEEDS = {
     "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants "
@@ -1216,6 +1218,7 @@ FIGURE_NEEDS = {
     "mem_profile": "two or more context lengths, or two or more --checkpoint values",
     "precision_demo": "records with partial sums",
     "toy_autocast": "nothing: its answer is a table of dtypes",
+    "leaderboard-2026": "nothing: its answer is a table",
 }
 
 
@@ -1314,10 +1317,7 @@ def report_runs(args: argparse.Namespace) -> int:
     if args.columns and (message := unknown_column(args.columns, valid)):
         raise ReportError(message)
     where = [f"{run.path}:{n}" for run in runs for n in run.lines]
-    text, kept = renderable(experiment, records, where, args.fmt, args.columns)
-    for run in runs:
-        if run.skipped:
-            progress(f"note: {run.path}: skipped a truncated last line (an interrupted run)")
+    _, kept = renderable(experiment, records, where, args.fmt, args.columns)
     stem = stem_from(runs[0].path.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
     files = ResultFiles(args.results_dir, "report", args.out or stem, "report", reserve=".md")
     files.records_elsewhere = ", ".join(str(run.path) for run in runs)
