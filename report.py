@@ -306,7 +306,7 @@ def context_searches(records: list[Record]) -> list[Record]:
 
 def search_table(records: list[Record], fmt: str) -> str | None:
     """The longest context of every search, beside its step time and peak memory there; None without one."""
-    answers, rows = [], []
+    rows = []
     for run, group in by_run(records).items():
         probes = {config_key(r["config"]): r for r in group if "context_search" in r}
         for ans in context_searches(group):
@@ -320,14 +320,14 @@ def search_table(records: list[Record], fmt: str) -> str | None:
                          "peak mem GiB": best and scaled(best.get("peak_mem_allocated_bytes")),
                          "last probe": f"{last['context_length']}: {last['status'].split(':')[0]}",
                          "answer": ans["answer"]})
-            answers.append(ans)
-    if not answers:
+    if not rows:
         return None
     optional = ("compile", "attn", "model", "optimizer", "parallel", "peak mem GiB")
     always = [c for c in rows[0] if c not in optional]
     columns = with_run_column(shown_columns(rows, list(rows[0])[1:], always, optional[:4]), records)
-    caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
-    resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
+    searches = [r["context_search"] for r in records if "context_search" in r]
+    caps = " / ".join(str(cap) for cap in dict.fromkeys(s["max_context"] for s in searches))
+    resolutions = " / ".join(str(r) for r in dict.fromkeys(s["resolution"] for s in searches))
     return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
             f"then after an OOM a bisection to a multiple of {resolutions})\n\n"
             + render_table(rows, columns, fmt) + "\n\nlongest ctx: the longest that ran, bisected between "
@@ -1224,8 +1224,7 @@ FIGURE_NEEDS = {
 
 def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
     """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    made = {name: plot(records) for name, plot in FIGURES[experiment].items()}
-    return {name: fig for name, fig in made.items() if fig is not None}
+    return {name: fig for name, plot in FIGURES[experiment].items() if (fig := plot(records)) is not None}
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
