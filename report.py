@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import math
@@ -50,7 +51,6 @@ def scaled(value: float | None, unit: int = GIB) -> float | None:
 
 
 def labelled(record: Record, records: list[Record]) -> str:
-    """A record's label, and its run in a merge."""
     return record["label"] + (f" ({run_of(record)})" if is_merged(records) else "")
 
 
@@ -89,7 +89,6 @@ def optimizer_label(config: Record) -> str:
 
 
 def e2e_row(record: Record) -> Record:
-    """One row of the results table."""
     c, m, status = record["config"], record["config"]["model"], record["status"]
     row: Record = {"size": c["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
                    "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
@@ -171,8 +170,15 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    sections = [e2e_comparison_section(records, fmt), search_table(records, fmt),
-                profile_report(records, fmt)]
+    if spec := e2e_comparison(records):
+        names, merged = variants([r["config"] for r in records]), is_merged(records)
+        lines += ["", f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
+                  f"{'; runs merged' if merged else ''})\n\n" + comparison_table(records, fmt=fmt, **spec)
+                  + "\n\nMean ms per phase from the rows above; fwd+bwd sums the two phases. drift: a phase every "
+                  "variant runs alike changed between them by more than twice its standard error. A failed row "
+                  "shows its status, not a number."
+                  + " A configuration measured in several runs is compared within each run, never across." * merged]
+    sections = [search_table(records, fmt), profile_report(records, fmt)]
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
 
 
@@ -204,8 +210,7 @@ def variants(configs: list[Record]) -> list[str]:
 
 
 def control_phase(configs: list[Record]) -> str | None:
-    """The phase all variants run alike (its drift: the machine changed): the optimizer step when only the
-    model's settings vary (fp32 master weights either way; not fp16), the forward when only the optimizer."""
+    """The phase all variants run alike, whose drift says the machine changed (the optimizer: fp32 either way)."""
     varied = set(varied_axes(configs))
     if configs[0]["mode"] != "train" or not varied or varied & {"parallel", "model"}:
         return None
@@ -215,8 +220,7 @@ def control_phase(configs: list[Record]) -> str | None:
 
 
 def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
-    """results.comparison_rows' arguments for a sweep's variants: a row per size and context (and warm-up and
-    mode where they vary), speed-ups of fwd, fwd+bwd and step, the control phase; None for one variant."""
+    """results.comparison_rows' arguments for a sweep's variants; None for one variant."""
     configs = [r["config"] for r in records]
     if not (axes := varied_axes(configs)):
         return None
@@ -228,18 +232,6 @@ def e2e_comparison(records: list[Record]) -> dict[str, Any] | None:
                               **{k: r["config"][k] for k in also}},
             "ratios": {"fwd": ("forward",), **fwd_bwd, "step": ("step",)},
             "times": {E2E_PHASE_SHORT[p]: (p,) for p in phases}, "control": control_phase(configs)}
-
-
-def e2e_comparison_section(records: list[Record], fmt: str) -> str | None:
-    if (spec := e2e_comparison(records)) is None:
-        return None
-    names, merged = variants([r["config"] for r in records]), is_merged(records)
-    return (f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
-            f"{'; runs merged' if merged else ''})\n\n" + comparison_table(records, fmt=fmt, **spec)
-            + "\n\nMean ms per phase from the rows above; fwd+bwd sums the two phases. drift: a phase every "
-            "variant runs alike changed between them by more than twice its standard error. A failed row "
-            "shows its status, not a number."
-            + " A configuration measured in several runs is compared within each run, never across." * merged)
 
 
 # --context-length max: the longest context that runs (runner.Bisection probes after the first OOM)
@@ -314,7 +306,7 @@ def context_searches(records: list[Record]) -> list[Record]:
 
 def search_table(records: list[Record], fmt: str) -> str | None:
     """The longest context of every search, beside its step time and peak memory there; None without one."""
-    answers, rows = [], []
+    rows = []
     for run, group in by_run(records).items():
         probes = {config_key(r["config"]): r for r in group if "context_search" in r}
         for ans in context_searches(group):
@@ -328,14 +320,14 @@ def search_table(records: list[Record], fmt: str) -> str | None:
                          "peak mem GiB": best and scaled(best.get("peak_mem_allocated_bytes")),
                          "last probe": f"{last['context_length']}: {last['status'].split(':')[0]}",
                          "answer": ans["answer"]})
-            answers.append(ans)
-    if not answers:
+    if not rows:
         return None
     optional = ("compile", "attn", "model", "optimizer", "parallel", "peak mem GiB")
     always = [c for c in rows[0] if c not in optional]
     columns = with_run_column(shown_columns(rows, list(rows[0])[1:], always, optional[:4]), records)
-    caps = " / ".join(str(cap) for cap in dict.fromkeys(a["max_context"] for a in answers))
-    resolutions = " / ".join(str(r) for r in dict.fromkeys(a["resolution"] for a in answers))
+    searches = [r["context_search"] for r in records if "context_search" in r]
+    caps = " / ".join(str(cap) for cap in dict.fromkeys(s["max_context"] for s in searches))
+    resolutions = " / ".join(str(r) for r in dict.fromkeys(s["resolution"] for s in searches))
     return (f"## Longest context that runs (powers of two from {SEARCH_START} up to --max-context {caps}, "
             f"then after an OOM a bisection to a multiple of {resolutions})\n\n"
             + render_table(rows, columns, fmt) + "\n\nlongest ctx: the longest that ran, bisected between "
@@ -352,8 +344,7 @@ def profile_report(records: list[Record], fmt: str) -> str | None:
             parts.append(f"## torch.profiler: {labelled(r, records)}{whose} (timings above were taken with "
                          "the profiler on)\n\n" + kernel_tables.render_tables(r["profile"]["tables"], fmt)
                          + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
-        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None
-                 else f"{row['share']:.0%}"}
+        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None else f"{row['share']:.0%}"}
                 for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
         if rows:  # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
             kinds = [k for k in keys_of(rows) if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
@@ -426,8 +417,7 @@ def impl_row(record: Record) -> Record:
 
 
 def attention_comparison(records: list[Record], fmt: str, columns: list[str] | None = None) -> str | None:
-    """A row per (d, seq, dtype, batch) and implementation but naive (the baseline, else the first): its times
-    beside naive's, the speed-ups and the check (naive's too when it failed); None for one implementation."""
+    """Each implementation's times beside the baseline's, the speed-ups and the check; None for one impl."""
     several = {k: name for k, name in (("dtype", "dtype"), ("batch_size", "batch"))
                if len({r["config"][k] for r in records}) > 1}
 
@@ -476,8 +466,15 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
                f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
                "kernel is still timed") if tolerances else ""
-    standing = attention_standing(records, fmt)
-    return "\n".join(lines + ["", ATTENTION_NOTE + checked + "."] + ["", standing] * bool(standing))
+    lines += ["", ATTENTION_NOTE + checked + "."]
+    if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
+        yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
+                  + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r
+                 else (f"{r['config']['impl']}: {r['status']}", None) for r in timed]
+        c = timed[0]["config"]
+        scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
+        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)]
+    return "\n".join(lines)
 
 
 # ---- mem_profile tables ----
@@ -491,8 +488,7 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
 
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
-    """(record, its identifying cells: the run in a merge, `keys` of the config, model only when yours ran
-    `among` the records); with `unique`, rows that differ in no printed key are one."""
+    """(record, its identifying cells: run in a merge, `keys`, model only when yours ran `among` them)."""
     among = records if among is None else among
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
@@ -500,7 +496,7 @@ def memory_rows(records: list[Record], keys: list[str], among: list[Record] | No
         c = rec["config"]
         values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
                   "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                  "heads": c["model"]["num_heads"], "model": model_label(c)}
+                  "heads": c["model"]["num_heads"], "model": model_label(c), "optimizer": optimizer_label(c)}
         ident = {**({RUN_COLUMN: run_of(rec)} if is_merged(among) else {}),
                  **{k: values[k] for k in keys if k != "model" or yours}}
         seen.setdefault(tuple(ident.values()) if unique else len(seen), (rec, ident))
@@ -568,8 +564,7 @@ def compiled_block_table(records: list[Record], fmt: str) -> str | None:
 
 
 def checkpoint_table(records: list[Record], fmt: str) -> str | None:
-    """One row per K: the parts of its predicted peak and the moment it falls in, the measured peak (CUDA)
-    beside it; then per setting the best K and the nested strategy. None when no configuration checkpoints."""
+    """One row per K, its predicted peak beside the measured one; then per setting the best K and the nested."""
     predicted = [r for r in records if r.get("checkpoint_prediction")]
     if not any(r["config"]["checkpoint_every"] for r in predicted):
         return None
@@ -603,16 +598,13 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
 def peak_table(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The measured peaks; the model and optimizer columns only when yours or several ran."""
     rows = []
-    for rec in records:
-        c, ok = rec["config"], rec["status"] == "ok"
-        peaks = {f"peak {short} {unit}": rec[f"peak_mem_{what}_bytes"] / size if ok else None
-                 for short, what in (("alloc", "allocated"), ("reserved", "reserved"))
-                 for unit, size in (("MiB", MIB), ("GiB", GIB))}
-        rows.append({RUN_COLUMN: run_of(rec), "size": c["size"], "ctx": c["model"]["context_length"],
-                     "mode": c["mode"], "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                     "model": model_label(c), "optimizer": optimizer_label(c), "status": rec["status"], **peaks,
-                     "step ms": rec["step_ms_mean"] if ok else None})
-    hidden = {k for k in ("model", "optimizer") if {row[k] for row in rows} == {OURS}}
+    for rec, ident in memory_rows(records, MEMORY_PEAK_COLUMNS[:8], unique=False):
+        ok = rec["status"] == "ok"
+        rows.append({**ident, "status": rec["status"], "step ms": rec["step_ms_mean"] if ok else None,
+                     **{f"peak {short} {unit}": rec[f"peak_mem_{what}_bytes"] / size if ok else None
+                        for short, what in (("alloc", "allocated"), ("reserved", "reserved"))
+                        for unit, size in (("MiB", MIB), ("GiB", GIB))}})
+    hidden = {k for k in ("model", "optimizer") if {row.get(k, OURS) for row in rows} == {OURS}}
     default = with_run_column([c for c in MEMORY_PEAK_COLUMNS if c not in hidden], records)
     return render_table(rows, pick_columns(default, columns, fmt), fmt)
 
@@ -641,12 +633,11 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
 def snapshot_report(title: str, fields: Record, fmt: str) -> str:
     """The peak check, the largest allocations and what was live at the peak, for one snapshot."""
     check = fields["snapshot_peak_check"]
-    mib = {k: scaled(check.get(k), MIB) for k in
-           ("rebuilt_peak_bytes", "requested_peak_bytes", "diff_bytes", "max_memory_allocated_bytes")}
+    mib = lambda key: scaled(check.get(key), MIB)  # noqa: E731
     check_row = {"check": "peak rebuilt from the trace vs requested_bytes.all.peak",
-                 "rebuilt MiB": mib["rebuilt_peak_bytes"], "requested peak MiB": mib["requested_peak_bytes"],
-                 "diff MiB": mib["diff_bytes"], "status": check["status"],
-                 "max_memory_allocated MiB (rounded blocks)": mib["max_memory_allocated_bytes"]}
+                 "rebuilt MiB": mib("rebuilt_peak_bytes"), "requested peak MiB": mib("requested_peak_bytes"),
+                 "diff MiB": mib("diff_bytes"), "status": check["status"],
+                 "max_memory_allocated MiB (rounded blocks)": mib("max_memory_allocated_bytes")}
     largest = [{"size MiB": r["size_bytes"] / MIB, "count": r["count"], "total MiB": r["total_bytes"] / MIB,
                 "first frame in the code studied": r["sites"], "phase": r["phases"]}
                for r in fields["snapshot_largest"]]
@@ -805,19 +796,6 @@ def where_it_stands(yours: list[tuple[str, float | None]], year: str, device_nam
     return f"## Where it stands\n\n{render_table(rows, ['', 'ms', 'GPU', 'when'], fmt, floatfmt=',.3f')}\n\n{note}"
 
 
-def attention_standing(records: list[Record], fmt: str) -> str | None:
-    """leaderboard-2025's records: each implementation's do_bench figure beside the published ones."""
-    timed = [r for r in records if r["config"].get("leaderboard")]
-    if not timed:
-        return None
-    yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})" + " WRONG" * r["status"].startswith("WRONG"),
-              r["leaderboard"]["ms"]) if "leaderboard" in r else (f"{r['config']['impl']}: {r['status']}", None)
-             for r in timed]
-    c = timed[0]["config"]
-    scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
-    return where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)
-
-
 def leaderboard_header(config: Record) -> str:
     """What ran: your model and optimizer, the shape (the leaderboard's, changed, or scaled down), the layout."""
     m, batch = config["model"], config["batch_size"] * config["world_size"]
@@ -826,15 +804,13 @@ def leaderboard_header(config: Record) -> str:
              else "a scaled-down shape (the leaderboard's: d_model 4096, d_ff 11008, 34 layers, 32 heads, vocab "
                   "151936, context 32768, batch 2)")
     spread = f"{config['parallel']} over {config['world_size']} ranks" if config["parallel"] else "one process"
-    name = config.get("model_name") or config.get("model_factory") or "ours"
-    return (f"# 2026 leaderboard: {name}, optimizer {config['optimizer']}\n\n"
+    return (f"# 2026 leaderboard: {model_label(config)}, optimizer {config['optimizer']}\n\n"
             f"{shape}: d_model {m['d_model']}, d_ff {m['d_ff']}, {m['num_layers']} layers, {m['num_heads']} heads, "
             f"vocab {m['vocab_size']}, context {m['context_length']}, batch {batch} ({spread}), bf16 autocast, causal")
 
 
 def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """Each --leaderboard run: what ran, do_bench's figure and the split the leaderboard does not show, where it
-    stands."""
+    """Each --leaderboard run: what ran, do_bench's figure, the split of the step, where it stands."""
     sections = []
     for r in records:
         env, check = r["environment"], r.get("check")
@@ -887,21 +863,15 @@ def render(experiment: str, records: list[Record], fmt: str, columns: list[str] 
     return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
 
 
-class LiveReport:
-    """A sweep's report, rewritten as rows finish (runner's render)."""
-
-    def __init__(self, experiment: str, columns: list[str] | None = None):
-        self.experiment, self.columns = experiment, columns
-
-    def __call__(self, records: list[Record], fmt: str) -> str:
-        return render(self.experiment, records, fmt, self.columns)
+def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:
+    """A sweep's report, rewritten as rows finish (runner's render: records, fmt)."""
+    return functools.partial(render, experiment, columns=columns)
 
 
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
             columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
             append: list[Record] = ()) -> int:
-    """The end of every run: append `append`, save and print the report, draw --plot's figures, say where
-    they are. Returns 0, 1 when a figure failed (the tables stand), 130 after Ctrl-C."""
+    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C."""
     try:
         for record in append:
             files.append_record(record)
@@ -927,7 +897,6 @@ class Run:
     records: list[Record]
     lines: list[int]  # of each record in the file
     experiment: str
-    skipped: int = 0  # a truncated last line (an interrupted run)
 
 
 def read_run(path: str) -> Run:
@@ -968,7 +937,9 @@ def read_run(path: str) -> Run:
     kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    run.experiment, run.skipped = kinds[0], int(bad is not None)
+    if bad:
+        progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
+    run.experiment = kinds[0]
     return run
 
 
@@ -1000,9 +971,6 @@ def renderable(experiment: str, records: list[Record], where: list[str], fmt: st
 
 # ---- figures ----
 
-Notes = list[str]  # what a figure left out, one line each
-
-
 def matplotlib_missing() -> str | None:
     found = importlib.util.find_spec("matplotlib")
     return None if found else "--plot needs matplotlib, which is not installed: pip install matplotlib"
@@ -1021,9 +989,8 @@ def new_figure(records: list[Record], title: str, ncols: int = 1, width: float =
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
-    """Ticks at 1, 2, 5 x 10^k between lo and hi, and the next one out where an end of the data lies within 1.5x
-    of it (so the highest line is not left above the last label); decades only when they are many; at least two:
-    matplotlib's log locator labels only decades, so a range within one decade would show a single label."""
+    """Ticks at 1, 2, 5 x 10^k over lo..hi, and the next one out within 1.5x of an end; decades when many; at least
+    two (matplotlib's log locator labels only decades: within one decade it would show a single label)."""
     steps = [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
              for m in (1, 2, 5)]
     below, above = max(t for t in steps if t <= lo), min(t for t in steps if t >= hi)
@@ -1074,7 +1041,7 @@ def varying(records: list[Record], keys: list[str]) -> list[str]:
     return [k for k in keys if len(seen(k)) > 1] + (["run"] if is_merged(records) else [])
 
 
-def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_phases(records: list[Record]) -> Any | None:
     """Step time per configuration, stacked by phase, with the step's std as error bar."""
     done = [r for r in records if finished(r) and number(r.get("step_ms_mean"))]
     if not done:
@@ -1091,7 +1058,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     ax.errorbar(range(len(done)), [r["step_ms_mean"] for r in done], yerr=stds, fmt="none", ecolor="black",
                 capsize=3, label="step mean ± std")
     if 0.0 in stds:
-        notes.append(f"{stds.count(0.0)} configuration(s) without a step std (one timed step)")
+        progress(f"note: figure phases: {stds.count(0.0)} configuration(s) without a step std (one timed step)")
     ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
                                      + f"\nctx {r['config']['model']['context_length']}" for r in done],
                   fontsize=8)
@@ -1099,7 +1066,7 @@ def plot_e2e_phases(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax)
 
 
-def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_speedups(records: list[Record]) -> Any | None:
     """Each variant's speed-ups over the first, as the comparison has them; a failed one's status as a bar."""
     measured = [r for r in records if r.get("kind") != "longest_context"]
     if (spec := e2e_comparison(measured)) is None:
@@ -1130,7 +1097,7 @@ def plot_e2e_speedups(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax)
 
 
-def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
+def plot_e2e_warmup(records: list[Record]) -> Any | None:
     """Time of each timed step against its index, one line per warm-up count, one panel per configuration."""
     groups: dict[str, list[Record]] = {}
     for r in records:
@@ -1154,7 +1121,7 @@ def plot_e2e_warmup(records: list[Record], notes: Notes) -> Any | None:
     return fig
 
 
-def plot_attention(records: list[Record], notes: Notes) -> Any | None:
+def plot_attention(records: list[Record]) -> Any | None:
     """Forward, backward time and memory against sequence length; failed configurations marked on top."""
     if not any(finished(r) for r in records):
         return None
@@ -1180,9 +1147,8 @@ def plot_attention(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, axes[0])
 
 
-def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any | None:
-    """Memory against context length (at the smallest K), or against K (by="K"): the measured peak per mode,
-    the bytes saved for backward and the predicted peak, where the records hold them."""
+def plot_memory(records: list[Record], by: str = "context") -> Any | None:
+    """Measured peak, saved for backward, predicted peak against context (at the smallest K) or K (by="K")."""
     ks = sorted({r["config"]["checkpoint_every"] for r in records})
     chosen = records if by == "K" else [r for r in records if r["config"]["checkpoint_every"] == ks[0]]
     contexts = {r["config"]["model"]["context_length"] for r in chosen}
@@ -1213,14 +1179,14 @@ def plot_memory(records: list[Record], notes: Notes, by: str = "context") -> Any
     return legend_outside(fig, ax)
 
 
-def plot_precision(records: list[Record], notes: Notes) -> Any | None:
+def plot_precision(records: list[Record]) -> Any | None:
     """The running sum against the number of additions for each accumulator, and its relative error."""
     cases = [r for r in records if r.get("partial_sums")]
     if not cases:
         return None
     fig, (ax_sum, ax_err) = new_figure(cases, "Accumulating in low precision", ncols=2, width=5.6)
-    n, _ = zip(*cases[0]["partial_sums"])
-    ax_sum.plot(n, [k * cases[0]["value"] for k in n], color="0.75", linewidth=4, label=f"exact: n x {cases[0]['value']:g}")
+    (n, _), value = zip(*cases[0]["partial_sums"]), cases[0]["value"]
+    ax_sum.plot(n, [k * value for k in n], color="0.75", linewidth=4, label=f"exact: n x {value:g}")
     for i, r in enumerate(cases):
         n, sums = zip(*r["partial_sums"])
         label = (f"case {r['case']}: {r['accumulator_dtype']} += {r['addend_dtype']}"
@@ -1236,13 +1202,14 @@ def plot_precision(records: list[Record], notes: Notes) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
-FIGURES: dict[str, dict[str, Callable[[list[Record], Notes], Any]]] = {
+FIGURES: dict[str, dict[str, Callable[[list[Record]], Any]]] = {
     "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
     "bench_attention": {"attention": plot_attention},
     "mem_profile": {"memory_context": plot_memory,
-                    "memory_checkpoint": lambda records, notes: plot_memory(records, notes, by="K")},
+                    "memory_checkpoint": lambda records: plot_memory(records, by="K")},
     "precision_demo": {"sums": plot_precision},
     "toy_autocast": {},
+    "leaderboard-2026": {},
 }
 FIGURE_NEEDS = {
     "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants "
@@ -1251,29 +1218,26 @@ FIGURE_NEEDS = {
     "mem_profile": "two or more context lengths, or two or more --checkpoint values",
     "precision_demo": "records with partial sums",
     "toy_autocast": "nothing: its answer is a table of dtypes",
+    "leaderboard-2026": "nothing: its answer is a table",
 }
 
 
-def figures(experiment: str, records: list[Record], notes: Notes | None = None) -> dict[str, Any]:
+def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
     """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    notes = [] if notes is None else notes
-    made = {name: plot(records, notes) for name, plot in FIGURES[experiment].items()}
-    return {name: fig for name, fig in made.items() if fig is not None}
+    return {name: fig for name, plot in FIGURES[experiment].items() if (fig := plot(records)) is not None}
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
-    """Each figure saved as `<stem>_<name>.png` (renamed over: no partial image); one that fails is a line on
-    stderr, and the others are drawn. Returns (paths, whether one failed)."""
+    """Each figure as `<stem>_<name>.png` (renamed over: no partial image); a failed one is a line on stderr."""
     paths, failed = [], False
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
     for name, plot in FIGURES[experiment].items():
-        notes: Notes = []
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")
         try:
-            if (fig := plot(records, notes)) is not None:
+            if (fig := plot(records)) is not None:
                 fig.savefig(partial, dpi=120, format="png")
                 os.replace(partial, path)
                 paths.append(path)
@@ -1282,8 +1246,6 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
             why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
-        for line in notes:
-            progress(f"note: figure {name}: {line}")
     if not paths and not failed:
         progress(f"note: no figures: {experiment}'s figures need {FIGURE_NEEDS[experiment]}")
     return paths, failed
@@ -1354,10 +1316,7 @@ def report_runs(args: argparse.Namespace) -> int:
     if args.columns and (message := unknown_column(args.columns, valid)):
         raise ReportError(message)
     where = [f"{run.path}:{n}" for run in runs for n in run.lines]
-    text, kept = renderable(experiment, records, where, args.fmt, args.columns)
-    for run in runs:
-        if run.skipped:
-            progress(f"note: {run.path}: skipped a truncated last line (an interrupted run)")
+    _, kept = renderable(experiment, records, where, args.fmt, args.columns)
     stem = stem_from(runs[0].path.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
     files = ResultFiles(args.results_dir, "report", args.out or stem, "report", reserve=".md")
     files.records_elsewhere = ", ".join(str(run.path) for run in runs)
