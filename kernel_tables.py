@@ -137,23 +137,20 @@ def load_torch_trace(path: str | Path) -> Profile:
 
 def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
     """Self CPU time of every operator (cpu_op): minus the operators directly inside it on its thread."""
-    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for e in events:
-        if e.get("cat") == "cpu_op":
-            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    activities = []
-    for ops in by_thread.values():
-        ops.sort(key=lambda e: (e["ts"], -e["dur"]))  # a parent before the children that start with it
-        stack: list[list[Any]] = []  # [end µs, event, self µs]
-        done = []
-        for e in ops:
-            while stack and e["ts"] >= stack[-1][0]:
-                done.append(stack.pop())
-            if stack:
-                stack[-1][2] -= e["dur"]
-            stack.append([e["ts"] + e["dur"], e, e["dur"]])
-        activities += [Activity(e["name"], max(us, 0.0) * 1e3, e["ts"] * 1e3) for _, e, us in done + stack]
-    return activities
+    def thread(e: dict[str, Any]) -> tuple[str, str]:
+        return str(e.get("pid")), str(e.get("tid"))
+
+    # thread by thread, and a parent before the children that start with it
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: (thread(e), e["ts"], -e["dur"]))
+    stack: list[list[Any]] = []  # [end µs, event, self µs]
+    done = []
+    for e in ops:
+        while stack and (e["ts"] >= stack[-1][0] or thread(e) != thread(stack[-1][1])):
+            done.append(stack.pop())
+        if stack:
+            stack[-1][2] -= e["dur"]
+        stack.append([e["ts"] + e["dur"], e, e["dur"]])
+    return [Activity(e["name"], max(us, 0.0) * 1e3, e["ts"] * 1e3) for _, e, us in done + stack]
 
 
 # ---- nsys: exporting a report to SQLite ----
@@ -207,11 +204,10 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     """An nsys export, or a .nsys-rep through its export X.sqlite in `folder` (default: the report's) unless
     that is older; else a fresh export into X.sqlite when there is none, else into a temporary folder."""
     report = report_file(source)
-    if folder:
-        folder.mkdir(parents=True, exist_ok=True)
     if report.suffix == ".sqlite":
         return load_nsys(report)
     folder = folder or report.parent
+    folder.mkdir(parents=True, exist_ok=True)
     export = folder / f"{report.stem}.sqlite"
     older = export.is_file() and export.stat().st_mtime < report.stat().st_mtime
     nsys, why = find_nsys()
@@ -569,8 +565,7 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     scopes = ["all"] + phases + ([OUTSIDE] if groups.get(OUTSIDE) and phases else [])
     scope_acts = {"all": activities, **{s: groups.get(s, []) for s in scopes[1:]}}
     attention = attention_rows(activities, chosen.ranges, steps, shape)
-    ratios = softmax_matmul_ratios(attention)
-    if ratios:
+    if ratios := softmax_matmul_ratios(attention):
         line = f"softmax takes {ratios[0]:.2f}x the time of one attention matmul"
         if ratios[1]:
             line += f" for {ratios[1]:.3f}x its FLOPs: {ratios[0] / ratios[1]:.0f}x more time per FLOP"
@@ -660,28 +655,23 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
     return records[-1]
 
 
-def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
-    """One report for the summary: what its name says, its tables, or why it has none (`status`, skipped)."""
-    size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
-    entry = {"prefix": prefix, "size": size, "context": int(context), "mode": mode, "variant": variant or "",
-             "status": status, "tables": None, "record": {}}
+def report_summary(prefix: Path) -> dict[str, Any]:
+    """One of nsys_run.sh's reports for the summary: its status, its tables (None without), its record."""
     jsonl = Path(f"{prefix}_e2e.jsonl")
     try:
-        record = last_e2e_record(jsonl) if jsonl.exists() and not status else {}
-        if status or (record and record.get("status") not in FINISHED):
-            entry["status"] = status or str(record.get("status"))
-        elif not report_file(prefix).is_file():
-            entry["status"] = "no report"
-        else:
-            config = record.get("config") or {}
-            entry.update(tables=build_tables(load_report(prefix), record and stopwatch_ms(record),
-                                             attention_shape(config), 1, bool(config.get("compile"))),
-                         record=record, status=record.get("status", "ok (no _e2e.jsonl: no stopwatch)"))
+        record = last_e2e_record(jsonl) if jsonl.exists() else {}
+        if record and record.get("status") not in FINISHED:
+            return {"status": str(record.get("status")), "tables": None, "record": {}}
+        if not report_file(prefix).is_file():
+            return {"status": "no report", "tables": None, "record": {}}
+        config = record.get("config") or {}
+        return {"status": record.get("status", "ok (no _e2e.jsonl: no stopwatch)"), "record": record,
+                "tables": build_tables(load_report(prefix), record and stopwatch_ms(record),
+                                       attention_shape(config), 1, bool(config.get("compile")))}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ProfileFormatError is a ValueError
         said = exc if isinstance(exc, ProfileFormatError) else \
             f"{prefix}: malformed: {type(exc).__name__}: {exc}"
-        entry["status"] = f"error: {said}"
-    return entry
+        return {"status": f"error: {said}", "tables": None, "record": {}}
 
 
 def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -698,23 +688,19 @@ def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str,
     def matmul_pct(tables: dict[str, Any], scope: str) -> float | None:
         return next((c["matrix multiply"] for c in tables["categories"] if c["scope"] == scope), None)
 
-    mode = next((m for m in ("forward", "forward-backward", "train") if m in done), None)
-    if mode:
+    if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
         tables = done[mode]
         phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
         row.update(forward_from=mode, forward_nsight_ms=phase.get("range_ms"),
                    forward_stopwatch_ms=phase.get("stopwatch_ms"))
-        top = first_kernel(tables["top"].get("forward") or tables["top"].get("all"))
-        if top:
+        if top := first_kernel(tables["top"].get("forward") or tables["top"].get("all")):
             row.update(top_forward_kernel=top["name"], top_forward_kernel_calls_per_forward=top["per_step"])
         row["matmul_pct_forward"] = matmul_pct(tables, "forward")
-        ratios = softmax_matmul_ratios(tables["attention"])
-        if ratios:
+        if ratios := softmax_matmul_ratios(tables["attention"]):
             row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
     if "train" in done:
         row["matmul_pct_train_step"] = matmul_pct(done["train"], "all")
-    top = first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward"))
-    if top:
+    if top := first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward")):
         row["top_forward_backward_kernel"] = top["name"]
     return row
 
@@ -735,10 +721,13 @@ def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: 
                   fmt: str = "github") -> None:
     """nsys_profile (a)-(e) across nsys_run.sh's reports (`statuses`: why some have none), printed and saved
     as <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
-    entries = [report_summary(prefix, statuses.get(prefix, "")) for prefix in prefixes]
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
-    for entry in entries:
-        groups.setdefault((entry["size"], entry["context"], entry["variant"]), {})[entry["mode"]] = entry
+    entries = []
+    for prefix in prefixes:
+        size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
+        entries.append({"prefix": prefix, **({"status": statuses[prefix], "tables": None, "record": {}}
+                                             if prefix in statuses else report_summary(prefix))})
+        groups.setdefault((size, int(context), variant or ""), {})[mode] = entries[-1]
     rows = [summary_row(*key, runs) for key, runs in groups.items()]
     notes = ["rows without a forward-only report take the forward columns from the forward phase of their "
              "training (or forward-backward) run: `forward_from` in the records"] * any(
@@ -902,8 +891,7 @@ def check_with_bench_e2e(args: argparse.Namespace, show: bool) -> int:
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    status = check_with_bench_e2e(args, show=True)
-    if status:
+    if status := check_with_bench_e2e(args, show=True):
         return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
@@ -982,10 +970,10 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
     if status:
         say(f"the profiled run failed with exit status {status}")
         return status, said, "" if said else f"failed: the profiled run's exit status was {status}"
-    if not report.is_file():  # bench_e2e exits 0 for a failed configuration: its record says why
-        if said and said not in FINISHED:
-            say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
-            return 1, said, ""
+    if not report.is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 for a failed configuration
+        say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
+        return 1, said, ""
+    if not report.is_file():
         say(f"nsys wrote no {report}: the 'measure' range never started (on a CPU, torch has no NVTX: "
             "docs/nsys_run.md)")
         return 1, said, "failed: nsys wrote no report (the measure range never started)"
@@ -1006,8 +994,7 @@ def profile_plan(args: argparse.Namespace, nsys: str) -> int:
     created = [f for f in (folder, *folder.parents) if not f.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     for i, config in enumerate(args.plan, 1):
-        reason = skip.reason((config.size, config.mode), "context_length", config.ctx)
-        if reason:
+        if reason := skip.reason((config.size, config.mode), "context_length", config.ctx):
             say(f"{config.label()}: {reason} (--no-skip profiles it anyway)")
             statuses[config.report] = reason
             continue
