@@ -354,12 +354,11 @@ class Windows:
 
     def __init__(self, ranges: Iterable[Range]):
         self.ranges = sorted(ranges, key=lambda r: (r.start_ns, -r.end_ns))
-        self._starts = [r.start_ns for r in self.ranges]
         # the latest end among this range and those before it
         self._reach = list(itertools.accumulate((r.end_ns for r in self.ranges), max))
 
     def find(self, t_ns: float) -> Range | None:
-        i = bisect.bisect_right(self._starts, t_ns) - 1
+        i = bisect.bisect_right(self.ranges, t_ns, key=lambda r: r.start_ns) - 1
         while i >= 0 and self._reach[i] >= t_ns:
             if self.ranges[i].end_ns >= t_ns:
                 return self.ranges[i]
