@@ -8,9 +8,6 @@ their calls; the matmul share of inference vs a training step; softmax vs the at
     python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
     python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a torch trace
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across nsys_run.sh's reports
-
-A .nsys-rep is read from its export X.sqlite (beside it, or in --csv-dir), exported afresh by nsys when that
-is older; a file the toolkit did not write is never replaced or deleted. torch-free.
 """
 from __future__ import annotations
 
@@ -20,6 +17,7 @@ import contextlib
 import gzip
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -139,23 +137,20 @@ def load_torch_trace(path: str | Path) -> Profile:
 
 def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
     """Self CPU time of every operator (cpu_op): minus the operators directly inside it on its thread."""
-    by_thread: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
-    for e in events:
-        if e.get("cat") == "cpu_op":
-            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
-    activities = []
-    for ops in by_thread.values():
-        ops.sort(key=lambda e: (e["ts"], -e["dur"]))  # a parent before the children that start with it
-        stack: list[list[Any]] = []  # [end µs, event, self µs]
-        done = []
-        for e in ops:
-            while stack and e["ts"] >= stack[-1][0]:
-                done.append(stack.pop())
-            if stack:
-                stack[-1][2] -= e["dur"]
-            stack.append([e["ts"] + e["dur"], e, e["dur"]])
-        activities += [Activity(e["name"], max(us, 0.0) * 1e3, e["ts"] * 1e3) for _, e, us in done + stack]
-    return activities
+    def thread(e: dict[str, Any]) -> tuple[str, str]:
+        return str(e.get("pid")), str(e.get("tid"))
+
+    # thread by thread, and a parent before the children that start with it
+    ops = sorted((e for e in events if e.get("cat") == "cpu_op"), key=lambda e: (thread(e), e["ts"], -e["dur"]))
+    stack: list[list[Any]] = []  # [end µs, event, self µs]
+    done = []
+    for e in ops:
+        while stack and (e["ts"] >= stack[-1][0] or thread(e) != thread(stack[-1][1])):
+            done.append(stack.pop())
+        if stack:
+            stack[-1][2] -= e["dur"]
+        stack.append([e["ts"] + e["dur"], e, e["dur"]])
+    return [Activity(e["name"], max(us, 0.0) * 1e3, e["ts"] * 1e3) for _, e, us in done + stack]
 
 
 # ---- nsys: exporting a report to SQLite ----
@@ -170,9 +165,8 @@ def find_nsys() -> tuple[str | None, str]:
     """(the nsys binary, '') or (None, why there is none): $NSYS when set, else `nsys` on PATH."""
     given = os.environ.get("NSYS")
     found = shutil.which(given or "nsys")
-    why = f"NSYS={given} is not an executable nsys binary" \
-        if given else "nsys (Nsight Systems) is not on PATH"
-    return found, "" if found else why
+    return found, "" if found else f"NSYS={given} is not an executable nsys binary" if given else \
+        "nsys (Nsight Systems) is not on PATH"
 
 
 def nsys_version(text: str) -> tuple[int, ...] | None:
@@ -210,13 +204,10 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     """An nsys export, or a .nsys-rep through its export X.sqlite in `folder` (default: the report's) unless
     that is older; else a fresh export into X.sqlite when there is none, else into a temporary folder."""
     report = report_file(source)
-    if folder:
-        folder.mkdir(parents=True, exist_ok=True)
     if report.suffix == ".sqlite":
         return load_nsys(report)
-    if not report.is_file():
-        raise ProfileFormatError(f"{report}: no such report")
     folder = folder or report.parent
+    folder.mkdir(parents=True, exist_ok=True)
     export = folder / f"{report.stem}.sqlite"
     older = export.is_file() and export.stat().st_mtime < report.stat().st_mtime
     nsys, why = find_nsys()
@@ -363,12 +354,11 @@ class Windows:
 
     def __init__(self, ranges: Iterable[Range]):
         self.ranges = sorted(ranges, key=lambda r: (r.start_ns, -r.end_ns))
-        self._starts = [r.start_ns for r in self.ranges]
         # the latest end among this range and those before it
         self._reach = list(itertools.accumulate((r.end_ns for r in self.ranges), max))
 
     def find(self, t_ns: float) -> Range | None:
-        i = bisect.bisect_right(self._starts, t_ns) - 1
+        i = bisect.bisect_right(self.ranges, t_ns, key=lambda r: r.start_ns) - 1
         while i >= 0 and self._reach[i] >= t_ns:
             if self.ranges[i].end_ns >= t_ns:
                 return self.ranges[i]
@@ -405,24 +395,21 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
             chosen.used.setdefault(phase, Counter())[r.name] += 1
             chosen.ranges.append(Range(phase, r.start_ns, r.end_ns))
         elif not warmup.find(r.start_ns):  # renamed when it reads like a phase that --ranges named otherwise
-            taken = r.name in (*PHASES, STEP)
-            chosen.ranges.append(Range(f"{r.name} (not the phase)", r.start_ns, r.end_ns) if taken else r)
+            name = f"{r.name} (not the phase)" if r.name in (*PHASES, STEP) else r.name
+            chosen.ranges.append(Range(name, r.start_ns, r.end_ns))
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
     if measure.ranges:
         chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]
         chosen.measure_ns = sum(r.duration_ns for r in measure.ranges)
         chosen.region = f"inside the {measure_name!r} ranges"
-    elif phase_ranges:
-        first, last = min(r.start_ns for r in phase_ranges), max(r.end_ns for r in phase_ranges)
-        chosen.activities = [a for a in profile.activities
-                             if first <= a.launch_ns <= last and not warmup.find(a.launch_ns)]
-        chosen.ranges = [r for r in chosen.ranges if first <= r.start_ns <= last]
-        chosen.region = "from the first to the last phase range"
-    else:
-        chosen.activities = [a for a in profile.activities if not warmup.find(a.launch_ns)]
-        chosen.region = "the whole profile"
-    if warmup.ranges and not measure.ranges:
-        chosen.region += ", warm-up ranges left out"
+        return chosen
+    first, last = min((r.start_ns for r in phase_ranges), default=-math.inf), \
+        max((r.end_ns for r in phase_ranges), default=math.inf)
+    chosen.activities = [a for a in profile.activities
+                         if first <= a.launch_ns <= last and not warmup.find(a.launch_ns)]
+    chosen.ranges = [r for r in chosen.ranges if first <= r.start_ns <= last]
+    chosen.region = "from the first to the last phase range" if phase_ranges else "the whole profile"
+    chosen.region += ", warm-up ranges left out" * bool(warmup.ranges)
     return chosen
 
 
@@ -473,10 +460,8 @@ def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: lis
     rows = [{"phase": phase, "range_ms": per_step(r for r in chosen.ranges if r.name == phase),
              "stopwatch_ms": stopwatch.get(phase), "work_ms": per_step(groups.get(phase, []))}
             for phase in phases]
-    if STEP in chosen.used:
-        step_ms = statistics.fmean(r.duration_ns / 1e6 for r in chosen.ranges if r.name == STEP)
-    else:
-        step_ms = chosen.measure_ns / 1e6 / steps if chosen.measure_ns is not None else None
+    step_ms = per_step(r for r in chosen.ranges if r.name == STEP) if STEP in chosen.used else \
+        None if chosen.measure_ns is None else chosen.measure_ns / 1e6 / steps
     if step_ms is not None:
         rows.append({"phase": STEP, "range_ms": step_ms, "stopwatch_ms": stopwatch.get(STEP),
                      "work_ms": per_step(a for acts in groups.values() for a in acts)})
@@ -526,14 +511,11 @@ def attention_rows(activities: list[Activity], ranges: list[Range], steps: int,
         matmul = results.attention_matmul_flops(b, s, shape["d_model"]) // 2
         flops = {"computing attention scores": matmul, "final matmul": matmul,
                  "computing softmax": 5 * b * shape["heads"] * s * s}
-    rows = []
-    for step in ATTENTION_STEPS:
-        calls = sum(1 for r in ranges if r.name == step)
-        if not calls:
-            continue
-        ms_per_call = sum(a.duration_ns for a in groups.get(step, [])) / 1e6 / calls
-        row = {"sub_step": step, "calls": calls, "calls_per_step": calls / steps, "ms_per_call": ms_per_call,
-               "gflop_per_call": flops[step] / 1e9 if step in flops else None}
+    rows, calls = [], Counter(r.name for r in ranges)
+    for step in (step for step in ATTENTION_STEPS if calls[step]):
+        ms_per_call = sum(a.duration_ns for a in groups.get(step, [])) / 1e6 / calls[step]
+        row = {"sub_step": step, "calls": calls[step], "calls_per_step": calls[step] / steps,
+               "ms_per_call": ms_per_call, "gflop_per_call": flops[step] / 1e9 if step in flops else None}
         if row["gflop_per_call"] and ms_per_call:
             row["gflops"] = row["gflop_per_call"] / (ms_per_call / 1e3)
         rows.append(row)
@@ -582,8 +564,7 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
     scopes = ["all"] + phases + ([OUTSIDE] if groups.get(OUTSIDE) and phases else [])
     scope_acts = {"all": activities, **{s: groups.get(s, []) for s in scopes[1:]}}
     attention = attention_rows(activities, chosen.ranges, steps, shape)
-    ratios = softmax_matmul_ratios(attention)
-    if ratios:
+    if ratios := softmax_matmul_ratios(attention):
         line = f"softmax takes {ratios[0]:.2f}x the time of one attention matmul"
         if ratios[1]:
             line += f" for {ratios[1]:.3f}x its FLOPs: {ratios[0] / ratios[1]:.0f}x more time per FLOP"
@@ -673,29 +654,23 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
     return records[-1]
 
 
-def report_summary(prefix: Path, status: str = "") -> dict[str, Any]:
-    """One report for the summary: what its name says, its tables, or why it has none (`status`, skipped)."""
-    size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
-    entry = {"prefix": prefix, "size": size, "context": int(context), "mode": mode, "variant": variant or "",
-             "status": status, "tables": None, "record": None}
+def report_summary(prefix: Path) -> dict[str, Any]:
+    """One of nsys_run.sh's reports for the summary: its status, its tables (None without), its record."""
     jsonl = Path(f"{prefix}_e2e.jsonl")
     try:
-        record = last_e2e_record(jsonl) if jsonl.exists() and not status else None
-        if status or (record and record.get("status") not in FINISHED):
-            entry["status"] = status or str(record.get("status"))
-        elif not report_file(prefix).is_file():
-            entry["status"] = "no report"
-        else:
-            config = (record or {}).get("config") or {}
-            entry["tables"] = build_tables(load_report(prefix), record and stopwatch_ms(record),
-                                           attention_shape(config), 1, bool(config.get("compile")))
-            entry["record"] = record
-            entry["status"] = record["status"] if record else "ok (no _e2e.jsonl: no stopwatch)"
+        record = last_e2e_record(jsonl) if jsonl.exists() else {}
+        if record and record.get("status") not in FINISHED:
+            return {"status": str(record.get("status")), "tables": None, "record": {}}
+        if not report_file(prefix).is_file():
+            return {"status": "no report", "tables": None, "record": {}}
+        config = record.get("config") or {}
+        return {"status": record.get("status", "ok (no _e2e.jsonl: no stopwatch)"), "record": record,
+                "tables": build_tables(load_report(prefix), record and stopwatch_ms(record),
+                                       attention_shape(config), 1, bool(config.get("compile")))}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ProfileFormatError is a ValueError
         said = exc if isinstance(exc, ProfileFormatError) else \
             f"{prefix}: malformed: {type(exc).__name__}: {exc}"
-        entry["status"] = f"error: {said}"
-    return entry
+        return {"status": f"error: {said}", "tables": None, "record": {}}
 
 
 def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -712,23 +687,19 @@ def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str,
     def matmul_pct(tables: dict[str, Any], scope: str) -> float | None:
         return next((c["matrix multiply"] for c in tables["categories"] if c["scope"] == scope), None)
 
-    mode = next((m for m in ("forward", "forward-backward", "train") if m in done), None)
-    if mode:
+    if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
         tables = done[mode]
         phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
         row.update(forward_from=mode, forward_nsight_ms=phase.get("range_ms"),
                    forward_stopwatch_ms=phase.get("stopwatch_ms"))
-        top = first_kernel(tables["top"].get("forward") or tables["top"].get("all"))
-        if top:
+        if top := first_kernel(tables["top"].get("forward") or tables["top"].get("all")):
             row.update(top_forward_kernel=top["name"], top_forward_kernel_calls_per_forward=top["per_step"])
         row["matmul_pct_forward"] = matmul_pct(tables, "forward")
-        ratios = softmax_matmul_ratios(tables["attention"])
-        if ratios:
+        if ratios := softmax_matmul_ratios(tables["attention"]):
             row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
     if "train" in done:
         row["matmul_pct_train_step"] = matmul_pct(done["train"], "all")
-    top = first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward"))
-    if top:
+    if top := first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward")):
         row["top_forward_backward_kernel"] = top["name"]
     return row
 
@@ -749,10 +720,13 @@ def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: 
                   fmt: str = "github") -> None:
     """nsys_profile (a)-(e) across nsys_run.sh's reports (`statuses`: why some have none), printed and saved
     as <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
-    entries = [report_summary(prefix, statuses.get(prefix, "")) for prefix in prefixes]
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
-    for entry in entries:
-        groups.setdefault((entry["size"], entry["context"], entry["variant"]), {})[entry["mode"]] = entry
+    entries = []
+    for prefix in prefixes:
+        size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
+        entries.append({"prefix": prefix, **({"status": statuses[prefix], "tables": None, "record": {}}
+                                             if prefix in statuses else report_summary(prefix))})
+        groups.setdefault((size, int(context), variant or ""), {})[mode] = entries[-1]
     rows = [summary_row(*key, runs) for key, runs in groups.items()]
     notes = ["rows without a forward-only report take the forward columns from the forward phase of their "
              "training (or forward-backward) run: `forward_from` in the records"] * any(
@@ -763,7 +737,7 @@ def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: 
                      "without a GPU): the kernel, matmul and softmax columns are empty")
     elif finished:
         notes.append("kernel names are shortened; each report's <report>.md has them in full, the JSONL too")
-    env = next((e["record"]["environment"] for e in entries if (e["record"] or {}).get("environment")), None)
+    env = next((e["record"]["environment"] for e in entries if e["record"].get("environment")), None)
     header = results.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
     spec = [c for c in SUMMARY_COLUMNS if c[0] != "variant" or any(row["variant"] for row in rows)]
     shown = [{**row, "runs": ", ".join(f"{mode} {status}" for mode, status in row["runs"].items()),
@@ -916,8 +890,7 @@ def check_with_bench_e2e(args: argparse.Namespace, show: bool) -> int:
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    status = check_with_bench_e2e(args, show=True)
-    if status:
+    if status := check_with_bench_e2e(args, show=True):
         return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
@@ -967,7 +940,8 @@ def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
 
 
 def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[int, str, str]:
-    """Profile (or reuse) one configuration and make its tables: (exit status, kind, why it has no tables)."""
+    """Profile (or reuse) one configuration and its tables: (exit status, its record's status, or kept or
+    refused; why it has no tables where the record does not say)."""
     todo, jsonl, report = action(config, args), config.file("_e2e.jsonl"), config.file(".nsys-rep")
     if todo == "kept":
         say(f"error: {report} exists, made with other arguments than these ({config.report}.args); it is "
@@ -979,36 +953,35 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
     else:
         remove_files(config)
         config.file(".args").write_text(config.made_with + "\n")
-        try:
+        status = None
+        try:  # what nsys wrote of an interrupted or refused run is no report to reuse
             status = run_under_nsys(config, args, nsys)
-        except KeyboardInterrupt:  # what nsys wrote of an interrupted run is no report to reuse
-            remove_files(config)
-            raise
+        finally:
+            if status in (None, 2):
+                remove_files(config)
         if status == 2:  # bench_e2e's usage error: every configuration would fail alike
-            remove_files(config)
             say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
                 "kept")
             return 2, "refused", ""
-    with contextlib.suppress(ProfileFormatError, OSError):
-        said = ""
-        said = str(last_e2e_record(jsonl).get("status", "")) if jsonl.is_file() else ""
-    kind = "OOM" if results.is_oom_status(said) else "failed"
+    said = ""  # the status the profiled run recorded
+    with contextlib.suppress(ProfileFormatError):
+        said = str(last_e2e_record(jsonl).get("status", ""))
     if status:
         say(f"the profiled run failed with exit status {status}")
-        return status, kind, "" if said else f"failed: the profiled run's exit status was {status}"
-    if not report.is_file():  # bench_e2e exits 0 for a failed configuration: its record says why
-        if said and said not in FINISHED:
-            say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
-            return 1, kind, ""
+        return status, said, "" if said else f"failed: the profiled run's exit status was {status}"
+    if not report.is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 for a failed configuration
+        say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
+        return 1, said, ""
+    if not report.is_file():
         say(f"nsys wrote no {report}: the 'measure' range never started (on a CPU, torch has no NVTX: "
             "docs/nsys_run.md)")
-        return 1, kind, "failed: nsys wrote no report (the measure range never started)"
+        return 1, said, "failed: nsys wrote no report (the measure range never started)"
     status = main([str(report), "--md", f"{config.report}.md"]
                   + ["--e2e-jsonl", str(jsonl)] * jsonl.is_file())
     if status:
-        return status, kind, "" if said else "failed: no tables (see above)"
+        return status, said, "" if said else "failed: no tables (see above)"
     results.emit(f"report: {report} (open it with nsys-ui, the Nsight Systems GUI)")
-    return 0, "ok", ""
+    return 0, said, ""
 
 
 def profile_plan(args: argparse.Namespace, nsys: str) -> int:
@@ -1020,20 +993,19 @@ def profile_plan(args: argparse.Namespace, nsys: str) -> int:
     created = [f for f in (folder, *folder.parents) if not f.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     for i, config in enumerate(args.plan, 1):
-        reason = skip.reason((config.size, config.mode), "context_length", config.ctx)
-        if reason:
+        if reason := skip.reason((config.size, config.mode), "context_length", config.ctx):
             say(f"{config.label()}: {reason} (--no-skip profiles it anyway)")
             statuses[config.report] = reason
             continue
         if len(args.plan) > 1:
             say(f"configuration {i}/{len(args.plan)}: {config.label()}")
-        status, kind, why = profile_one(config, args, nsys)
-        if kind == "refused":
+        status, said, why = profile_one(config, args, nsys)
+        if said == "refused":
             for made in created:  # only the folders made for this run, and only when empty
                 with contextlib.suppress(OSError):
                     made.rmdir()
             return 2
-        skip.record((config.size, config.mode), config.ctx, kind)
+        skip.record((config.size, config.mode), config.ctx, said)
         exit_status = exit_status or status
         if why:
             statuses[config.report] = why
@@ -1073,25 +1045,27 @@ def sweep_main(argv: list[str]) -> int:
 # ---- command line ----
 
 
-def key_values(items: list[str], keys: tuple[str, ...], flag: str, what: str,
+def key_values(p: argparse.ArgumentParser, items: list[str], keys: tuple[str, ...], flag: str, what: str,
                convert: Any = str) -> dict[str, Any]:
     """--ranges forward=NAME ... / --stopwatch forward=MS,...: KEY=VALUE, KEY one of `keys`, each once."""
     pairs: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or key not in keys or not value:
-            raise ValueError(f"{flag}: give KEY={what} with KEY one of {', '.join(keys)}, got {item!r}")
-        if key in pairs:
-            raise ValueError(f"{flag}: {key} given twice")
-        pairs[key] = convert(value)
+        results.refuse(p, [(not sep or key not in keys or not value,
+                            f"{flag}: give KEY={what} with KEY one of {', '.join(keys)}, got {item!r}"),
+                           (key in pairs, f"{flag}: {key} given twice")])
+        try:
+            pairs[key] = convert(value)
+        except ValueError as exc:
+            p.error(f"{flag}: {exc}")
     return pairs
 
 
 def milliseconds(text: str) -> float:
     with contextlib.suppress(ValueError):
-        if 0 < float(text) < float("inf"):
+        if 0 < float(text) < math.inf:
             return float(text)
-    raise ValueError(f"--stopwatch: times are milliseconds (positive finite numbers), got {text!r}")
+    raise ValueError(f"times are milliseconds (positive finite numbers), got {text!r}")
 
 
 def is_trace(source: str | Path) -> bool:
@@ -1139,12 +1113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        (args.stopwatch and args.e2e_jsonl,
                         "give --e2e-jsonl (bench_e2e's record) or --stopwatch (your own times), not both")])
     args.source = args.source[0]
-    try:
-        args.stopwatch = key_values([part for given in args.stopwatch or [] for part in given.split(",")],
-                                    (*PHASES, STEP), "--stopwatch", "MS", milliseconds)
-        args.ranges = key_values(args.ranges or [], RANGE_KEYS, "--ranges", "NAME")
-    except ValueError as exc:
-        p.error(str(exc))
+    args.stopwatch = key_values(p, [part for given in args.stopwatch or [] for part in given.split(",")],
+                                (*PHASES, STEP), "--stopwatch", "MS", milliseconds)
+    args.ranges = key_values(p, args.ranges or [], RANGE_KEYS, "--ranges", "NAME")
     found = Path(args.source) if is_trace(args.source) else report_file(args.source)
     export_dir = Path(args.export_dir or ".")
     while not export_dir.exists():  # made when missing: its first existing parent must be a writable folder

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Systems profiles of bench_e2e.py's measured steps, one report per configuration, turned into kernel tables
-# (the study's nsys_profile questions). This wrapper finds Python; kernel_tables.py plans, profiles and tabulates.
+# Nsight Systems profiles of bench_e2e.py's measured steps, as kernel tables: kernel_tables.py --nsys-run does it all.
 #
 #   bash nsys_run.sh medium 256                      # one configuration: a training step
 #   bash nsys_run.sh --size small medium --context-length 256 512 1024 --mode forward train
