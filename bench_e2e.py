@@ -18,13 +18,10 @@ optimizer buy, and the longest context that trains.
     torchrun --nproc-per-node 2 bench_e2e.py --leaderboard --parallel fsdp   # ... spread over 2 GPUs
     python3 bench_e2e.py --leaderboard full --dry-run --parallel fsdp --world-size 2   # the state per device
 
-Method (the `measure` section): the model, optimizer and one random batch are built on the device; the compile
-step (compile_s) and --warmup steps run untimed; the peak-memory counter is reset; then --steps timed steps, each
-phase (forward with the loss, backward, optimizer step) and the whole step between two device synchronisations
-(common.SyncTimer). Variants (--dtype, --compile, --attn, --model, --optimizer) are built in one process and their
-timed steps alternate A B | B A | ..., so drift falls on all alike. Each configuration runs in a child process
-(runner.py): an OOM or a crash is a row. Tables: report.py; manual: docs/bench_e2e.md. --leaderboard (its own
-section) runs in this process: the behaviour check, do_bench, then the split.
+Method (the `measure` section): the compile step (compile_s) and --warmup steps run untimed; the peak-memory
+counter is reset; then --steps timed steps, each phase (forward with the loss, backward, optimizer step) and the
+whole step between two device synchronisations. Variants are built in one process and timed A B | B A | ...; each
+configuration runs in a child process (runner.py), so an OOM is a row. Manual: docs/bench_e2e.md.
 """
 from __future__ import annotations
 
@@ -167,15 +164,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
     runner.check_sweep_args(parser, args)
     dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads")}
-    if args.size is None:
-        args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
-    else:
-        args.size = results.sizes_or_exit(parser, args, args.size)
+    default = "custom" if None not in dims.values() else "tiny"
+    args.size = results.sizes_or_exit(parser, args, args.size) if args.size else [default]
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
     given = list(dict.fromkeys(args.model))  # (NAME or None, model)
-    names = [n for n, _ in given if n is not None]
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
     results.refuse(parser, [
@@ -183,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)"),
-        (len(set(args.model)) < len(given) or len(set(names)) < len(names),
+        (len(set(args.model)) < len(given) or len(set(args.model_names.values())) < len(args.model_names),
          "--model: give each model once, and each NAME to one model")])
     common.models_or_exit(parser, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
@@ -210,31 +204,27 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
     warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
-            "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+            "warmup": args.warmup, "fsdp_mixed_precision": args.fsdp_mixed_precision,
+            "reshard_after_forward": [v == "on" for v in args.reshard_after_forward]}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
+    fixed = dict(handout=args.handout, batch_size=args.batch_size, steps=args.steps, mode=args.mode,
+                 no_grad=args.no_grad, tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
+                 seed=args.seed, nvtx=args.nvtx, profile_results_dir=args.results_dir if args.profile else None,
+                 pg_timeout_s=args.pg_timeout)
     runs = []
     try:
         for values in itertools.product(*(axes[axis] for axis in order)):
             c = dict(zip(order, values))
             if c["parallel"] != "fsdp":  # FSDP-only settings do not multiply the other rows
-                c["fsdp_mp"], c["reshard"] = "off", "on"
+                c["fsdp_mixed_precision"], c["reshard_after_forward"] = "off", True
             if c["model"] != common.OURS:  # nor does our model's attention multiply the rows of yours
                 c["attn"] = "naive"
-            model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"]) if c["size"] == "custom"
-                     else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
-                                     context_length=c["ctx"]))
-            runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
-                                  warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
-                                  dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
-                                  model_factory=common.model_factory(c["model"]),
-                                  model_name=args.model_names.get(c["model"]),
-                                  flops=common.flops_source(c["model"], args.flops),
-                                  tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
-                                  seed=args.seed, nvtx=args.nvtx,
-                                  profile_results_dir=args.results_dir if args.profile else None,
-                                  parallel=c["parallel"], world_size=world_size if c["parallel"] else 1,
-                                  fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
-                                  pg_timeout_s=args.pg_timeout))
+            ctx, spec = c.pop("ctx"), c.pop("model")
+            model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx) if c["size"] == "custom"
+                     else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx))
+            runs.append(RunConfig(**fixed, **c, model=model, model_factory=common.model_factory(spec),
+                                  model_name=args.model_names.get(spec), flops=common.flops_source(spec, args.flops),
+                                  world_size=world_size if c["parallel"] else 1))
     except results.ConfigError as exc:
         parser.error(str(exc))
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
@@ -318,32 +308,26 @@ class RunConfig:
     def label(self) -> str:
         """The configuration in progress lines and file names; settings at their default are left out."""
         model = [self.model_name or self.model_factory] if self.model_factory else [self.model_name, self.attn]
+        optimizer = f"optimizer={self.optimizer}" if self.optimizer != "ours" else None
         parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
-                 self.dtype, *filter(None, model), f"warmup={self.warmup}"]
-        parts += [f"ckpt={self.checkpoint_every}"] if self.checkpoint_every else []
-        parts += [f"optimizer={self.optimizer}"] if self.optimizer != "ours" else []
-        parts += [f"{self.parallel} x{self.world_size}"] if self.parallel else []
-        if self.parallel == "fsdp":
-            parts += ["bf16-params"] if self.fsdp_mixed_precision != "off" else []
-            parts += [] if self.reshard_after_forward else ["no-reshard"]
-        return " ".join(parts + (["compiled"] if self.compile else []))
+                 self.dtype, *model, f"warmup={self.warmup}", optimizer, report.parallel_label(vars(self)),
+                 "compiled" if self.compile else None]
+        return " ".join(filter(None, parts))
 
     def skip_key(self) -> tuple[tuple, str, int]:
-        """(group, "ctx", context): after an OOM the sweep skips the larger contexts of the same group."""
+        """(group, "ctx", context): after an OOM the sweep skips the group's larger contexts."""
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
                                    warmup=0, steps=0), "ctx", self.context_length
 
     def comparison_key(self) -> RunConfig | None:
-        """The configuration without its variant fields (dtype, compile, attention, model, optimizer): runs that
-        share it are measured together, interleaved. None when a variant must run alone: under --parallel (its own
-        process group), --profile or --nvtx (a profile holds one variant)."""
+        """Without the variant fields: runs that share it are measured together, interleaved. None when a variant
+        must run alone: under --parallel (its own process group), --profile or --nvtx (a profile holds one)."""
         if self.parallel or self.profile_results_dir is not None or self.nvtx:
             return None
         return dataclasses.replace(self, dtype="", compile=False, attn="", optimizer="", model_factory=None,
                                    model_name=None, flops="")
 
-    def with_context(self, context_length: int) -> RunConfig:
-        """The same configuration at another context length (a search's next probe)."""
+    def with_context(self, context_length: int) -> RunConfig:  # a search's next probe
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
 
 
@@ -374,7 +358,7 @@ class Workload:
                           if run.mode == "train" else None)
         self.logits_checked = run.model_factory is None  # ours is known to be right; yours is checked once
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
 
     def forward(self, eager: bool = False) -> torch.Tensor:
         """The loss of the batch; `eager`: through the model itself, not torch.compile's or DDP's wrapper."""
@@ -387,15 +371,12 @@ class Workload:
                 self.logits_checked = True
             return cross_entropy(logits, self.targets)
 
-    def backward(self, loss: torch.Tensor) -> None:  # through the gradient scaler for fp16
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+    def backward(self, loss: torch.Tensor) -> None:  # the scaler is a pass-through but for fp16
+        self.scaler.scale(loss).backward()
 
     def optimizer_step(self) -> None:
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
 
@@ -807,6 +788,11 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         return {**record, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
 
+    def agree(n: int) -> int:  # under torchrun: the ranks' largest call count, so all run as many collectives
+        count = torch.tensor([n], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
+
     def train_step() -> None:  # the leaderboard's step: run_step's phases, with no synchronisation between them
         work.backward(work.forward())  # the model and cross_entropy under bf16 autocast
         work.optimizer_step()  # step, zero_grad(set_to_none=True)
@@ -816,7 +802,7 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
     record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms,
-                                                             agree=agreed_count(device) if run.parallel else None)
+                                                             agree=agree if run.parallel else None)
     record["wall_s"] = time.perf_counter() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
@@ -828,27 +814,6 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     return {**record, "status": "noisy" if record["noisy"] else "ok"}
 
 
-def agreed_count(device: torch.device) -> Callable[[int], int]:
-    """Under torchrun: the largest of the ranks' call counts, so that every rank runs as many collectives."""
-    import torch.distributed as dist
-
-    def agree(n: int) -> int:
-        count = torch.tensor([n], device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return int(count.item())
-    return agree
-
-
-@contextlib.contextmanager
-def cold_caches() -> Any:
-    """TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an empty folder for the block, as the leaderboard's run."""
-    with tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True) as folder:
-        caches = {name: os.path.join(folder, name.split("_")[0].lower())
-                  for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-        with mock.patch.dict(os.environ, caches):
-            yield folder
-
-
 def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
     """--leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
     if args.dry_run:
@@ -858,8 +823,11 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
              else contextlib.nullcontext())
     record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
               "environment": environment(device)}
+    caches = tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True)
+    cold = {name: os.path.join(caches.name, name.split("_")[0].lower())  # empty, as in the leaderboard's run
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     try:
-        with cold_caches(), group:
+        with caches, mock.patch.dict(os.environ, cold), group:
             record.update(leaderboard_measure(args, run, device, started))
     except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
         record["status"] = common.failure_status(exc)
