@@ -66,13 +66,30 @@ from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name for tables and records
 
 
 # ---------------------------------------------------------------- arguments
 
 
-def build_parser() -> argparse.ArgumentParser:
+def context_length_value(text: str) -> int | str:
+    """--context-length: a positive integer, or 'max' (the search)."""
+    if text == "max":
+        return text
+    try:
+        return positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
+
+
+def named_model(text: str) -> tuple[str | None, str]:
+    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
+    name, _, spec = text.rpartition("=")
+    if name and not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):  # a short name for tables and records
+        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
+    return name or None, common.named_or_spec([common.OURS])(spec)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
@@ -129,63 +146,39 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
     results.add_dry_run_arg(p)
-    return p
-
-
-def context_length_value(text: str) -> int | str:
-    """--context-length: a positive integer, or 'max' (the search)."""
-    if text == "max":
-        return text
-    try:
-        return positive_int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
-
-
-def named_model(text: str) -> tuple[str | None, str]:
-    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
-    name, _, spec = text.rpartition("=")
-    if name and not MODEL_NAME.match(name):
-        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
-    return name or None, common.named_or_spec([common.OURS])(spec)
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if args.leaderboard:
-        return args, [leaderboard_run(parser, args)]
-    results.refuse(parser, [(flag is not None, f"{name} only applies to --leaderboard") for flag, name in
-                            ((args.rep_ms, "--rep-ms"), (args.warmup_ms, "--warmup-ms"),
-                             (args.param_map, "--param-map"))])
+        return args, [leaderboard_run(p, args)]
+    results.refuse(p, [(flag is not None, f"{name} only applies to --leaderboard") for flag, name in
+                       ((args.rep_ms, "--rep-ms"), (args.warmup_ms, "--warmup-ms"), (args.param_map, "--param-map"))])
     args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     args.vocab_size = args.vocab_size or 10_000
-    handout = results.handout_or_exit(parser, args)
-    report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
-    runner.check_sweep_args(parser, args)
+    handout = results.handout_or_exit(p, args)
+    report.columns_or_exit(p, args.columns, E2E_COLUMNS)
+    runner.check_sweep_args(p, args)
     dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads")}
     default = "custom" if None not in dims.values() else "tiny"
-    args.size = results.sizes_or_exit(parser, args, args.size) if args.size else [default]
+    args.size = results.sizes_or_exit(p, args, args.size) if args.size else [default]
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
     given = list(dict.fromkeys(args.model))  # (NAME or None, model)
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
-    results.refuse(parser, [
+    results.refuse(p, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)"),
         (len(set(args.model)) < len(given) or len(set(args.model_names.values())) < len(args.model_names),
          "--model: give each model once, and each NAME to one model")])
-    common.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    common.models_or_exit(p, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
-    device = common.device_or_exit(parser, args.device)
-    world_size = parallel.check_parallel_args(parser, args, device)
-    args.context_length = context_lengths(parser, args, handout, device)
+    device = common.device_or_exit(p, args.device)
+    world_size = parallel.check_parallel_args(p, args, device)
+    args.context_length = context_lengths(p, args, handout, device)
     if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (nsys_run.sh's)
-        results.refuse(parser, [
+        results.refuse(p, [
             (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
              f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
              "NVTX library (bash nsys_run.sh builds one and sets it; docs/nsys_run.md)"),
@@ -194,8 +187,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         try:
             common.nvtx_functions()
         except ValueError as exc:
-            parser.error(str(exc))
-    return args, plan_runs(parser, args, dims, world_size)
+            p.error(str(exc))
+    return args, plan_runs(p, args, dims, world_size)
 
 
 def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
@@ -235,16 +228,13 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
 
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: results.Handout,
                     device: torch.device) -> list[int]:
-    """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
-    (sets args.context_search, args.max_context and args.max_context_default)."""
+    """The contexts to run: those given, the handout's default, or for 'max' the search's doubling probes."""
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
-    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", RESOLUTION),
-                                               ("--search-probes", PROBE_BUDGET))
-                    if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        results.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
-                                                 "--context-length max")])
+        defaults = {"max_context": None, "search_resolution": RESOLUTION, "search_probes": PROBE_BUDGET}
+        results.refuse(parser, [(getattr(args, k) != v, f"--{k.replace('_', '-')} only applies to --context-length max")
+                                for k, v in defaults.items()])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run
     if args.max_context is None:
@@ -434,16 +424,14 @@ def warm_up(p: Prepared, of: str = "") -> tuple[dict[str, Any], float | None]:
 
 
 def with_samples(p: Prepared, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
-    """The record after the timed steps: each phase's samples as a `<phase>_ms` list (ms, in step order), the load
-    after, then the untimed `after` fields."""
-    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {})
+    """The record after the timed steps: `<phase>_ms` samples (ms, in step order), the load, the `after` fields."""
+    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]})
     record["load"]["after"] = machine_load(p.device)
     return {**record, **(p.after(record) if p.after else {})}
 
 
 def measure(p: Prepared) -> dict[str, Any]:
-    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks
-    read (on CUDA)."""
+    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks."""
     record, _ = warm_up(p)
     reset_peak_memory(p.device)
     samples = []
@@ -515,10 +503,9 @@ def prepare(run: RunConfig) -> Prepared:
     profiler's tables, with --flops counted one more step under FlopCounterMode."""
     set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
     work = Workload(run)
-    profiler = contextlib.nullcontext()
-    if run.profile_results_dir is not None:
-        kinds = ["CPU", "CUDA"] if work.device.type == "cuda" else ["CPU"]
-        profiler = common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
+    kinds = ["CPU", "CUDA"] if work.device.type == "cuda" else ["CPU"]
+    profiler = (common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
+                if run.profile_results_dir is not None else contextlib.nullcontext())
 
     def after(record: dict[str, Any]) -> dict[str, Any]:
         out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
@@ -555,9 +542,8 @@ def counted_step_flops(work: Workload) -> int:
 
 
 def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[str, Any]:
-    """--profile, in the process that profiled: the Chrome/Perfetto trace under results/profile/ and its kernel
-    tables ({"profile": ...}); under --parallel every rank's time in collectives ({"collectives": ...}), and only
-    rank 0 keeps its trace."""
+    """--profile: the Chrome/Perfetto trace under results/profile/ and its kernel tables ({"profile": ...}); under
+    --parallel every rank's time in collectives ({"collectives": ...}), and only rank 0 keeps its trace."""
     phase("writing the profiler trace")
     keep, out = parallel.is_rank_zero(), {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -570,11 +556,9 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
             events = json.loads(trace.read_text())["traceEvents"]
             out["collectives"] = parallel.collective_rows(events, PHASES_BY_MODE[run.mode])
         if keep:
-            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
-                                                 kernel_tables.stopwatch_ms(record),
-                                                 kernel_tables.attention_shape(dataclasses.asdict(run)),
-                                                 compiled=run.compile)
-            out["profile"] = {"trace": str(trace), "tables": tables}
+            out["profile"] = {"trace": str(trace), "tables": kernel_tables.build_tables(
+                kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
+                kernel_tables.attention_shape(dataclasses.asdict(run)), compiled=run.compile)}
     return out
 
 
@@ -611,8 +595,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
 
 
 def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
-    """The derived figures of a finished row (status "noisy" when a phase was); the predicted state per rank
-    under --parallel; a search probe's settings under --context-length max."""
+    """A row's derived figures and status; the predicted state per rank (--parallel); the search's settings."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if finished(record):
@@ -659,8 +642,7 @@ STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
 
 def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
     """--leaderboard: the one configuration (full on CUDA or when asked, else scaled), batch 2 over all ranks,
-    bf16 autocast, train; do_bench's rep and warmup by device. A full shape whose training state cannot fit in
-    the free memory is a one-line refusal."""
+    bf16 autocast, train; a full shape whose training state cannot fit in the free memory is refused."""
     device = common.device_or_exit(parser, args.device)
     results.refuse(parser, [
         (args.size is not None, "--leaderboard fixes the shape: change it with --d-model, --d-ff, --num-layers, "
