@@ -40,7 +40,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
@@ -322,14 +322,19 @@ class RunConfig:
 
 
 class Workload:
-    """Model, optimizer and one random batch on the device, and a step's three phases. Under --parallel this process
-    is one rank of a process group already joined: the model is in DDP or FSDP2 and the batch is this rank's."""
+    """Model, optimizer and one random batch on the device, a step's three phases, and what runs untimed around
+    the timed steps. Under --parallel this process is one rank of a process group already joined: the model is in
+    DDP or FSDP2 and the batch is this rank's."""
 
     def __init__(self, run: RunConfig):
         phase("building the model")
         self.run = run
         launch = parallel.torchrun_launch() if run.parallel else None
         self.device = parallel.rank_device(resolve_device(run.device), launch)
+        set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
+        kinds = ["CPU", "CUDA"] if self.device.type == "cuda" else ["CPU"]
+        self.profiler = (common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
+                         if run.profile_results_dir is not None else contextlib.nullcontext())  # around timed steps
         if run.tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = run.tf32
         torch.manual_seed(run.seed)
@@ -369,6 +374,24 @@ class Workload:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def step(self) -> dict[str, float]:
+        return run_step(self)
+
+    def after(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Untimed, after the timed steps: --profile's trace and tables; --flops counted: FlopCounterMode's count of
+        one more step through the model itself (matmuls and attention; the counter cannot see into torch.compile)."""
+        out = trace_tables(self.run, self.profiler, record) if self.run.profile_results_dir is not None else {}
+        if self.run.flops == "counted":
+            from torch.utils.flop_counter import FlopCounterMode
+            phase("counting FLOPs (one untimed step)")
+            with FlopCounterMode(display=False) as counter:
+                loss = self.forward(eager=True)
+                if self.run.mode != "forward":
+                    loss.backward()
+            self.model.zero_grad(set_to_none=True)
+            out["counted_step_flops"] = counter.get_total_flops()
+        return out
+
 
 # ---------------------------------------------------------------- measure
 
@@ -395,52 +418,39 @@ def run_step(work: Workload) -> dict[str, float]:
     return times
 
 
-@dataclass
-class Prepared:
-    """A configuration built and ready to time: its step (run_step) and what measure() needs around it."""
-
-    step: Callable[[], dict[str, float]]
-    device: torch.device
-    warmup: int
-    steps: int
-    compile_first: bool = False  # the first step compiles: timed apart as compile_s
-    profiler: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)  # around timed steps
-    after: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # untimed, after the timed steps: more fields
-
-
-def warm_up(p: Prepared, of: str = "") -> tuple[dict[str, Any], float | None]:
+def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
     """What is excluded from the timings: the compile step (its time kept apart as compile_s) and the warm-up
     steps. Returns the record so far (environment, load before, compile_s) and the last warm-up step's seconds."""
-    record: dict[str, Any] = {"environment": environment(p.device), "load": {"before": machine_load(p.device)}}
-    if p.compile_first:  # the first call compiles (forward, and backward on the first backward)
+    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
+    if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
-        _, record["compile_s"] = SyncTimer(p.device).time(p.step)
+        _, record["compile_s"] = SyncTimer(work.device).time(work.step)
     last_s = None
     with annotate("warmup"):
-        for i in range(p.warmup):
-            phase(f"warm-up {i + 1}/{p.warmup}{of}")
-            last_s = p.step()["step"]
+        for i in range(work.run.warmup):
+            phase(f"warm-up {i + 1}/{work.run.warmup}{of}")
+            last_s = work.step()["step"]
     return record, last_s
 
 
-def with_samples(p: Prepared, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
+def with_samples(work: Workload, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
     """The record after the timed steps: `<phase>_ms` samples (ms, in step order), the load, the `after` fields."""
     record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]})
-    record["load"]["after"] = machine_load(p.device)
-    return {**record, **(p.after(record) if p.after else {})}
+    record["load"]["after"] = machine_load(work.device)
+    return {**record, **work.after(record)}
 
 
-def measure(p: Prepared) -> dict[str, Any]:
+def measure(work: Workload) -> dict[str, Any]:
     """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks."""
-    record, _ = warm_up(p)
-    reset_peak_memory(p.device)
+    record, _ = warm_up(work)
+    reset_peak_memory(work.device)
     samples = []
-    with p.profiler, annotate("measure"):
-        for i in range(p.steps):
-            with timed_phase(f"step {i + 1}/{p.steps}"):  # the progress heartbeat stays quiet inside
-                samples.append(p.step())
+    with work.profiler, annotate("measure"):
+        for i in range(work.run.steps):
+            with timed_phase(f"step {i + 1}/{work.run.steps}"):  # the progress heartbeat stays quiet inside
+                samples.append(work.step())
     phase("after the timed steps")
-    return with_samples(p, {**record, **peak_memory_bytes(p.device)}, samples)
+    return with_samples(work, {**record, **peak_memory_bytes(work.device)}, samples)
 
 
 # A block of one variant's consecutive timed steps lasts at least this long (unless that leaves fewer than 6
@@ -448,20 +458,20 @@ def measure(p: Prepared) -> dict[str, Any]:
 MIN_BLOCK_S = 0.005
 
 
-def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]]) -> list[dict[str, Any]]:
+def measure_interleaved(device: torch.device, builders: list[Callable[[], Workload]]) -> list[dict[str, Any]]:
     """The variants of one comparison: each built, compiled and warmed up in turn, then one block of timed steps of
     each per round (runner.interleave: A B | B A | ...), so drift falls on every side alike; `pairing` says which
     samples came from which round. A variant's CUDA peak: its resident bytes plus its blocks' most above that."""
-    records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
-    for i, prepare in enumerate(preparers):
+    records, turns, warmup_times = [], [], []  # turns: (workload, resident bytes)
+    for i, build in enumerate(builders):
         level = allocated_bytes(device)
-        phase(f"building variant {i + 1}/{len(preparers)}")
-        p = prepare()
-        record, last_warmup_s = warm_up(p, f" of variant {i + 1}")
+        phase(f"building variant {i + 1}/{len(builders)}")
+        work = build()
+        record, last_warmup_s = warm_up(work, f" of variant {i + 1}")
         records.append(record)
-        turns.append((p, allocated_bytes(device) - level))
+        turns.append((work, allocated_bytes(device) - level))
         warmup_times.append(last_warmup_s)
-    steps = turns[0][0].steps
+    steps = turns[0][0].run.steps
     # the fastest variant sets the block: every variant's block then lasts at least MIN_BLOCK_S
     block = steps_per_block(None if None in warmup_times else min(warmup_times), steps, MIN_BLOCK_S)
     sizes = block_sizes(steps, block)
@@ -470,13 +480,13 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
 
     def run_block(i: int, r: int) -> None:
         """Variant i's block of round r: its timed steps back to back (run_step: a SyncTimer around each phase)."""
-        p, resident = turns[i]
+        work, resident = turns[i]
         start, size = len(samples[i]), sizes[r]
         reset_peak_memory(device)
         level = allocated_bytes(device)
         for s in range(size):
             with timed_phase(f"round {r + 1}/{len(sizes)}, variant {i + 1}, step {s + 1}/{size}"):
-                samples[i].append(p.step())
+                samples[i].append(work.step())
         rounds[i].append([start, start + size])
         if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
             peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
@@ -486,10 +496,10 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         runner.interleave(len(turns), len(sizes), run_block)
     phase("after the timed steps")
     group = uuid.uuid4().hex[:12]
-    for i, (p, _) in enumerate(turns):
+    for i, (work, _) in enumerate(turns):
         records[i]["pairing"] = {"group": group, "mode": "steps", "position": i, "variants": len(turns),
                                  "steps_per_block": block, "rounds": rounds[i]}
-        records[i] = with_samples(p, records[i], samples[i])
+        records[i] = with_samples(work, records[i], samples[i])
     return records
 
 
@@ -498,47 +508,14 @@ def allocated_bytes(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def prepare(run: RunConfig) -> Prepared:
-    """A configuration built, with its step run_step(work). After the timed steps (untimed): with --profile the
-    profiler's tables, with --flops counted one more step under FlopCounterMode."""
-    set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
-    work = Workload(run)
-    kinds = ["CPU", "CUDA"] if work.device.type == "cuda" else ["CPU"]
-    profiler = (common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
-                if run.profile_results_dir is not None else contextlib.nullcontext())
-
-    def after(record: dict[str, Any]) -> dict[str, Any]:
-        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
-        if run.flops == "counted":
-            phase("counting FLOPs (one untimed step)")
-            out["counted_step_flops"] = counted_step_flops(work)
-        return out
-
-    return Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
-                    compile_first=run.compile, profiler=profiler, after=after)
-
-
 def run_config(run: RunConfig) -> dict[str, Any]:
     """One configuration alone, in a child process of the sweep (which makes a failure its row)."""
-    return measure(prepare(run))
+    return measure(Workload(run))
 
 
 def measure_together(runs: list[RunConfig]) -> list[dict[str, Any]]:
     """The variants of one comparison in one child process, their timed steps interleaved."""
-    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(prepare, r) for r in runs])
-
-
-def counted_step_flops(work: Workload) -> int:
-    """FLOPs of one step as torch.utils.flop_counter counts them in any model (matmuls and attention; not the
-    elementwise work or the optimizer), through the model itself: the counter cannot see into torch.compile."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        loss = work.forward(eager=True)
-        if work.run.mode != "forward":
-            loss.backward()
-    work.model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(Workload, r) for r in runs])
 
 
 def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[str, Any]:
@@ -789,7 +766,7 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
                                     if torch.cuda.max_memory_allocated(d)}
-    record.update(measure(Prepared(lambda: run_step(work), device, run.warmup, run.steps)))
+    record.update(measure(work))
     record.update(derive_figures(run, record, args.peak_tflops))
     if record["mfu"]:  # MFU on do_bench's step time rather than the split's
         record["leaderboard"]["mfu"] = record["mfu"] * record["step_ms_mean"] / record["leaderboard"]["ms"]
