@@ -188,13 +188,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
             common.nvtx_functions()
         except ValueError as exc:
             p.error(str(exc))
-    return args, plan_runs(p, args, dims, world_size)
-
-
-def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
-              world_size: int) -> list[RunConfig]:
-    """Every configuration, in order: size x parallel x context x dtype x compile x model x attn x optimizer x
-    warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
+    # every configuration: size x parallel x context x dtype x compile x model x attn x optimizer x warmup (x FSDP2's
+    # settings); a search's probes in a row, shortest first (the context innermost)
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
             "warmup": args.warmup, "fsdp_mixed_precision": args.fsdp_mixed_precision,
@@ -219,11 +214,11 @@ def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: d
                                   model_name=args.model_names.get(spec), flops=common.flops_source(spec, args.flops),
                                   world_size=world_size if c["parallel"] else 1))
     except results.ConfigError as exc:
-        parser.error(str(exc))
+        p.error(str(exc))
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
-        results.check_tensor_sizes(parser, results.model_tensor_shapes(run.model, run.batch_size))
-    return runs
+        results.check_tensor_sizes(p, results.model_tensor_shapes(run.model, run.batch_size))
+    return args, runs
 
 
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: results.Handout,
@@ -673,19 +668,6 @@ def state_counted(cfg: ModelConfig) -> str:
             "activations not counted")
 
 
-def leaderboard_dry_run(args: argparse.Namespace, run: RunConfig) -> int:
-    """The shape, and the predicted training state per device: this run's layout, and one or two GPUs."""
-    layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
-    rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
-             parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
-            for p, w in dict.fromkeys(layouts)]
-    print(f"{report.leaderboard_header(dataclasses.asdict(run))}\n\n"
-          f"predicted training state per device ({state_counted(run.model)}):\n\n"
-          f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
-          "nothing was built, run or written (drop --dry-run to run it)")
-    return 0
-
-
 def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
     """||x - reference|| / ||reference|| in float64; inf for a missing or non-finite x."""
     if x is None:
@@ -775,8 +757,17 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
 
 def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
     """--leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
-    if args.dry_run:
-        return leaderboard_dry_run(args, run) if parallel.is_rank_zero() else 0
+    if args.dry_run:  # the shape, and the predicted training state per device: this layout, and one or two GPUs
+        layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
+        rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
+                 parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
+                for p, w in dict.fromkeys(layouts)]
+        if parallel.is_rank_zero():
+            print(f"{report.leaderboard_header(dataclasses.asdict(run))}\n\n"
+                  f"predicted training state per device ({state_counted(run.model)}):\n\n"
+                  f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
+                  "nothing was built, run or written (drop --dry-run to run it)")
+        return 0
     device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
     group = (parallel.configuration_group("leaderboard/", device, run.pg_timeout_s) if run.parallel
              else contextlib.nullcontext())
