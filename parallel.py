@@ -170,8 +170,8 @@ def state_bytes_per_rank(cfg: ModelConfig, parallel: str | None, world_size: int
     from model import TransformerLM
     with torch.device("meta"):  # shapes only: no memory, always in step with model.py
         shapes = [p.shape for p in TransformerLM(cfg).parameters()]
-    rows = (lambda s: math.ceil(s[0] / world_size)) if parallel == "fsdp" else (lambda s: s[0])
-    params = 4 * sum(rows(s) * math.prod(s[1:]) for s in shapes)
+    shards = world_size if parallel == "fsdp" else 1
+    params = 4 * sum(math.ceil(s[0] / shards) * math.prod(s[1:]) for s in shapes)
     grads = params if mode != "forward" else 0
     optimizer = 2 * params if mode == "train" else 0
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
