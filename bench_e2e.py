@@ -18,13 +18,10 @@ optimizer buy, and the longest context that trains.
     torchrun --nproc-per-node 2 bench_e2e.py --leaderboard --parallel fsdp   # ... spread over 2 GPUs
     python3 bench_e2e.py --leaderboard full --dry-run --parallel fsdp --world-size 2   # the state per device
 
-Method (the `measure` section): the model, optimizer and one random batch are built on the device; the compile
-step (compile_s) and --warmup steps run untimed; the peak-memory counter is reset; then --steps timed steps, each
-phase (forward with the loss, backward, optimizer step) and the whole step between two device synchronisations
-(common.SyncTimer). Variants (--dtype, --compile, --attn, --model, --optimizer) are built in one process and their
-timed steps alternate A B | B A | ..., so drift falls on all alike. Each configuration runs in a child process
-(runner.py): an OOM or a crash is a row. Tables: report.py; manual: docs/bench_e2e.md. --leaderboard (its own
-section) runs in this process: the behaviour check, do_bench, then the split.
+Method (the `measure` section): the compile step (compile_s) and --warmup steps run untimed; the peak-memory
+counter is reset; then --steps timed steps, each phase (forward with the loss, backward, optimizer step) and the
+whole step between two device synchronisations. Variants are built in one process and timed A B | B A | ...; each
+configuration runs in a child process (runner.py), so an OOM is a row. Manual: docs/bench_e2e.md.
 """
 from __future__ import annotations
 
@@ -43,7 +40,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
@@ -69,13 +66,30 @@ from runner import PROBE_BUDGET, RESOLUTION, phase, timed_phase
 
 NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
 MAX_CONTEXT_DEFAULT = {"cuda": 131072, "cpu": 4096}  # --context-length max: the last doubling probe
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")  # --model NAME=...: a short name for tables and records
 
 
 # ---------------------------------------------------------------- arguments
 
 
-def build_parser() -> argparse.ArgumentParser:
+def context_length_value(text: str) -> int | str:
+    """--context-length: a positive integer, or 'max' (the search)."""
+    if text == "max":
+        return text
+    try:
+        return positive_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
+
+
+def named_model(text: str) -> tuple[str | None, str]:
+    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
+    name, _, spec = text.rpartition("=")
+    if name and not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):  # a short name for tables and records
+        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
+    return name or None, common.named_or_spec([common.OURS])(spec)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
     for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
@@ -132,66 +146,39 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_output_args(p, default_stem="e2e")
     report.add_columns_and_plot_args(p, "bench_e2e")
     results.add_dry_run_arg(p)
-    return p
-
-
-def context_length_value(text: str) -> int | str:
-    """--context-length: a positive integer, or 'max' (the search)."""
-    if text == "max":
-        return text
-    try:
-        return positive_int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer or max, got {text!r}") from None
-
-
-def named_model(text: str) -> tuple[str | None, str]:
-    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
-    name, _, spec = text.rpartition("=")
-    if name and not MODEL_NAME.match(name):
-        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
-    return name or None, common.named_or_spec([common.OURS])(spec)
-
-
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = p.parse_args(argv)
     if args.leaderboard:
-        return args, [leaderboard_run(parser, args)]
-    results.refuse(parser, [(flag is not None, f"{name} only applies to --leaderboard") for flag, name in
-                            ((args.rep_ms, "--rep-ms"), (args.warmup_ms, "--warmup-ms"),
-                             (args.param_map, "--param-map"))])
+        return args, [leaderboard_run(p, args)]
+    results.refuse(p, [(flag is not None, f"{name} only applies to --leaderboard") for flag, name in
+                       ((args.rep_ms, "--rep-ms"), (args.warmup_ms, "--warmup-ms"), (args.param_map, "--param-map"))])
     args.batch_size = args.batch_size or DEFAULT_BATCH_SIZE
     args.vocab_size = args.vocab_size or 10_000
-    handout = results.handout_or_exit(parser, args)
-    report.columns_or_exit(parser, args.columns, E2E_COLUMNS)
-    runner.check_sweep_args(parser, args)
+    handout = results.handout_or_exit(p, args)
+    report.columns_or_exit(p, args.columns, E2E_COLUMNS)
+    runner.check_sweep_args(p, args)
     dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads")}
-    if args.size is None:
-        args.size = ["custom"] if all(v is not None for v in dims.values()) else ["tiny"]
-    else:
-        args.size = results.sizes_or_exit(parser, args, args.size)
+    default = "custom" if None not in dims.values() else "tiny"
+    args.size = results.sizes_or_exit(p, args, args.size) if args.size else [default]
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
     args.optimizer = list(dict.fromkeys(args.optimizer))
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
     given = list(dict.fromkeys(args.model))  # (NAME or None, model)
-    names = [n for n, _ in given if n is not None]
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
-    results.refuse(parser, [
+    results.refuse(p, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)"),
-        (len(set(args.model)) < len(given) or len(set(names)) < len(names),
+        (len(set(args.model)) < len(given) or len(set(args.model_names.values())) < len(args.model_names),
          "--model: give each model once, and each NAME to one model")])
-    common.models_or_exit(parser, args, {"--attn": args.attn is not None})
+    common.models_or_exit(p, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
-    device = common.device_or_exit(parser, args.device)
-    world_size = parallel.check_parallel_args(parser, args, device)
-    args.context_length = context_lengths(parser, args, handout, device)
+    device = common.device_or_exit(p, args.device)
+    world_size = parallel.check_parallel_args(p, args, device)
+    args.context_length = context_lengths(p, args, handout, device)
     if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (nsys_run.sh's)
-        results.refuse(parser, [
+        results.refuse(p, [
             (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
              f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
              "NVTX library (bash nsys_run.sh builds one and sets it; docs/nsys_run.md)"),
@@ -200,61 +187,49 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         try:
             common.nvtx_functions()
         except ValueError as exc:
-            parser.error(str(exc))
-    return args, plan_runs(parser, args, dims, world_size)
-
-
-def plan_runs(parser: argparse.ArgumentParser, args: argparse.Namespace, dims: dict[str, int | None],
-              world_size: int) -> list[RunConfig]:
-    """Every configuration, in order: size x parallel x context x dtype x compile x model x attn x optimizer x
-    warmup (x FSDP2's settings); a search's probes in a row, shortest first (the context innermost)."""
+            p.error(str(exc))
+    # every configuration: size x parallel x context x dtype x compile x model x attn x optimizer x warmup (x FSDP2's
+    # settings); a search's probes in a row, shortest first (the context innermost)
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,
             "compile": args.compile, "model": args.model, "attn": args.attn, "optimizer": args.optimizer,
-            "warmup": args.warmup, "fsdp_mp": args.fsdp_mixed_precision, "reshard": args.reshard_after_forward}
+            "warmup": args.warmup, "fsdp_mixed_precision": args.fsdp_mixed_precision,
+            "reshard_after_forward": [v == "on" for v in args.reshard_after_forward]}
     order = [axis for axis in axes if axis != "ctx"] + ["ctx"] if args.context_search else list(axes)
+    fixed = dict(handout=args.handout, batch_size=args.batch_size, steps=args.steps, mode=args.mode,
+                 no_grad=args.no_grad, tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
+                 seed=args.seed, nvtx=args.nvtx, profile_results_dir=args.results_dir if args.profile else None,
+                 pg_timeout_s=args.pg_timeout)
     runs = []
     try:
         for values in itertools.product(*(axes[axis] for axis in order)):
             c = dict(zip(order, values))
             if c["parallel"] != "fsdp":  # FSDP-only settings do not multiply the other rows
-                c["fsdp_mp"], c["reshard"] = "off", "on"
+                c["fsdp_mixed_precision"], c["reshard_after_forward"] = "off", True
             if c["model"] != common.OURS:  # nor does our model's attention multiply the rows of yours
                 c["attn"] = "naive"
-            model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=c["ctx"]) if c["size"] == "custom"
-                     else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size,
-                                     context_length=c["ctx"]))
-            runs.append(RunConfig(size=c["size"], handout=args.handout, model=model, batch_size=args.batch_size,
-                                  warmup=c["warmup"], steps=args.steps, mode=args.mode, no_grad=args.no_grad,
-                                  dtype=c["dtype"], compile=c["compile"], attn=c["attn"], optimizer=c["optimizer"],
-                                  model_factory=common.model_factory(c["model"]),
-                                  model_name=args.model_names.get(c["model"]),
-                                  flops=common.flops_source(c["model"], args.flops),
-                                  tf32=None if args.tf32 is None else args.tf32 == "on", device=args.device,
-                                  seed=args.seed, nvtx=args.nvtx,
-                                  profile_results_dir=args.results_dir if args.profile else None,
-                                  parallel=c["parallel"], world_size=world_size if c["parallel"] else 1,
-                                  fsdp_mixed_precision=c["fsdp_mp"], reshard_after_forward=c["reshard"] == "on",
-                                  pg_timeout_s=args.pg_timeout))
+            ctx, spec = c.pop("ctx"), c.pop("model")
+            model = (ModelConfig(**dims, vocab_size=args.vocab_size, context_length=ctx) if c["size"] == "custom"
+                     else get_config(c["size"], args.handout, **dims, vocab_size=args.vocab_size, context_length=ctx))
+            runs.append(RunConfig(**fixed, **c, model=model, model_factory=common.model_factory(spec),
+                                  model_name=args.model_names.get(spec), flops=common.flops_source(spec, args.flops),
+                                  world_size=world_size if c["parallel"] else 1))
     except results.ConfigError as exc:
-        parser.error(str(exc))
+        p.error(str(exc))
     runs = list(dict.fromkeys(runs))  # ddp rows are not multiplied by the FSDP-only axes, yours by --attn
     for run in runs:
-        results.check_tensor_sizes(parser, results.model_tensor_shapes(run.model, run.batch_size))
-    return runs
+        results.check_tensor_sizes(p, results.model_tensor_shapes(run.model, run.batch_size))
+    return args, runs
 
 
 def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, handout: results.Handout,
                     device: torch.device) -> list[int]:
-    """The contexts to run: those given, the handout's default, or for 'max' the doubling probes of the search
-    (sets args.context_search, args.max_context and args.max_context_default)."""
+    """The contexts to run: those given, the handout's default, or for 'max' the search's doubling probes."""
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
-    search_flags = [flag for flag, default in (("--max-context", None), ("--search-resolution", RESOLUTION),
-                                               ("--search-probes", PROBE_BUDGET))
-                    if getattr(args, flag[2:].replace("-", "_")) != default]
     if not args.context_search:
-        results.refuse(parser, [(bool(search_flags), f"{search_flags[0] if search_flags else ''} only applies to "
-                                                 "--context-length max")])
+        defaults = {"max_context": None, "search_resolution": RESOLUTION, "search_probes": PROBE_BUDGET}
+        results.refuse(parser, [(getattr(args, k) != v, f"--{k.replace('_', '-')} only applies to --context-length max")
+                                for k, v in defaults.items()])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run
     if args.max_context is None:
@@ -318,44 +293,43 @@ class RunConfig:
     def label(self) -> str:
         """The configuration in progress lines and file names; settings at their default are left out."""
         model = [self.model_name or self.model_factory] if self.model_factory else [self.model_name, self.attn]
+        optimizer = f"optimizer={self.optimizer}" if self.optimizer != "ours" else None
         parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
-                 self.dtype, *filter(None, model), f"warmup={self.warmup}"]
-        parts += [f"ckpt={self.checkpoint_every}"] if self.checkpoint_every else []
-        parts += [f"optimizer={self.optimizer}"] if self.optimizer != "ours" else []
-        parts += [f"{self.parallel} x{self.world_size}"] if self.parallel else []
-        if self.parallel == "fsdp":
-            parts += ["bf16-params"] if self.fsdp_mixed_precision != "off" else []
-            parts += [] if self.reshard_after_forward else ["no-reshard"]
-        return " ".join(parts + (["compiled"] if self.compile else []))
+                 self.dtype, *model, f"warmup={self.warmup}", optimizer, report.parallel_label(vars(self)),
+                 "compiled" if self.compile else None]
+        return " ".join(filter(None, parts))
 
     def skip_key(self) -> tuple[tuple, str, int]:
-        """(group, "ctx", context): after an OOM the sweep skips the larger contexts of the same group."""
+        """(group, "ctx", context): after an OOM the sweep skips the group's larger contexts."""
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
                                    warmup=0, steps=0), "ctx", self.context_length
 
     def comparison_key(self) -> RunConfig | None:
-        """The configuration without its variant fields (dtype, compile, attention, model, optimizer): runs that
-        share it are measured together, interleaved. None when a variant must run alone: under --parallel (its own
-        process group), --profile or --nvtx (a profile holds one variant)."""
+        """Without the variant fields: runs that share it are measured together, interleaved. None when a variant
+        must run alone: under --parallel (its own process group), --profile or --nvtx (a profile holds one)."""
         if self.parallel or self.profile_results_dir is not None or self.nvtx:
             return None
         return dataclasses.replace(self, dtype="", compile=False, attn="", optimizer="", model_factory=None,
                                    model_name=None, flops="")
 
-    def with_context(self, context_length: int) -> RunConfig:
-        """The same configuration at another context length (a search's next probe)."""
+    def with_context(self, context_length: int) -> RunConfig:  # a search's next probe
         return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
 
 
 class Workload:
-    """Model, optimizer and one random batch on the device, and a step's three phases. Under --parallel this process
-    is one rank of a process group already joined: the model is in DDP or FSDP2 and the batch is this rank's."""
+    """Model, optimizer and one random batch on the device, a step's three phases, and what runs untimed around
+    the timed steps. Under --parallel this process is one rank of a process group already joined: the model is in
+    DDP or FSDP2 and the batch is this rank's."""
 
     def __init__(self, run: RunConfig):
         phase("building the model")
         self.run = run
         launch = parallel.torchrun_launch() if run.parallel else None
         self.device = parallel.rank_device(resolve_device(run.device), launch)
+        set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
+        kinds = ["CPU", "CUDA"] if self.device.type == "cuda" else ["CPU"]
+        self.profiler = (common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
+                         if run.profile_results_dir is not None else contextlib.nullcontext())  # around timed steps
         if run.tf32 is not None:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = run.tf32
         torch.manual_seed(run.seed)
@@ -374,7 +348,7 @@ class Workload:
                           if run.mode == "train" else None)
         self.logits_checked = run.model_factory is None  # ours is known to be right; yours is checked once
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-        self.scaler = torch.amp.GradScaler(self.device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
 
     def forward(self, eager: bool = False) -> torch.Tensor:
         """The loss of the batch; `eager`: through the model itself, not torch.compile's or DDP's wrapper."""
@@ -387,16 +361,31 @@ class Workload:
                 self.logits_checked = True
             return cross_entropy(logits, self.targets)
 
-    def backward(self, loss: torch.Tensor) -> None:  # through the gradient scaler for fp16
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+    def backward(self, loss: torch.Tensor) -> None:  # the scaler is a pass-through but for fp16
+        self.scaler.scale(loss).backward()
 
     def optimizer_step(self) -> None:
-        if self.scaler:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> dict[str, float]:
+        return run_step(self)
+
+    def after(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Untimed, after the timed steps: --profile's trace and tables; --flops counted: FlopCounterMode's count of
+        one more step through the model itself (matmuls and attention; the counter cannot see into torch.compile)."""
+        out = trace_tables(self.run, self.profiler, record) if self.run.profile_results_dir is not None else {}
+        if self.run.flops == "counted":
+            from torch.utils.flop_counter import FlopCounterMode
+            phase("counting FLOPs (one untimed step)")
+            with FlopCounterMode(display=False) as counter:
+                loss = self.forward(eager=True)
+                if self.run.mode != "forward":
+                    loss.backward()
+            self.model.zero_grad(set_to_none=True)
+            out["counted_step_flops"] = counter.get_total_flops()
+        return out
 
 
 # ---------------------------------------------------------------- measure
@@ -424,54 +413,39 @@ def run_step(work: Workload) -> dict[str, float]:
     return times
 
 
-@dataclass
-class Prepared:
-    """A configuration built and ready to time: its step (run_step) and what measure() needs around it."""
-
-    step: Callable[[], dict[str, float]]
-    device: torch.device
-    warmup: int
-    steps: int
-    compile_first: bool = False  # the first step compiles: timed apart as compile_s
-    profiler: contextlib.AbstractContextManager = field(default_factory=contextlib.nullcontext)  # around timed steps
-    after: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # untimed, after the timed steps: more fields
-
-
-def warm_up(p: Prepared, of: str = "") -> tuple[dict[str, Any], float | None]:
+def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
     """What is excluded from the timings: the compile step (its time kept apart as compile_s) and the warm-up
     steps. Returns the record so far (environment, load before, compile_s) and the last warm-up step's seconds."""
-    record: dict[str, Any] = {"environment": environment(p.device), "load": {"before": machine_load(p.device)}}
-    if p.compile_first:  # the first call compiles (forward, and backward on the first backward)
+    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
+    if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
-        _, record["compile_s"] = SyncTimer(p.device).time(p.step)
+        _, record["compile_s"] = SyncTimer(work.device).time(work.step)
     last_s = None
     with annotate("warmup"):
-        for i in range(p.warmup):
-            phase(f"warm-up {i + 1}/{p.warmup}{of}")
-            last_s = p.step()["step"]
+        for i in range(work.run.warmup):
+            phase(f"warm-up {i + 1}/{work.run.warmup}{of}")
+            last_s = work.step()["step"]
     return record, last_s
 
 
-def with_samples(p: Prepared, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
-    """The record after the timed steps: each phase's samples as a `<phase>_ms` list (ms, in step order), the load
-    after, then the untimed `after` fields."""
-    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]} if samples else {})
-    record["load"]["after"] = machine_load(p.device)
-    return {**record, **(p.after(record) if p.after else {})}
+def with_samples(work: Workload, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
+    """The record after the timed steps: `<phase>_ms` samples (ms, in step order), the load, the `after` fields."""
+    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]})
+    record["load"]["after"] = machine_load(work.device)
+    return {**record, **work.after(record)}
 
 
-def measure(p: Prepared) -> dict[str, Any]:
-    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks
-    read (on CUDA)."""
-    record, _ = warm_up(p)
-    reset_peak_memory(p.device)
+def measure(work: Workload) -> dict[str, Any]:
+    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks."""
+    record, _ = warm_up(work)
+    reset_peak_memory(work.device)
     samples = []
-    with p.profiler, annotate("measure"):
-        for i in range(p.steps):
-            with timed_phase(f"step {i + 1}/{p.steps}"):  # the progress heartbeat stays quiet inside
-                samples.append(p.step())
+    with work.profiler, annotate("measure"):
+        for i in range(work.run.steps):
+            with timed_phase(f"step {i + 1}/{work.run.steps}"):  # the progress heartbeat stays quiet inside
+                samples.append(work.step())
     phase("after the timed steps")
-    return with_samples(p, {**record, **peak_memory_bytes(p.device)}, samples)
+    return with_samples(work, {**record, **peak_memory_bytes(work.device)}, samples)
 
 
 # A block of one variant's consecutive timed steps lasts at least this long (unless that leaves fewer than 6
@@ -479,20 +453,20 @@ def measure(p: Prepared) -> dict[str, Any]:
 MIN_BLOCK_S = 0.005
 
 
-def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepared]]) -> list[dict[str, Any]]:
+def measure_interleaved(device: torch.device, builders: list[Callable[[], Workload]]) -> list[dict[str, Any]]:
     """The variants of one comparison: each built, compiled and warmed up in turn, then one block of timed steps of
     each per round (runner.interleave: A B | B A | ...), so drift falls on every side alike; `pairing` says which
     samples came from which round. A variant's CUDA peak: its resident bytes plus its blocks' most above that."""
-    records, turns, warmup_times = [], [], []  # turns: (prepared, resident bytes)
-    for i, prepare in enumerate(preparers):
+    records, turns, warmup_times = [], [], []  # turns: (workload, resident bytes)
+    for i, build in enumerate(builders):
         level = allocated_bytes(device)
-        phase(f"building variant {i + 1}/{len(preparers)}")
-        p = prepare()
-        record, last_warmup_s = warm_up(p, f" of variant {i + 1}")
+        phase(f"building variant {i + 1}/{len(builders)}")
+        work = build()
+        record, last_warmup_s = warm_up(work, f" of variant {i + 1}")
         records.append(record)
-        turns.append((p, allocated_bytes(device) - level))
+        turns.append((work, allocated_bytes(device) - level))
         warmup_times.append(last_warmup_s)
-    steps = turns[0][0].steps
+    steps = turns[0][0].run.steps
     # the fastest variant sets the block: every variant's block then lasts at least MIN_BLOCK_S
     block = steps_per_block(None if None in warmup_times else min(warmup_times), steps, MIN_BLOCK_S)
     sizes = block_sizes(steps, block)
@@ -501,13 +475,13 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
 
     def run_block(i: int, r: int) -> None:
         """Variant i's block of round r: its timed steps back to back (run_step: a SyncTimer around each phase)."""
-        p, resident = turns[i]
+        work, resident = turns[i]
         start, size = len(samples[i]), sizes[r]
         reset_peak_memory(device)
         level = allocated_bytes(device)
         for s in range(size):
             with timed_phase(f"round {r + 1}/{len(sizes)}, variant {i + 1}, step {s + 1}/{size}"):
-                samples[i].append(p.step())
+                samples[i].append(work.step())
         rounds[i].append([start, start + size])
         if device.type == "cuda":  # the block's own peak above its start, plus what this variant holds
             peak = peak_memory_bytes(device)["peak_mem_allocated_bytes"] - level + resident
@@ -517,10 +491,10 @@ def measure_interleaved(device: torch.device, preparers: list[Callable[[], Prepa
         runner.interleave(len(turns), len(sizes), run_block)
     phase("after the timed steps")
     group = uuid.uuid4().hex[:12]
-    for i, (p, _) in enumerate(turns):
+    for i, (work, _) in enumerate(turns):
         records[i]["pairing"] = {"group": group, "mode": "steps", "position": i, "variants": len(turns),
                                  "steps_per_block": block, "rounds": rounds[i]}
-        records[i] = with_samples(p, records[i], samples[i])
+        records[i] = with_samples(work, records[i], samples[i])
     return records
 
 
@@ -529,54 +503,19 @@ def allocated_bytes(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def prepare(run: RunConfig) -> Prepared:
-    """A configuration built, with its step run_step(work). After the timed steps (untimed): with --profile the
-    profiler's tables, with --flops counted one more step under FlopCounterMode."""
-    set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
-    work = Workload(run)
-    profiler = contextlib.nullcontext()
-    if run.profile_results_dir is not None:
-        kinds = ["CPU", "CUDA"] if work.device.type == "cuda" else ["CPU"]
-        profiler = common.quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
-
-    def after(record: dict[str, Any]) -> dict[str, Any]:
-        out = trace_tables(run, profiler, record) if run.profile_results_dir is not None else {}
-        if run.flops == "counted":
-            phase("counting FLOPs (one untimed step)")
-            out["counted_step_flops"] = counted_step_flops(work)
-        return out
-
-    return Prepared(step=lambda: run_step(work), device=work.device, warmup=run.warmup, steps=run.steps,
-                    compile_first=run.compile, profiler=profiler, after=after)
-
-
 def run_config(run: RunConfig) -> dict[str, Any]:
     """One configuration alone, in a child process of the sweep (which makes a failure its row)."""
-    return measure(prepare(run))
+    return measure(Workload(run))
 
 
 def measure_together(runs: list[RunConfig]) -> list[dict[str, Any]]:
     """The variants of one comparison in one child process, their timed steps interleaved."""
-    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(prepare, r) for r in runs])
-
-
-def counted_step_flops(work: Workload) -> int:
-    """FLOPs of one step as torch.utils.flop_counter counts them in any model (matmuls and attention; not the
-    elementwise work or the optimizer), through the model itself: the counter cannot see into torch.compile."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        loss = work.forward(eager=True)
-        if work.run.mode != "forward":
-            loss.backward()
-    work.model.zero_grad(set_to_none=True)
-    return counter.get_total_flops()
+    return measure_interleaved(resolve_device(runs[0].device), [functools.partial(Workload, r) for r in runs])
 
 
 def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[str, Any]:
-    """--profile, in the process that profiled: the Chrome/Perfetto trace under results/profile/ and its kernel
-    tables ({"profile": ...}); under --parallel every rank's time in collectives ({"collectives": ...}), and only
-    rank 0 keeps its trace."""
+    """--profile: the Chrome/Perfetto trace under results/profile/ and its kernel tables ({"profile": ...}); under
+    --parallel every rank's time in collectives ({"collectives": ...}), and only rank 0 keeps its trace."""
     phase("writing the profiler trace")
     keep, out = parallel.is_rank_zero(), {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -589,11 +528,9 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
             events = json.loads(trace.read_text())["traceEvents"]
             out["collectives"] = parallel.collective_rows(events, PHASES_BY_MODE[run.mode])
         if keep:
-            tables = kernel_tables.build_tables(kernel_tables.load_torch_trace(trace),
-                                                 kernel_tables.stopwatch_ms(record),
-                                                 kernel_tables.attention_shape(dataclasses.asdict(run)),
-                                                 compiled=run.compile)
-            out["profile"] = {"trace": str(trace), "tables": tables}
+            out["profile"] = {"trace": str(trace), "tables": kernel_tables.build_tables(
+                kernel_tables.load_torch_trace(trace), kernel_tables.stopwatch_ms(record),
+                kernel_tables.attention_shape(dataclasses.asdict(run)), compiled=run.compile)}
     return out
 
 
@@ -630,8 +567,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
 
 
 def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
-    """The derived figures of a finished row (status "noisy" when a phase was); the predicted state per rank
-    under --parallel; a search probe's settings under --context-length max."""
+    """A row's derived figures and status; the predicted state per rank (--parallel); the search's settings."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if finished(record):
@@ -678,8 +614,7 @@ STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
 
 def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
     """--leaderboard: the one configuration (full on CUDA or when asked, else scaled), batch 2 over all ranks,
-    bf16 autocast, train; do_bench's rep and warmup by device. A full shape whose training state cannot fit in
-    the free memory is a one-line refusal."""
+    bf16 autocast, train; a full shape whose training state cannot fit in the free memory is refused."""
     device = common.device_or_exit(parser, args.device)
     results.refuse(parser, [
         (args.size is not None, "--leaderboard fixes the shape: change it with --d-model, --d-ff, --num-layers, "
@@ -731,19 +666,6 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 def state_counted(cfg: ModelConfig) -> str:
     return (f"{cfg.num_params / 1e9:.2f}e9 parameters x (4 weights + 4 grads + 8 AdamW) bytes, fp32 master weights; "
             "activations not counted")
-
-
-def leaderboard_dry_run(args: argparse.Namespace, run: RunConfig) -> int:
-    """The shape, and the predicted training state per device: this run's layout, and one or two GPUs."""
-    layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
-    rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
-             parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
-            for p, w in dict.fromkeys(layouts)]
-    print(f"{report.leaderboard_header(dataclasses.asdict(run))}\n\n"
-          f"predicted training state per device ({state_counted(run.model)}):\n\n"
-          f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
-          "nothing was built, run or written (drop --dry-run to run it)")
-    return 0
 
 
 def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
@@ -807,6 +729,11 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         return {**record, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
 
+    def agree(n: int) -> int:  # under torchrun: the ranks' largest call count, so all run as many collectives
+        count = torch.tensor([n], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
+
     def train_step() -> None:  # the leaderboard's step: run_step's phases, with no synchronisation between them
         work.backward(work.forward())  # the model and cross_entropy under bf16 autocast
         work.optimizer_step()  # step, zero_grad(set_to_none=True)
@@ -816,50 +743,41 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
     record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms,
-                                                             agree=agreed_count(device) if run.parallel else None)
+                                                             agree=agree if run.parallel else None)
     record["wall_s"] = time.perf_counter() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
                                     if torch.cuda.max_memory_allocated(d)}
-    record.update(measure(Prepared(lambda: run_step(work), device, run.warmup, run.steps)))
+    record.update(measure(work))
     record.update(derive_figures(run, record, args.peak_tflops))
     if record["mfu"]:  # MFU on do_bench's step time rather than the split's
         record["leaderboard"]["mfu"] = record["mfu"] * record["step_ms_mean"] / record["leaderboard"]["ms"]
     return {**record, "status": "noisy" if record["noisy"] else "ok"}
 
 
-def agreed_count(device: torch.device) -> Callable[[int], int]:
-    """Under torchrun: the largest of the ranks' call counts, so that every rank runs as many collectives."""
-    import torch.distributed as dist
-
-    def agree(n: int) -> int:
-        count = torch.tensor([n], device=device)
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return int(count.item())
-    return agree
-
-
-@contextlib.contextmanager
-def cold_caches() -> Any:
-    """TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at an empty folder for the block, as the leaderboard's run."""
-    with tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True) as folder:
-        caches = {name: os.path.join(folder, name.split("_")[0].lower())
-                  for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-        with mock.patch.dict(os.environ, caches):
-            yield folder
-
-
 def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
     """--leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
-    if args.dry_run:
-        return leaderboard_dry_run(args, run) if parallel.is_rank_zero() else 0
+    if args.dry_run:  # the shape, and the predicted training state per device: this layout, and one or two GPUs
+        layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
+        rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
+                 parallel.state_bytes_per_rank(run.model, p, w, "train")["state_bytes"] / GIB}
+                for p, w in dict.fromkeys(layouts)]
+        if parallel.is_rank_zero():
+            print(f"{report.leaderboard_header(dataclasses.asdict(run))}\n\n"
+                  f"predicted training state per device ({state_counted(run.model)}):\n\n"
+                  f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
+                  "nothing was built, run or written (drop --dry-run to run it)")
+        return 0
     device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
     group = (parallel.configuration_group("leaderboard/", device, run.pg_timeout_s) if run.parallel
              else contextlib.nullcontext())
     record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
               "environment": environment(device)}
+    caches = tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True)
+    cold = {name: os.path.join(caches.name, name.split("_")[0].lower())  # empty, as in the leaderboard's run
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     try:
-        with cold_caches(), group:
+        with caches, mock.patch.dict(os.environ, cold), group:
             record.update(leaderboard_measure(args, run, device, started))
     except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
         record["status"] = common.failure_status(exc)

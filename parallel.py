@@ -5,11 +5,10 @@ timings merged into one record; with --profile, the time in collectives per phas
     torchrun --nproc-per-node 2 bench_e2e.py --parallel ddp fsdp --size tiny --device cpu   # 2 processes, gloo
     torchrun --nproc-per-node 8 bench_e2e.py --parallel fsdp --size 2.7B --dtype bf16          # 8 GPUs, NCCL
 
-Every rank runs the same sweep, each configuration in a fresh child process that joins a process group made for it
-(a PrefixStore on torchrun's TCPStore), so a failure never outlives its configuration. A failing child writes its
-rank under the configuration's `first_failure` key; the other ranks' parents see it and stop their children (a
-peer stuck in a collective would wait out the timeout); then every rank publishes its answer and reads everyone's:
-all reach the same row ("OOM on rank 3") without a collective that could hang.
+Every rank runs each configuration in a fresh child that joins a process group made for it (a PrefixStore on
+torchrun's TCPStore). A failing child claims the configuration's `first_failure` key and the other ranks stop their
+children; then every rank publishes its answer and reads everyone's: all reach the same row ("OOM on rank 3")
+without a collective that could hang.
 """
 from __future__ import annotations
 
@@ -92,8 +91,8 @@ def add_parallel_args(parser: argparse.ArgumentParser) -> None:
 
 
 def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespace, device: torch.device) -> int:
-    """--parallel and torchrun belong together (or --world-size with --dry-run); a bad combination is one line,
-    exit 2. Fills the FSDP-only flags' defaults. Returns the world size (1 without --parallel)."""
+    """--parallel needs torchrun (or --world-size with --dry-run); a bad combination: exit 2. Returns the world
+    size (1 without --parallel)."""
     launch = torchrun_launch()
     fsdp_flags = [f for f, v in (("--fsdp-mixed-precision", args.fsdp_mixed_precision),
                                  ("--reshard-after-forward", args.reshard_after_forward)) if v is not None]
@@ -142,10 +141,9 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixed_precision: str = "off",
                 reshard_after_forward: bool = True) -> nn.Module:
-    """ddp: a replica per rank, gradients all-reduced in buckets during backward (no buffer broadcast before
-    forward: the RoPE cache is the same on every rank). fsdp: FSDP2's fully_shard on every block, then the root:
-    parameters, gradients and optimizer state sharded on dim 0, each block all-gathered before its forward and
-    backward. bf16: gathered parameters and compute in bf16, sharded master weights and reduction in fp32."""
+    """ddp: a replica per rank, gradients all-reduced in buckets (no buffer broadcast: the RoPE cache is the same
+    on every rank). fsdp: fully_shard on every block, then the root; each block all-gathered before its forward
+    and backward. bf16: gathered parameters and compute in bf16, master weights and reduction in fp32."""
     if parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
@@ -166,15 +164,14 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
 
 
 def state_bytes_per_rank(cfg: ModelConfig, parallel: str | None, world_size: int, mode: str) -> dict[str, int]:
-    """Predicted bytes of the training state on the largest rank: fp32 parameters, fp32 gradients (with a
-    backward), AdamW's two fp32 moments (train); whole for DDP and one process, FSDP2's largest shard (dim 0 in
-    world_size chunks of ceil(rows / world_size)) for fsdp. Autocast and FSDP2's bf16 policy keep fp32 master
-    state. Not counted: activations, FSDP2's gathered blocks in flight, communication buffers, the CUDA context."""
+    """Predicted bytes of the training state on the largest rank: fp32 parameters, gradients (with a backward)
+    and AdamW's two moments (train); FSDP2's largest shard is ceil(rows / world_size) of dim 0. Not counted:
+    activations, gathered blocks in flight, communication buffers, the CUDA context."""
     from model import TransformerLM
     with torch.device("meta"):  # shapes only: no memory, always in step with model.py
         shapes = [p.shape for p in TransformerLM(cfg).parameters()]
-    rows = (lambda s: math.ceil(s[0] / world_size)) if parallel == "fsdp" else (lambda s: s[0])
-    params = 4 * sum(rows(s) * math.prod(s[1:]) for s in shapes)
+    shards = world_size if parallel == "fsdp" else 1
+    params = 4 * sum(math.ceil(s[0] / shards) * math.prod(s[1:]) for s in shapes)
     grads = params if mode != "forward" else 0
     optimizer = 2 * params if mode == "train" else 0
     return {"params_bytes": params, "grads_bytes": grads, "optimizer_bytes": optimizer,
@@ -196,8 +193,6 @@ def configuration_group(prefix: str, device: torch.device, timeout_s: float = DE
     """Join the configuration's process group (every rank of the launch) for the block. A failure inside is
     marked under `first_failure` (if no rank was first) before it propagates; a timeout becomes a PeerTimeout."""
     launch = torchrun_launch()
-    if launch is None:
-        raise RuntimeError("a distributed configuration needs torchrun's RANK / WORLD_SIZE / MASTER_ADDR")
     timeout, cuda = datetime.timedelta(seconds=timeout_s), device.type == "cuda"
     client = dist.TCPStore(launch.master_addr, launch.master_port, is_master=False, timeout=timeout)  # torchrun's
     store = dist.PrefixStore(prefix, client)
@@ -242,24 +237,19 @@ class RankSweep:
     def configuration_prefix(self, index: int) -> str:
         return f"{self.prefix}cfg{index}/"
 
-    def _store_for(self, index: int) -> dist.Store:
-        return dist.PrefixStore(self.configuration_prefix(index), self.store)
-
     def peer_failure(self, index: int) -> Callable[[], str | None]:
         """For run_isolated's stop_when: the reason to stop this rank's child once another rank failed."""
-        store = self._store_for(index)
+        store = dist.PrefixStore(self.configuration_prefix(index), self.store)
 
         def check() -> str | None:
-            if not store.check([FIRST_FAILURE]):
-                return None
-            first = int(store.get(FIRST_FAILURE))
+            first = int(store.get(FIRST_FAILURE)) if store.check([FIRST_FAILURE]) else self.launch.rank
             return None if first == self.launch.rank else f"stopped: rank {first} failed"
         return check
 
     def exchange(self, index: int, answer: dict[str, Any], timeout_s: float) -> list[dict[str, Any]]:
         """Publish this rank's answer for configuration `index`; every rank's, in rank order. A failed answer
         claims first_failure if no rank has yet (a child that timed out or died without a word)."""
-        store = self._store_for(index)
+        store = dist.PrefixStore(self.configuration_prefix(index), self.store)
         if not answer["ok"] and not answer["status"].startswith("stopped: rank"):
             store.compare_set(FIRST_FAILURE, "", str(self.launch.rank))
         store.set(f"answer/{self.launch.rank}", pickle.dumps(answer))  # our own processes' answers, never a file's

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -220,7 +221,7 @@ def test_a_dtype_comparison_is_interleaved_a_b_b_a(tmp_path, recorded):
 
 
 def fake_variant(name, calls, resident=0, transient=0, allocator=None, steps=12, step_s=0.001):
-    """A preparer for measure_interleaved whose step notes its variant in `calls` and claims `step_s`; with
+    """A Workload builder for measure_interleaved whose step notes its variant in `calls` and claims `step_s`; with
     `allocator` (a fake CUDA allocator) it holds `resident` bytes and each step allocates `transient` more."""
     def prepare():
         calls.append(f"build {name}")
@@ -232,7 +233,8 @@ def fake_variant(name, calls, resident=0, transient=0, allocator=None, steps=12,
             if allocator is not None:
                 allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
             return {"forward": step_s / 2, "step": step_s}
-        return bench_e2e.Prepared(step=step, device=torch.device("cpu"), warmup=1, steps=steps)
+        run = SimpleNamespace(warmup=1, steps=steps, compile=False)
+        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {})
     return prepare
 
 
