@@ -11,10 +11,8 @@ flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
     python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2  # your kernel
     python3 bench_attention.py --grid leaderboard-2025 --impl flash=my_flash:FlashAttention2  # 2025's leaderboard
 
-Inputs are (batch, seq, d), causal. Each shape runs in a child process (runner.py); its
-implementations share it, each on inputs of its own, their timed calls alternating in rounds
-(A B | B A ...).
-docs/bench_attention.md and docs/your_code.md say more.
+Inputs are (batch, seq, d), causal. Each shape runs in a child process; its implementations, each on
+inputs of its own, are timed in alternating rounds (A B | B A ...). docs/bench_attention.md says more.
 """
 from __future__ import annotations
 
@@ -105,16 +103,13 @@ def impl_choice(text: str) -> tuple[str, str | None]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=list(GRIDS), default="attention",
-                   help="the defaults of the flags below: attention = pytorch_attention (batch 8, "
-                        "fp32, naive compiled sdpa, d 16..128, seq 256..16384); flash = "
-                        "flash_benchmarking (batch 1, bf16 and fp32, d 16..128, seq 128..65536, "
-                        "naive first: the baseline); leaderboard-2025 = the 2025 leaderboard (16 x 16384 x 64, "
-                        "bf16, do_bench rep 10 s, yours compiled; scaled down on a CPU)")
+                   help="the defaults of the flags below: attention = pytorch_attention; flash = "
+                        "flash_benchmarking (naive first: the baseline); leaderboard-2025 = the 2025 "
+                        "leaderboard (16 x 16384 x 64, bf16, yours compiled; scaled down on a CPU)")
     p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, metavar="IMPL",
-                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or "
-                        "yours as [NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a "
-                        "torch.autograd.Function, imported from the current directory or "
-                        "PYTHONPATH; NAME: its name in tables")
+                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or yours as "
+                        "[NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a torch.autograd.Function, "
+                        "imported from the current directory or PYTHONPATH; NAME: its name in tables")
     p.add_argument("--d", nargs="+", type=results.positive_int, help="head dimension(s)")
     p.add_argument("--seq-len", nargs="+", type=results.positive_int, help="sequence length(s)")
     p.add_argument("--batch-size", type=results.positive_int, help="batch size")
@@ -126,8 +121,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="triton.testing.do_bench's warmup: ms of untimed calls (default: 25; 1000 for "
                         "leaderboard-2025)")
     p.add_argument("--rep-ms", type=results.positive_float, default=None,
-                   help="triton.testing.do_bench's rep: ms of timed calls (default: 100; 10000 for "
-                        "leaderboard-2025)")
+                   help="do_bench's rep: ms of timed calls (default: 100; 10000 for leaderboard-2025)")
     p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations predicted not to fit in free memory (else skipped)")
@@ -140,22 +134,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(p, args.device)
     runner.check_sweep_args(p, args)
     report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
-    grid = dict(GRIDS[args.grid])
     args.scaled = args.grid == "leaderboard-2025" and common.resolve_device(args.device).type != "cuda"
-    if args.scaled:
-        grid.update(LEADERBOARD_2025_CPU)
+    grid = {**GRIDS[args.grid], **(LEADERBOARD_2025_CPU if args.scaled else {})}
     for name in ("d", "seq_len", "batch_size", "dtype", "warmup_ms", "rep_ms"):
         setattr(args, name, getattr(args, name) or grid[name])
-    args.impl = args.impl or [(impl, None) for impl in grid["impl"]]
+    # flash: the baseline of the speed-ups first; leaderboard-2025: yours beside naive and sdpa, for scale
+    first = {"flash": [BASELINE], "leaderboard-2025": grid["impl"]}.get(args.grid, [])
+    args.impl = [(impl, None) for impl in (first if args.impl else grid["impl"])] + (args.impl or [])
     # a repeated value would only repeat rows
     args.impl, args.d, args.seq_len, args.dtype = (list(dict.fromkeys(v)) for v in
                                                    (args.impl, args.d, args.seq_len, args.dtype))
     if len({name for name, _ in args.impl}) < len(args.impl):
         p.error("--impl: two implementations with one name: name them (NAME=MODULE:CALLABLE)")
-    if args.grid == "flash" and (BASELINE, None) not in args.impl:  # the speed-ups are over it
-        args.impl.insert(0, (BASELINE, None))
-    if args.grid == "leaderboard-2025":  # yours beside naive and sdpa, for scale
-        args.impl = list(dict.fromkeys([(impl, None) for impl in grid["impl"]] + args.impl))
+
     results.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     runs = [AttentionRun(impl, d, seq, args.batch_size, dtype, spec, args.warmup, args.iters,

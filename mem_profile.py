@@ -12,8 +12,7 @@ what activation checkpointing buys (single-level every K blocks, and nested).
     python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot   # the staff model
 
 Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child
-process (a student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains the
-tables.
+process: an OOM or a crash is a row. docs/mem_profile.md explains the tables.
 """
 from __future__ import annotations
 
@@ -142,8 +141,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                     "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
-        size, batch, context = handout.checkpoint_setup
-        contexts = (context,)
+        size, batch, *contexts = handout.checkpoint_setup
     sizes = results.sizes_or_exit(p, args, args.size or [size])
     runs = []
     try:
@@ -168,8 +166,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 
 def find_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:
-    """The model's blocks, found by structure, not by name: the children of the nn.ModuleList of one repeated
-    module class that holds the most parameters (`layers` in ours, anything in yours). ("", []) if none."""
+    """(name, blocks): the nn.ModuleList of one repeated class holding the most parameters; ("", []) if none."""
     lists = [(name, m) for name, m in model.named_modules()
              if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
     if not lists:
@@ -209,7 +206,7 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
                                     device=device)
     optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
     # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-    scaler = torch.amp.GradScaler(device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+    scaler = torch.amp.GradScaler(device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
 
     def step(mark: Callable[[str], None] = lambda phase: None) -> None:
         mark("forward")
@@ -220,22 +217,18 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
             loss = cross_entropy(logits, targets)
         if run.mode != "forward":
             mark("backward")
-            (scaler.scale(loss) if scaler else loss).backward()
+            scaler.scale(loss).backward()  # disabled: the loss itself
             if optimizer is not None:
                 mark("optimizer")
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+                scaler.step(optimizer)
+                scaler.update()
             model.zero_grad(set_to_none=True)
         mark("end")
     return step
 
 
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
-    """Warm-up steps, then the peak counter reset and `steps` timed steps: max_memory_allocated (tensors) and
-    max_memory_reserved (what the caching allocator holds from the driver) over them."""
+    """Warm-up steps, the peak counter reset, then `steps` timed steps: their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
     step = build_step(run, device)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
@@ -259,8 +252,8 @@ def snapshot_meta_path(pickle_path: str | Path) -> Path:  # phase marks and the 
 
 def record_snapshot(step: Callable[..., None], device: torch.device, path: str,
                     max_entries: int) -> dict[str, Any]:
-    """One more step with the allocator's history recorded (Python stacks), dumped by torch to `path`;
-    recording stops whatever happens. The trace holds requested sizes, as requested_bytes.all.peak does."""
+    """One more step with the allocator's history recorded (Python stacks), dumped to `path`; recording stops
+    whatever happens. The trace holds requested sizes, as requested_bytes.all.peak does."""
     marks: list[tuple[str, float]] = []
     torch.cuda.reset_peak_memory_stats(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries)
@@ -348,7 +341,8 @@ def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake:
 
 
 def block_of(module: str, block_paths: list[str]) -> str | None:
-    """The block whose path `module` (a module path such as 'layers.3.ffn.w1') lies under, or None."""
+    """The block whose path `module` (e.g. 'layers.3.ffn.w1') lies under, or None."""
+
     return next((p for p in block_paths if module == p or module.startswith(p + ".")), None)
 
 
@@ -537,8 +531,7 @@ def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int,
         elif action == "free_completed" and addr in pending:  # already counted at free_requested
             pending.discard(addr)
         elif action in ("free_requested", "free_completed"):
-            if action == "free_requested":
-                pending.add(addr)
+            pending.add(addr)
             freed = live.pop(addr, None)
             before += size if freed is None else 0  # a block allocated before recording began
             level -= size if freed is None else freed["size"]
@@ -608,21 +601,17 @@ def own_file(filename: str, root: PurePosixPath) -> str | None:
 
 
 def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
-    """The source root of the snapshot's own Python frames: from '/', descend into the folder holding nearly
-    all (near_all) of the frames below, stop where they part; None when no frame is anyone's own code."""
-    files = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
+    """The source root of the snapshot's own Python frames: the deepest folder below '/' that holds nearly all
+    (near_all) of them; None when there is none, or no frame is anyone's own code."""
+    files = Counter(PurePosixPath(f["filename"]).parts for e in device_trace(snapshot)[1]
+                    if e.get("action") == "alloc"
                     for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
-    parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
-    node: tuple[str, ...] = ()
-    while True:
-        below = [(p, n) for p, n in parts if p[:len(node)] == node]
-        folders: Counter = Counter()
-        for p, n in below:
-            if len(p) > len(node) + 1:
-                folders[p[len(node)]] += n
-        if not folders or folders.most_common(1)[0][1] < near_all * sum(n for _, n in below):
-            return PurePosixPath(*node) if len(node) > 1 else None
-        node += (folders.most_common(1)[0][0],)
+    held: Counter = Counter()  # frames under each folder, '/' left out
+    for parts, n in files.items():
+        for i in range(2, len(parts)):
+            held[parts[:i]] += n
+    deepest = max((p for p, n in held.items() if n >= near_all * files.total()), key=len, default=None)
+    return PurePosixPath(*deepest) if deepest else None
 
 
 def cpp_site(frames: list[dict[str, Any]]) -> str:
@@ -707,11 +696,10 @@ def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None
         row["allocator_rounding_bytes"] = allocated - rebuilt
     if requested is None:
         return {**row, "status": "no requested_bytes.all.peak recorded with this snapshot"}
-    row["diff_bytes"] = requested - rebuilt
-    fraction = row["diff_bytes"] / requested if requested else 0.0
-    row["status"] = ("ok (exact)" if not row["diff_bytes"] else f"ok (within {tolerance:.0%})"
-                     if abs(fraction) <= tolerance else f"MISMATCH (more than {tolerance:.0%} apart)")
-    return row
+    diff = requested - rebuilt
+    return {**row, "diff_bytes": diff, "status": "ok (exact)" if not diff else f"ok (within {tolerance:.0%})"
+            if abs(diff) <= tolerance * requested else f"MISMATCH (more than {tolerance:.0%} apart)"}
+
 
 
 def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
