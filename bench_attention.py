@@ -305,8 +305,7 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
 
 
 def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
-    """ms of each of `calls` calls of fn(), synchronised at both ends (SyncTimer); what fn returns is freed
-    after the clock stops (freeing a forward's graph is not part of the forward)."""
+    """ms of each of `calls` calls of fn() (SyncTimer); what fn returns is freed after the clock stops."""
     timer, samples = SyncTimer(device), []
     for _ in range(calls):
         with timer:
@@ -341,10 +340,9 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
 
 def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
                      agree: Callable[[int], int] | None = None) -> dict[str, Any]:
-    """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep) on CUDA
-    with triton; else its plan with the sync timer (calls for warmup_ms at the first call's pace, then as many
-    as fill rep_ms). Under torchrun `agree` makes every rank run the same counts (do_bench counts from each
-    rank's own pace, so the ranks' collectives would not pair)."""
+    """Mean ms per call of fn() as the leaderboards time it: do_bench(fn, warmup, rep) on CUDA with triton, else
+    its plan with the sync timer. Under torchrun `agree` makes every rank run the same counts (do_bench counts
+    from each rank's own pace, so the ranks' collectives would not pair)."""
     do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
     if do_bench is not None:
         return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
@@ -437,8 +435,7 @@ def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Te
 
 
 def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, dict[str, Any]]:
-    """The fit guard, the implementation (yours imported here, in the child), compiled (compile_s: the first
-    forward and backward), then checked on inputs of its own."""
+    """The fit guard, the implementation (yours imported in the child), compile_s, the check on its own inputs."""
     need, free = predicted_need_bytes(run), free_memory_bytes(device)
     if not run.force and free is not None and need > free:
         return None, {"status": f"skipped: needs {format_bytes(need)}, {format_bytes(free)} free",
@@ -461,9 +458,8 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
 
 
 def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
-    """One shape's implementations in this process, each prepared, then on fresh inputs of its own (a kernel
-    that writes into its inputs changes only its own) timed in rounds A B | B A ... (runner.interleave): each
-    round times iters / ROUNDS calls (do_bench: rep_ms / ROUNDS) of each phase; `pairing` names the rounds."""
+    """One shape's implementations, each prepared, then on fresh inputs of its own (a kernel writing into them
+    changes only its own) timed in rounds A B | B A ...: iters / ROUNDS calls (or rep_ms / ROUNDS) per phase."""
     device = resolve_device(runs[0].device)
     prepared = [prepare(run, device) for run in runs]
     records = [record for _, record in prepared]
@@ -476,7 +472,6 @@ def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
     bounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i, *_ in timed}
 
     def run_block(position: int, r: int) -> None:
-        """One implementation's block of round r: each phase timed for sizes[r] calls (time_calls)."""
         i, attention, inputs, grad_out = timed[position]
         time = functools.partial(time_calls, device=device, warmup=run0.warmup if r == 0 else 1,
                                  iters=sizes[r], warmup_ms=run0.warmup_ms, rep_ms=run0.rep_ms / len(sizes))
@@ -520,8 +515,8 @@ def measure(run: AttentionRun) -> dict[str, Any]:
 
 
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
-    """In the parent, on every row: the predictions; on a timed one the statistics of each phase,
-    the forward's TFLOP/s, and a status that follows the check."""
+    """In the parent: the predictions; on a timed row each phase's statistics, TFLOP/s, the check's status."""
+
     e = DTYPES[run.dtype].itemsize
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, e)
     record["predicted_need_bytes"] = predicted_need_bytes(run)

@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         results.refuse(p, [
             (args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
             (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
-        args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
+        args.code_root = PurePosixPath(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
     results.refuse(p, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(p, args.device)
@@ -169,9 +169,7 @@ def find_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:
     """(name, blocks): the nn.ModuleList of one repeated class holding the most parameters; ("", []) if none."""
     lists = [(name, m) for name, m in model.named_modules()
              if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
-    if not lists:
-        return "", []
-    name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()), default=("", []))
     return name, list(blocks)
 
 
@@ -184,8 +182,7 @@ def first_block(model: nn.Module, run: MemConfig) -> nn.Module:
 
 @contextlib.contextmanager
 def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
-    """The model and token ids on fake tensors of `device` (a real run's graph, shapes and autocast dtypes, no
-    memory or arithmetic: 2.7B takes seconds), used inside the mode; fake=False: real tensors."""
+    """The model and token ids on fake tensors (a real run's graph and dtypes, no memory: 2.7B takes seconds)."""
     with torch.device("meta" if fake else device):
         model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
@@ -432,8 +429,7 @@ def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
 
 
 def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
-    """fp32 weights (master copies under autocast too), their gradients with backward, AdamW's two moments in
-    a training step. `num_params`: counted on your model; None: our architecture's."""
+    """fp32 weights (master copies under autocast too), gradients, AdamW's moments; num_params None: ours."""
     weights = (cfg.num_params if num_params is None else num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
@@ -515,9 +511,8 @@ def device_trace(snapshot: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
 
 
 def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int, dict], int]:
-    """Allocated and reserved byte changes, summed after each entry; the allocations live at the end; the
-    bytes freed of blocks allocated before recording. The level drops at free_requested (as memory_allocated
-    does), not again at its free_completed. map/unmap: expandable segments growing and shrinking."""
+    """Allocated and reserved bytes after each entry, the allocations live at the end, the bytes freed of blocks
+    from before recording. Frees count at free_requested, as memory_allocated does; map: expandable segments."""
     live: dict[int, dict] = {}
     pending: set[int] = set()
     level = held = before = 0
@@ -575,12 +570,10 @@ def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
         reserved = [r + base_reserved for r in reserved]
     else:
         reserved = []
-    peak_index = max(range(len(allocated)), key=allocated.__getitem__, default=-1)
-    if peak_index < 0 or allocated[peak_index] <= base:
-        peak_index = -1
+    peak = max([base] + allocated)
     times = [e["time_us"] for e in trace] if trace and all("time_us" in e for e in trace) else None
-    return Timeline(times, allocated, reserved, base, base_reserved, before,
-                    allocated[peak_index] if peak_index >= 0 else base, peak_index)
+    return Timeline(times, allocated, reserved, base, base_reserved, before, peak,
+                    allocated.index(peak) if peak > base else -1)
 
 
 # Frames that are nobody's own code: installed packages and the standard library, wherever they sit.
@@ -660,8 +653,9 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
     rows = []
     for size in sorted(by_size, reverse=True)[:top]:
         sites, phases = by_size[size]
-        count = sum(sites.values())
+        count = sites.total()
         named = "; ".join(f"{site} (x{n})" for site, n in sites.most_common(2))
+
         rows.append({"size_bytes": size, "count": count, "total_bytes": size * count,
                      "sites": named + (f"; +{len(sites) - 2} more" if len(sites) > 2 else ""),
                      "phases": ", ".join(f"{p} x{n}" for p, n in phases.most_common())})
@@ -669,8 +663,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
 
 
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
-    """The bytes live at the peak by allocation site, largest first, after one row for what was allocated
-    before recording; shares are of the peak."""
+    """The bytes live at the peak by site, largest first, after a row for what was allocated before recording."""
     live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
     sizes: Counter = Counter()
     counts: Counter = Counter()
@@ -718,8 +711,7 @@ def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
 
 
 def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, stem: Path, title: str) -> dict:
-    """<stem>.html: torch's interactive viewer; <stem>.png: allocated and reserved memory over the step,
-    phases shaded, the peak marked (needs matplotlib)."""
+    """<stem>.html: torch's viewer; <stem>.png: allocated and reserved memory, phases shaded, the peak marked."""
     from torch.cuda import _memory_viz
     html = stem.with_suffix(".html")
     html.write_text(_memory_viz.trace_plot(snapshot))
@@ -758,8 +750,7 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
 
 @contextlib.contextmanager
 def stage(record: dict[str, Any], prefix: str) -> Any:
-    """One stage of a configuration: `{prefix}status` ok, or its failure and traceback (a failure is data, and
-    the other stages still run)."""
+    """`{prefix}status`: ok, or the stage's failure and traceback (a failure is data: the others still run)."""
     try:
         yield
         record[f"{prefix}status"] = "ok"
@@ -769,8 +760,7 @@ def stage(record: dict[str, Any], prefix: str) -> Any:
 
 def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
             max_entries: int) -> dict[str, Any]:
-    """The stages: saved for backward and, for ours, the checkpointing prediction (any device); the compiled
-    block; the measured peak and snapshot (CUDA)."""
+    """Saved for backward and the checkpointing prediction (any device), the compiled block, the peak (CUDA)."""
     device = resolve_device(run.device)
     record: dict[str, Any] = {}
     with stage(record, "saved_"):
@@ -793,9 +783,8 @@ def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
 
 
 def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
-    """In this process: the accounting (where the parameters were counted, or for ours) and the snapshot's
-    analysis. A configuration that died before its stages has its status as theirs."""
-    record.setdefault("saved_status", record["status"])
+    """In the parent: the accounting (where the parameters were counted) and the snapshot's analysis."""
+    record.setdefault("saved_status", record["status"])  # it died before its stages
     num_params = record.get("model_num_params")
     if num_params is not None or run.model_factory is None:
         cfg, batch, ctx = run.model, run.batch_size, run.context_length
@@ -825,11 +814,9 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     try:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         snapshot = load_snapshot(args.analyze)
-        fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top,
-                                                   PurePosixPath(args.code_root) if args.code_root else None)
-    # not a pickle, truncated, a refused global, or entries lacking fields: bad input, one line, exit 2
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError, AttributeError,
-            IndexError, RecursionError, MemoryError) as exc:
+        fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top, args.code_root)
+    except Exception as exc:  # noqa: BLE001 - not a pickle, truncated, a refused global, ...: bad input, exit 2
+
         print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
         files.release()
         return 2
