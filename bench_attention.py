@@ -233,13 +233,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
     return out, dq, dk, dv
 
 
-def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
-                       grad_out: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]:
-    """(out, dq, dk, dv), each shaped, typed and placed like q; an OOM stays one (the row: OOM)."""
+def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
+                         grad_out: torch.Tensor, dtype: str, name: str) -> dict[str, Any]:
+    """Each tensor's error against causal attention on copies of the inputs made before the kernel ran, and
+    what is wrong: inputs written in place, NaN or inf, or (failing) a match with unmasked attention. A kernel
+    that fails or returns what is not attention's raises ImplementationError; an OOM stays one (the row: OOM)."""
     def described(t: Any) -> str:
         return (f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
                 if isinstance(t, torch.Tensor) else type(t).__name__)
 
+    pristine = [t.detach().clone() for t in inputs]
     expected, where = described(inputs[0]), "forward"
     try:
         out = attention(*inputs)
@@ -249,20 +252,12 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
         if out.grad_fn is None:
             raise ImplementationError(f"{name}'s output has no autograd graph: no backward")
         where = "backward"
-        grads = torch.autograd.grad(out, inputs, grad_out)
+        # autograd itself refuses gradients shaped unlike the inputs
+        results = (out.detach(), *torch.autograd.grad(out, inputs, grad_out))
     except Exception as exc:  # noqa: BLE001 - the implementation's failure, its row
         if isinstance(exc, ImplementationError) or common.is_oom(exc):
             raise
         raise ImplementationError(f"{name} raised {common.one_line(exc)} in {where}") from exc
-    return (out.detach(), *grads)  # autograd itself refuses gradients shaped unlike the inputs
-
-
-def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
-                         grad_out: torch.Tensor, dtype: str, name: str) -> dict[str, Any]:
-    """Each tensor's error against causal attention on copies of the inputs made before the kernel ran, and
-    what is wrong: inputs written in place, NaN or inf, or (failing) a match with unmasked attention."""
-    pristine = [t.detach().clone() for t in inputs]
-    results = run_implementation(attention, inputs, grad_out, name)
     problems = [f"modifies {n} in place" for n, t, p in zip("qkv", inputs, pristine)
                 if not torch.equal(t, p)]
     problems += [f"{n} has {'NaN' if x.isnan().any() else 'inf'}" for n, x in zip(TENSORS, results)
@@ -516,7 +511,6 @@ def measure(run: AttentionRun) -> dict[str, Any]:
 
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     """In the parent: the predictions; on a timed row each phase's statistics, TFLOP/s, the check's status."""
-
     e = DTYPES[run.dtype].itemsize
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, e)
     record["predicted_need_bytes"] = predicted_need_bytes(run)
