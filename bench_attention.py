@@ -1,8 +1,6 @@
-"""Attention alone at long sequence lengths: the model's naive attention, torch.compile of it,
-PyTorch's fused SDPA and your own kernel, each checked against float64, then its forward, backward
-and forward+backward timed apart, with the memory it keeps for backward. Answers pytorch_attention
-(how time and memory grow with seq, where naive runs out of memory), torch_compile (a) and
-flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
+"""Attention alone at long sequence lengths: naive, torch.compile of it, PyTorch's fused SDPA and your kernel,
+each checked against float64, then forward, backward and both timed apart, with the memory kept for backward.
+Answers pytorch_attention, torch_compile (a) and flash_benchmarking (your FlashAttention-2, a table to paste).
 
     python3 bench_attention.py --impl naive                  # times, memory, OOM rows
     python3 bench_attention.py --impl naive compiled         # eager vs torch.compile
@@ -43,10 +41,10 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  
 
 # --- arguments: the grid (batch, d, seq, dtype) and the implementations ---
 
-# The study's grids, the defaults of every flag not given: attention = pytorch_attention and
-# torch_compile; flash = the handout's flash_benchmarking (batch 1, bf16 and fp32); leaderboard-2025 = the 2025
-# handout's leaderboard (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000,
-# warmup=1_000) of forward then o.sum().backward(), yours through torch.compile.
+# The study's grids, the defaults of every flag not given. leaderboard-2025 = the 2025 handout's leaderboard
+# (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000, warmup=1_000) of forward
+# then o.sum().backward(), yours through torch.compile.
+
 DO_BENCH_DEFAULTS = {"warmup_ms": 25.0, "rep_ms": 100.0}
 GRIDS: dict[str, dict[str, Any]] = {
     "attention": {"impl": ["naive", "compiled", "sdpa"], "d": [16, 32, 64, 128],

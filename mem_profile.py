@@ -299,11 +299,10 @@ class CreatedIn(TorchDispatchMode):
         return out
 
 
-def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
+def saved_for_backward(run: MemConfig, device: torch.device = torch.device("cpu"), fake: bool = True,
                        backward: bool = False) -> dict[str, Any]:
     """Every storage autograd saves in the forward and loss, once each, with the module that made it (weights
     and buffers left out); the blocks, parameters, a block's gradient bytes, the largest transient."""
-    device = torch.device(device)
     with fake_model(run, device, fake) as (model, tokens):
         prefix, blocks = find_blocks(model)
         resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
