@@ -1,8 +1,6 @@
-"""Attention alone at long sequence lengths: the model's naive attention, torch.compile of it,
-PyTorch's fused SDPA and your own kernel, each checked against float64, then its forward, backward
-and forward+backward timed apart, with the memory it keeps for backward. Answers pytorch_attention
-(how time and memory grow with seq, where naive runs out of memory), torch_compile (a) and
-flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
+"""Attention alone at long sequence lengths: naive, torch.compile of it, PyTorch's fused SDPA and your kernel,
+each checked against float64, then forward, backward and both timed apart, with the memory kept for backward.
+Answers pytorch_attention, torch_compile (a) and flash_benchmarking (your FlashAttention-2, a table to paste).
 
     python3 bench_attention.py --impl naive                  # times, memory, OOM rows
     python3 bench_attention.py --impl naive compiled         # eager vs torch.compile
@@ -11,10 +9,8 @@ flash_benchmarking (your FlashAttention-2 against PyTorch, a table to paste).
     python3 bench_attention.py --grid flash --impl flash=my_flash:FlashAttention2  # your kernel
     python3 bench_attention.py --grid leaderboard-2025 --impl flash=my_flash:FlashAttention2  # 2025's leaderboard
 
-Inputs are (batch, seq, d), causal. Each shape runs in a child process (runner.py); its
-implementations share it, each on inputs of its own, their timed calls alternating in rounds
-(A B | B A ...).
-docs/bench_attention.md and docs/your_code.md say more.
+Inputs are (batch, seq, d), causal. Each shape runs in a child process; its implementations, each on
+inputs of its own, are timed in alternating rounds (A B | B A ...). docs/bench_attention.md says more.
 """
 from __future__ import annotations
 
@@ -45,10 +41,10 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  
 
 # --- arguments: the grid (batch, d, seq, dtype) and the implementations ---
 
-# The study's grids, the defaults of every flag not given: attention = pytorch_attention and
-# torch_compile; flash = the handout's flash_benchmarking (batch 1, bf16 and fp32); leaderboard-2025 = the 2025
-# handout's leaderboard (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000,
-# warmup=1_000) of forward then o.sum().backward(), yours through torch.compile.
+# The study's grids, the defaults of every flag not given. leaderboard-2025 = the 2025 handout's leaderboard
+# (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000, warmup=1_000) of forward
+# then o.sum().backward(), yours through torch.compile.
+
 DO_BENCH_DEFAULTS = {"warmup_ms": 25.0, "rep_ms": 100.0}
 GRIDS: dict[str, dict[str, Any]] = {
     "attention": {"impl": ["naive", "compiled", "sdpa"], "d": [16, 32, 64, 128],
@@ -105,16 +101,13 @@ def impl_choice(text: str) -> tuple[str, str | None]:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[AttentionRun]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--grid", choices=list(GRIDS), default="attention",
-                   help="the defaults of the flags below: attention = pytorch_attention (batch 8, "
-                        "fp32, naive compiled sdpa, d 16..128, seq 256..16384); flash = "
-                        "flash_benchmarking (batch 1, bf16 and fp32, d 16..128, seq 128..65536, "
-                        "naive first: the baseline); leaderboard-2025 = the 2025 leaderboard (16 x 16384 x 64, "
-                        "bf16, do_bench rep 10 s, yours compiled; scaled down on a CPU)")
+                   help="the defaults of the flags below: attention = pytorch_attention; flash = "
+                        "flash_benchmarking (naive first: the baseline); leaderboard-2025 = the 2025 "
+                        "leaderboard (16 x 16384 x 64, bf16, yours compiled; scaled down on a CPU)")
     p.add_argument("--impl", nargs="+", action="extend", type=impl_choice, metavar="IMPL",
-                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or "
-                        "yours as [NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a "
-                        "torch.autograd.Function, imported from the current directory or "
-                        "PYTHONPATH; NAME: its name in tables")
+                   help="naive (the model's), compiled (torch.compile of it), sdpa (fused); or yours as "
+                        "[NAME=]MODULE:CALLABLE, f(q, k, v, is_causal) or a torch.autograd.Function, "
+                        "imported from the current directory or PYTHONPATH; NAME: its name in tables")
     p.add_argument("--d", nargs="+", type=results.positive_int, help="head dimension(s)")
     p.add_argument("--seq-len", nargs="+", type=results.positive_int, help="sequence length(s)")
     p.add_argument("--batch-size", type=results.positive_int, help="batch size")
@@ -126,8 +119,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="triton.testing.do_bench's warmup: ms of untimed calls (default: 25; 1000 for "
                         "leaderboard-2025)")
     p.add_argument("--rep-ms", type=results.positive_float, default=None,
-                   help="triton.testing.do_bench's rep: ms of timed calls (default: 100; 10000 for "
-                        "leaderboard-2025)")
+                   help="do_bench's rep: ms of timed calls (default: 100; 10000 for leaderboard-2025)")
     p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for Q, K, V")
     p.add_argument("--force", action="store_true",
                    help="run configurations predicted not to fit in free memory (else skipped)")
@@ -140,22 +132,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.device_or_exit(p, args.device)
     runner.check_sweep_args(p, args)
     report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
-    grid = dict(GRIDS[args.grid])
     args.scaled = args.grid == "leaderboard-2025" and common.resolve_device(args.device).type != "cuda"
-    if args.scaled:
-        grid.update(LEADERBOARD_2025_CPU)
+    grid = {**GRIDS[args.grid], **(LEADERBOARD_2025_CPU if args.scaled else {})}
     for name in ("d", "seq_len", "batch_size", "dtype", "warmup_ms", "rep_ms"):
         setattr(args, name, getattr(args, name) or grid[name])
-    args.impl = args.impl or [(impl, None) for impl in grid["impl"]]
+    # flash: the baseline of the speed-ups first; leaderboard-2025: yours beside naive and sdpa, for scale
+    first = {"flash": [BASELINE], "leaderboard-2025": grid["impl"]}.get(args.grid, [])
+    args.impl = [(impl, None) for impl in (first if args.impl else grid["impl"])] + (args.impl or [])
     # a repeated value would only repeat rows
     args.impl, args.d, args.seq_len, args.dtype = (list(dict.fromkeys(v)) for v in
                                                    (args.impl, args.d, args.seq_len, args.dtype))
     if len({name for name, _ in args.impl}) < len(args.impl):
         p.error("--impl: two implementations with one name: name them (NAME=MODULE:CALLABLE)")
-    if args.grid == "flash" and (BASELINE, None) not in args.impl:  # the speed-ups are over it
-        args.impl.insert(0, (BASELINE, None))
-    if args.grid == "leaderboard-2025":  # yours beside naive and sdpa, for scale
-        args.impl = list(dict.fromkeys([(impl, None) for impl in grid["impl"]] + args.impl))
+
     results.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     runs = [AttentionRun(impl, d, seq, args.batch_size, dtype, spec, args.warmup, args.iters,
@@ -242,13 +231,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_
     return out, dq, dk, dv
 
 
-def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
-                       grad_out: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]:
-    """(out, dq, dk, dv), each shaped, typed and placed like q; an OOM stays one (the row: OOM)."""
+def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
+                         grad_out: torch.Tensor, dtype: str, name: str) -> dict[str, Any]:
+    """Each tensor's error against causal attention on copies of the inputs made before the kernel ran, and
+    what is wrong: inputs written in place, NaN or inf, or (failing) a match with unmasked attention. A kernel
+    that fails or returns what is not attention's raises ImplementationError; an OOM stays one (the row: OOM)."""
     def described(t: Any) -> str:
         return (f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')} on {t.device}"
                 if isinstance(t, torch.Tensor) else type(t).__name__)
 
+    pristine = [t.detach().clone() for t in inputs]
     expected, where = described(inputs[0]), "forward"
     try:
         out = attention(*inputs)
@@ -258,20 +250,12 @@ def run_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
         if out.grad_fn is None:
             raise ImplementationError(f"{name}'s output has no autograd graph: no backward")
         where = "backward"
-        grads = torch.autograd.grad(out, inputs, grad_out)
+        # autograd itself refuses gradients shaped unlike the inputs
+        results = (out.detach(), *torch.autograd.grad(out, inputs, grad_out))
     except Exception as exc:  # noqa: BLE001 - the implementation's failure, its row
         if isinstance(exc, ImplementationError) or common.is_oom(exc):
             raise
         raise ImplementationError(f"{name} raised {common.one_line(exc)} in {where}") from exc
-    return (out.detach(), *grads)  # autograd itself refuses gradients shaped unlike the inputs
-
-
-def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
-                         grad_out: torch.Tensor, dtype: str, name: str) -> dict[str, Any]:
-    """Each tensor's error against causal attention on copies of the inputs made before the kernel ran, and
-    what is wrong: inputs written in place, NaN or inf, or (failing) a match with unmasked attention."""
-    pristine = [t.detach().clone() for t in inputs]
-    results = run_implementation(attention, inputs, grad_out, name)
     problems = [f"modifies {n} in place" for n, t, p in zip("qkv", inputs, pristine)
                 if not torch.equal(t, p)]
     problems += [f"{n} has {'NaN' if x.isnan().any() else 'inf'}" for n, x in zip(TENSORS, results)
@@ -314,8 +298,7 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
 
 
 def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
-    """ms of each of `calls` calls of fn(), synchronised at both ends (SyncTimer); what fn returns is freed
-    after the clock stops (freeing a forward's graph is not part of the forward)."""
+    """ms of each of `calls` calls of fn() (SyncTimer); what fn returns is freed after the clock stops."""
     timer, samples = SyncTimer(device), []
     for _ in range(calls):
         with timer:
@@ -350,10 +333,9 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
 
 def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
                      agree: Callable[[int], int] | None = None) -> dict[str, Any]:
-    """Mean ms per call of fn() as the leaderboards time it: triton.testing.do_bench(fn, warmup, rep) on CUDA
-    with triton; else its plan with the sync timer (calls for warmup_ms at the first call's pace, then as many
-    as fill rep_ms). Under torchrun `agree` makes every rank run the same counts (do_bench counts from each
-    rank's own pace, so the ranks' collectives would not pair)."""
+    """Mean ms per call of fn() as the leaderboards time it: do_bench(fn, warmup, rep) on CUDA with triton, else
+    its plan with the sync timer. Under torchrun `agree` makes every rank run the same counts (do_bench counts
+    from each rank's own pace, so the ranks' collectives would not pair)."""
     do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
     if do_bench is not None:
         return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
@@ -446,8 +428,7 @@ def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Te
 
 
 def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, dict[str, Any]]:
-    """The fit guard, the implementation (yours imported here, in the child), compiled (compile_s: the first
-    forward and backward), then checked on inputs of its own."""
+    """The fit guard, the implementation (yours imported in the child), compile_s, the check on its own inputs."""
     need, free = predicted_need_bytes(run), free_memory_bytes(device)
     if not run.force and free is not None and need > free:
         return None, {"status": f"skipped: needs {format_bytes(need)}, {format_bytes(free)} free",
@@ -470,9 +451,8 @@ def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, 
 
 
 def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
-    """One shape's implementations in this process, each prepared, then on fresh inputs of its own (a kernel
-    that writes into its inputs changes only its own) timed in rounds A B | B A ... (runner.interleave): each
-    round times iters / ROUNDS calls (do_bench: rep_ms / ROUNDS) of each phase; `pairing` names the rounds."""
+    """One shape's implementations, each prepared, then on fresh inputs of its own (a kernel writing into them
+    changes only its own) timed in rounds A B | B A ...: iters / ROUNDS calls (or rep_ms / ROUNDS) per phase."""
     device = resolve_device(runs[0].device)
     prepared = [prepare(run, device) for run in runs]
     records = [record for _, record in prepared]
@@ -485,7 +465,6 @@ def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
     bounds: dict[int, dict[str, list[list[int]]]] = {i: {} for i, *_ in timed}
 
     def run_block(position: int, r: int) -> None:
-        """One implementation's block of round r: each phase timed for sizes[r] calls (time_calls)."""
         i, attention, inputs, grad_out = timed[position]
         time = functools.partial(time_calls, device=device, warmup=run0.warmup if r == 0 else 1,
                                  iters=sizes[r], warmup_ms=run0.warmup_ms, rep_ms=run0.rep_ms / len(sizes))
@@ -529,8 +508,7 @@ def measure(run: AttentionRun) -> dict[str, Any]:
 
 
 def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
-    """In the parent, on every row: the predictions; on a timed one the statistics of each phase,
-    the forward's TFLOP/s, and a status that follows the check."""
+    """In the parent: the predictions; on a timed row each phase's statistics, TFLOP/s, the check's status."""
     e = DTYPES[run.dtype].itemsize
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, e)
     record["predicted_need_bytes"] = predicted_need_bytes(run)

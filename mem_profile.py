@@ -12,8 +12,7 @@ what activation checkpointing buys (single-level every K blocks, and nested).
     python3 mem_profile.py --model cs336_basics.model:BasicsTransformerLM --snapshot   # the staff model
 
 Measured peaks and snapshots need CUDA; the rest runs on any device. Each configuration runs in a child
-process (a student's model on every device): an OOM or a crash is a row. docs/mem_profile.md explains the
-tables.
+process: an OOM or a crash is a row. docs/mem_profile.md explains the tables.
 """
 from __future__ import annotations
 
@@ -132,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         results.refuse(p, [
             (args.dry_run, "--dry-run lists a sweep's configurations; --analyze runs none"),
             (not Path(args.analyze).is_file(), f"--analyze: no such file: {args.analyze}")])
-        args.code_root = str(Path(args.code_root).absolute()) if args.code_root else None
+        args.code_root = PurePosixPath(Path(args.code_root).absolute()) if args.code_root else None
         return args, []
     results.refuse(p, [(args.code_root is not None, "--code-root goes with --analyze")])
     common.device_or_exit(p, args.device)
@@ -142,8 +141,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                     "--checkpoint": any(args.checkpoint)})
     size, batch, contexts = handout.memory_size, DEFAULT_BATCH_SIZE, handout.memory_contexts
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
-        size, batch, context = handout.checkpoint_setup
-        contexts = (context,)
+        size, batch, *contexts = handout.checkpoint_setup
     sizes = results.sizes_or_exit(p, args, args.size or [size])
     runs = []
     try:
@@ -168,13 +166,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 
 
 def find_blocks(model: nn.Module) -> tuple[str, list[nn.Module]]:
-    """The model's blocks, found by structure, not by name: the children of the nn.ModuleList of one repeated
-    module class that holds the most parameters (`layers` in ours, anything in yours). ("", []) if none."""
+    """(name, blocks): the nn.ModuleList of one repeated class holding the most parameters; ("", []) if none."""
     lists = [(name, m) for name, m in model.named_modules()
              if isinstance(m, nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1]
-    if not lists:
-        return "", []
-    name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()))
+    name, blocks = max(lists, key=lambda item: sum(p.numel() for p in item[1].parameters()), default=("", []))
     return name, list(blocks)
 
 
@@ -187,8 +182,7 @@ def first_block(model: nn.Module, run: MemConfig) -> nn.Module:
 
 @contextlib.contextmanager
 def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
-    """The model and token ids on fake tensors of `device` (a real run's graph, shapes and autocast dtypes, no
-    memory or arithmetic: 2.7B takes seconds), used inside the mode; fake=False: real tensors."""
+    """The model and token ids on fake tensors (a real run's graph and dtypes, no memory: 2.7B takes seconds)."""
     with torch.device("meta" if fake else device):
         model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
@@ -209,7 +203,7 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
                                     device=device)
     optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
     # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-    scaler = torch.amp.GradScaler(device.type) if run.dtype == "fp16" and run.mode != "forward" else None
+    scaler = torch.amp.GradScaler(device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
 
     def step(mark: Callable[[str], None] = lambda phase: None) -> None:
         mark("forward")
@@ -220,22 +214,18 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
             loss = cross_entropy(logits, targets)
         if run.mode != "forward":
             mark("backward")
-            (scaler.scale(loss) if scaler else loss).backward()
+            scaler.scale(loss).backward()  # disabled: the loss itself
             if optimizer is not None:
                 mark("optimizer")
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
+                scaler.step(optimizer)
+                scaler.update()
             model.zero_grad(set_to_none=True)
         mark("end")
     return step
 
 
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
-    """Warm-up steps, then the peak counter reset and `steps` timed steps: max_memory_allocated (tensors) and
-    max_memory_reserved (what the caching allocator holds from the driver) over them."""
+    """Warm-up steps, the peak counter reset, then `steps` timed steps: their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
     step = build_step(run, device)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
@@ -259,8 +249,8 @@ def snapshot_meta_path(pickle_path: str | Path) -> Path:  # phase marks and the 
 
 def record_snapshot(step: Callable[..., None], device: torch.device, path: str,
                     max_entries: int) -> dict[str, Any]:
-    """One more step with the allocator's history recorded (Python stacks), dumped by torch to `path`;
-    recording stops whatever happens. The trace holds requested sizes, as requested_bytes.all.peak does."""
+    """One more step with the allocator's history recorded (Python stacks), dumped to `path`; recording stops
+    whatever happens. The trace holds requested sizes, as requested_bytes.all.peak does."""
     marks: list[tuple[str, float]] = []
     torch.cuda.reset_peak_memory_stats(device)
     torch.cuda.memory._record_memory_history(enabled="all", stacks="python", max_entries=max_entries)
@@ -309,11 +299,10 @@ class CreatedIn(TorchDispatchMode):
         return out
 
 
-def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake: bool = True,
+def saved_for_backward(run: MemConfig, device: torch.device = torch.device("cpu"), fake: bool = True,
                        backward: bool = False) -> dict[str, Any]:
     """Every storage autograd saves in the forward and loss, once each, with the module that made it (weights
     and buffers left out); the blocks, parameters, a block's gradient bytes, the largest transient."""
-    device = torch.device(device)
     with fake_model(run, device, fake) as (model, tokens):
         prefix, blocks = find_blocks(model)
         resident = {storage_key(t) for t in itertools.chain(model.parameters(), model.buffers())}
@@ -348,7 +337,8 @@ def saved_for_backward(run: MemConfig, device: torch.device | str = "cpu", fake:
 
 
 def block_of(module: str, block_paths: list[str]) -> str | None:
-    """The block whose path `module` (a module path such as 'layers.3.ffn.w1') lies under, or None."""
+    """The block whose path `module` (e.g. 'layers.3.ffn.w1') lies under, or None."""
+
     return next((p for p in block_paths if module == p or module.startswith(p + ".")), None)
 
 
@@ -438,8 +428,7 @@ def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
 
 
 def static_memory_bytes(cfg: ModelConfig, mode: str, num_params: int | None = None) -> dict[str, int]:
-    """fp32 weights (master copies under autocast too), their gradients with backward, AdamW's two moments in
-    a training step. `num_params`: counted on your model; None: our architecture's."""
+    """fp32 weights (master copies under autocast too), gradients, AdamW's moments; num_params None: ours."""
     weights = (cfg.num_params if num_params is None else num_params) * FP32_BYTES
     return {"weights_bytes": weights, "grads_bytes": weights if mode != "forward" else 0,
             "adamw_state_bytes": 2 * weights if mode == "train" else 0}
@@ -521,9 +510,8 @@ def device_trace(snapshot: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
 
 
 def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int, dict], int]:
-    """Allocated and reserved byte changes, summed after each entry; the allocations live at the end; the
-    bytes freed of blocks allocated before recording. The level drops at free_requested (as memory_allocated
-    does), not again at its free_completed. map/unmap: expandable segments growing and shrinking."""
+    """Allocated and reserved bytes after each entry, the allocations live at the end, the bytes freed of blocks
+    from before recording. Frees count at free_requested, as memory_allocated does; map: expandable segments."""
     live: dict[int, dict] = {}
     pending: set[int] = set()
     level = held = before = 0
@@ -537,8 +525,7 @@ def replay(trace: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[int,
         elif action == "free_completed" and addr in pending:  # already counted at free_requested
             pending.discard(addr)
         elif action in ("free_requested", "free_completed"):
-            if action == "free_requested":
-                pending.add(addr)
+            pending.add(addr)
             freed = live.pop(addr, None)
             before += size if freed is None else 0  # a block allocated before recording began
             level -= size if freed is None else freed["size"]
@@ -582,12 +569,10 @@ def rebuild_timeline(snapshot: dict[str, Any]) -> Timeline:
         reserved = [r + base_reserved for r in reserved]
     else:
         reserved = []
-    peak_index = max(range(len(allocated)), key=allocated.__getitem__, default=-1)
-    if peak_index < 0 or allocated[peak_index] <= base:
-        peak_index = -1
+    peak = max([base] + allocated)
     times = [e["time_us"] for e in trace] if trace and all("time_us" in e for e in trace) else None
-    return Timeline(times, allocated, reserved, base, base_reserved, before,
-                    allocated[peak_index] if peak_index >= 0 else base, peak_index)
+    return Timeline(times, allocated, reserved, base, base_reserved, before, peak,
+                    allocated.index(peak) if peak > base else -1)
 
 
 # Frames that are nobody's own code: installed packages and the standard library, wherever they sit.
@@ -608,21 +593,17 @@ def own_file(filename: str, root: PurePosixPath) -> str | None:
 
 
 def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
-    """The source root of the snapshot's own Python frames: from '/', descend into the folder holding nearly
-    all (near_all) of the frames below, stop where they part; None when no frame is anyone's own code."""
-    files = Counter(f["filename"] for e in device_trace(snapshot)[1] if e.get("action") == "alloc"
+    """The source root of the snapshot's own Python frames: the deepest folder below '/' that holds nearly all
+    (near_all) of them; None when there is none, or no frame is anyone's own code."""
+    files = Counter(PurePosixPath(f["filename"]).parts for e in device_trace(snapshot)[1]
+                    if e.get("action") == "alloc"
                     for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
-    parts = [(PurePosixPath(name).parts, n) for name, n in files.items()]
-    node: tuple[str, ...] = ()
-    while True:
-        below = [(p, n) for p, n in parts if p[:len(node)] == node]
-        folders: Counter = Counter()
-        for p, n in below:
-            if len(p) > len(node) + 1:
-                folders[p[len(node)]] += n
-        if not folders or folders.most_common(1)[0][1] < near_all * sum(n for _, n in below):
-            return PurePosixPath(*node) if len(node) > 1 else None
-        node += (folders.most_common(1)[0][0],)
+    held: Counter = Counter()  # frames under each folder, '/' left out
+    for parts, n in files.items():
+        for i in range(2, len(parts)):
+            held[parts[:i]] += n
+    deepest = max((p for p, n in held.items() if n >= near_all * files.total()), key=len, default=None)
+    return PurePosixPath(*deepest) if deepest else None
 
 
 def cpp_site(frames: list[dict[str, Any]]) -> str:
@@ -671,8 +652,9 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
     rows = []
     for size in sorted(by_size, reverse=True)[:top]:
         sites, phases = by_size[size]
-        count = sum(sites.values())
+        count = sites.total()
         named = "; ".join(f"{site} (x{n})" for site, n in sites.most_common(2))
+
         rows.append({"size_bytes": size, "count": count, "total_bytes": size * count,
                      "sites": named + (f"; +{len(sites) - 2} more" if len(sites) > 2 else ""),
                      "phases": ", ".join(f"{p} x{n}" for p, n in phases.most_common())})
@@ -680,8 +662,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
 
 
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
-    """The bytes live at the peak by allocation site, largest first, after one row for what was allocated
-    before recording; shares are of the peak."""
+    """The bytes live at the peak by site, largest first, after a row for what was allocated before recording."""
     live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
     sizes: Counter = Counter()
     counts: Counter = Counter()
@@ -707,11 +688,10 @@ def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None
         row["allocator_rounding_bytes"] = allocated - rebuilt
     if requested is None:
         return {**row, "status": "no requested_bytes.all.peak recorded with this snapshot"}
-    row["diff_bytes"] = requested - rebuilt
-    fraction = row["diff_bytes"] / requested if requested else 0.0
-    row["status"] = ("ok (exact)" if not row["diff_bytes"] else f"ok (within {tolerance:.0%})"
-                     if abs(fraction) <= tolerance else f"MISMATCH (more than {tolerance:.0%} apart)")
-    return row
+    diff = requested - rebuilt
+    return {**row, "diff_bytes": diff, "status": "ok (exact)" if not diff else f"ok (within {tolerance:.0%})"
+            if abs(diff) <= tolerance * requested else f"MISMATCH (more than {tolerance:.0%} apart)"}
+
 
 
 def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
@@ -730,8 +710,7 @@ def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
 
 
 def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, stem: Path, title: str) -> dict:
-    """<stem>.html: torch's interactive viewer; <stem>.png: allocated and reserved memory over the step,
-    phases shaded, the peak marked (needs matplotlib)."""
+    """<stem>.html: torch's viewer; <stem>.png: allocated and reserved memory, phases shaded, the peak marked."""
     from torch.cuda import _memory_viz
     html = stem.with_suffix(".html")
     html.write_text(_memory_viz.trace_plot(snapshot))
@@ -770,8 +749,7 @@ def write_timeline(snapshot: dict[str, Any], timeline: Timeline, spans: list, st
 
 @contextlib.contextmanager
 def stage(record: dict[str, Any], prefix: str) -> Any:
-    """One stage of a configuration: `{prefix}status` ok, or its failure and traceback (a failure is data, and
-    the other stages still run)."""
+    """`{prefix}status`: ok, or the stage's failure and traceback (a failure is data: the others still run)."""
     try:
         yield
         record[f"{prefix}status"] = "ok"
@@ -781,8 +759,7 @@ def stage(record: dict[str, Any], prefix: str) -> Any:
 
 def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
             max_entries: int) -> dict[str, Any]:
-    """The stages: saved for backward and, for ours, the checkpointing prediction (any device); the compiled
-    block; the measured peak and snapshot (CUDA)."""
+    """Saved for backward and the checkpointing prediction (any device), the compiled block, the peak (CUDA)."""
     device = resolve_device(run.device)
     record: dict[str, Any] = {}
     with stage(record, "saved_"):
@@ -805,9 +782,8 @@ def measure(run: MemConfig, measure_peaks: bool, snapshot_prefix: str | None,
 
 
 def finish_record(run: MemConfig, record: dict[str, Any], top: int) -> None:
-    """In this process: the accounting (where the parameters were counted, or for ours) and the snapshot's
-    analysis. A configuration that died before its stages has its status as theirs."""
-    record.setdefault("saved_status", record["status"])
+    """In the parent: the accounting (where the parameters were counted) and the snapshot's analysis."""
+    record.setdefault("saved_status", record["status"])  # it died before its stages
     num_params = record.get("model_num_params")
     if num_params is not None or run.model_factory is None:
         cfg, batch, ctx = run.model, run.batch_size, run.context_length
@@ -837,11 +813,9 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
     try:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         snapshot = load_snapshot(args.analyze)
-        fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top,
-                                                   PurePosixPath(args.code_root) if args.code_root else None)
-    # not a pickle, truncated, a refused global, or entries lacking fields: bad input, one line, exit 2
-    except (OSError, EOFError, ValueError, pickle.UnpicklingError, KeyError, TypeError, AttributeError,
-            IndexError, RecursionError, MemoryError) as exc:
+        fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top, args.code_root)
+    except Exception as exc:  # noqa: BLE001 - not a pickle, truncated, a refused global, ...: bad input, exit 2
+
         print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
         files.release()
         return 2

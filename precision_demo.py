@@ -1,8 +1,7 @@
 """mixed_precision_accumulation: the handout's four loops adding 0.01 a thousand times, + bfloat16.
 
-Why do mixed-precision recipes keep accumulators in float32, and why does a float32 accumulator fed
-float16 addends still miss 10? The table shows each sum, the exact value 0.01 becomes in the
-addend's dtype and the accumulator's spacing at the result; notes under it explain the errors.
+Why keep accumulators in float32, and why does a float32 accumulator fed float16 addends still miss 10? The
+table shows each sum, the addend's exact stored value and the accumulator's spacing; notes explain the errors.
 
     python3 precision_demo.py                           # the handout's setup: 0.01 x 1000
     python3 precision_demo.py --plot                    # + running sums as a PNG (needs matplotlib)
@@ -24,7 +23,6 @@ import results
 from common import dtype_name, environment
 from results import ResultFiles
 
-# --- the handout's loops ---
 # case: (accumulator dtype, addend dtype, addend converted with .type(torch.float32) before adding).
 # 1-4 are the handout's; 2-bf16 and 3-bf16 their bfloat16 counterparts (what people train with).
 CASES = {"1": (torch.float32, torch.float32, False), "2": (torch.float16, torch.float16, False),
@@ -32,21 +30,6 @@ CASES = {"1": (torch.float32, torch.float32, False), "2": (torch.float16, torch.
          "2-bf16": (torch.bfloat16, torch.bfloat16, False),
          "3-bf16": (torch.float32, torch.bfloat16, False)}
 
-
-def accumulate(accumulator: torch.dtype, addend: torch.dtype, to_float32: bool, value: float,
-               count: int, sample_at: set[int]) -> tuple[torch.Tensor, list[list]]:
-    """The handout's loop; also [n, sum after n adds] at the counts in `sample_at` (the plot)."""
-    s = torch.tensor(0, dtype=accumulator)
-    partial_sums = []
-    for i in range(count):
-        x = torch.tensor(value, dtype=addend)
-        s += x.type(torch.float32) if to_float32 else x
-        if i + 1 in sample_at:
-            partial_sums.append([i + 1, s.item()])
-    return s, partial_sums
-
-
-# --- arguments ---
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
@@ -69,12 +52,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# --- measure ---
-
 def run_case(case: str, value: float, count: int) -> dict:
+    """The handout's loop, with [n, sum after n adds] at log-spaced n from 1 to count (the plot)."""
     accumulator, addend, to_float32 = CASES[case]
-    sample_at = {round(count ** (i / 30)) for i in range(31)}  # log-spaced, from 1 to count
-    s, partial_sums = accumulate(accumulator, addend, to_float32, value, count, sample_at)
+    sample_at = {round(count ** (i / 30)) for i in range(31)}
+    s = torch.tensor(0, dtype=accumulator)
+    partial_sums = []
+    for i in range(count):
+        x = torch.tensor(value, dtype=addend)
+        s += x.type(torch.float32) if to_float32 else x
+        if i + 1 in sample_at:
+            partial_sums.append([i + 1, s.item()])
+
     stored = Decimal(torch.tensor(value, dtype=addend).item())  # exact: float64 holds any fp16/32
     result, target = s.item(), value * count
     # the step from s to the next number its dtype holds: an add below half of it is lost
@@ -99,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
         records.append({"experiment": "precision_demo", **run_case(case, args.value, args.count),
                         "status": "ok", "environment": env})
         files.append_record(records[-1])
-
-    # --- report: the table and notes (report.py), the figure with --plot ---
     return report.publish("precision_demo", records, files, args.fmt, plot=args.plot)
 
 

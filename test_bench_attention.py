@@ -207,8 +207,8 @@ def test_a_kernel_that_fails_is_one_line_naming_it(student, spec, message):
                                 torch.ones(2, 16, 8), "fp32", spec)
     assert message in str(exc.value) and "\n" not in str(exc.value)
     with pytest.raises(ba.ImplementationError, match="mine's output has no autograd graph"):
-        ba.run_implementation(lambda q, k, v: q.detach(), random_inputs(), torch.ones(2, 16, 8),
-                              "mine")
+        ba.check_implementation(lambda q, k, v: q.detach(), random_inputs(), torch.ones(2, 16, 8), "fp32",
+                                "mine")
 
 
 @pytest.mark.parametrize("spec, message", [

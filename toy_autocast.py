@@ -1,9 +1,7 @@
 """benchmarking_mixed_precision (a), (b): the dtypes in the handout's ToyModel under autocast.
 
-Under torch.autocast with float16 and with bfloat16, what are the dtypes of the parameters, of
-each layer's output (fc1, ReLU, LayerNorm), of the logits, of the loss and of the gradients? Each
-is read from the tensors themselves (forward hooks for the outputs, .grad after backward). The
-answer depends on the device: CUDA autocast runs layer_norm in float32, CPU autocast does not.
+The dtypes of the parameters, each layer's output, the logits, the loss and the gradients, read from the
+tensors themselves. The answer depends on the device: CUDA autocast runs layer_norm in float32, CPU does not.
 
     python3 toy_autocast.py                          # CUDA if present, else CPU (with a note)
     python3 toy_autocast.py --device cuda            # the CUDA answer (exit 2 without CUDA)
@@ -25,8 +23,6 @@ from common import DTYPES, device_or_exit, dtype_name, environment, failure_stat
 from results import ResultFiles, progress
 
 
-# --- the handout's model ---
-
 class ToyModel(nn.Module):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -45,8 +41,6 @@ class ToyModel(nn.Module):
 OUTPUT_LABELS = {"fc1": "fc1 output", "relu": "ReLU output", "ln": "LayerNorm output",
                  "fc2": "logits (fc2 output)"}
 
-
-# --- arguments ---
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
@@ -69,12 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# --- measure ---
-
 def observe_dtypes(device: str, dtype: str, in_features: int, out_features: int,
                    batch_size: int, seed: int) -> dict[str, str]:
-    """{row label: dtype name}: the parameters and each module's output inside autocast, the loss,
-    and the gradients after backward."""
+    """{row label: dtype name}: parameters and outputs inside autocast (hooks), the loss, the gradients."""
+
     device = torch.device(device)
     torch.manual_seed(seed)
     model = ToyModel(in_features, out_features).to(device)
@@ -112,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
                         "config": config, "environment": env})
         files.append_record(records[-1])
         progress(f"{dtype_name(DTYPES[dtype])} autocast on {args.device}: {status}")
-
-    # --- report: the table (report.py), with a note when it is not CUDA's answer ---
     return report.publish("toy_autocast", records, files, args.fmt)
 
 
