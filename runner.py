@@ -278,8 +278,7 @@ def comparisons(runs: list[Any], key: Callable[[Any], Any]) -> list[Any]:
     """A plan: the runs with an equal key(run) (not None) as one list where the first of them stood."""
     units: dict[Any, list[Any]] = {}
     for i, run in enumerate(runs):
-        k = key(run)
-        units.setdefault(("alone", i) if k is None else ("compared", k), []).append(run)
+        units.setdefault(("alone", i) if key(run) is None else ("compared", key(run)), []).append(run)
     return [unit[0] if k[0] == "alone" else unit for k, unit in units.items()]
 
 
@@ -349,9 +348,8 @@ PROBE_BUDGET = 8  # bisection probes at most per search (from 64 to 65536 takes 
 
 @dataclasses.dataclass
 class Bisection:
-    """Between `fits` (the longest that ran) and `fails` (the shortest that ran out of memory): each probe
-    tries the middle multiple of `resolution` strictly between them, until none is left or `budget` probes
-    are spent."""
+    """Between `fits` (the longest that ran) and `fails` (the shortest OOM): each probe tries the middle multiple
+    of `resolution` strictly between them, until none is left or `budget` probes are spent."""
 
     fits: int
     fails: int
@@ -384,7 +382,7 @@ class Sweep:
         self.ended: set = set()  # search: the groups whose search has ended
         self.fits: dict = {}  # search: the longest size of each group that ran
         self.slowest_s, self.total, self.done = 0.0, len(runs), 0
-        self.next_index = len(runs)  # bisection probes' indices (the same on every torchrun rank)
+        self.probe_index = itertools.count(len(runs))  # bisection probes' (the same on every torchrun rank)
         self.mode = getattr(args, "interleave", "runs")
         self.repeats = getattr(args, "repeats", 1) if self.mode == "runs" else 1
         self.say = progress if parallel.is_rank_zero() and not args.quiet else lambda message: None
@@ -550,8 +548,7 @@ class Sweep:
             probe = self.resize(run, next_size)
             self.total += 1
             self.done += 1
-            answer, elapsed = self.alone(probe, self.next_index, self.done, " (bisection)")
-            self.next_index += 1
+            answer, elapsed = self.alone(probe, next(self.probe_index), self.done, " (bisection)")
             probe_record = {**self.record_of(probe, answer), "search_probe": "bisection"}
             self.add(probe, probe_record, self.done, elapsed)
             if finished(probe_record) or is_oom_status(probe_record["status"]):
