@@ -1,8 +1,6 @@
-"""The Transformer LM under study, with its configuration: the same architecture, parameter names and numerics
-as the course's reference ("basics") model, so that numbers measured here compare with everyone else's.
-
-Pre-norm blocks (RMSNorm -> causal multi-head self-attention with RoPE -> residual; RMSNorm -> SwiGLU ->
-residual), a final RMSNorm and an untied lm_head, no biases. A reference state dict loads with strict=True.
+"""The Transformer LM under study: the course's reference ("basics") architecture, parameter names and numerics,
+so that numbers measured here compare with everyone else's. Pre-norm blocks (RMSNorm -> causal self-attention with
+RoPE; RMSNorm -> SwiGLU), a final RMSNorm, an untied lm_head, no biases: a reference state dict loads strictly.
 
     from model import TransformerLM, cross_entropy, get_config
     model = TransformerLM(get_config("small", handout="2025"), attn="naive")
@@ -21,13 +19,9 @@ from torch.utils.checkpoint import checkpoint
 from common import LoadError, annotate, load
 from optim import AdamW
 
-# ---- configuration: ModelConfig, both handouts' presets (Table 1), FLOPs ----
-# Plain Python defined in results.py, so that report.py and kernel_tables.py read configurations from records
-# without importing torch; here because the model is where a reader looks for them (gpt-fast's ModelArgs).
-from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, HANDOUT_ENV, HANDOUTS, MODES, PHASES_BY_MODE,  # noqa: F401
-                     PRESETS_2025, PRESETS_2026, TINY, ConfigError, Handout, ModelConfig, attention_matmul_flops,
-                     config_row, config_table, expand_sizes, forward_flops, get_config, get_handout,
-                     model_tensor_shapes, step_flops)
+# The configuration, presets and FLOPs live in torch-free results.py (report.py reads them from records); here
+# because the model is where a reader looks for them (gpt-fast's ModelArgs).
+from results import HANDOUTS, ModelConfig, attention_matmul_flops, forward_flops, get_config, step_flops  # noqa: F401
 
 
 # ---- numerically stable primitives, written out by hand as in the reference ----
@@ -41,8 +35,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of `targets` (...,) under `logits` (..., vocab), via a stable log-softmax:
-    log p = (x - max) - log(sum(exp(x - max)))."""
+    """Mean -log p(targets) under `logits` (..., vocab): log p = (x - max) - log(sum(exp(x - max)))."""
     shifted = logits - torch.amax(logits, dim=-1, keepdim=True)
     log_probs = shifted - torch.log(torch.sum(torch.exp(shifted), dim=-1, keepdim=True))
     return -torch.mean(torch.gather(log_probs, -1, targets.unsqueeze(-1)))
@@ -52,9 +45,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal scaled dot-product attention written out: scores by matmul, -inf above the diagonal, the
-    hand-written softmax, then the value matmul. Keeps the (..., seq, seq) scores and probabilities alive for
-    backward, which is what makes it quadratic in memory. q, k, v: (..., seq, d) -> (..., seq, d)."""
+    """Scores by matmul, -inf above the diagonal, our softmax, the value matmul: the (..., seq, seq) scores and
+    probabilities kept for backward make it quadratic in memory. q, k, v: (..., seq, d) -> (..., seq, d)."""
     seq, d = q.shape[-2], q.shape[-1]
     with annotate("scaled dot product attention"):
         with annotate("computing attention scores"):
@@ -183,16 +175,13 @@ class TransformerBlock(nn.Module):
 
 
 class TransformerLM(nn.Module):
-    """token ids (batch, seq) -> logits (batch, seq, vocab). attn: a key of ATTENTION. checkpoint_every=K > 0:
-    the blocks run in segments of K under torch.utils.checkpoint, so only a segment's input is kept for
-    backward and its K blocks are recomputed there."""
+    """token ids (batch, seq) -> logits (batch, seq, vocab). checkpoint_every=K > 0: the blocks run in segments
+    of K under torch.utils.checkpoint: only a segment's input is kept for backward, its blocks recomputed there."""
 
     def __init__(self, cfg: ModelConfig, attn: str = "naive", checkpoint_every: int = 0):
         super().__init__()
         if attn not in ATTENTION:
             raise ValueError(f"unknown attention {attn!r}; choose from {', '.join(ATTENTION)}")
-        if checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         self.config = cfg
         self.checkpoint_every = checkpoint_every
         self.token_embeddings = Embedding(cfg.vocab_size, cfg.d_model)

@@ -1,6 +1,5 @@
-"""Running a script's configurations, each in a fresh child process, so that an OOM, a crash or a poisoned
-CUDA context never reaches the next row: a failure is a row, SIGTERM and Ctrl-C keep the finished rows, and
-a comparison's variants are interleaved (A B | B A ...). See docs/running.md.
+"""Each configuration in a fresh child process: an OOM, a crash or a poisoned CUDA context is a row, never the
+next row's problem; SIGTERM and Ctrl-C keep the finished rows; variants interleave A B | B A (docs/running.md).
 
     plan = runner.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
@@ -151,16 +150,14 @@ def _stop(proc: Any) -> None:
 def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: bool = False,
                  timeout_s: float | None = None, stop_when: Callable[[], str | None] | None = None,
                  on_heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """`fn(**kwargs)` (module-level, picklable result) in a fresh child of the fork server: {"ok": True,
-    "value": ..., "pid": ...} or {"ok": False, "status": "OOM" | "error: ..." | "timeout after N s", ...}.
-    Stopped after `timeout_s`, when `stop_when()` returns a status (a torchrun peer failed), or on Ctrl-C
-    (re-raised). `on_heartbeat(line)` gets `<phase>... <s> s` every HEARTBEAT_S. `in_process`: no child."""
+    """`fn(**kwargs)` in a fresh child of the fork server: {"ok": True, "value": ..., "pid": ...} or {"ok": False,
+    "status": "OOM" | "error: ..." | "timeout after N s", ...}; stopped at `timeout_s`, when `stop_when()` returns
+    a status (a torchrun peer failed), or on Ctrl-C (re-raised). `on_heartbeat` gets `<phase>... <s> s` lines."""
     if in_process:
         try:
             return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failure is data; Ctrl-C is not
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
             return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc(),
                     "pid": os.getpid()}
     ctx = _fork_server(fn, kwargs)
@@ -233,8 +230,7 @@ TIMEOUT_FACTOR = 10
 
 
 def time_limit(timeout_s: float | None, slowest_s: float) -> float | None:
-    """--timeout (0 = none), or the larger of 15 min and 10x the slowest configuration so far (doubling a
-    sequence length multiplies a quadratic cost by 4: 10x leaves 2.5x for a busy machine)."""
+    """--timeout (0 = none), or the larger of 15 min and 10x the slowest so far (2x the sequence: 4x the cost)."""
     if timeout_s is not None:
         return timeout_s or None
     return max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * slowest_s)
@@ -269,8 +265,7 @@ def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) 
 
 
 def interleave(variants: int, rounds: int, run_block: Callable[[int, int], None]) -> None:
-    """run_block(variant, round) for every variant, `rounds` times in round_order (A B | B A | A B ...), so
-    that a machine that changes speed changes it for every variant alike."""
+    """run_block(variant, round) for every variant, `rounds` times in round_order (A B | B A | A B ...)."""
     for r in range(rounds):
         for variant in round_order(variants, r):
             run_block(variant, r)
@@ -280,12 +275,10 @@ def interleave(variants: int, rounds: int, run_block: Callable[[int, int], None]
 
 
 def comparisons(runs: list[Any], key: Callable[[Any], Any]) -> list[Any]:
-    """A plan: the runs with an equal key(run) (not None) as one list, the variants of one comparison, where
-    the first of them stood."""
+    """A plan: the runs with an equal key(run) (not None) as one list where the first of them stood."""
     units: dict[Any, list[Any]] = {}
     for i, run in enumerate(runs):
-        k = key(run)
-        units.setdefault(("alone", i) if k is None else ("compared", k), []).append(run)
+        units.setdefault(("alone", i) if key(run) is None else ("compared", key(run)), []).append(run)
     return [unit[0] if k[0] == "alone" else unit for k, unit in units.items()]
 
 
@@ -316,13 +309,11 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
-    """Run every configuration of `plan` (a run, or a list: the variants of one comparison) as add_sweep_args'
-    flags say. A run has label() and skip_key() -> (group, size name, size). In the child: measure(run)
-    returns its record, measure_variants(runs) those of variants measured together. Here: finish(run, record)
-    adds derived figures, render(records, fmt) rewrites the report after each row, summary(record) ends a
-    progress line. search=True: a group's runs are probes of increasing size, ended by the first failure; an
-    OOM after a fit starts a Bisection of resize(run, size) probes. Under torchrun every rank runs each
-    configuration; rank 0 writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    """Every run of `plan` (a run, or a list: one comparison's variants; a run has label() and skip_key() ->
+    (group, size name, size)) as add_sweep_args' flags say: measure(run) or measure_variants(runs) in the child,
+    finish(run, record), render(records, fmt) and summary(record) here. search: a group's probes of increasing
+    size end at its first failure; an OOM after a fit bisects with resize(run, size) probes. Under torchrun every
+    rank runs each configuration; rank 0 writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -357,9 +348,8 @@ PROBE_BUDGET = 8  # bisection probes at most per search (from 64 to 65536 takes 
 
 @dataclasses.dataclass
 class Bisection:
-    """Between `fits` (the longest that ran) and `fails` (the shortest that ran out of memory): each probe
-    tries the middle multiple of `resolution` strictly between them, until none is left or `budget` probes
-    are spent."""
+    """Between `fits` (the longest that ran) and `fails` (the shortest OOM): each probe tries the middle multiple
+    of `resolution` strictly between them, until none is left or `budget` probes are spent."""
 
     fits: int
     fails: int
@@ -386,25 +376,19 @@ class Sweep:
                  args: argparse.Namespace, ranks: Any, **options: Any):
         self.measure, self.runs, self.files, self.args, self.ranks = measure, runs, files, args, ranks
         self.env: dict[str, Any] = {}  # the sweep's environment, for the rows that carry none
-        self.name, self.search = options["name"], options["search"]
-        self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
-        self.measure_variants, self.resize = options["measure_variants"], options["resize"]
+        vars(self).update(options)  # name, search, finish, render, summary, measure_variants, resize
         self.records: list[dict[str, Any]] = []
         self.skip = SkipAfterOOM(enabled=not args.no_skip)
         self.ended: set = set()  # search: the groups whose search has ended
         self.fits: dict = {}  # search: the longest size of each group that ran
         self.slowest_s, self.total, self.done = 0.0, len(runs), 0
-        self.next_index = len(runs)  # bisection probes' indices (the same on every torchrun rank)
+        self.probe_index = itertools.count(len(runs))  # bisection probes' (the same on every torchrun rank)
         self.mode = getattr(args, "interleave", "runs")
         self.repeats = getattr(args, "repeats", 1) if self.mode == "runs" else 1
         self.say = progress if parallel.is_rank_zero() and not args.quiet else lambda message: None
 
     def beat(self, prefix: str) -> Callable[[str], None]:
         return lambda line: self.say(f"{prefix} {line}")
-
-    def limit(self, count: int = 1) -> float | None:
-        single = time_limit(self.args.timeout, self.slowest_s)
-        return None if single is None else single * count
 
     def record_of(self, run: Any, answer: dict[str, Any]) -> dict[str, Any]:
         record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label()}
@@ -454,7 +438,8 @@ class Sweep:
         """One run in its child; under torchrun, each rank's child joins the run's process group (stopped when
         another rank fails), then one answer agreed from every rank's (slowest timings, "OOM on rank k")."""
         self.say(f"[{number}/{self.total}] starting {run.label()}{note}")
-        beat, start, limit = self.beat(f"[{number}/{self.total}]"), timeit.default_timer(), self.limit()
+        beat, start = self.beat(f"[{number}/{self.total}]"), timeit.default_timer()
+        limit = time_limit(self.args.timeout, self.slowest_s)
         if self.ranks is None:
             answer = run_isolated(self.measure, {"run": run}, self.args.in_process, limit, on_heartbeat=beat)
         else:
@@ -472,9 +457,9 @@ class Sweep:
         where = f"[{self.done + 1}-{self.done + len(todo)}/{self.total}]"
         labels = [run.label() for _, run in todo]
         self.say(f"{where} starting {len(todo)} variants, interleaved: {' | '.join(labels)}")
-        start = timeit.default_timer()
+        start, limit = timeit.default_timer(), time_limit(self.args.timeout, self.slowest_s)
         answer = run_isolated(self.measure_variants, {"runs": [run for _, run in todo]},
-                              in_process=self.args.in_process, timeout_s=self.limit(len(todo)),
+                              in_process=self.args.in_process, timeout_s=limit and limit * len(todo),
                               on_heartbeat=self.beat(where))
         elapsed = (timeit.default_timer() - start) / len(todo)
         if not answer["ok"]:
@@ -489,9 +474,8 @@ class Sweep:
             self.add(run, record, self.done, elapsed)
 
     def interleave_runs(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
-        """Each run in children of its own, `repeats` rounds through interleave() (A B | B A), a run's records
-        merged and paired with the others' by round. A failure ends that run's repeats; rows are added in the
-        plan's order as runs end; Ctrl-C keeps what finished; a search's probe may go on to a bisection."""
+        """Each run in children of its own, `repeats` rounds A B | B A, merged and paired by round. A failure ends
+        that run's repeats; rows are added in the plan's order as runs end; Ctrl-C keeps what finished."""
         group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
         answers: list[list[tuple[dict, float]]] = [[] for _ in todo]
         first, added = self.done + 1, []  # round 0 starts every run, in order: run p is number first + p
@@ -564,8 +548,7 @@ class Sweep:
             probe = self.resize(run, next_size)
             self.total += 1
             self.done += 1
-            answer, elapsed = self.alone(probe, self.next_index, self.done, " (bisection)")
-            self.next_index += 1
+            answer, elapsed = self.alone(probe, next(self.probe_index), self.done, " (bisection)")
             probe_record = {**self.record_of(probe, answer), "search_probe": "bisection"}
             self.add(probe, probe_record, self.done, elapsed)
             if finished(probe_record) or is_oom_status(probe_record["status"]):

@@ -1,14 +1,12 @@
-"""The whole study in one command: every part-1 problem of the handout, run by the experiment scripts as
-a student would run them (each command recorded beside its result), sized to the machine, resumable, within a
-time budget, ending in a writeup (markdown, LaTeX): every table and figure, an empty `Answer:` per problem.
+"""The whole study in one command: every part-1 problem, run by the experiment scripts (each command recorded
+beside its result), sized to the machine, resumable, within a budget, ending in writeup.md and writeup.tex.
 
     python3 study.py                          # the 2026 handout's part 1; again after a kill: it continues
     python3 study.py --handout 2025 --quick   # Spring 2025's part 1, every problem at its smallest shape
     python3 study.py --budget 2h --dry-run    # the plan, its estimate and what the budget drops; runs nothing
     python3 study.py --impl my_flash:FlashAttention2 --model my_lm:make_model --optimizer my_opt:AdamW
 
-The saved records are the state: <results-dir>/study/<stem>/study.jsonl has a line per finished command;
-one without its line runs again under a new stem, so a partial run never enters a table (docs/study.md).
+<results-dir>/study/<stem>/study.jsonl, a line per finished command, is the state (docs/study.md).
 """
 import argparse
 import contextlib
@@ -47,8 +45,7 @@ def parse_duration(text: str) -> float:
     match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text.strip())
     if not match or not any(match.groups()):
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 2h, 90m, 1h30m)")
-    h, m, s = (float(g or 0) for g in match.groups())
-    return h * 3600 + m * 60 + s
+    return sum(float(g or 0) * unit for g, unit in zip(match.groups(), (3600, 60, 1)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,8 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; run nothing")
     args = parser.parse_args(argv)
     for flag in ("model", "optimizer", "impl"):
-        value = getattr(args, flag)
-        if value is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
+        if (value := getattr(args, flag)) is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
             parser.error(f"--{flag} must be MODULE:CALLABLE, got {value!r}")
     if args.out is not None and not re.fullmatch(r"[\w.-]+", args.out):
         parser.error(f"--out must be a plain name, got {args.out!r}")
@@ -87,8 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def probe_machine(device: str, handout: str) -> dict:
-    """CUDA or CPU (a child asks torch: this script stays torch-free), free GPU memory, nsys, and on CUDA each
-    Table 1 size's predicted memory."""
+    """CUDA or CPU (a child asks torch: this script stays torch-free), free GPU memory, nsys, predicted memory."""
     machine = {"device": "cpu", "name": "cpu", "free_bytes": None, "nsys": shutil.which("nsys"), "states": {}}
     if device == "cpu":
         return machine
@@ -141,53 +136,48 @@ class Problem:
     commands: list = field(default_factory=list)
     show: list = field(default_factory=list)     # commands whose tables the section shows (default: its own)
     note: str = ""
+    path: str = ""                               # what it exercises, for --quick's verdict
 
 
-PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts
+PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts, what it exercises (on a GPU: every GPU path)
     ("benchmarking_script_a", "benchmarking_script (a)", "A script that builds a model from hyperparameters, "
-     "makes a random batch, and times w warm-up and n measured forward (and backward) steps.", HANDOUTS),
+     "makes a random batch, and times w warm-up and n measured forward (and backward) steps.", HANDOUTS, "timing"),
     ("benchmarking_script_b", "benchmarking_script (b)", "Forward and backward time, mean and standard "
-     "deviation, of every Table 1 size with 5 warm-up and 10 measured steps.", HANDOUTS),
+     "deviation, of every Table 1 size with 5 warm-up and 10 measured steps.", HANDOUTS, "benchmarking_script_b"),
     ("benchmarking_script_c", "benchmarking_script (c)", "The same without warm-up and with 1 or 2 warm-up "
-     "steps.", HANDOUTS),
+     "steps.", HANDOUTS, "warm-up sweep"),
     ("nsys_profile", "nsys_profile (a)-(e)", "Profiles of forward, backward and optimizer step: forward time "
      "against the stopwatch, the top kernels and their calls, non-matmul kernels, the matmul share in "
-     "inference and in training, softmax against the attention matmuls in time and FLOPs.", HANDOUTS),
+     "inference and in training, softmax against the attention matmuls in time and FLOPs.", HANDOUTS, "profiler"),
     ("mixed_precision_accumulation", "mixed_precision_accumulation", "Sum 0.01 a thousand times with fp32, "
-     "fp16 and mixed accumulators and addends; the accuracy of each.", HANDOUTS),
+     "fp16 and mixed accumulators and addends; the accuracy of each.", HANDOUTS, "precision"),
     ("benchmarking_mixed_precision_ab", "benchmarking_mixed_precision (a), (b)", "The dtype of each ToyModel "
-     "tensor under fp16 autocast; LayerNorm under fp16 and bf16 autocast.", HANDOUTS),
+     "tensor under fp16 autocast; LayerNorm under fp16 and bf16 autocast.", HANDOUTS, "autocast"),
     ("benchmarking_mixed_precision_c", "benchmarking_mixed_precision (c)", "Forward and backward time with "
-     "and without bf16 mixed precision, per size.", HANDOUTS),
+     "and without bf16 mixed precision, per size.", HANDOUTS, "bf16 autocast"),
     ("memory_profiling_ae", "memory_profiling (a), (e)", "Memory timelines of a forward pass and of a "
-     "training step; the largest allocations and where they come from.", HANDOUTS),
+     "training step; the largest allocations and where they come from.", HANDOUTS, "memory snapshot"),
     ("memory_profiling_bcd", "memory_profiling (b)-(d)", "Peak memory per context length, forward and "
-     "training step; the same under bf16; the size of one residual-stream activation.", HANDOUTS),
+     "training step; the same under bf16; the size of one residual-stream activation.", HANDOUTS, "peak memory"),
     ("memory_profiling_f", "memory_profiling (f)", "Saved tensors per TransformerBlock from Nsight's memory "
      "tracking and PyTorch's NVTX labels; what the compiled block saves, beside the handout's 3651.31 MiB "
-     "(§3.2).", ("2026",)),
+     "(§3.2).", ("2026",), "compiled block, nsys memory"),
     ("gradient_checkpointing", "gradient_checkpointing (a), (b)", "The memory of checkpointing every K "
-     "blocks; the best K for xl, batch 4, context 2048, and its neighbours.", ("2026",)),
+     "blocks; the best K for xl, batch 4, context 2048, and its neighbours.", ("2026",), "checkpointing"),
     ("pytorch_attention", "pytorch_attention", "Naive attention, batch 8, d 16-128 by sequence 256-16384: "
-     "forward and backward time, memory before backward, where it runs out of memory.", HANDOUTS),
-    ("torch_compile_a", "torch_compile (a)", "Compiled against eager attention on the same grid.", HANDOUTS),
-    ("torch_compile_b", "torch_compile (b)", "Compiled against eager whole model, per size.", HANDOUTS),
+     "forward and backward time, memory before backward, where it runs out of memory.", HANDOUTS, "attention timing"),
+    ("torch_compile_a", "torch_compile (a)", "Compiled against eager attention on the same grid.",
+     HANDOUTS, "compiled attention"),
+    ("torch_compile_b", "torch_compile (b)", "Compiled against eager whole model, per size.",
+     HANDOUTS, "compiled model"),
     ("flash_forward", "flash_forward (a)-(c)", "FlashAttention-2 forward: a PyTorch autograd.Function, the "
-     "Triton kernel, the causal flag; each checked against the reference.", ("2025",)),
+     "Triton kernel, the causal flag; each checked against the reference.", ("2025",), "kernel check"),
     ("flash_backward", "flash_backward", "FlashAttention-2 backward with recomputation; checked against the "
-     "reference.", ("2025",)),
+     "reference.", ("2025",), "flash_backward"),
     ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, "
-     "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.", HANDOUTS),
+     "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.",
+     HANDOUTS, "flash grid"),
 ]
-# what each problem exercises, for --quick's verdict (on a GPU: every GPU path)
-PATHS = {"benchmarking_script_a": "timing", "benchmarking_script_c": "warm-up sweep",
-         "nsys_profile": "profiler", "mixed_precision_accumulation": "precision",
-         "benchmarking_mixed_precision_ab": "autocast", "benchmarking_mixed_precision_c": "bf16 autocast",
-         "memory_profiling_ae": "memory snapshot", "memory_profiling_bcd": "peak memory",
-         "memory_profiling_f": "compiled block, nsys memory", "gradient_checkpointing": "checkpointing",
-         "pytorch_attention": "attention timing", "torch_compile_a": "compiled attention",
-         "torch_compile_b": "compiled model", "flash_benchmarking": "flash grid",
-         "flash_forward": "kernel check"}
 
 
 def build_plan(args, machine) -> list:
@@ -220,18 +210,17 @@ def build_plan(args, machine) -> list:
                                 merge=[c.name for c in cmds]))
         return cmds
 
-    def per_size(prefix, flags, extra_s=0.0, configs=1):
-        cmds = [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
-                        cost(s, extra_s), drop=100 + 10 * i if i else 0) for i, s in enumerate(sizes)]
-        return merged(prefix, cmds + [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm],
-                                              skipped=why) for s, why in too_big.items()])
+    def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100):  # the sizes that do not fit as skipped rows
+        return merged(prefix, [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
+                                       cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=too_big.get(s))
+                               for i, s in enumerate([*sizes, *too_big])])
 
     def per_d(prefix, flags, per_config_s, configs):
         return merged(prefix, [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev],
                                        configs, per_config_s, drop=50 + i if i else 0)
                                for i, d in enumerate(ds)])
 
-    plan = {key: Problem(key, title, text) for key, title, text, hs in PROBLEM_TEXT if h in hs}
+    plan = {key: Problem(key, title, text, path=path) for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
     plan["benchmarking_script_a"].commands = [Command(f"e2e_{sizes[0]}", "bench_e2e.py", [
         "--size", sizes[0], *ctx, *steps, *lm], 1, cost(sizes[0], 0))]
     b = plan["benchmarking_script_b"]
@@ -240,9 +229,7 @@ def build_plan(args, machine) -> list:
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
     c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else []), *plot],
-                          configs=len(warmups))
-    for cmd in c.commands[1:]:
-        cmd.drop = cmd.drop and 20 + cmd.drop % 100
+                          configs=len(warmups), drop=20)
 
     # nsys_profile: the longest context first (2026), then nsys_run.sh, or torch.profiler without nsys
     n = plan["nsys_profile"]
@@ -464,8 +451,7 @@ class Study:
         return {k: rel(v) for k, v in found.items() if v.is_file()}
 
     def checks(self, plan) -> list:
-        """(problem, 'passed' | 'failed') for each problem whose commands all ran: passed when each finished
-        and no row of its records is an error or a timeout."""
+        """(problem, 'passed' | 'failed') per problem whose commands all ran: failed by a failed command or row."""
         verdicts = []
         for p in plan:
             names = [c.name for c in p.commands if not c.skipped and not c.merge]
@@ -644,7 +630,7 @@ def writeup(study, plan, machine, args) -> str:
            f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
            f"- every command below ran from {TOOLKIT}; its log is in the study folder's logs/", ""]
     if verdicts := study.checks(plan):
-        out += ["Checks: " + "; ".join(f"{p.title} ({PATHS.get(p.key, p.key)}) {v}" for p, v in verdicts), ""]
+        out += ["Checks: " + "; ".join(f"{p.title} ({p.path}) {v}" for p, v in verdicts), ""]
     for n, p in enumerate(plan, 1):
         out += [f"## {n}. {p.title}", "", f"Deliverable: {p.deliverable}", ""]
         out += [f"Note: {p.note}", ""] if p.note else []
@@ -772,7 +758,7 @@ def main(argv=None) -> int:
     path = write_writeup(study, plan, machine, args)
     checks = study.checks(plan)
     for verdict in ("passed", "failed"):
-        names = [f"{p.title} ({PATHS.get(p.key, p.key)})" for p, v in checks if v == verdict]
+        names = [f"{p.title} ({p.path})" for p, v in checks if v == verdict]
         print(f"{verdict}: {', '.join(names) or 'none'}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
