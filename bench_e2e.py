@@ -123,7 +123,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
     p.add_argument("--nvtx", action="store_true",
-                   help="CUDA only: emit NVTX ranges (warmup, measure, forward, backward, optimizer, attention)")
+                   help="emit NVTX ranges for nsys (warmup, measure, forward, backward, optimizer, attention); needs "
+                        "a CUDA build of torch")
     p.add_argument("--profile", action="store_true",
                    help="profile the timed steps with torch.profiler (CPU, and CUDA when present): a Perfetto trace "
                         "under results/profile/ and kernel tables; the way to profile without nsys")
@@ -177,17 +178,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     device = common.device_or_exit(p, args.device)
     world_size = parallel.check_parallel_args(p, args, device)
     args.context_length = context_lengths(p, args, handout, device)
-    if device.type != "cuda":  # NVTX on a CPU only through a library named by BENCH_NVTX_LIBRARY (nsys_run.sh's)
-        results.refuse(p, [
-            (args.nvtx and not os.environ.get(common.NVTX_LIBRARY_ENV),
-             f"--nvtx needs a CUDA device, and this run is on {device}: on a CPU, set {common.NVTX_LIBRARY_ENV} to an "
-             "NVTX library (bash nsys_run.sh builds one and sets it; docs/nsys_run.md)"),
-            (args.tf32 is not None, f"--tf32 needs a CUDA device, and this run is on {device}")])
-    if args.nvtx:
+    if args.tf32 is not None and device.type != "cuda":
+        p.error(f"--tf32 needs a CUDA device, and this run is on {device}")
+    if args.nvtx:  # torch's NVTX: a CUDA build has it, with or without a GPU (nsys records the ranges either way)
         try:
             common.nvtx_functions()
         except ValueError as exc:
-            p.error(str(exc))
+            p.error(f"--nvtx: {exc}")
     # every configuration: size x parallel x context x dtype x compile x model x attn x optimizer x warmup (x FSDP2's
     # settings); a search's probes in a row, shortest first (the context innermost)
     axes = {"size": args.size, "parallel": args.parallel or [None], "ctx": args.context_length, "dtype": args.dtype,

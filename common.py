@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime
 import functools
 import importlib
@@ -174,34 +173,23 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 
 # ---- NVTX and profiler ranges ----
 
-# A library exporting nvtxRangePushA / nvtxRangePop to call instead of torch's NVTX, which a CPU build lacks
-# (nsys_run.sh on a CPU names one: docs/nsys_run.md).
-NVTX_LIBRARY_ENV = "BENCH_NVTX_LIBRARY"
 _RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}
 _NULL_RANGE = contextlib.nullcontext()
 
 
 def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
-    """(push, pop) from $BENCH_NVTX_LIBRARY, else torch.cuda.nvtx; ValueError when there is none to call."""
-    library = os.environ.get(NVTX_LIBRARY_ENV)
-    if library:
-        try:
-            lib = ctypes.CDLL(library)
-            push, pop = lib.nvtxRangePushA, lib.nvtxRangePop
-        except (OSError, AttributeError) as exc:
-            raise ValueError(f"{NVTX_LIBRARY_ENV}={library} is not a library exporting nvtxRangePushA and "
-                             f"nvtxRangePop: {exc}") from None
-        push.argtypes, push.restype, pop.restype = [ctypes.c_char_p], ctypes.c_int, ctypes.c_int
-        return (lambda name: push(name.encode())), pop
-    if not torch.cuda.is_available():
-        raise ValueError("NVTX ranges need CUDA: this machine's torch has no NVTX without it")
+    """torch.cuda.nvtx's (push, pop), tried once; ValueError where this torch has no NVTX (a CPU-only build)."""
+    try:
+        torch.cuda.nvtx.range_push("NVTX check")
+        torch.cuda.nvtx.range_pop()
+    except RuntimeError:
+        raise ValueError(f"NVTX ranges need a CUDA build of torch; this one ({torch.__version__}) has no NVTX") from None
     return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
 
 
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
-    """Switch on NVTX ranges (a no-op without CUDA or a named library) and/or record_function labels."""
-    usable = nvtx and (os.environ.get(NVTX_LIBRARY_ENV) or torch.cuda.is_available())
-    _RANGES["nvtx"] = nvtx_functions() if usable else None
+    """Switch on NVTX ranges and/or record_function labels (annotate's)."""
+    _RANGES["nvtx"] = nvtx_functions() if nvtx else None
     _RANGES["profiler"] = bool(profiler)
 
 

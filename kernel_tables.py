@@ -760,7 +760,7 @@ def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: 
 
 SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
-CS336_HANDOUT = the handout when --handout is not given; BENCH_NVTX_LIBRARY = an NVTX library for a CPU run.
+CS336_HANDOUT = the handout when --handout is not given.
 A report made with the same arguments (<report>.args) is reused, one made with others kept and that
 configuration fails (--force replaces it); after an OOM the larger contexts of that size and mode are skipped.
 Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
@@ -973,8 +973,7 @@ def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[in
         say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
         return 1, said, ""
     if not report.is_file():
-        say(f"nsys wrote no {report}: the 'measure' range never started (on a CPU, torch has no NVTX: "
-            "docs/nsys_run.md)")
+        say(f"nsys wrote no {report}: the 'measure' range never started (no NVTX range of bench_e2e reached nsys)")
         return 1, said, "failed: nsys wrote no report (the measure range never started)"
     status = main([str(report), "--md", f"{config.report}.md"]
                   + ["--e2e-jsonl", str(jsonl)] * jsonl.is_file())

@@ -1,10 +1,8 @@
 """common.py: timer synchronisation, precision contexts, ranges, peaks, memory helpers, result files, fault hook."""
-import ctypes
 import dataclasses
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -96,59 +94,32 @@ def test_precision_context_dtypes_on_cpu():
         precision_context(cpu, "fp8")
 
 
-def test_ranges_are_free_no_ops_when_off_and_without_cuda(monkeypatch):
-    monkeypatch.delenv(common.NVTX_LIBRARY_ENV, raising=False)
+def test_ranges_are_free_no_ops_when_off():
     set_ranges(nvtx=False, profiler=False)
     assert annotate("a") is annotate("b")  # one shared null context: no allocation per call
-    if not torch.cuda.is_available():
-        if torch.version.cuda is None:  # a CPU build has no NVTX binding (a CUDA build without a GPU has one)
-            with pytest.raises(RuntimeError):  # what the helper protects us from
-                torch.cuda.nvtx.range_push("x")
-        try:
-            set_ranges(nvtx=True)  # asking for NVTX without CUDA stays a no-op
-            with annotate("forward"):
-                pass
-            assert annotate("a") is annotate("b")
-        finally:
-            set_ranges()
 
 
-RECORDING_NVTX_C = r"""
-#include <string.h>
-static char recorded_calls[4096];
-int nvtxRangePushA(const char* message) {
-    strncat(recorded_calls, "push ", sizeof recorded_calls - strlen(recorded_calls) - 1);
-    strncat(recorded_calls, message, sizeof recorded_calls - strlen(recorded_calls) - 1);
-    strncat(recorded_calls, ";", sizeof recorded_calls - strlen(recorded_calls) - 1);
-    return 0;
-}
-int nvtxRangePop(void) {
-    strncat(recorded_calls, "pop;", sizeof recorded_calls - strlen(recorded_calls) - 1);
-    return 0;
-}
-const char* recorded(void) { return recorded_calls; }
-"""
+def test_nvtx_ranges_through_torch_or_a_one_line_refusal(monkeypatch):
+    if torch.version.cuda is None:  # a CPU-only build has no NVTX: asking for it is a ValueError, not a crash
+        with pytest.raises(ValueError, match="NVTX ranges need a CUDA build of torch"):
+            set_ranges(nvtx=True)
+    calls = []
 
+    class RecordingNVTX:  # stands in for torch's binding of nvtxRangePushA / nvtxRangePop
+        def rangePushA(self, message):
+            calls.append(f"push {message}")
 
-@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build a stand-in NVTX library")
-def test_nvtx_ranges_go_to_the_library_named_in_the_environment(tmp_path, monkeypatch):
-    source, library = tmp_path / "recording_nvtx.c", tmp_path / "librecording_nvtx.so"
-    source.write_text(RECORDING_NVTX_C)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
-    monkeypatch.setenv(common.NVTX_LIBRARY_ENV, str(library))
+        def rangePop(self):
+            calls.append("pop")
+
+    monkeypatch.setattr(torch.cuda.nvtx, "_nvtx", RecordingNVTX())
     try:
         set_ranges(nvtx=True)
         with annotate("forward"), annotate("computing softmax"):
             pass
     finally:
         set_ranges()
-    recorded = ctypes.CDLL(str(library)).recorded
-    recorded.restype = ctypes.c_char_p
-    assert recorded().decode() == "push forward;push computing softmax;pop;pop;"
-    monkeypatch.setenv(common.NVTX_LIBRARY_ENV, str(tmp_path / "missing.so"))
-    with pytest.raises(ValueError, match="nvtxRangePushA"):  # a named library that is not there is an error
-        set_ranges(nvtx=True)
-    set_ranges()
+    assert calls == ["push NVTX check", "pop", "push forward", "push computing softmax", "pop", "pop"]
 
 
 def test_no_ranges_inside_torch_compile():

@@ -3,7 +3,8 @@ that loses no other configuration, the summary, usage errors, and signals (nsys 
 temporary folder gone). Against a fake nsys (test_kernel_tables.FAKE_NSYS) and, where there is one, the real nsys
 on the CPU: $REAL_NSYS (.ci/run sets it from ../shared/tools/get-nsys.sh), else nsys on PATH. A CPU build of torch
 has no NVTX, so the real runs get one from a tiny library built here with gcc from the NVTX3 headers inside the nsys
-package (BENCH_NVTX_LIBRARY, read by common.nvtx_functions). Without nsys or gcc those tests are skipped (-rs).
+package, which a sitecustomize.py on PYTHONPATH puts behind torch.cuda.nvtx (NVTX_SITECUSTOMIZE). Without nsys or gcc
+those tests are skipped (-rs).
 """
 from __future__ import annotations
 
@@ -43,9 +44,31 @@ def find_real_nsys() -> tuple[Path | None, str]:
     return Path(candidate), ""
 
 
-def build_nvtx_library(nsys: Path, folder: Path) -> Path:
-    """libnvtx.so: NVTX3's header-only implementation compiled with its API exported (nvtxRangePushA and
-    nvtxRangePop, what torch binds on a GPU); under nsys its calls reach nsys's injection library."""
+# Imported by every Python that has its folder on PYTHONPATH: in bench_e2e.py on a CPU-only torch, torch's missing
+# NVTX binding becomes NVTX_LIBRARY's nvtxRangePushA / nvtxRangePop, so the real nsys records the ranges.
+NVTX_SITECUSTOMIZE = """
+import os, sys
+if sys.argv[0].endswith("bench_e2e.py"):
+    import ctypes
+    import torch.cuda.nvtx
+    if torch.version.cuda is None:
+        library = ctypes.CDLL(os.environ["NVTX_LIBRARY"])
+        library.nvtxRangePushA.argtypes = [ctypes.c_char_p]
+
+        class LibraryNVTX:
+            def rangePushA(self, message):
+                return library.nvtxRangePushA(message.encode())
+
+            def rangePop(self):
+                return library.nvtxRangePop()
+
+        torch.cuda.nvtx._nvtx = LibraryNVTX()
+"""
+
+
+def nvtx_env(nsys: Path, folder: Path) -> dict[str, str]:
+    """PYTHONPATH and NVTX_LIBRARY for NVTX_SITECUSTOMIZE: NVTX3's header-only implementation compiled with its API
+    exported (what torch binds on a GPU); under nsys its calls reach nsys's injection library."""
     real = nsys.resolve()
     include = next((d for d in (real.parent / "nvtx" / "include", real.parent.parent / "target-linux-x64" / "nvtx" /
                                 "include") if (d / "nvtx3" / "nvToolsExt.h").is_file()), None)
@@ -55,7 +78,9 @@ def build_nvtx_library(nsys: Path, folder: Path) -> Path:
     subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-DNVTX_EXPORT_API",
                     '-DNVTX_DECLSPEC=__attribute__((visibility("default")))', f"-I{include}", "-o",
                     str(folder / "libnvtx.so"), str(folder / "nvtx.c"), "-ldl"], check=True, timeout=300)
-    return folder / "libnvtx.so"
+    (folder / "sitecustomize.py").write_text(NVTX_SITECUSTOMIZE)
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "NVTX_LIBRARY": str(folder / "libnvtx.so")}
 
 
 # ---- against the fake nsys ----
@@ -65,7 +90,7 @@ def build_nvtx_library(nsys: Path, folder: Path) -> Path:
 def fake(tmp_path: Path, monkeypatch, capfd) -> dict:
     """The fake nsys first on PATH for this process, and run(*args) -> (exit status, stdout, stderr) of
     nsys_run.sh's Python side in it (the bench_e2e --dry-run check of a plan passes unless `check` is set)."""
-    for name, value in {**fake_nsys(tmp_path / "fake"), "BENCH_NVTX_LIBRARY": "unused"}.items():
+    for name, value in fake_nsys(tmp_path / "fake").items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("NSYS", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -313,8 +338,8 @@ def nsys() -> Path:
 @pytest.fixture(scope="module")
 def real_env(nsys: Path, tmp_path_factory) -> dict[str, str]:
     """The environment of a real nsys_run.sh on the CPU: the real nsys and an NVTX library built for it."""
-    library = build_nvtx_library(nsys, tmp_path_factory.mktemp("nvtx"))
-    return {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable, "BENCH_NVTX_LIBRARY": str(library)}
+    nvtx = nvtx_env(nsys, tmp_path_factory.mktemp("nvtx"))
+    return {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable, **nvtx}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -322,7 +347,7 @@ def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_fold
     if find_real_nsys()[0] is not None:
         env = request.getfixturevalue("real_env")
     else:
-        env = {**fake_nsys(tmp_path / "fake"), "FAKE_NSYS_RUN_APP": "1", "BENCH_NVTX_LIBRARY": "unused"}
+        env = {**fake_nsys(tmp_path / "fake"), "FAKE_NSYS_RUN_APP": "1"}
     (tmp_path / "tmp").mkdir()
     env = {**env, "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen(["bash", str(SCRIPT), "--results-dir", str(tmp_path / "results"), "tiny", "16", "--",
