@@ -376,7 +376,9 @@ class Sweep:
                  args: argparse.Namespace, ranks: Any, **options: Any):
         self.measure, self.runs, self.files, self.args, self.ranks = measure, runs, files, args, ranks
         self.env: dict[str, Any] = {}  # the sweep's environment, for the rows that carry none
-        vars(self).update(options)  # name, search, finish, render, summary, measure_variants, resize
+        self.name, self.search = options["name"], options["search"]
+        self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
+        self.measure_variants, self.resize = options["measure_variants"], options["resize"]
         self.records: list[dict[str, Any]] = []
         self.skip = SkipAfterOOM(enabled=not args.no_skip)
         self.ended: set = set()  # search: the groups whose search has ended
