@@ -183,7 +183,8 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
         torch.cuda.nvtx.range_push("NVTX check")
         torch.cuda.nvtx.range_pop()
     except RuntimeError:
-        raise ValueError(f"NVTX ranges need a CUDA build of torch; this one ({torch.__version__}) has no NVTX") from None
+        raise ValueError(f"NVTX ranges need a CUDA build of torch; this one ({torch.__version__}) has no NVTX"
+                         ) from None
     return torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
 
 

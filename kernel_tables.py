@@ -22,7 +22,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -928,12 +927,8 @@ def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
                              .rstrip("\n"))
             proc.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGKILL) if proc.poll() is None else ():
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=30)
-                    break
+            if proc.poll() is None:
+                results.stop_process_group(proc)
         for made in Path(tmp, "e2e").glob("e2e*"):
             shutil.copyfile(made, f"{config.report}_{made.name}")
     return proc.returncode
@@ -1038,7 +1033,7 @@ def sweep_main(argv: list[str]) -> int:
             return profile_plan(args, nsys)
     except KeyboardInterrupt as exc:
         say("interrupted: nsys and the profiled run stopped; finished reports are kept")
-        return 143 if isinstance(exc, results.Terminated) else 130
+        return 128 + results.signal_number(exc)
 
 
 # ---- command line ----

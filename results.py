@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -953,6 +954,22 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the run is, so that it stops as Ctrl-C does."""
+
+
+def signal_number(stop: KeyboardInterrupt) -> int:
+    """SIGTERM for a Terminated, SIGINT for Ctrl-C."""
+    return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+
+
+def stop_process_group(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: float = 30) -> None:
+    """`signum` to a child started with start_new_session=True and all it started, SIGKILL after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signum)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @contextlib.contextmanager

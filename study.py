@@ -50,9 +50,7 @@ def parse_duration(text: str) -> float:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = results.ArgParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--handout", choices=HANDOUTS, default=os.environ.get(results.HANDOUT_ENV) or "2026",
-                        help="whose part 1 to run: 2026 (v26.1.1) or 2025 (Spring 2025) (default: "
-                        "$CS336_HANDOUT, else 2026)")
+    results.add_handout_arg(parser)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto = CUDA when torch sees a GPU")
     parser.add_argument("--quick", action="store_true", help="every problem at its smallest shape")
@@ -70,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--impl", help="your attention kernel, MODULE:CALLABLE, for the flash problems")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; run nothing")
     args = parser.parse_args(argv)
+    results.handout_or_exit(parser, args)
     for flag in ("model", "optimizer", "impl"):
         if (value := getattr(args, flag)) is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
             parser.error(f"--{flag} must be MODULE:CALLABLE, got {value!r}")
@@ -356,11 +355,6 @@ def hms(seconds: float) -> str:
 
 # ---- running ----
 
-def signal_number(stop: KeyboardInterrupt) -> int:
-    """Ctrl-C, or SIGTERM (results.sigterm_as_interrupt raises it as Terminated)."""
-    return signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT
-
-
 class Study:
     """One study folder: its ledger (study.jsonl, the state) and the commands it runs."""
 
@@ -424,7 +418,7 @@ class Study:
                 try:
                     rc = child.wait()
                 except KeyboardInterrupt as stop:
-                    stop_child(child, signal_number(stop))
+                    results.stop_process_group(child, results.signal_number(stop))
                     raise
             entry = {"name": cmd.name, "stem": stem, "command": display(argv), "rc": rc,
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
@@ -460,17 +454,6 @@ class Study:
                           for n in names for r in self.records(n))
                 verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
         return verdicts
-
-
-def stop_child(child, signum):
-    """Stop the running script and all it started (its process group): the same signal, then SIGKILL."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child.pid, signum)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
 
 
 def rel(path) -> str:
@@ -750,9 +733,9 @@ def main(argv=None) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             path = write_writeup(study, plan, machine, args)
-            print(f"stopped by signal {signal_number(stop)}: finished commands kept; run the same command to "
-                  f"continue ({rel(path)} has what is done)", file=sys.stderr)
-            return 128 + signal_number(stop)
+            print(f"stopped by signal {results.signal_number(stop)}: finished commands kept; run the same command "
+                  f"to continue ({rel(path)} has what is done)", file=sys.stderr)
+            return 128 + results.signal_number(stop)
         finally:
             signal.signal(signal.SIGINT, handler)
     path = write_writeup(study, plan, machine, args)
