@@ -44,7 +44,6 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  
 # The study's grids, the defaults of every flag not given. leaderboard-2025 = the 2025 handout's leaderboard
 # (section 1.3.3): 16 heads (our batch axis) x 16384 x 64, bf16, do_bench(rep=10_000, warmup=1_000) of forward
 # then o.sum().backward(), yours through torch.compile.
-
 DO_BENCH_DEFAULTS = {"warmup_ms": 25.0, "rep_ms": 100.0}
 GRIDS: dict[str, dict[str, Any]] = {
     "attention": {"impl": ["naive", "compiled", "sdpa"], "d": [16, 32, 64, 128],
@@ -144,7 +143,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                                                    (args.impl, args.d, args.seq_len, args.dtype))
     if len({name for name, _ in args.impl}) < len(args.impl):
         p.error("--impl: two implementations with one name: name them (NAME=MODULE:CALLABLE)")
-
     results.check_tensor_sizes(p, {"scores": (args.batch_size, max(args.seq_len), max(args.seq_len)),
                                "Q": (args.batch_size, max(args.seq_len), max(args.d))})
     runs = [AttentionRun(impl, d, seq, args.batch_size, dtype, spec, args.warmup, args.iters,
@@ -251,20 +249,20 @@ def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
             raise ImplementationError(f"{name}'s output has no autograd graph: no backward")
         where = "backward"
         # autograd itself refuses gradients shaped unlike the inputs
-        results = (out.detach(), *torch.autograd.grad(out, inputs, grad_out))
+        got = (out.detach(), *torch.autograd.grad(out, inputs, grad_out))
     except Exception as exc:  # noqa: BLE001 - the implementation's failure, its row
         if isinstance(exc, ImplementationError) or common.is_oom(exc):
             raise
         raise ImplementationError(f"{name} raised {common.one_line(exc)} in {where}") from exc
     problems = [f"modifies {n} in place" for n, t, p in zip("qkv", inputs, pristine)
                 if not torch.equal(t, p)]
-    problems += [f"{n} has {'NaN' if x.isnan().any() else 'inf'}" for n, x in zip(TENSORS, results)
+    problems += [f"{n} has {'NaN' if x.isnan().any() else 'inf'}" for n, x in zip(TENSORS, got)
                  if not x.isfinite().all()]
 
     def errors(causal: bool) -> dict[str, float]:  # max |x - ref| / (1 + |ref|); inf if not finite
         reference = reference_attention(*pristine, grad_out, causal)
         return {n: float(((x.double() - ref).abs() / (1 + ref.abs())).nan_to_num(math.inf).max())
-                for n, x, ref in zip(TENSORS, results, reference)}
+                for n, x, ref in zip(TENSORS, got, reference)}
 
     tolerance, causal = TOLERANCE[dtype], errors(True)
     worst = max(causal, key=causal.get)

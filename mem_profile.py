@@ -338,7 +338,6 @@ def saved_for_backward(run: MemConfig, device: torch.device = torch.device("cpu"
 
 def block_of(module: str, block_paths: list[str]) -> str | None:
     """The block whose path `module` (e.g. 'layers.3.ffn.w1') lies under, or None."""
-
     return next((p for p in block_paths if module == p or module.startswith(p + ".")), None)
 
 
@@ -654,7 +653,6 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
         sites, phases = by_size[size]
         count = sites.total()
         named = "; ".join(f"{site} (x{n})" for site, n in sites.most_common(2))
-
         rows.append({"size_bytes": size, "count": count, "total_bytes": size * count,
                      "sites": named + (f"; +{len(sites) - 2} more" if len(sites) > 2 else ""),
                      "phases": ", ".join(f"{p} x{n}" for p, n in phases.most_common())})
@@ -691,7 +689,6 @@ def peak_check(rebuilt: int, requested: int | None, allocated: int | None = None
     diff = requested - rebuilt
     return {**row, "diff_bytes": diff, "status": "ok (exact)" if not diff else f"ok (within {tolerance:.0%})"
             if abs(diff) <= tolerance * requested else f"MISMATCH (more than {tolerance:.0%} apart)"}
-
 
 
 def analyze_snapshot(snapshot: dict[str, Any], meta: dict[str, Any], top: int,
@@ -815,7 +812,6 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
         snapshot = load_snapshot(args.analyze)
         fields, timeline, spans = analyze_snapshot(snapshot, meta, args.top, args.code_root)
     except Exception as exc:  # noqa: BLE001 - not a pickle, truncated, a refused global, ...: bad input, exit 2
-
         print(f"error: cannot analyse {args.analyze}: {type(exc).__name__}: {exc}", file=sys.stderr)
         files.release()
         return 2

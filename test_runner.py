@@ -145,8 +145,6 @@ def test_default_time_limit_is_derived_from_the_sweep():
     assert runner.time_limit(0.0, 600.0) is None  # --timeout 0: no limit
 
 
-
-
 # ---- the sweep through bench_e2e's command line ----
 
 
