@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import functools
 import gzip
 import itertools
 import json
@@ -31,6 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
+
 import results
 from results import FINISHED
 
@@ -635,7 +637,12 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     return "\n".join(out + ([""] + [f"- {note}" for note in tables["notes"]] if tables["notes"] else []))
 
 
-# ---- --summary: one table across nsys_run.sh's reports ----
+def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:
+    """The line above the tables: the profile and, from bench_e2e's record, its machine."""
+    return results.environment_header(env, source=source) if env else f"source: {source}"
+
+
+# ---- the summary: one table across nsys_run.sh's reports ----
 
 # <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025], as nsys_run.sh names its reports
 REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
@@ -653,53 +660,65 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
     return records[-1]
 
 
-def report_summary(prefix: Path) -> dict[str, Any]:
-    """One of nsys_run.sh's reports for the summary: its status, its tables (None without), its record."""
+def summary_facts(tables: dict[str, Any]) -> dict[str, Any]:
+    """What the summary takes from one report's tables: its forward pass, top kernels, matmul shares."""
+    def first_kernel(rows: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        return rows[0] if rows and not rows[0]["name"].startswith("(") else None
+
+    def matmul_pct(scope: str) -> float | None:
+        return next((c["matrix multiply"] for c in tables["categories"] if c["scope"] == scope), None)
+
+    phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
+    top = first_kernel(tables["top"].get("forward") or tables["top"].get("all")) or {}
+    ratios = softmax_matmul_ratios(tables["attention"]) or (None, None)
+    return {"forward_nsight_ms": phase.get("range_ms"), "forward_stopwatch_ms": phase.get("stopwatch_ms"),
+            "top_forward_kernel": top.get("name"), "top_forward_kernel_calls_per_forward": top.get("per_step"),
+            "top_forward_backward_kernel": (first_kernel(tables["top_forward_backward"]) or {}).get("name"),
+            "matmul_pct_forward": matmul_pct("forward"), "matmul_pct_all": matmul_pct("all"),
+            "softmax_matmul_time_ratio": ratios[0], "softmax_matmul_flop_ratio": ratios[1],
+            "kernels": bool(tables["top"])}
+
+
+def profiled(prefix: str | Path) -> dict[str, Any]:
+    """One of nsys_run.sh's reports as a summary record's value: its status, environment and summary_facts;
+    with "tables" (its four, in full) when there are some."""
     jsonl = Path(f"{prefix}_e2e.jsonl")
     try:
         record = last_e2e_record(jsonl) if jsonl.exists() else {}
         if record and record.get("status") not in FINISHED:
-            return {"status": str(record.get("status")), "tables": None, "record": {}}
+            return {"status": str(record.get("status"))}
         if not report_file(prefix).is_file():
-            return {"status": "no report", "tables": None, "record": {}}
+            return {"status": "no report"}
         config = record.get("config") or {}
-        return {"status": record.get("status", "ok (no _e2e.jsonl: no stopwatch)"), "record": record,
-                "tables": build_tables(load_report(prefix), record and stopwatch_ms(record),
-                                       attention_shape(config), 1, bool(config.get("compile")))}
+        tables = build_tables(load_report(prefix), record and stopwatch_ms(record), attention_shape(config),
+                              compiled=bool(config.get("compile")))
+        return {"status": record.get("status", "ok (no _e2e.jsonl: no stopwatch)"), "tables": tables,
+                "summary": summary_facts(tables), **({"environment": record["environment"]}
+                                                     if record.get("environment") else {})}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # ProfileFormatError is a ValueError
         said = exc if isinstance(exc, ProfileFormatError) else \
             f"{prefix}: malformed: {type(exc).__name__}: {exc}"
-        return {"status": f"error: {said}", "tables": None, "record": {}}
+        return {"status": f"error: {said}"}
+
+
+FORWARD_FACTS = ("forward_nsight_ms", "forward_stopwatch_ms", "top_forward_kernel",
+                 "top_forward_kernel_calls_per_forward", "matmul_pct_forward", "softmax_matmul_time_ratio",
+                 "softmax_matmul_flop_ratio")
 
 
 def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One (size, context, variant): the forward pass from the forward-only run (else a training run's forward
-    phase), the matmul share of a training step, the top kernel of forward + backward."""
-    done = {mode: entry["tables"] for mode, entry in runs.items() if entry["tables"] is not None}
+    """One (size, context, variant) from its records by mode: the forward pass from the forward-only run (else a
+    training run's forward phase), the matmul share of a training step, the top kernel of forward + backward."""
+    done = {mode: record["summary"] for mode, record in runs.items() if "summary" in record}
     row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
-                           "runs": {mode: entry["status"] for mode, entry in runs.items()},
-                           "reports": {mode: str(entry["prefix"]) for mode, entry in runs.items()}}
-
-    def first_kernel(rows: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-        return rows[0] if rows and not rows[0]["name"].startswith("(") else None
-
-    def matmul_pct(tables: dict[str, Any], scope: str) -> float | None:
-        return next((c["matrix multiply"] for c in tables["categories"] if c["scope"] == scope), None)
-
+                           "runs": {mode: record["status"] for mode, record in runs.items()}}
     if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
-        tables = done[mode]
-        phase = next((r for r in tables["phases"] if r["phase"] == "forward"), {})
-        row.update(forward_from=mode, forward_nsight_ms=phase.get("range_ms"),
-                   forward_stopwatch_ms=phase.get("stopwatch_ms"))
-        if top := first_kernel(tables["top"].get("forward") or tables["top"].get("all")):
-            row.update(top_forward_kernel=top["name"], top_forward_kernel_calls_per_forward=top["per_step"])
-        row["matmul_pct_forward"] = matmul_pct(tables, "forward")
-        if ratios := softmax_matmul_ratios(tables["attention"]):
-            row["softmax_matmul_time_ratio"], row["softmax_matmul_flop_ratio"] = ratios
+        row["forward_from"] = mode
+        row.update({k: done[mode][k] for k in FORWARD_FACTS})
     if "train" in done:
-        row["matmul_pct_train_step"] = matmul_pct(done["train"], "all")
-    if top := first_kernel((done.get("train") or done.get("forward-backward") or {}).get("top_forward_backward")):
-        row["top_forward_backward_kernel"] = top["name"]
+        row["matmul_pct_train_step"] = done["train"]["matmul_pct_all"]
+    row["top_forward_backward_kernel"] = (done.get("train") or done.get("forward-backward") or {}).get(
+        "top_forward_backward_kernel")
     return row
 
 
@@ -715,44 +734,51 @@ SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("varian
                    ("softmax_matmul_flop_ratio", "softmax/matmul FLOPs", ".3g"), ("runs", "runs", "")]
 
 
-def write_summary(prefixes: list[Path], statuses: dict[Path, str], results_dir: str, out: str | None = None,
-                  fmt: str = "github") -> None:
-    """nsys_profile (a)-(e) across nsys_run.sh's reports (`statuses`: why some have none), printed and saved
-    as <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}."""
+def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A row per (size, context, variant) of the records, one per report, in the order they were made."""
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
-    entries = []
-    for prefix in prefixes:
-        size, context, mode, variant = REPORT_NAME.fullmatch(prefix.name).groups()
-        entries.append({"prefix": prefix, **({"status": statuses[prefix], "tables": None, "record": {}}
-                                             if prefix in statuses else report_summary(prefix))})
-        groups.setdefault((size, int(context), variant or ""), {})[mode] = entries[-1]
-    rows = [summary_row(*key, runs) for key, runs in groups.items()]
+    for record in records:
+        size, context, mode, variant = REPORT_NAME.fullmatch(Path(record["config"]["report"]).name).groups()
+        groups.setdefault((size, int(context), variant or ""), {})[mode] = record
+    return [summary_row(*key, runs) for key, runs in groups.items()]
+
+
+def render_summary(records: list[dict[str, Any]], fmt: str = "github") -> str:
+    """nsys_profile (a)-(e) across nsys_run.sh's reports, with notes on where the columns come from."""
+    rows = summary_rows(records)
     notes = ["rows without a forward-only report take the forward columns from the forward phase of their "
              "training (or forward-backward) run: `forward_from` in the records"] * any(
         row.get("forward_from", "forward") != "forward" for row in rows)
-    finished = [entry["tables"] for entry in entries if entry["tables"] is not None]
-    if finished and not any(tables["top"] for tables in finished):
+    made = [r["summary"] for r in records if "summary" in r]
+    if made and not any(facts["kernels"] for facts in made):
         notes.append("no CUDA kernel data in these reports (nsys recorded no GPU work, as on a machine "
                      "without a GPU): the kernel, matmul and softmax columns are empty")
-    elif finished:
+    elif made:
         notes.append("kernel names are shortened; each report's <report>.md has them in full, the JSONL too")
-    env = next((e["record"]["environment"] for e in entries if e["record"].get("environment")), None)
-    header = results.environment_header(env, reports=len(entries)) if env else f"reports: {len(entries)}"
+    env = next((r["environment"] for r in records if "summary" in r and r.get("environment")), None)
+    header = results.environment_header(env, reports=len(records)) if env else f"reports: {len(records)}"
     spec = [c for c in SUMMARY_COLUMNS if c[0] != "variant" or any(row["variant"] for row in rows)]
     shown = [{**row, "runs": ", ".join(f"{mode} {status}" for mode, status in row["runs"].items()),
               **{k: short_name(row[k], 48) for k in ("top_forward_kernel", "top_forward_backward_kernel")
-                 if k in row}} for row in rows]
+                 if row.get(k)}} for row in rows]
+    table = _render(shown, [(key, head) for key, head, _ in spec], fmt, [f or "g" for *_, f in spec])
+    return "\n".join([header, "", "### nsys_run.sh summary: the forward pass, and the matmul share of inference "
+                      "vs a training step", "", table] + [""] * bool(notes) + [f"- {note}" for note in notes])
 
-    def render(chosen: str) -> str:
-        table = _render(shown, [(key, head) for key, head, _ in spec], chosen, [f or "g" for *_, f in spec])
-        return "\n".join([header, "", "### nsys_run.sh summary: the forward pass, and the matmul share of "
-                          "inference vs a training step", "", table] + [""] * bool(notes)
-                         + [f"- {note}" for note in notes])
 
+def write_summary(prefixes: list[Path], results_dir: str, out: str | None = None, fmt: str = "github") -> None:
+    """--summary: the summary of reports made earlier, printed and saved as
+    <results_dir>/nsys/<out or summary-<time>>.{md,jsonl}, a record per report."""
     files = results.ResultFiles(results_dir, "nsys", out, "summary")
-    for row in rows:
-        files.append_record(row)
-    files.publish(render, fmt)
+    records = []
+    for prefix in prefixes:
+        size, context, mode, _ = REPORT_NAME.fullmatch(prefix.name).groups()
+        value = {k: v for k, v in profiled(prefix).items() if k != "tables"}
+        records.append({"experiment": "nsys_run", "config": {"size": size, "context_length": int(context),
+                                                             "mode": mode, "report": str(prefix)},
+                        "label": f"{size} ctx={context} {mode}", **value})
+        files.append_record(records[-1])
+    files.publish(lambda chosen: render_summary(records, chosen), fmt)
 
 
 # ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration ----
@@ -777,11 +803,14 @@ def say(message: str) -> None:
     results.progress(f"nsys_run.sh: {message}")
 
 
-class Config(NamedTuple):
+@dataclass
+class Config:
+    """One profile of nsys_run.sh's plan, as runner.run_configurations runs it (label, skip_key)."""
+
     size: str
-    ctx: int
+    context_length: int
     mode: str
-    report: Path  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
+    report: str  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
     app: list[str]  # bench_e2e.py's arguments
     made_with: str  # the nsys command line, kept as <report>.args: a report is reused only for the same line
 
@@ -789,7 +818,11 @@ class Config(NamedTuple):
         return Path(f"{self.report}{suffix}")
 
     def label(self) -> str:
-        return f"{self.size} ctx={self.ctx} {self.mode}"
+        return f"{self.size} ctx={self.context_length} {self.mode}"
+
+    def skip_key(self) -> tuple[Any, str, int]:
+        """After an OOM, the larger contexts of the same size and mode are skipped."""
+        return (self.size, self.mode), "context_length", self.context_length
 
 
 def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
@@ -865,7 +898,7 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
         app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", *extra,
                "--handout", a.handout]
         made_with = shlex.join(["nsys", "profile", *a.nsys_options, "--", "bench_e2e.py", *app])
-        a.plan.append(Config(size, ctx, mode, Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}"),
+        a.plan.append(Config(size, ctx, mode, str(Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}")),
                              app, made_with))
     return a
 
@@ -934,78 +967,52 @@ def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
     return proc.returncode
 
 
-def profile_one(config: Config, args: argparse.Namespace, nsys: str) -> tuple[int, str, str]:
-    """Profile (or reuse) one configuration and its tables: (exit status, its record's status, or kept or
-    refused; why it has no tables where the record does not say)."""
-    todo, jsonl, report = action(config, args), config.file("_e2e.jsonl"), config.file(".nsys-rep")
+def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
+    """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
+    record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
+    todo, jsonl, report = action(run, args), run.file("_e2e.jsonl"), run.file(".nsys-rep")
     if todo == "kept":
-        say(f"error: {report} exists, made with other arguments than these ({config.report}.args); it is "
+        say(f"error: {report} exists, made with other arguments than these ({run.report}.args); it is "
             "kept: --force profiles this configuration again, replacing it")
-        return 1, "kept", "kept: made with other arguments (--force replaces it)"
+        return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
     status = 0
     if todo == "reuse":
         say(f"reusing {report}, made with the same arguments (--force profiles it again)")
     else:
-        remove_files(config)
-        config.file(".args").write_text(config.made_with + "\n")
+        remove_files(run)
+        run.file(".args").parent.mkdir(parents=True, exist_ok=True)
+        run.file(".args").write_text(run.made_with + "\n")
         status = None
         try:  # what nsys wrote of an interrupted or refused run is no report to reuse
-            status = run_under_nsys(config, args, nsys)
+            status = run_under_nsys(run, args, nsys)
         finally:
             if status in (None, 2):
-                remove_files(config)
-        if status == 2:  # bench_e2e's usage error: every configuration would fail alike
+                remove_files(run)
+        if status == 2:  # bench_e2e's usage error (a sweep's plan is checked before it starts)
             say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
                 "kept")
-            return 2, "refused", ""
+            return {"status": "refused: bench_e2e.py's usage error (exit status 2)", "exit_status": 2}
     said = ""  # the status the profiled run recorded
     with contextlib.suppress(ProfileFormatError):
         said = str(last_e2e_record(jsonl).get("status", ""))
     if status:
         say(f"the profiled run failed with exit status {status}")
-        return status, said, "" if said else f"failed: the profiled run's exit status was {status}"
+        return {"status": said or f"failed: the profiled run's exit status was {status}", "exit_status": status}
     if not report.is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 for a failed configuration
         say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
-        return 1, said, ""
+        return {"status": said, "exit_status": 1}
     if not report.is_file():
         say(f"nsys wrote no {report}: the 'measure' range never started (no NVTX range of bench_e2e reached nsys)")
-        return 1, said, "failed: nsys wrote no report (the measure range never started)"
-    status = main([str(report), "--md", f"{config.report}.md"]
-                  + ["--e2e-jsonl", str(jsonl)] * jsonl.is_file())
-    if status:
-        return status, said, "" if said else "failed: no tables (see above)"
-    results.emit(f"report: {report} (open it with nsys-ui, the Nsight Systems GUI)")
-    return 0, said, ""
-
-
-def profile_plan(args: argparse.Namespace, nsys: str) -> int:
-    """Every configuration (a refusal stops the loop: it would repeat), then the summary: the first failure's
-    exit status, else 0."""
-    exit_status, statuses = 0, {}
-    skip = results.SkipAfterOOM(enabled=not args.no_skip)
-    folder = Path(args.results_dir) / "nsys"
-    created = [f for f in (folder, *folder.parents) if not f.exists()]
-    folder.mkdir(parents=True, exist_ok=True)
-    for i, config in enumerate(args.plan, 1):
-        if reason := skip.reason((config.size, config.mode), "context_length", config.ctx):
-            say(f"{config.label()}: {reason} (--no-skip profiles it anyway)")
-            statuses[config.report] = reason
-            continue
-        if len(args.plan) > 1:
-            say(f"configuration {i}/{len(args.plan)}: {config.label()}")
-        status, said, why = profile_one(config, args, nsys)
-        if said == "refused":
-            for made in created:  # only the folders made for this run, and only when empty
-                with contextlib.suppress(OSError):
-                    made.rmdir()
-            return 2
-        skip.record((config.size, config.mode), config.ctx, said)
-        exit_status = exit_status or status
-        if why:
-            statuses[config.report] = why
-    if len(args.plan) > 1:
-        write_summary([config.report for config in args.plan], statuses, args.results_dir)
-    return exit_status
+        return {"status": "failed: nsys wrote no report (the measure range never started)", "exit_status": 1}
+    value = profiled(run.report)
+    if "tables" not in value:
+        say(f"no tables for {report}: {value['status']}")
+        return {**value, "exit_status": 1}
+    text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
+    run.file(".md").write_text(text + "\n")
+    if results.emit(text):
+        results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
+    return {**value, "exit_status": 0}
 
 
 def sweep_main(argv: list[str]) -> int:
@@ -1018,8 +1025,8 @@ def sweep_main(argv: list[str]) -> int:
     if nsys is None:
         first = args.plan[0]
         print(f"nsys_run.sh: error: {why}; {INSTALL_HINT}. Without nsys, torch.profiler gives the same "
-              f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.ctx} --mode "
-              f"{first.mode} --profile", file=sys.stderr)
+              f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.context_length} "
+              f"--mode {first.mode} --profile", file=sys.stderr)
         return 2
     for name in [flag.split("=")[0] for flag in args.pass_through]:
         known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout
@@ -1028,12 +1035,25 @@ def sweep_main(argv: list[str]) -> int:
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
                 "newer Nsight Systems")
             return 2
-    try:
-        with results.sigterm_as_interrupt():
-            return profile_plan(args, nsys)
-    except KeyboardInterrupt as exc:
-        say("interrupted: nsys and the profiled run stopped; finished reports are kept")
-        return 128 + results.signal_number(exc)
+    import runner  # torch, for the sweep only: --help and the checks above answer without it
+    folder = Path(args.results_dir, "nsys")
+    created = [f for f in (folder, *folder.parents) if not f.exists()]
+    # nsys runs each profile in a process of its own: the sweep measures in this one (no child, no time limit)
+    args.in_process, args.timeout, args.quiet, args.fmt = True, None, False, "github"
+    files = results.ResultFiles(args.results_dir, "nsys", None, "summary") if len(args.plan) > 1 else None
+    records, code = runner.run_configurations(functools.partial(profile_one, args=args, nsys=nsys), args.plan,
+                                              files, args, name="nsys_run", device=None, render=render_summary)
+    for made in created:  # the folders made for this run, when nothing is in them (a refused profile)
+        with contextlib.suppress(OSError):
+            made.rmdir()
+    if code:
+        say("nsys and the profiled run stopped; finished reports are kept")
+        return code
+    if files is not None:
+        results.emit("")
+        files.publish(lambda fmt: render_summary(records, fmt), args.fmt)
+    failures = [r.get("exit_status", 1) for r in records if not r["status"].startswith("skipped")]
+    return next((status for status in failures if status), 0)  # an error row (a crash here) has none: 1
 
 
 # ---- command line ----
@@ -1131,12 +1151,11 @@ def main(argv: list[str] | None = None) -> int:
         return sweep_main(argv[1:])
     args = parse_args(argv)
     if args.summary:
-        write_summary(args.source, {}, args.results_dir, args.out, args.fmt)
+        write_summary(args.source, args.results_dir, args.out, args.fmt)
         return 0
     try:  # a malformed input is one line and exit 2, like any other bad input
         record = last_e2e_record(args.e2e_jsonl) if args.e2e_jsonl else {}
-        env = record.get("environment")
-        header = results.environment_header(env, source=args.source) if env else f"source: {args.source}"
+        header = profile_header(record.get("environment"), args.source)
         if record and record.get("status") not in FINISHED:
             print(f"the profiled run did not finish: status {record.get('status')!r}", file=sys.stderr)
             return 1

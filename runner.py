@@ -305,7 +305,7 @@ def merge_repeats(values: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
 
 
 def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: ResultFiles | None,
-                       args: argparse.Namespace, *, name: str, device: torch.device,
+                       args: argparse.Namespace, *, name: str, device: torch.device | None,
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
@@ -313,7 +313,8 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
     (group, size name, size)) as add_sweep_args' flags say: measure(run) or measure_variants(runs) in the child,
     finish(run, record), render(records, fmt) and summary(record) here. search: a group's probes of increasing
     size end at its first failure; an OOM after a fit bisects with resize(run, size) probes. Under torchrun every
-    rank runs each configuration; rank 0 writes. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    rank runs each configuration; rank 0 writes. device None: the rows carry their own environment (nsys_run.sh).
+    Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -322,9 +323,9 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                   measure_variants=measure_variants, resize=resize, search=search)
     with results.sigterm_as_interrupt():
         try:
-            # the environment of rows that carry none (failed, skipped), read in a child: no CUDA here
-            env = run_isolated(environment, {"device": device}, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
-            sweep.env = env["value"] if env["ok"] else {"device": str(device), "status": env["status"]}
+            if device is not None:  # the environment of rows that carry none, read in a child: no CUDA here
+                env = run_isolated(environment, {"device": device}, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+                sweep.env = env["value"] if env["ok"] else {"device": str(device), "status": env["status"]}
             index = itertools.count()  # a run's index: the same on every torchrun rank
             for unit in units:
                 sweep.run_unit([(next(index), run) for run in unit])
