@@ -38,24 +38,6 @@ def is_oom_status(status: str) -> bool:
     return status == "OOM" or status.startswith("OOM on rank")
 
 
-class SkipAfterOOM:
-    """Once a configuration runs out of memory, the larger sizes of its group (same model and settings) are
-    skipped: they need more memory still. `enabled=False` (--no-skip) runs them anyway."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.oom_at: dict[Any, int] = {}  # group -> the smallest size that ran out of memory
-
-    def reason(self, group: Any, size_name: str, size: int) -> str | None:
-        if self.enabled and group in self.oom_at and size > self.oom_at[group]:
-            return f"skipped: OOM at {size_name}={self.oom_at[group]}"
-        return None
-
-    def record(self, group: Any, size: int, status: str) -> None:
-        if is_oom_status(status):
-            self.oom_at[group] = min(self.oom_at.get(group, size), size)
-
-
 MIB, GIB = 2**20, 2**30
 OURS = "ours"  # the --model and --optimizer name of model.py's and optim.py's
 

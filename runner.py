@@ -28,7 +28,7 @@ import torch
 import parallel
 import results
 from common import environment, failure_status
-from results import ResultFiles, SkipAfterOOM, Terminated, finished, is_oom_status, progress, round_order
+from results import ResultFiles, Terminated, finished, is_oom_status, progress, round_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -381,31 +381,32 @@ class Sweep:
         self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
         self.measure_variants, self.resize = options["measure_variants"], options["resize"]
         self.records: list[dict[str, Any]] = []
-        self.skip = SkipAfterOOM(enabled=not args.no_skip)
+        # after an OOM, the larger sizes of its group (same model and settings) would need more memory still:
+        # they are skipped rows, unless --no-skip
+        self.oom_at: dict = {}  # group -> the smallest size that ran out of memory
         self.ended: set = set()  # search: the groups whose search has ended
-        self.fits: dict = {}  # search: the longest size of each group that ran
-        self.slowest_s, self.total, self.done = 0.0, len(runs), 0
+        self.slowest_s, self.total = 0.0, len(runs)
         self.probe_index = itertools.count(len(runs))  # bisection probes' (the same on every torchrun rank)
-        self.mode = getattr(args, "interleave", "runs")
-        self.repeats = getattr(args, "repeats", 1) if self.mode == "runs" else 1
+        self.repeats = getattr(args, "repeats", 1)  # more than 1 with --interleave runs only (check_sweep_args)
         self.say = progress if parallel.is_rank_zero() and not args.quiet else lambda message: None
 
-    def beat(self, prefix: str) -> Callable[[str], None]:
-        return lambda line: self.say(f"{prefix} {line}")
-
     def record_of(self, run: Any, answer: dict[str, Any]) -> dict[str, Any]:
-        record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label()}
-        if not answer["ok"]:
-            return {**record, **{k: v for k, v in answer.items() if k != "ok"}}
-        record.update(answer["value"])
-        record.setdefault("status", "ok")
-        if answer.get("pid") is not None:
-            record["pid"] = answer["pid"]
-        return record
+        """The row of run_isolated's `answer`: its value and pid, or its failure."""
+        record = {"experiment": self.name, "config": dataclasses.asdict(run), "label": run.label(),
+                  **answer.get("value", {})}
+        record.setdefault("status", "ok")  # a failure's own status replaces it
+        return {**record, **{k: v for k, v in answer.items() if k not in ("ok", "value") and v is not None}}
 
-    def add(self, run: Any, record: dict[str, Any], number: int, elapsed: float) -> None:
+    def add(self, run: Any, record: dict[str, Any], elapsed: float) -> None:
         group, _, size = run.skip_key()
-        self.skip.record(group, size, record["status"])
+        if is_oom_status(record["status"]):
+            self.oom_at[group] = min(self.oom_at.get(group, size), size)
+        if self.search and group not in self.ended:  # a doubling probe: its first failure ends the group's plan
+            record["search_probe"] = "doubling"
+            if not finished(record):
+                self.ended.add(group)
+                self.total -= sum(1 for later in self.runs
+                                  if later.skip_key()[0] == group and later.skip_key()[2] > size)
         if not is_oom_status(record["status"]) and not record["status"].startswith(("skipped", "timeout")):
             self.slowest_s = max(self.slowest_s, elapsed)
         record.setdefault("environment", self.env)
@@ -417,7 +418,7 @@ class Sweep:
             if self.render is not None:
                 self.files.write_report(lambda fmt: self.render(self.records, fmt), self.args.fmt)
         said = self.summary(record) if self.summary and finished(record) else record["status"]
-        self.say(f"[{number}/{self.total}] {run.label()}: {said} ({elapsed:.1f} s)")
+        self.say(f"[{len(self.records)}/{self.total}] {run.label()}: {said} ({elapsed:.1f} s)")
 
     def run_unit(self, unit: list[tuple[int, Any]]) -> None:
         """A comparison's variants (or one run): skipped ones are rows; the rest together or each alone."""
@@ -426,23 +427,25 @@ class Sweep:
             group, size_name, size = run.skip_key()
             if self.search and group in self.ended:
                 continue
-            if reason := self.skip.reason(group, size_name, size):
-                self.done += 1
-                self.say(f"[{self.done}/{self.total}] starting {run.label()}")
-                self.add(run, self.record_of(run, {"ok": False, "status": reason}), self.done, 0.0)
+            if not self.args.no_skip and size > self.oom_at.get(group, size):
+                self.say(f"[{len(self.records) + 1}/{self.total}] starting {run.label()}")
+                status = f"skipped: OOM at {size_name}={self.oom_at[group]}"
+                self.add(run, self.record_of(run, {"status": status}), 0.0)
             else:
                 todo.append((i, run))
-        if len(todo) > 1 and self.mode == "steps" and self.measure_variants is not None:
+        if len(todo) > 1 and self.measure_variants is not None and self.args.interleave == "steps":
             self.together(todo)
         elif todo:
             self.interleave_runs(todo)
+            if self.search:
+                self.bisect(todo[0][1], self.records[-1])
 
     def alone(self, run: Any, index: int, number: int, note: str = "") -> tuple[dict[str, Any], float]:
         """One run in its child; under torchrun, each rank's child joins the run's process group (stopped when
         another rank fails), then one answer agreed from every rank's (slowest timings, "OOM on rank k")."""
         self.say(f"[{number}/{self.total}] starting {run.label()}{note}")
-        beat, start = self.beat(f"[{number}/{self.total}]"), timeit.default_timer()
-        limit = time_limit(self.args.timeout, self.slowest_s)
+        start, limit = timeit.default_timer(), time_limit(self.args.timeout, self.slowest_s)
+        beat = lambda line: self.say(f"[{number}/{self.total}] {line}")  # noqa: E731
         if self.ranks is None:
             answer = run_isolated(self.measure, {"run": run}, self.args.in_process, limit, on_heartbeat=beat)
         else:
@@ -457,40 +460,37 @@ class Sweep:
 
     def together(self, todo: list[tuple[int, Any]]) -> None:
         """The variants in one child (measure_variants); if it fails, each alone: an OOM row is a real one."""
-        where = f"[{self.done + 1}-{self.done + len(todo)}/{self.total}]"
+        where = f"[{len(self.records) + 1}-{len(self.records) + len(todo)}/{self.total}]"
         labels = [run.label() for _, run in todo]
         self.say(f"{where} starting {len(todo)} variants, interleaved: {' | '.join(labels)}")
         start, limit = timeit.default_timer(), time_limit(self.args.timeout, self.slowest_s)
         answer = run_isolated(self.measure_variants, {"runs": [run for _, run in todo]},
                               in_process=self.args.in_process, timeout_s=limit and limit * len(todo),
-                              on_heartbeat=self.beat(where))
+                              on_heartbeat=lambda line: self.say(f"{where} {line}"))
         elapsed = (timeit.default_timer() - start) / len(todo)
         if not answer["ok"]:
             self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each alone")
             self.interleave_runs(todo, fallback=answer["status"])
             return
         for (_, run), value in zip(todo, answer["value"]):
-            record = self.record_of(run, {"ok": True, "value": value, "pid": answer.get("pid")})
+            record = self.record_of(run, {"value": value, "pid": answer.get("pid")})
             if "pairing" in record:
                 record["pairing"]["labels"] = labels
-            self.done += 1
-            self.add(run, record, self.done, elapsed)
+            self.add(run, record, elapsed)
 
     def interleave_runs(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
         """Each run in children of its own, `repeats` rounds A B | B A, merged and paired by round. A failure ends
         that run's repeats; rows are added in the plan's order as runs end; Ctrl-C keeps what finished."""
         group, labels = uuid.uuid4().hex[:12], [run.label() for _, run in todo]
         answers: list[list[tuple[dict, float]]] = [[] for _ in todo]
-        first, added = self.done + 1, []  # round 0 starts every run, in order: run p is number first + p
-        self.done += len(todo)
+        first = len(self.records) + 1  # round 0 starts every run, in order: run p is number first + p
 
         def ended(p: int) -> bool:
             return len(answers[p]) == self.repeats or not answers[p][-1][0]["ok"]
 
         def add_in_order(interrupted: bool = False) -> None:
-            while len(added) < len(todo) and answers[p := len(added)] and (interrupted or ended(p)):
-                added.append(p)
-                self.add_repeats(todo[p][1], answers[p], first + p, p, group, labels, fallback)
+            while (p := len(self.records) + 1 - first) < len(todo) and answers[p] and (interrupted or ended(p)):
+                self.add_repeats(todo[p][1], answers[p], p, group, labels, fallback)
 
         def run_child(p: int, r: int) -> None:
             if answers[p] and ended(p):
@@ -504,10 +504,8 @@ class Sweep:
         except KeyboardInterrupt:
             add_in_order(interrupted=True)
             raise
-        if self.search and len(todo) == 1:
-            self.bisect(todo[0][1], self.records[-1])
 
-    def add_repeats(self, run: Any, answers: list[tuple[dict, float]], number: int, position: int, group: str,
+    def add_repeats(self, run: Any, answers: list[tuple[dict, float]], position: int, group: str,
                     labels: list[str], fallback: str | None) -> None:
         """A run's children as one row: its failure, or their records merged (and paired, in a comparison)."""
         oks = [answer for answer, _ in answers if answer["ok"]]
@@ -518,7 +516,7 @@ class Sweep:
                 record["repeats_before_failure"] = len(oks)
         else:
             value, bounds = merge_repeats([answer["value"] for answer in oks])
-            record = self.record_of(run, {"ok": True, "value": value, "pid": oks[0].get("pid")})
+            record = self.record_of(run, {"value": value, "pid": oks[0].get("pid")})
             if len(oks) > 1:
                 record["pids"] = [answer.get("pid") for answer in oks]
             if len(labels) > 1 and bounds:
@@ -529,31 +527,23 @@ class Sweep:
                     record["pairing"]["rounds_by_phase"] = bounds
         if fallback:
             record["interleave_fallback"] = f"measured alone: the interleaved child failed ({fallback})"
-        group_key, _, size = run.skip_key()
-        if self.search:  # a fit moves the search on; its first failure ends the group's planned probes
-            record["search_probe"] = "doubling"
-            if finished(record):
-                self.fits[group_key] = max(self.fits.get(group_key, size), size)
-            elif group_key not in self.ended:
-                self.ended.add(group_key)
-                self.total -= sum(1 for later in self.runs
-                                  if later.skip_key()[0] == group_key and later.skip_key()[2] > size)
-        self.add(run, record, number, sum(seconds for _, seconds in answers))
+        self.add(run, record, sum(seconds for _, seconds in answers))
 
     def bisect(self, run: Any, record: dict[str, Any]) -> None:
-        """After a search's first OOM that follows a fit, a Bisection between them, a child per probe."""
+        """After a search's first OOM that follows a fit (a smaller size of its group: all ran, in order of
+        size), a Bisection between them, a child per probe."""
         group, _, size = run.skip_key()
-        if not is_oom_status(record["status"]) or group not in self.fits or self.resize is None:
+        fits = [r.skip_key()[2] for r in self.runs if r.skip_key()[0] == group and r.skip_key()[2] < size]
+        if not is_oom_status(record["status"]) or not fits or self.resize is None:
             return
-        bisection = Bisection(self.fits[group], size, getattr(self.args, "search_resolution", RESOLUTION),
+        bisection = Bisection(max(fits), size, getattr(self.args, "search_resolution", RESOLUTION),
                               getattr(self.args, "search_probes", PROBE_BUDGET))
         while (next_size := bisection.next_size()) is not None:
             probe = self.resize(run, next_size)
             self.total += 1
-            self.done += 1
-            answer, elapsed = self.alone(probe, next(self.probe_index), self.done, " (bisection)")
+            answer, elapsed = self.alone(probe, next(self.probe_index), len(self.records) + 1, " (bisection)")
             probe_record = {**self.record_of(probe, answer), "search_probe": "bisection"}
-            self.add(probe, probe_record, self.done, elapsed)
+            self.add(probe, probe_record, elapsed)
             if finished(probe_record) or is_oom_status(probe_record["status"]):
                 bisection.record(next_size, finished(probe_record))
             else:  # an error or a timeout: the bounds stand, the answer says why it stopped
