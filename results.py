@@ -440,10 +440,7 @@ def run_of(record: Record) -> str | None:
 
 
 def by_run(records: list[Record]) -> dict[str | None, list[Record]]:
-    groups: dict[str | None, list[Record]] = {}
-    for r in records:
-        groups.setdefault(run_of(r), []).append(r)
-    return groups
+    return {run: [r for r in records if run_of(r) == run] for run in dict.fromkeys(map(run_of, records))}
 
 
 def is_merged(records: list[Record]) -> bool:
@@ -604,19 +601,16 @@ MAX_STEM_BYTES = 200
 
 def result_stem(text: str) -> str:
     """--out: a plain file-name stem, checked at parse time."""
-    if not text:
-        problem = "must be a non-empty file-name stem"
-    elif "/" in text or "\\" in text:  # os.sep and os.altsep are among them
-        problem = f"must be a file-name stem without a folder, got {text!r} (use --results-dir to choose the folder)"
-    elif text[0] in ".-":
-        problem = f"must not start with '.' or '-', got {text!r}"
-    elif not text.isprintable():
-        problem = f"must be printable characters only, got {text!r}"
-    elif len(text.encode()) > MAX_STEM_BYTES:  # printable: no lone surrogates
-        problem = f"must be at most {MAX_STEM_BYTES} bytes long"
-    else:
-        return text
-    raise argparse.ArgumentTypeError(problem)
+    problems = [(not text, "must be a non-empty file-name stem"),
+                ("/" in text or "\\" in text,  # os.sep and os.altsep are among them
+                 f"must be a file-name stem without a folder, got {text!r} (use --results-dir to choose the folder)"),
+                (text[:1] in (".", "-"), f"must not start with '.' or '-', got {text!r}"),
+                (not text.isprintable(), f"must be printable characters only, got {text!r}"),
+                (len(text.encode(errors="replace")) > MAX_STEM_BYTES, f"must be at most {MAX_STEM_BYTES} bytes long")]
+    for broken, problem in problems:
+        if broken:
+            raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def stem_from(name: str, default: str) -> str:
@@ -635,22 +629,17 @@ def results_folder(text: str) -> str:
     return text
 
 
-def strict_json_value(obj: Any) -> Any:
-    """`obj` as strict JSON: NaN and infinities (nested, dataclasses too) as None; paths, torch dtypes and
-    devices as their names (told by module, so that this file needs no torch)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: strict_json_value(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json_value(v) for v in obj]
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return strict_json_value(dataclasses.asdict(obj))
-    return str(obj) if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch" else obj
-
-
 def to_json_line(record: Record) -> str:
-    return json.dumps(strict_json_value(record), allow_nan=False)
+    """`record` as strict JSON: NaN and infinities as None (json writes them as tokens, read back as None),
+    dataclasses as dicts, paths and torch dtypes and devices as their names (by module: this file needs no torch)."""
+    def plain(obj: Any) -> Any:
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        if isinstance(obj, Path) or type(obj).__module__.split(".")[0] == "torch":
+            return str(obj)
+        raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+    loose = json.dumps(record, default=plain)
+    return json.dumps(json.loads(loose, parse_constant=lambda token: None), allow_nan=False)
 
 
 def read_records(path: str | os.PathLike) -> list[Record]:
@@ -682,8 +671,7 @@ class ResultFiles:
                     continue
                 # atomic: of two runs that both saw the stem free, exactly one creates the file
                 with contextlib.suppress(FileExistsError):
-                    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
-                    os.close(os.open(self.folder / (candidate + reserve), flags, 0o666))
+                    open(self.folder / (candidate + reserve), "x").close()
                     self.stem = candidate
                     break
         except OSError as exc:

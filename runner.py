@@ -309,12 +309,9 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
-    """Every run of `plan` (a run, or a list: one comparison's variants; a run has label() and skip_key() ->
-    (group, size name, size)) as add_sweep_args' flags say: measure(run) or measure_variants(runs) in the child,
-    finish(run, record), render(records, fmt) and summary(record) here. search: a group's probes of increasing
-    size end at its first failure; an OOM after a fit bisects with resize(run, size) probes. Under torchrun every
-    rank runs each configuration; rank 0 writes. device None: the rows carry their own environment (nsys_run.sh).
-    Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
+    variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
+    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -531,7 +528,7 @@ class Sweep:
 
     def bisect(self, run: Any, record: dict[str, Any]) -> None:
         """After a search's first OOM that follows a fit (a smaller size of its group: all ran, in order of
-        size), a Bisection between them, a child per probe."""
+        size), a Bisection between them, a child per probe resize(run, size)."""
         group, _, size = run.skip_key()
         fits = [r.skip_key()[2] for r in self.runs if r.skip_key()[0] == group and r.skip_key()[2] < size]
         if not is_oom_status(record["status"]) or not fits or self.resize is None:
