@@ -927,7 +927,6 @@ class Terminated(KeyboardInterrupt):
 
 
 def signal_number(stop: KeyboardInterrupt) -> int:
-    """SIGTERM for a Terminated, SIGINT for Ctrl-C."""
     return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
 
 
@@ -943,20 +942,26 @@ def stop_process_group(proc: subprocess.Popen, signum: int = signal.SIGTERM, gra
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises Terminated while the block runs; the previous handler is back afterwards."""
+def handling_signal(signum: int, handler: Any) -> Iterator[None]:
+    """`handler` for `signum` while the block runs, the previous one back afterwards; outside the main thread,
+    which alone gets signals, nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signum, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+
+
+def _raise_terminated(signum: int, frame: Any) -> NoReturn:
+    raise Terminated()
+
+
+def sigterm_as_interrupt() -> contextlib.AbstractContextManager:
+    """SIGTERM raises Terminated while the block runs."""
+    return handling_signal(signal.SIGTERM, _raise_terminated)
 
 
 def progress(message: str) -> None:

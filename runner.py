@@ -58,11 +58,10 @@ def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
         os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(paths))
         # Ctrl-C reaches the whole process group, but only the parent acts on it (it stops the children): the
         # server starts with SIGINT ignored, which exec and fork keep, so no traceback mid-import or mid-fork
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            multiprocessing.forkserver.ensure_running()
+            with results.handling_signal(signal.SIGINT, signal.SIG_IGN):
+                multiprocessing.forkserver.ensure_running()
         finally:
-            signal.signal(signal.SIGINT, handler)
             os.environ.clear()
             os.environ.update(saved)
         _server.append(ctx)
@@ -122,22 +121,6 @@ def died_status(exitcode: int | None, oom_before: tuple, oom_after: tuple) -> di
     return {"ok": False, "status": f"error: child process died with exit code {exitcode}"}
 
 
-def _start_uninterrupted(proc: Any) -> None:
-    """proc.start(), with a Ctrl-C that arrives meanwhile raised after it: interrupted mid-start, the new
-    child would read half its arguments and print the fork server's traceback."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
-        proc.start()
-        return
-    pending: list[int] = []
-    handler = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        proc.start()
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    if pending:
-        raise KeyboardInterrupt
-
-
 def _stop(proc: Any) -> None:
     """SIGTERM, then SIGKILL after a grace period: never wait forever on a hung child."""
     proc.terminate()
@@ -167,7 +150,13 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: boo
     oom_before, start, doing = oom_kill_counts(), timeit.default_timer(), "setting up"
     next_line = start + HEARTBEAT_S
     try:
-        _start_uninterrupted(proc)
+        # a Ctrl-C meanwhile is raised after the start: interrupted mid-start, the new child would read half its
+        # arguments and print the fork server's traceback
+        pending: list[int] = []
+        with results.handling_signal(signal.SIGINT, lambda signum, frame: pending.append(signum)):
+            proc.start()
+        if pending:
+            raise KeyboardInterrupt
         result_w.close()
         lifeline_r.close()
         while True:
@@ -259,7 +248,6 @@ def add_sweep_args(parser: argparse.ArgumentParser, compares: bool = False) -> N
 
 
 def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A --repeats that cannot apply is a user mistake."""
     if getattr(args, "repeats", 1) > 1 and args.interleave != "runs":
         parser.error("--repeats applies to --interleave runs (with steps, the rounds are within one process)")
 
@@ -378,9 +366,7 @@ class Sweep:
         self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
         self.measure_variants, self.resize = options["measure_variants"], options["resize"]
         self.records: list[dict[str, Any]] = []
-        # after an OOM, the larger sizes of its group (same model and settings) would need more memory still:
-        # they are skipped rows, unless --no-skip
-        self.oom_at: dict = {}  # group -> the smallest size that ran out of memory
+        self.oom_at: dict = {}  # group -> its smallest OOM size; larger ones would need more: skipped (--no-skip)
         self.ended: set = set()  # search: the groups whose search has ended
         self.slowest_s, self.total = 0.0, len(runs)
         self.probe_index = itertools.count(len(runs))  # bisection probes' (the same on every torchrun rank)
