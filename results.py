@@ -15,7 +15,6 @@ import statistics
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
@@ -64,7 +63,7 @@ class ConfigError(ValueError):
     """A configuration that cannot exist (unknown preset, bad shape): a one-line usage error."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of the Transformer LM in model.py (the course's "basics" model)."""
 
@@ -126,7 +125,7 @@ LEADERBOARD_BATCH = 2
 LEADERBOARD_2025_SHAPE = (16, 16_384, 64)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Handout:
     """One handout of the study: its Table 1 and the setups its questions name."""
 
@@ -302,7 +301,7 @@ def signed_rank_depth(n: int) -> int | None:
     return k or None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class PairedRatio:
     """A speed-up (baseline time / variant time: above 1 is faster) with its interval (None: too few rounds);
     rounds = 0 when the two were measured apart (the ratio of their means)."""
@@ -371,7 +370,7 @@ def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]]
     return notes
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Drift:
     phase: str
     change: float  # the variant's mean / the baseline's mean - 1
@@ -524,12 +523,6 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
         for name in names[1:]:
             if (r := found.get(name)) is None and per_variant:
                 continue
-            if per_variant:
-                out = {**ident, per_variant: name, **time_cells(base, lambda label: f"{names[0]} {label}"),
-                       **time_cells(r, lambda label: f"{label} ms")}
-                rows.append(out)
-            else:
-                out.update(time_cells(r, lambda label: f"{label} ms: {name}"))
             found_ratios = {}
             for label, phases in ratios.items():
                 if not (timed(base, phases) and timed(r, phases)):
@@ -548,8 +541,11 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     pulled.append(f"{where}{label} {name} {means:.2f}x")
             if per_variant:
                 failed = (s for s in found_ratios.values() if not isinstance(s, PairedRatio))  # a status or None
-                out.update({"speed-up": next(failed, found_ratios), **(cells(r, base) if cells else {})})
+                rows.append({**ident, per_variant: name, **time_cells(base, lambda label: f"{names[0]} {label}"),
+                             **time_cells(r, lambda label: f"{label} ms"), "speed-up": next(failed, found_ratios),
+                             **(cells(r, base) if cells else {})})
             else:
+                out.update(time_cells(r, lambda label: f"{label} ms: {name}"))
                 out.update({f"{label} speed-up: {name}": s for label, s in found_ratios.items()})
             if control and base and r and (moved := drift(base, r, control)):
                 others.append(f"{where}drift: {control} changed by {moved.change:+.0%} ({name})")
