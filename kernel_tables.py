@@ -375,7 +375,6 @@ class Selection:
     used: dict[str, Counter] = field(default_factory=dict)  # phase -> {range name as recorded: instances}
     in_warmup: Counter = field(default_factory=Counter)  # phase -> instances inside warm-up ranges, left out
     region: str = ""
-    measure_ns: float | None = None  # total duration of the measure ranges, when there are some
 
 
 def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Selection:
@@ -401,7 +400,7 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
     if measure.ranges:
         chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]
-        chosen.measure_ns = sum(r.duration_ns for r in measure.ranges)
+        chosen.ranges += [Range(STEP, r.start_ns, r.end_ns) for r in measure.ranges] * (STEP not in chosen.used)
         chosen.region = f"inside the {measure_name!r} ranges"
         return chosen
     first, last = min((r.start_ns for r in phase_ranges), default=-math.inf), \
@@ -441,7 +440,7 @@ def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
     """Table 1's account of its ranges: which names stood for which phase, how many, what was left out."""
     parts = [f"{phase} = " + ", ".join(f"'{name}' x{n}" for name, n in chosen.used[phase].items())
              for phase in (*PHASES, STEP) if chosen.used.get(phase)]
-    if STEP not in chosen.used and chosen.measure_ns is not None:
+    if STEP not in chosen.used and any(r.name == STEP for r in chosen.ranges):
         parts.append("step = the measured region over the steps (it also holds what runs between steps, so "
                      "it exceeds a stopwatch's step, the more the shorter the step)")
     line = "ranges used: " + ("; ".join(parts) or "none")
@@ -461,9 +460,7 @@ def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: lis
     rows = [{"phase": phase, "range_ms": per_step(r for r in chosen.ranges if r.name == phase),
              "stopwatch_ms": stopwatch.get(phase), "work_ms": per_step(groups.get(phase, []))}
             for phase in phases]
-    step_ms = per_step(r for r in chosen.ranges if r.name == STEP) if STEP in chosen.used else \
-        None if chosen.measure_ns is None else chosen.measure_ns / 1e6 / steps
-    if step_ms is not None:
+    if step_ms := per_step(r for r in chosen.ranges if r.name == STEP):
         rows.append({"phase": STEP, "range_ms": step_ms, "stopwatch_ms": stopwatch.get(STEP),
                      "work_ms": per_step(a for acts in groups.values() for a in acts)})
     for row in rows:
@@ -913,17 +910,7 @@ def action(config: Config, args: argparse.Namespace) -> str:
     return "kept"
 
 
-def check_with_bench_e2e(args: argparse.Namespace, show: bool) -> int:
-    """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
-    return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
-                           *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
-                           *args.extra, "--handout", args.handout, "--dry-run"],
-                          stdout=None if show else subprocess.DEVNULL).returncode
-
-
 def dry_run(args: argparse.Namespace) -> int:
-    if status := check_with_bench_e2e(args, show=True):
-        return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
         again = config.file(".nsys-rep").exists()
@@ -1017,10 +1004,16 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
 
 def sweep_main(argv: list[str]) -> int:
     args = parse_sweep_args(argv)
+    if args.dry_run or len(args.plan) > 1:  # a mistyped option fails in seconds, not after an hour of a sweep
+        # bench_e2e.py --dry-run of the plan (its first mode): its sizes and options, before anything runs
+        status = subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
+                                 *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
+                                 *args.extra, "--handout", args.handout, "--dry-run"],
+                                stdout=None if args.dry_run else subprocess.DEVNULL).returncode
+        if status:
+            return status
     if args.dry_run:
         return dry_run(args)
-    if len(args.plan) > 1 and (status := check_with_bench_e2e(args, show=False)):
-        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
     nsys, why = find_nsys()
     if nsys is None:
         first = args.plan[0]
