@@ -829,7 +829,7 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                                       "per configuration in results/nsys/,\nits kernel tables beside it, and "
                                       "a summary across them. Anything after -- goes to bench_e2e.py.")
     p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE: train)")
-    p.add_argument("--size", nargs="+", help="sizes of the handout's Table 1 (or tiny, or all)")
+    results.add_size_args(p, "the handout's plan")  # and --handout
     p.add_argument("--context-length", nargs="+", metavar="CTX", help="context lengths")
     p.add_argument("--mode", nargs="+", help="forward, forward-backward, train (default: forward train)")
     p.add_argument("--force", action="store_true", help="profile again where a report exists, replacing it")
@@ -843,7 +843,6 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                    help="true: to nsys profile (GPU memory over time); adds _cudamem to the name")
     p.add_argument("--results-dir", default="results", type=results.results_folder,
                    help="results root (reports go to its nsys/ folder)")
-    results.add_handout_arg(p)
     own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # a bare --cuda-memory-usage means true and must not take the SIZE after it
     a = p.parse_intermixed_args([arg + "=true" * (arg == "--cuda-memory-usage") for arg in own])
@@ -908,6 +907,14 @@ def action(config: Config, args: argparse.Namespace) -> str:
         if config.file(".args").read_text().strip() == config.made_with:
             return "reuse"
     return "kept"
+
+
+def check_with_bench_e2e(args: argparse.Namespace) -> int:
+    """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
+    return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
+                           *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
+                           *args.extra, "--handout", args.handout, "--dry-run"],
+                          stdout=None if args.dry_run else subprocess.DEVNULL).returncode
 
 
 def dry_run(args: argparse.Namespace) -> int:
@@ -1004,14 +1011,8 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
 
 def sweep_main(argv: list[str]) -> int:
     args = parse_sweep_args(argv)
-    if args.dry_run or len(args.plan) > 1:  # a mistyped option fails in seconds, not after an hour of a sweep
-        # bench_e2e.py --dry-run of the plan (its first mode): its sizes and options, before anything runs
-        status = subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
-                                 *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
-                                 *args.extra, "--handout", args.handout, "--dry-run"],
-                                stdout=None if args.dry_run else subprocess.DEVNULL).returncode
-        if status:
-            return status
+    if (args.dry_run or len(args.plan) > 1) and (status := check_with_bench_e2e(args)):
+        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
     if args.dry_run:
         return dry_run(args)
     nsys, why = find_nsys()
@@ -1087,9 +1088,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "X.nsys-rep, its export X.sqlite, or the prefix X; with --summary, nsys_run.sh's reports")
     p.add_argument("--summary", action="store_true", help="one table across nsys_run.sh's reports, a row per "
                    "size, context and variant, in <results-dir>/nsys/summary-<time>.{md,jsonl}")
-    p.add_argument("--out", type=results.result_stem, help="--summary: result file stem (never overwritten)")
-    p.add_argument("--results-dir", default="results", type=results.results_folder,
-                   help="--summary: results root (files go to its nsys/ folder)")
     p.add_argument("--e2e-jsonl", help="bench_e2e's record of the profiled run: the stopwatch of table 1, "
                    "the model's shape for the FLOPs of table 4")
     p.add_argument("--stopwatch", nargs="+", metavar="PHASE=MS", help="your own ms per step for table 1, "
@@ -1100,8 +1098,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv-dir", dest="export_dir", metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it)")
     p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
-    p.add_argument("--fmt", default="github", choices=results.TABLE_FORMATS, metavar="FMT",
-                   help="tabulate format: github (markdown), latex_booktabs, plain, ...")
+    results.add_output_args(p, "summary")  # --out and --results-dir: --summary's files
     p.add_argument("--md", help="also write the tables to this file, replacing it")
     args = p.parse_args(argv)
     if args.summary:
