@@ -703,22 +703,6 @@ FORWARD_FACTS = ("forward_nsight_ms", "forward_stopwatch_ms", "top_forward_kerne
                  "softmax_matmul_flop_ratio")
 
 
-def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One (size, context, variant) from its records by mode: the forward pass from the forward-only run (else a
-    training run's forward phase), the matmul share of a training step, the top kernel of forward + backward."""
-    done = {mode: record["summary"] for mode, record in runs.items() if "summary" in record}
-    row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
-                           "runs": {mode: record["status"] for mode, record in runs.items()}}
-    if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
-        row["forward_from"] = mode
-        row.update({k: done[mode][k] for k in FORWARD_FACTS})
-    if "train" in done:
-        row["matmul_pct_train_step"] = done["train"]["matmul_pct_all"]
-    row["top_forward_backward_kernel"] = (done.get("train") or done.get("forward-backward") or {}).get(
-        "top_forward_backward_kernel")
-    return row
-
-
 SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("variant", "variant", ""),
                    ("forward_nsight_ms", "fwd ms Nsight", ".2f"),
                    ("forward_stopwatch_ms", "fwd ms stopwatch", ".2f"),
@@ -732,12 +716,27 @@ SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("varian
 
 
 def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A row per (size, context, variant) of the records, one per report, in the order they were made."""
+    """A row per (size, context, variant) of the records (one per report), in the order they were made: the
+    forward pass from the forward-only run (else a training run's forward phase), the matmul share of a training
+    step, the top kernel of forward + backward."""
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
     for record in records:
         size, context, mode, variant = REPORT_NAME.fullmatch(Path(record["config"]["report"]).name).groups()
         groups.setdefault((size, int(context), variant or ""), {})[mode] = record
-    return [summary_row(*key, runs) for key, runs in groups.items()]
+    rows = []
+    for (size, context, variant), runs in groups.items():
+        done = {mode: record["summary"] for mode, record in runs.items() if "summary" in record}
+        row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
+                               "runs": {mode: record["status"] for mode, record in runs.items()}}
+        if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
+            row["forward_from"] = mode
+            row.update({k: done[mode][k] for k in FORWARD_FACTS})
+        if "train" in done:
+            row["matmul_pct_train_step"] = done["train"]["matmul_pct_all"]
+        row["top_forward_backward_kernel"] = (done.get("train") or done.get("forward-backward") or {}).get(
+            "top_forward_backward_kernel")
+        rows.append(row)
+    return rows
 
 
 def render_summary(records: list[dict[str, Any]], fmt: str = "github") -> str:
