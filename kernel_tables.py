@@ -375,7 +375,6 @@ class Selection:
     used: dict[str, Counter] = field(default_factory=dict)  # phase -> {range name as recorded: instances}
     in_warmup: Counter = field(default_factory=Counter)  # phase -> instances inside warm-up ranges, left out
     region: str = ""
-    measure_ns: float | None = None  # total duration of the measure ranges, when there are some
 
 
 def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Selection:
@@ -401,7 +400,7 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
     if measure.ranges:
         chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]
-        chosen.measure_ns = sum(r.duration_ns for r in measure.ranges)
+        chosen.ranges += [Range(STEP, r.start_ns, r.end_ns) for r in measure.ranges] * (STEP not in chosen.used)
         chosen.region = f"inside the {measure_name!r} ranges"
         return chosen
     first, last = min((r.start_ns for r in phase_ranges), default=-math.inf), \
@@ -441,7 +440,7 @@ def ranges_used_line(chosen: Selection, steps: int, steps_from: str) -> str:
     """Table 1's account of its ranges: which names stood for which phase, how many, what was left out."""
     parts = [f"{phase} = " + ", ".join(f"'{name}' x{n}" for name, n in chosen.used[phase].items())
              for phase in (*PHASES, STEP) if chosen.used.get(phase)]
-    if STEP not in chosen.used and chosen.measure_ns is not None:
+    if STEP not in chosen.used and any(r.name == STEP for r in chosen.ranges):
         parts.append("step = the measured region over the steps (it also holds what runs between steps, so "
                      "it exceeds a stopwatch's step, the more the shorter the step)")
     line = "ranges used: " + ("; ".join(parts) or "none")
@@ -461,9 +460,7 @@ def phase_rows(chosen: Selection, groups: dict[str, list[Activity]], phases: lis
     rows = [{"phase": phase, "range_ms": per_step(r for r in chosen.ranges if r.name == phase),
              "stopwatch_ms": stopwatch.get(phase), "work_ms": per_step(groups.get(phase, []))}
             for phase in phases]
-    step_ms = per_step(r for r in chosen.ranges if r.name == STEP) if STEP in chosen.used else \
-        None if chosen.measure_ns is None else chosen.measure_ns / 1e6 / steps
-    if step_ms is not None:
+    if step_ms := per_step(r for r in chosen.ranges if r.name == STEP):
         rows.append({"phase": STEP, "range_ms": step_ms, "stopwatch_ms": stopwatch.get(STEP),
                      "work_ms": per_step(a for acts in groups.values() for a in acts)})
     for row in rows:
@@ -706,22 +703,6 @@ FORWARD_FACTS = ("forward_nsight_ms", "forward_stopwatch_ms", "top_forward_kerne
                  "softmax_matmul_flop_ratio")
 
 
-def summary_row(size: str, context: int, variant: str, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One (size, context, variant) from its records by mode: the forward pass from the forward-only run (else a
-    training run's forward phase), the matmul share of a training step, the top kernel of forward + backward."""
-    done = {mode: record["summary"] for mode, record in runs.items() if "summary" in record}
-    row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
-                           "runs": {mode: record["status"] for mode, record in runs.items()}}
-    if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
-        row["forward_from"] = mode
-        row.update({k: done[mode][k] for k in FORWARD_FACTS})
-    if "train" in done:
-        row["matmul_pct_train_step"] = done["train"]["matmul_pct_all"]
-    row["top_forward_backward_kernel"] = (done.get("train") or done.get("forward-backward") or {}).get(
-        "top_forward_backward_kernel")
-    return row
-
-
 SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("variant", "variant", ""),
                    ("forward_nsight_ms", "fwd ms Nsight", ".2f"),
                    ("forward_stopwatch_ms", "fwd ms stopwatch", ".2f"),
@@ -735,12 +716,27 @@ SUMMARY_COLUMNS = [("size", "size", ""), ("context_length", "ctx", ""), ("varian
 
 
 def summary_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A row per (size, context, variant) of the records, one per report, in the order they were made."""
+    """A row per (size, context, variant) of the records (one per report), in the order they were made: the
+    forward pass from the forward-only run (else a training run's forward phase), the matmul share of a training
+    step, the top kernel of forward + backward."""
     groups: dict[tuple[str, int, str], dict[str, dict[str, Any]]] = {}
     for record in records:
         size, context, mode, variant = REPORT_NAME.fullmatch(Path(record["config"]["report"]).name).groups()
         groups.setdefault((size, int(context), variant or ""), {})[mode] = record
-    return [summary_row(*key, runs) for key, runs in groups.items()]
+    rows = []
+    for (size, context, variant), runs in groups.items():
+        done = {mode: record["summary"] for mode, record in runs.items() if "summary" in record}
+        row: dict[str, Any] = {"size": size, "context_length": context, "variant": variant,
+                               "runs": {mode: record["status"] for mode, record in runs.items()}}
+        if mode := next((m for m in ("forward", "forward-backward", "train") if m in done), None):
+            row["forward_from"] = mode
+            row.update({k: done[mode][k] for k in FORWARD_FACTS})
+        if "train" in done:
+            row["matmul_pct_train_step"] = done["train"]["matmul_pct_all"]
+        row["top_forward_backward_kernel"] = (done.get("train") or done.get("forward-backward") or {}).get(
+            "top_forward_backward_kernel")
+        rows.append(row)
+    return rows
 
 
 def render_summary(records: list[dict[str, Any]], fmt: str = "github") -> str:
@@ -832,7 +828,7 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                                       "per configuration in results/nsys/,\nits kernel tables beside it, and "
                                       "a summary across them. Anything after -- goes to bench_e2e.py.")
     p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE: train)")
-    p.add_argument("--size", nargs="+", help="sizes of the handout's Table 1 (or tiny, or all)")
+    results.add_size_args(p, "the handout's plan")  # and --handout
     p.add_argument("--context-length", nargs="+", metavar="CTX", help="context lengths")
     p.add_argument("--mode", nargs="+", help="forward, forward-backward, train (default: forward train)")
     p.add_argument("--force", action="store_true", help="profile again where a report exists, replacing it")
@@ -846,7 +842,6 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
                    help="true: to nsys profile (GPU memory over time); adds _cudamem to the name")
     p.add_argument("--results-dir", default="results", type=results.results_folder,
                    help="results root (reports go to its nsys/ folder)")
-    results.add_handout_arg(p)
     own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     # a bare --cuda-memory-usage means true and must not take the SIZE after it
     a = p.parse_intermixed_args([arg + "=true" * (arg == "--cuda-memory-usage") for arg in own])
@@ -913,17 +908,15 @@ def action(config: Config, args: argparse.Namespace) -> str:
     return "kept"
 
 
-def check_with_bench_e2e(args: argparse.Namespace, show: bool) -> int:
+def check_with_bench_e2e(args: argparse.Namespace) -> int:
     """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
     return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
                            *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
                            *args.extra, "--handout", args.handout, "--dry-run"],
-                          stdout=None if show else subprocess.DEVNULL).returncode
+                          stdout=None if args.dry_run else subprocess.DEVNULL).returncode
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    if status := check_with_bench_e2e(args, show=True):
-        return status
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
         again = config.file(".nsys-rep").exists()
@@ -1017,10 +1010,10 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
 
 def sweep_main(argv: list[str]) -> int:
     args = parse_sweep_args(argv)
+    if (args.dry_run or len(args.plan) > 1) and (status := check_with_bench_e2e(args)):
+        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
     if args.dry_run:
         return dry_run(args)
-    if len(args.plan) > 1 and (status := check_with_bench_e2e(args, show=False)):
-        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
     nsys, why = find_nsys()
     if nsys is None:
         first = args.plan[0]
@@ -1094,9 +1087,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "X.nsys-rep, its export X.sqlite, or the prefix X; with --summary, nsys_run.sh's reports")
     p.add_argument("--summary", action="store_true", help="one table across nsys_run.sh's reports, a row per "
                    "size, context and variant, in <results-dir>/nsys/summary-<time>.{md,jsonl}")
-    p.add_argument("--out", type=results.result_stem, help="--summary: result file stem (never overwritten)")
-    p.add_argument("--results-dir", default="results", type=results.results_folder,
-                   help="--summary: results root (files go to its nsys/ folder)")
     p.add_argument("--e2e-jsonl", help="bench_e2e's record of the profiled run: the stopwatch of table 1, "
                    "the model's shape for the FLOPs of table 4")
     p.add_argument("--stopwatch", nargs="+", metavar="PHASE=MS", help="your own ms per step for table 1, "
@@ -1107,8 +1097,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv-dir", dest="export_dir", metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it)")
     p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
-    p.add_argument("--fmt", default="github", choices=results.TABLE_FORMATS, metavar="FMT",
-                   help="tabulate format: github (markdown), latex_booktabs, plain, ...")
+    results.add_output_args(p, "summary")  # --out and --results-dir: --summary's files
     p.add_argument("--md", help="also write the tables to this file, replacing it")
     args = p.parse_args(argv)
     if args.summary:
