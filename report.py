@@ -486,6 +486,12 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
                              "measured / predicted"]
 
 
+MEMORY_CELLS: dict[str, Callable[[Record], Any]] = {  # a memory row's identifying cells, from its config
+    "size": lambda c: c["size"], "ctx": lambda c: c["model"]["context_length"], "mode": lambda c: c["mode"],
+    "dtype": lambda c: c["dtype"], "attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"],
+    "heads": lambda c: c["model"]["num_heads"], "model": model_label, "optimizer": optimizer_label}
+
+
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
     """(record, its identifying cells: run in a merge, `keys`, model only when yours ran `among` them)."""
@@ -493,12 +499,8 @@ def memory_rows(records: list[Record], keys: list[str], among: list[Record] | No
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
     for rec in records:
-        c = rec["config"]
-        values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
-                  "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                  "heads": c["model"]["num_heads"], "model": model_label(c), "optimizer": optimizer_label(c)}
         ident = {**({RUN_COLUMN: run_of(rec)} if is_merged(among) else {}),
-                 **{k: values[k] for k in keys if k != "model" or yours}}
+                 **{k: MEMORY_CELLS[k](rec["config"]) for k in keys if k != "model" or yours}}
         seen.setdefault(tuple(ident.values()) if unique else len(seen), (rec, ident))
     return list(seen.values())
 
@@ -613,21 +615,16 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
     """The memory_profiling answer: a row per size and context, a column per dtype and mode."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
-    fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
-              "optimizer": optimizer_label}
-    varying = [k for k, value in fields.items() if len({value(r["config"]) for r in records}) > 1]
+    varying = [k for k in ("attn", "ckpt", "model", "optimizer")
+               if len({MEMORY_CELLS[k](r["config"]) for r in records}) > 1]
     dtypes = list(dict.fromkeys(r["config"]["dtype"] for r in records))
     modes = [m for m in MODES if any(r["config"]["mode"] == m for r in records)]
-    keys = with_run_column(["size", "ctx"] + varying, records)
     rows: dict[tuple, Record] = {}
-    for rec in records:
-        c = rec["config"]
-        key = ((run_of(rec),) if is_merged(records) else ()) + (c["size"], c["model"]["context_length"],
-                                                                *(fields[k](c) for k in varying))
+    for rec, ident in memory_rows(records, ["size", "ctx"] + varying, unique=False):
         cell = rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
-        rows.setdefault(key, dict(zip(keys, key)))[f"{c['dtype']} {c['mode']} GiB"] = cell
-    return render_table(list(rows.values()), keys + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt,
-                        floatfmt=".3f")
+        rows.setdefault(tuple(ident.values()), ident)[f"{rec['config']['dtype']} {rec['config']['mode']} GiB"] = cell
+    return render_table(list(rows.values()), with_run_column(["size", "ctx"] + varying, records)
+                        + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt, floatfmt=".3f")
 
 
 def snapshot_report(title: str, fields: Record, fmt: str) -> str:
@@ -1202,29 +1199,23 @@ def plot_precision(records: list[Record]) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
-FIGURES: dict[str, dict[str, Callable[[list[Record]], Any]]] = {
-    "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
-    "bench_attention": {"attention": plot_attention},
-    "mem_profile": {"memory_context": plot_memory,
-                    "memory_checkpoint": lambda records: plot_memory(records, by="K")},
-    "precision_demo": {"sums": plot_precision},
-    "toy_autocast": {},
-    "leaderboard-2026": {},
-}
-FIGURE_NEEDS = {
-    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants "
-                 "for the speed-ups)",
-    "bench_attention": "at least one finished configuration",
-    "mem_profile": "two or more context lengths, or two or more --checkpoint values",
-    "precision_demo": "records with partial sums",
-    "toy_autocast": "nothing: its answer is a table of dtypes",
-    "leaderboard-2026": "nothing: its answer is a table",
+# experiment -> (what its figures need, its figures by name)
+FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
+    "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
+                  "the speed-ups)", {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups,
+                                     "warmup": plot_e2e_warmup}),
+    "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
+    "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
+                    {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
+    "precision_demo": ("records with partial sums", {"sums": plot_precision}),
+    "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
+    "leaderboard-2026": ("nothing: its answer is a table", {}),
 }
 
 
 def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
     """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    return {name: fig for name, plot in FIGURES[experiment].items() if (fig := plot(records)) is not None}
+    return {name: fig for name, plot in FIGURES[experiment][1].items() if (fig := plot(records)) is not None}
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
@@ -1233,7 +1224,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
-    for name, plot in FIGURES[experiment].items():
+    for name, plot in FIGURES[experiment][1].items():
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")
         try:
@@ -1247,7 +1238,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
     if not paths and not failed:
-        progress(f"note: no figures: {experiment}'s figures need {FIGURE_NEEDS[experiment]}")
+        progress(f"note: no figures: {experiment}'s figures need {FIGURES[experiment][0]}")
     return paths, failed
 
 
@@ -1258,7 +1249,7 @@ def add_columns_and_plot_args(parser: argparse.ArgumentParser, experiment: str |
     """--columns and --plot; the help of --plot says what the experiment's figures need."""
     parser.add_argument("--columns", nargs="+", default=None, metavar="NAME",
                         help="columns of the main table, in this order, named as in the printed table")
-    needs = f": {FIGURE_NEEDS[experiment]}" if experiment else ""
+    needs = f": {FIGURES[experiment][0]}" if experiment else ""
     parser.add_argument("--plot", action="store_true",
                         help=f"also draw the study's figures as PNG (needs matplotlib){needs}")
 
