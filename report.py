@@ -344,15 +344,15 @@ def profile_report(records: list[Record], fmt: str) -> str | None:
             parts.append(f"## torch.profiler: {labelled(r, records)}{whose} (timings above were taken with "
                          "the profiler on)\n\n" + kernel_tables.render_tables(r["profile"]["tables"], fmt)
                          + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
-        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None else f"{row['share']:.0%}"}
+        # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
+        rows = [{"rank": rank["rank"], "phase": row["phase"], "phase ms": row["phase_ms"],
+                 **{f"{k.removesuffix('_ms').removesuffix(' collective')} ms": v for k, v in row.items()
+                    if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")},
+                 "in collectives ms": row["collective_ms"],
+                 "share of phase": None if row["share"] is None else f"{row['share']:.0%}"}
                 for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
-        if rows:  # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
-            kinds = [k for k in keys_of(rows) if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
-            named = ([("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms")]
-                     + [(k, f"{k.removesuffix('_ms').removesuffix(' collective')} ms") for k in kinds]
-                     + [("collective_ms", "in collectives ms"), ("share", "share of phase")])
-            table = render_table([{h: row.get(k) for k, h in named} for row in rows], [h for _, h in named],
-                                 fmt, ".3f")
+        if rows:
+            table = render_table(rows, keys_of(rows, ("in collectives ms", "share of phase")), fmt, ".3f")
             parts.append(f"## Collectives per phase: {labelled(r, records)} (every rank, ms per step)\n\n"
                          f"{table}\n\nA collective counts for the phase in which it starts; compute may "
                          "run beside it (FSDP2 prefetches the next block's all-gather). gloo runs a "
@@ -898,7 +898,7 @@ class Run:
 
 def read_run(path: str) -> Run:
     """One file's records, lines bounded (an endless input is one error); a bad last line is skipped."""
-    run, total, bad = Run(Path(path), [], [], ""), 0, None
+    run, lines, total = Run(Path(path), [], [], ""), [], 0
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -906,36 +906,31 @@ def read_run(path: str) -> Run:
                 if len(line) > MAX_LINE_BYTES or total > MAX_FILE_BYTES:
                     raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
                                       "end; is this a results .jsonl file?")
-                if not line.strip():
-                    continue
-                if bad:  # not the last line
-                    raise bad
-                try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-                    reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-                    bad = ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl "
-                                      "file?")
-                    continue
-                if not isinstance(record, dict):
-                    raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
-                if (name := record.get("experiment")) not in RENDERERS:
-                    what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
-                    raise ReportError(f"{path}:{n}: {what}; report.py renders the records of "
-                                      + ", ".join(RENDERERS))
-                run.records.append(record)
-                run.lines.append(n)
+                lines += [(n, line)] if line.strip() else []
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if bad and not run.records:
-        raise bad
+    for n, line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+            if run.records and n == lines[-1][0]:
+                progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
+                break
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            raise ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl file?"
+                              ) from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
+        if (name := record.get("experiment")) not in RENDERERS:
+            what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
+            raise ReportError(f"{path}:{n}: {what}; report.py renders the records of " + ", ".join(RENDERERS))
+        run.records.append(record)
+        run.lines.append(n)
     if not run.records:
         raise ReportError(f"{path}: no records (an empty file, or a run that finished no configuration)")
     kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    if bad:
-        progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
     run.experiment = kinds[0]
     return run
 
@@ -1287,13 +1282,12 @@ def main(argv: list[str] | None = None) -> int:
 def report_runs(args: argparse.Namespace) -> int:
     """Read, check, merge (a run named by its stem, its path when stems clash), render, save, plot."""
     given = list({os.path.realpath(p): p for p in reversed(args.jsonl)}.values())[::-1]  # a file once
-    runs, refused = [], 0
+    runs = []
     for path in given:
         try:
             runs.append(read_run(path))
         except ReportError as exc:
             progress(f"report.py: error: {exc}")
-            refused += 1
     if not runs:
         return 2
     if len({run.experiment for run in runs}) > 1:
@@ -1317,7 +1311,7 @@ def report_runs(args: argparse.Namespace) -> int:
         if paths:
             emit("wrote " + " and ".join(map(str, paths)))
         code = 1 if failed else 0 if paths else 2
-    return code or (2 if refused or len(kept) < len(records) else 0)
+    return code or (2 if len(runs) < len(given) or len(kept) < len(records) else 0)
 
 
 if __name__ == "__main__":
