@@ -20,7 +20,6 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -888,17 +887,9 @@ MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is
 MAX_FILE_BYTES = 4 * MAX_LINE_BYTES
 
 
-@dataclass
-class Run:
-    path: Path
-    records: list[Record]
-    lines: list[int]  # of each record in the file
-    experiment: str
-
-
-def read_run(path: str) -> Run:
-    """One file's records, lines bounded (an endless input is one error); a bad last line is skipped."""
-    run, lines, total = Run(Path(path), [], [], ""), [], 0
+def read_run(path: str) -> dict[int, Record]:
+    """A file's records by line number; lines bounded (endless input is one error), a bad last line skipped."""
+    found, lines, total = {}, [], 0
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -913,7 +904,7 @@ def read_run(path: str) -> Run:
         try:
             record = json.loads(line)
         except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-            if run.records and n == lines[-1][0]:
+            if found and n == lines[-1][0]:
                 progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
                 break
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
@@ -924,15 +915,13 @@ def read_run(path: str) -> Run:
         if (name := record.get("experiment")) not in RENDERERS:
             what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
             raise ReportError(f"{path}:{n}: {what}; report.py renders the records of " + ", ".join(RENDERERS))
-        run.records.append(record)
-        run.lines.append(n)
-    if not run.records:
+        found[n] = record
+    if not found:
         raise ReportError(f"{path}: no records (an empty file, or a run that finished no configuration)")
-    kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
+    kinds = list(dict.fromkeys(r["experiment"] for r in found.values()))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    run.experiment = kinds[0]
-    return run
+    return found
 
 
 def renderable(experiment: str, records: list[Record], where: list[str], fmt: str,
@@ -1282,29 +1271,29 @@ def main(argv: list[str] | None = None) -> int:
 def report_runs(args: argparse.Namespace) -> int:
     """Read, check, merge (a run named by its stem, its path when stems clash), render, save, plot."""
     given = list({os.path.realpath(p): p for p in reversed(args.jsonl)}.values())[::-1]  # a file once
-    runs = []
+    runs: dict[Path, dict[int, Record]] = {}
     for path in given:
         try:
-            runs.append(read_run(path))
+            runs[Path(path)] = read_run(path)
         except ReportError as exc:
             progress(f"report.py: error: {exc}")
     if not runs:
         return 2
-    if len({run.experiment for run in runs}) > 1:
+    kinds = {path: next(iter(found.values()))["experiment"] for path, found in runs.items()}
+    if len(set(kinds.values())) > 1:
         raise ReportError("cannot merge records of different experiments: "
-                          + ", ".join(f"{run.path.name} is {run.experiment}" for run in runs))
-    experiment, stems = runs[0].experiment, [run.path.stem for run in runs]
-    records = runs[0].records if len(runs) == 1 else [
-        {**record, RUN_KEY: run.path.stem if stems.count(run.path.stem) == 1 else str(run.path)}
-        for run in runs for record in run.records]
+                          + ", ".join(f"{path.name} is {kind}" for path, kind in kinds.items()))
+    (first, experiment), stems = next(iter(kinds.items())), [path.stem for path in runs]
+    records = [r if len(runs) == 1 else {**r, RUN_KEY: path.stem if stems.count(path.stem) == 1 else str(path)}
+               for path, found in runs.items() for r in found.values()]
     valid = [RUN_COLUMN] * (len(runs) > 1) + RENDERERS[experiment][1](records)
     if args.columns and (message := unknown_column(args.columns, valid)):
         raise ReportError(message)
-    where = [f"{run.path}:{n}" for run in runs for n in run.lines]
+    where = [f"{path}:{n}" for path, found in runs.items() for n in found]
     _, kept = renderable(experiment, records, where, args.fmt, args.columns)
-    stem = stem_from(runs[0].path.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
+    stem = stem_from(first.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
     files = ResultFiles(args.results_dir, "report", args.out or stem, "report", reserve=".md")
-    files.records_elsewhere = ", ".join(str(run.path) for run in runs)
+    files.records_elsewhere = ", ".join(map(str, runs))
     code = publish(experiment, kept, files, args.fmt, args.columns)
     if args.plot and code == 0:
         paths, failed = draw(experiment, kept, files)
