@@ -6,9 +6,6 @@ any tabulate format, several runs merged into one report (a `run` column in ever
     python3 report.py results/e2e/run.jsonl --columns size ctx dtype "step ms" "step std"
     python3 report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl  # one report, a 'run' column
     python3 report.py results/e2e/warmup.jsonl --plot                 # the figures, as PNG
-
-render() is the one path from records to a report (a sweep's live .md, a script's final table, this command),
-so a re-render is the run's own file, byte for byte. A record's "experiment" selects an entry of RENDERERS.
 """
 from __future__ import annotations
 
@@ -471,8 +468,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                   + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r
                  else (f"{r['config']['impl']}: {r['status']}", None) for r in timed]
         c = timed[0]["config"]
-        scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
-        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)]
+        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"],
+                                      (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE, fmt)]
     return "\n".join(lines)
 
 
@@ -855,7 +852,8 @@ class ReportError(Exception):
 
 
 def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The report of an experiment's records as their file holds them (strict JSON read back)."""
+    """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
+    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte."""
     return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
 
 
@@ -1080,11 +1078,10 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
 
 def plot_e2e_warmup(records: list[Record]) -> Any | None:
     """Time of each timed step against its index, one line per warm-up count, one panel per configuration."""
-    groups: dict[str, list[Record]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for r in records:
         if finished(r) and isinstance(r.get("step_ms"), list) and all(map(number, r["step_ms"])):
-            rest = {k: v for k, v in r["config"].items() if k != "warmup"}
-            groups.setdefault(json.dumps([run_of(r), rest], sort_keys=True, default=str), []).append(r)
+            groups.setdefault((run_of(r), config_key({**r["config"], "warmup": None})), []).append(r)
     groups = {k: g for k, g in groups.items() if len({r["config"]["warmup"] for r in g}) > 1}
     if not groups:
         return None
@@ -1195,11 +1192,6 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
     "leaderboard-2026": ("nothing: its answer is a table", {}),
 }
-
-
-def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
-    """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    return {name: fig for name, plot in FIGURES[experiment][1].items() if (fig := plot(records)) is not None}
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
