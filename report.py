@@ -10,7 +10,6 @@ any tabulate format, several runs merged into one report (a `run` column in ever
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib.util
 import json
@@ -121,8 +120,8 @@ def sizes_section(records: list[Record], fmt: str) -> str:
         return sizes_table([r["config"] for r in records], fmt)
     rows = []
     for run, group in by_run(records).items():
-        for size, model in dict.fromkeys((r["config"]["size"], dataclasses.replace(
-                ModelConfig(**r["config"]["model"]), context_length=1)) for r in group):
+        models = [(r["config"]["size"], ModelConfig(**r["config"]["model"] | {"context_length": 1})) for r in group]
+        for size, model in dict.fromkeys(models):  # a row per model, whatever its context
             row = config_row(size, model)
             rows.append({RUN_COLUMN: run, **row, "params": f"{row['params']:,}",
                          "sizes from": sizes_from(group[0])})
