@@ -616,8 +616,8 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
     modes = [m for m in MODES if any(r["config"]["mode"] == m for r in records)]
     rows: dict[tuple, Record] = {}
     for rec, ident in memory_rows(records, ["size", "ctx"] + varying, unique=False):
-        cell = rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
-        rows.setdefault(tuple(ident.values()), ident)[f"{rec['config']['dtype']} {rec['config']['mode']} GiB"] = cell
+        c, cell = rec["config"], rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
+        rows.setdefault(tuple(ident.values()), ident)[f"{c['dtype']} {c['mode']} GiB"] = cell
     return render_table(list(rows.values()), with_run_column(["size", "ctx"] + varying, records)
                         + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt, floatfmt=".3f")
 
@@ -1182,8 +1182,8 @@ def plot_precision(records: list[Record]) -> Any | None:
 # experiment -> (what its figures need, its figures by name)
 FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
-                  "the speed-ups)", {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups,
-                                     "warmup": plot_e2e_warmup}),
+                  "the speed-ups)",
+                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup}),
     "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
@@ -1274,7 +1274,8 @@ def report_runs(args: argparse.Namespace) -> int:
     if len(set(kinds.values())) > 1:
         raise ReportError("cannot merge records of different experiments: "
                           + ", ".join(f"{path.name} is {kind}" for path, kind in kinds.items()))
-    (first, experiment), stems = next(iter(kinds.items())), [path.stem for path in runs]
+    first, experiment = next(iter(kinds.items()))
+    stems = [path.stem for path in runs]
     records = [r if len(runs) == 1 else {**r, RUN_KEY: path.stem if stems.count(path.stem) == 1 else str(path)}
                for path, found in runs.items() for r in found.values()]
     valid = [RUN_COLUMN] * (len(runs) > 1) + RENDERERS[experiment][1](records)
