@@ -6,21 +6,16 @@ any tabulate format, several runs merged into one report (a `run` column in ever
     python3 report.py results/e2e/run.jsonl --columns size ctx dtype "step ms" "step std"
     python3 report.py results/e2e/fp32.jsonl results/e2e/bf16.jsonl  # one report, a 'run' column
     python3 report.py results/e2e/warmup.jsonl --plot                 # the figures, as PNG
-
-render() is the one path from records to a report (a sweep's live .md, a script's final table, this command),
-so a re-render is the run's own file, byte for byte. A record's "experiment" selects an entry of RENDERERS.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import importlib.util
 import json
 import math
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -125,8 +120,8 @@ def sizes_section(records: list[Record], fmt: str) -> str:
         return sizes_table([r["config"] for r in records], fmt)
     rows = []
     for run, group in by_run(records).items():
-        for size, model in dict.fromkeys((r["config"]["size"], dataclasses.replace(
-                ModelConfig(**r["config"]["model"]), context_length=1)) for r in group):
+        models = [(r["config"]["size"], ModelConfig(**r["config"]["model"] | {"context_length": 1})) for r in group]
+        for size, model in dict.fromkeys(models):  # a row per model, whatever its context
             row = config_row(size, model)
             rows.append({RUN_COLUMN: run, **row, "params": f"{row['params']:,}",
                          "sizes from": sizes_from(group[0])})
@@ -344,15 +339,15 @@ def profile_report(records: list[Record], fmt: str) -> str | None:
             parts.append(f"## torch.profiler: {labelled(r, records)}{whose} (timings above were taken with "
                          "the profiler on)\n\n" + kernel_tables.render_tables(r["profile"]["tables"], fmt)
                          + f"\n\ntrace: {r['profile']['trace']} (open in https://ui.perfetto.dev)")
-        rows = [{**row, "rank": rank["rank"], "share": None if row.get("share") is None else f"{row['share']:.0%}"}
+        # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
+        rows = [{"rank": rank["rank"], "phase": row["phase"], "phase ms": row["phase_ms"],
+                 **{f"{k.removesuffix('_ms').removesuffix(' collective')} ms": v for k, v in row.items()
+                    if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")},
+                 "in collectives ms": row["collective_ms"],
+                 "share of phase": None if row["share"] is None else f"{row['share']:.0%}"}
                 for rank in r.get("ranks", []) for row in rank.get("collectives", [])]
-        if rows:  # a column per kind of collective that ran (parallel.collective_rows' "all-reduce_ms", ...)
-            kinds = [k for k in keys_of(rows) if k.endswith("_ms") and k not in ("phase_ms", "collective_ms")]
-            named = ([("rank", "rank"), ("phase", "phase"), ("phase_ms", "phase ms")]
-                     + [(k, f"{k.removesuffix('_ms').removesuffix(' collective')} ms") for k in kinds]
-                     + [("collective_ms", "in collectives ms"), ("share", "share of phase")])
-            table = render_table([{h: row.get(k) for k, h in named} for row in rows], [h for _, h in named],
-                                 fmt, ".3f")
+        if rows:
+            table = render_table(rows, keys_of(rows, ("in collectives ms", "share of phase")), fmt, ".3f")
             parts.append(f"## Collectives per phase: {labelled(r, records)} (every rank, ms per step)\n\n"
                          f"{table}\n\nA collective counts for the phase in which it starts; compute may "
                          "run beside it (FSDP2 prefetches the next block's all-gather). gloo runs a "
@@ -472,8 +467,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                   + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r
                  else (f"{r['config']['impl']}: {r['status']}", None) for r in timed]
         c = timed[0]["config"]
-        scaled = (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE
-        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"], scaled, fmt)]
+        lines += ["", where_it_stands(yours, "2025", timed[0]["environment"]["device_name"],
+                                      (c["batch_size"], c["seq_len"], c["d"]) != LEADERBOARD_2025_SHAPE, fmt)]
     return "\n".join(lines)
 
 
@@ -486,6 +481,12 @@ MEMORY_CHECKPOINT_COLUMNS = ["size", "ctx", "mode", "dtype", "attn", "K", "kept 
                              "measured / predicted"]
 
 
+MEMORY_CELLS: dict[str, Callable[[Record], Any]] = {  # a memory row's identifying cells, from its config
+    "size": lambda c: c["size"], "ctx": lambda c: c["model"]["context_length"], "mode": lambda c: c["mode"],
+    "dtype": lambda c: c["dtype"], "attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"],
+    "heads": lambda c: c["model"]["num_heads"], "model": model_label, "optimizer": optimizer_label}
+
+
 def memory_rows(records: list[Record], keys: list[str], among: list[Record] | None = None, unique: bool = True
                 ) -> list[tuple[Record, Record]]:
     """(record, its identifying cells: run in a merge, `keys`, model only when yours ran `among` them)."""
@@ -493,12 +494,8 @@ def memory_rows(records: list[Record], keys: list[str], among: list[Record] | No
     yours = any(r["config"].get("model_factory") for r in among)
     seen: dict[tuple, tuple[Record, Record]] = {}
     for rec in records:
-        c = rec["config"]
-        values = {"size": c["size"], "ctx": c["model"]["context_length"], "mode": c["mode"],
-                  "dtype": c["dtype"], "attn": c["attn"], "ckpt": c["checkpoint_every"],
-                  "heads": c["model"]["num_heads"], "model": model_label(c), "optimizer": optimizer_label(c)}
         ident = {**({RUN_COLUMN: run_of(rec)} if is_merged(among) else {}),
-                 **{k: values[k] for k in keys if k != "model" or yours}}
+                 **{k: MEMORY_CELLS[k](rec["config"]) for k in keys if k != "model" or yours}}
         seen.setdefault(tuple(ident.values()) if unique else len(seen), (rec, ident))
     return list(seen.values())
 
@@ -613,21 +610,16 @@ def peak_by_context_table(records: list[Record], fmt: str) -> str | None:
     """The memory_profiling answer: a row per size and context, a column per dtype and mode."""
     if all(rec["status"].startswith("skipped") for rec in records):
         return None
-    fields = {"attn": lambda c: c["attn"], "ckpt": lambda c: c["checkpoint_every"], "model": model_label,
-              "optimizer": optimizer_label}
-    varying = [k for k, value in fields.items() if len({value(r["config"]) for r in records}) > 1]
+    varying = [k for k in ("attn", "ckpt", "model", "optimizer")
+               if len({MEMORY_CELLS[k](r["config"]) for r in records}) > 1]
     dtypes = list(dict.fromkeys(r["config"]["dtype"] for r in records))
     modes = [m for m in MODES if any(r["config"]["mode"] == m for r in records)]
-    keys = with_run_column(["size", "ctx"] + varying, records)
     rows: dict[tuple, Record] = {}
-    for rec in records:
-        c = rec["config"]
-        key = ((run_of(rec),) if is_merged(records) else ()) + (c["size"], c["model"]["context_length"],
-                                                                *(fields[k](c) for k in varying))
-        cell = rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
-        rows.setdefault(key, dict(zip(keys, key)))[f"{c['dtype']} {c['mode']} GiB"] = cell
-    return render_table(list(rows.values()), keys + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt,
-                        floatfmt=".3f")
+    for rec, ident in memory_rows(records, ["size", "ctx"] + varying, unique=False):
+        c, cell = rec["config"], rec["peak_mem_allocated_bytes"] / GIB if rec["status"] == "ok" else rec["status"]
+        rows.setdefault(tuple(ident.values()), ident)[f"{c['dtype']} {c['mode']} GiB"] = cell
+    return render_table(list(rows.values()), with_run_column(["size", "ctx"] + varying, records)
+                        + [f"{d} {m} GiB" for d in dtypes for m in modes], fmt, floatfmt=".3f")
 
 
 def snapshot_report(title: str, fields: Record, fmt: str) -> str:
@@ -859,7 +851,8 @@ class ReportError(Exception):
 
 
 def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The report of an experiment's records as their file holds them (strict JSON read back)."""
+    """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
+    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte."""
     return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
 
 
@@ -891,17 +884,9 @@ MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is
 MAX_FILE_BYTES = 4 * MAX_LINE_BYTES
 
 
-@dataclass
-class Run:
-    path: Path
-    records: list[Record]
-    lines: list[int]  # of each record in the file
-    experiment: str
-
-
-def read_run(path: str) -> Run:
-    """One file's records, lines bounded (an endless input is one error); a bad last line is skipped."""
-    run, total, bad = Run(Path(path), [], [], ""), 0, None
+def read_run(path: str) -> dict[int, Record]:
+    """A file's records by line number; lines bounded (endless input is one error), a bad last line skipped."""
+    found, lines, total = {}, [], 0
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
@@ -909,38 +894,31 @@ def read_run(path: str) -> Run:
                 if len(line) > MAX_LINE_BYTES or total > MAX_FILE_BYTES:
                     raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
                                       "end; is this a results .jsonl file?")
-                if not line.strip():
-                    continue
-                if bad:  # not the last line
-                    raise bad
-                try:
-                    record = json.loads(line)
-                except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-                    reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-                    bad = ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl "
-                                      "file?")
-                    continue
-                if not isinstance(record, dict):
-                    raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
-                if (name := record.get("experiment")) not in RENDERERS:
-                    what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
-                    raise ReportError(f"{path}:{n}: {what}; report.py renders the records of "
-                                      + ", ".join(RENDERERS))
-                run.records.append(record)
-                run.lines.append(n)
+                lines += [(n, line)] if line.strip() else []
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if bad and not run.records:
-        raise bad
-    if not run.records:
+    for n, line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+            if found and n == lines[-1][0]:
+                progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
+                break
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+            raise ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl file?"
+                              ) from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
+        if (name := record.get("experiment")) not in RENDERERS:
+            what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
+            raise ReportError(f"{path}:{n}: {what}; report.py renders the records of " + ", ".join(RENDERERS))
+        found[n] = record
+    if not found:
         raise ReportError(f"{path}: no records (an empty file, or a run that finished no configuration)")
-    kinds = list(dict.fromkeys(r["experiment"] for r in run.records))
+    kinds = list(dict.fromkeys(r["experiment"] for r in found.values()))
     if len(kinds) > 1:
         raise ReportError(f"{path}: records of {' and '.join(kinds)} in one file")
-    if bad:
-        progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
-    run.experiment = kinds[0]
-    return run
+    return found
 
 
 def renderable(experiment: str, records: list[Record], where: list[str], fmt: str,
@@ -1099,11 +1077,10 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
 
 def plot_e2e_warmup(records: list[Record]) -> Any | None:
     """Time of each timed step against its index, one line per warm-up count, one panel per configuration."""
-    groups: dict[str, list[Record]] = {}
+    groups: dict[tuple, list[Record]] = {}
     for r in records:
         if finished(r) and isinstance(r.get("step_ms"), list) and all(map(number, r["step_ms"])):
-            rest = {k: v for k, v in r["config"].items() if k != "warmup"}
-            groups.setdefault(json.dumps([run_of(r), rest], sort_keys=True, default=str), []).append(r)
+            groups.setdefault((run_of(r), config_key({**r["config"], "warmup": None})), []).append(r)
     groups = {k: g for k, g in groups.items() if len({r["config"]["warmup"] for r in g}) > 1}
     if not groups:
         return None
@@ -1202,29 +1179,18 @@ def plot_precision(records: list[Record]) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
-FIGURES: dict[str, dict[str, Callable[[list[Record]], Any]]] = {
-    "bench_e2e": {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup},
-    "bench_attention": {"attention": plot_attention},
-    "mem_profile": {"memory_context": plot_memory,
-                    "memory_checkpoint": lambda records: plot_memory(records, by="K")},
-    "precision_demo": {"sums": plot_precision},
-    "toy_autocast": {},
-    "leaderboard-2026": {},
+# experiment -> (what its figures need, its figures by name)
+FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
+    "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
+                  "the speed-ups)",
+                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup}),
+    "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
+    "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
+                    {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
+    "precision_demo": ("records with partial sums", {"sums": plot_precision}),
+    "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
+    "leaderboard-2026": ("nothing: its answer is a table", {}),
 }
-FIGURE_NEEDS = {
-    "bench_e2e": "finished configurations (several --warmup values for the warm-up figure, several variants "
-                 "for the speed-ups)",
-    "bench_attention": "at least one finished configuration",
-    "mem_profile": "two or more context lengths, or two or more --checkpoint values",
-    "precision_demo": "records with partial sums",
-    "toy_autocast": "nothing: its answer is a table of dtypes",
-    "leaderboard-2026": "nothing: its answer is a table",
-}
-
-
-def figures(experiment: str, records: list[Record]) -> dict[str, Any]:
-    """Every figure the records allow, by name (matplotlib Figures, not saved)."""
-    return {name: fig for name, plot in FIGURES[experiment].items() if (fig := plot(records)) is not None}
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
@@ -1233,7 +1199,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
-    for name, plot in FIGURES[experiment].items():
+    for name, plot in FIGURES[experiment][1].items():
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")
         try:
@@ -1247,7 +1213,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
             progress(f"error: figure {name} not drawn: {why}")
             failed = True
     if not paths and not failed:
-        progress(f"note: no figures: {experiment}'s figures need {FIGURE_NEEDS[experiment]}")
+        progress(f"note: no figures: {experiment}'s figures need {FIGURES[experiment][0]}")
     return paths, failed
 
 
@@ -1258,7 +1224,7 @@ def add_columns_and_plot_args(parser: argparse.ArgumentParser, experiment: str |
     """--columns and --plot; the help of --plot says what the experiment's figures need."""
     parser.add_argument("--columns", nargs="+", default=None, metavar="NAME",
                         help="columns of the main table, in this order, named as in the printed table")
-    needs = f": {FIGURE_NEEDS[experiment]}" if experiment else ""
+    needs = f": {FIGURES[experiment][0]}" if experiment else ""
     parser.add_argument("--plot", action="store_true",
                         help=f"also draw the study's figures as PNG (needs matplotlib){needs}")
 
@@ -1296,37 +1262,37 @@ def main(argv: list[str] | None = None) -> int:
 def report_runs(args: argparse.Namespace) -> int:
     """Read, check, merge (a run named by its stem, its path when stems clash), render, save, plot."""
     given = list({os.path.realpath(p): p for p in reversed(args.jsonl)}.values())[::-1]  # a file once
-    runs, refused = [], 0
+    runs: dict[Path, dict[int, Record]] = {}
     for path in given:
         try:
-            runs.append(read_run(path))
+            runs[Path(path)] = read_run(path)
         except ReportError as exc:
             progress(f"report.py: error: {exc}")
-            refused += 1
     if not runs:
         return 2
-    if len({run.experiment for run in runs}) > 1:
+    kinds = {path: next(iter(found.values()))["experiment"] for path, found in runs.items()}
+    if len(set(kinds.values())) > 1:
         raise ReportError("cannot merge records of different experiments: "
-                          + ", ".join(f"{run.path.name} is {run.experiment}" for run in runs))
-    experiment, stems = runs[0].experiment, [run.path.stem for run in runs]
-    records = runs[0].records if len(runs) == 1 else [
-        {**record, RUN_KEY: run.path.stem if stems.count(run.path.stem) == 1 else str(run.path)}
-        for run in runs for record in run.records]
+                          + ", ".join(f"{path.name} is {kind}" for path, kind in kinds.items()))
+    first, experiment = next(iter(kinds.items()))
+    stems = [path.stem for path in runs]
+    records = [r if len(runs) == 1 else {**r, RUN_KEY: path.stem if stems.count(path.stem) == 1 else str(path)}
+               for path, found in runs.items() for r in found.values()]
     valid = [RUN_COLUMN] * (len(runs) > 1) + RENDERERS[experiment][1](records)
     if args.columns and (message := unknown_column(args.columns, valid)):
         raise ReportError(message)
-    where = [f"{run.path}:{n}" for run in runs for n in run.lines]
+    where = [f"{path}:{n}" for path, found in runs.items() for n in found]
     _, kept = renderable(experiment, records, where, args.fmt, args.columns)
-    stem = stem_from(runs[0].path.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
+    stem = stem_from(first.stem + (f"-merged-{len(runs)}" if len(runs) > 1 else ""), "report")
     files = ResultFiles(args.results_dir, "report", args.out or stem, "report", reserve=".md")
-    files.records_elsewhere = ", ".join(str(run.path) for run in runs)
+    files.records_elsewhere = ", ".join(map(str, runs))
     code = publish(experiment, kept, files, args.fmt, args.columns)
     if args.plot and code == 0:
         paths, failed = draw(experiment, kept, files)
         if paths:
             emit("wrote " + " and ".join(map(str, paths)))
         code = 1 if failed else 0 if paths else 2
-    return code or (2 if refused or len(kept) < len(records) else 0)
+    return code or (2 if len(runs) < len(given) or len(kept) < len(records) else 0)
 
 
 if __name__ == "__main__":

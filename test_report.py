@@ -131,6 +131,11 @@ def e2e(dtype: str, warmup: int, step: list[float], status: str = "ok", ctx: int
             "forward_ms_mean": mean(fwd), "backward_ms_mean": mean(fwd), "optimizer_ms_mean": mean(fwd)}
 
 
+def figures(experiment: str, records: list[dict]) -> dict:
+    """Every figure the records allow, by name (matplotlib Figures, not saved)."""
+    return {name: fig for name, plot in report.FIGURES[experiment][1].items() if (fig := plot(records)) is not None}
+
+
 def labelled_ticks(labels) -> int:
     return len([t for t in labels if t.get_text()])
 
@@ -152,7 +157,7 @@ def check_axes(fig, log: str = "") -> None:
 def test_e2e_figures_from_records():
     records = [e2e("fp32", 0, [30.0, 20.0, 10.0]), e2e("bf16", 0, [15.0, 10.0, 5.0]),
                e2e("fp32", 1, [12.0, 11.0, 10.5]), e2e("bf16", 1, [], status="OOM")]
-    made = report.figures("bench_e2e", records)
+    made = figures("bench_e2e", records)
     assert set(made) == {"phases", "speedup", "warmup"}
     for fig in made.values():
         check_axes(fig)
@@ -182,7 +187,7 @@ def test_paired_speed_ups_carry_their_intervals_as_error_bars():
 
     fp32 = [20.0 + i % 3 for i in range(12)]
     records = [paired("fp32", fp32), paired("bf16", [s / (1.9 + 0.05 * (i % 4)) for i, s in enumerate(fp32)])]
-    ax = report.figures("bench_e2e", records)["speedup"].axes[0]
+    ax = figures("bench_e2e", records)["speedup"].axes[0]
     from matplotlib.container import ErrorbarContainer
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     assert bars.get_label() == "95% interval"
@@ -197,13 +202,13 @@ def test_a_null_where_a_number_is_expected_draws_the_rest():
     records = [e2e("fp32", 0, [3.0, 2.0]), e2e("bf16", 0, [1.5, 1.0])]
     records[1]["step_ms_std"] = None  # a NaN stored as null
     records[1]["backward_ms_mean"] = None
-    fig = report.figures("bench_e2e", records)["phases"]
+    fig = figures("bench_e2e", records)["phases"]
     check_axes(fig)
 
 
 def test_precision_and_attention_figures_label_their_log_axes(precision_run):
     records = [json.loads(line) for line in (precision_run / "run.jsonl").read_text().splitlines()]
-    sums = report.figures("precision_demo", records)["sums"]
+    sums = figures("precision_demo", records)["sums"]
     check_axes(sums, log="xy")
     labels = [line.get_label() for line in sums.axes[0].get_lines()]
     assert len(set(labels)) == len(labels) == len(records) + 1  # each case told apart, and the exact sum
@@ -212,7 +217,7 @@ def test_precision_and_attention_figures_label_their_log_axes(precision_run):
                   "config": {"impl": impl, "d": 16, "seq_len": seq, "dtype": "fp32", "batch_size": 1},
                   "forward_ms_mean": seq * f, "backward_ms_mean": 2 * seq * f, "saved_tensor_bytes": seq**2 * 4096}
                  for impl, f in (("naive", 0.011), ("sdpa", 0.007)) for seq in (16, 32, 64)]
-    fig = report.figures("bench_attention", attention)["attention"]
+    fig = figures("bench_attention", attention)["attention"]
     check_axes(fig, log="xy")
     assert {line.get_label() for line in fig.axes[0].get_lines()} == {"naive 16", "sdpa 16"}
 
@@ -230,7 +235,7 @@ def test_memory_figures_against_context_and_checkpoint_size():
                            "size": "tiny"}, "saved_total_bytes": ctx * MIB // (k + 1),
                 "checkpoint_prediction": {"predicted_peak_bytes": (100 + ctx / (k + 1)) * MIB}}
     MIB = 2**20
-    made = report.figures("mem_profile", [memory(ctx, k) for ctx in (16, 32) for k in (0, 1, 2)])
+    made = figures("mem_profile", [memory(ctx, k) for ctx in (16, 32) for k in (0, 1, 2)])
     assert set(made) == {"memory_context", "memory_checkpoint"}
     for fig in made.values():
         check_axes(fig, log="y")
