@@ -43,8 +43,9 @@ import common
 import report
 import results
 import runner
+from bench_e2e import RunConfig, Workload
 from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
-from model import ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
+from model import ATTENTION, build_model, check_logits, cross_entropy
 from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
 
@@ -193,33 +194,22 @@ def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
 # --- measure: the peak of a step (CUDA) ---
 
 
-def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
-    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline)."""
-    torch.manual_seed(run.seed)
-    with device:  # parameters made on the GPU, as in training
-        model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
-    forward = torch.compile(model) if run.compile else model
-    tokens, targets = torch.randint(0, run.model.vocab_size, (2, run.batch_size, run.context_length),
-                                    device=device)
-    optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
-    # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-    scaler = torch.amp.GradScaler(device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
+def build_step(run: MemConfig) -> Callable[..., None]:
+    """bench_e2e's step of run.mode (its Workload: model, optimizer, batch on the device), calling mark(phase)
+    before each phase and mark("end") after (the timeline)."""
+    work = Workload(RunConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)}))
 
     def step(mark: Callable[[str], None] = lambda phase: None) -> None:
         mark("forward")
-        with precision_context(device, run.dtype):
-            logits = forward(tokens)
-            check_logits(logits, (run.batch_size, run.context_length), run.model.vocab_size,
-                         run.model_factory)
-            loss = cross_entropy(logits, targets)
+        loss = work.forward()
         if run.mode != "forward":
             mark("backward")
-            scaler.scale(loss).backward()  # disabled: the loss itself
-            if optimizer is not None:
-                mark("optimizer")
-                scaler.step(optimizer)
-                scaler.update()
-            model.zero_grad(set_to_none=True)
+            work.backward(loss)
+        if run.mode == "train":
+            mark("optimizer")
+            work.optimizer_step()  # and zero_grad(set_to_none=True)
+        elif run.mode == "forward-backward":
+            work.model.zero_grad(set_to_none=True)
         mark("end")
     return step
 
@@ -227,7 +217,7 @@ def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
     """Warm-up steps, the peak counter reset, then `steps` timed steps: their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
-    step = build_step(run, device)
+    step = build_step(run)
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
     common.reset_peak_memory(device)
