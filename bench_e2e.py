@@ -224,9 +224,9 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
     if not args.context_search:
-        defaults = {"max_context": None, "search_resolution": RESOLUTION, "search_probes": PROBE_BUDGET}
-        results.refuse(parser, [(getattr(args, k) != v, f"--{k.replace('_', '-')} only applies to --context-length max")
-                                for k, v in defaults.items()])
+        results.refuse(parser, [(getattr(args, k) != parser.get_default(k),
+                                 f"--{k.replace('_', '-')} only applies to --context-length max")
+                                for k in ("max_context", "search_resolution", "search_probes")])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run
     if args.max_context is None:
@@ -298,8 +298,7 @@ class RunConfig:
 
     def skip_key(self) -> tuple[tuple, str, int]:
         """(group, "ctx", context): after an OOM the sweep skips the group's larger contexts."""
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
-                                   warmup=0, steps=0), "ctx", self.context_length
+        return dataclasses.replace(self.with_context(1), warmup=0, steps=0), "ctx", self.context_length
 
     def comparison_key(self) -> RunConfig | None:
         """Without the variant fields: runs that share it are measured together, interleaved. None when a variant
@@ -389,10 +388,9 @@ class Workload:
 
 
 def run_step(work: Workload) -> dict[str, float]:
-    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises the device, reads
-    timeit.default_timer, runs, synchronises, reads; so each phase is timed to its last kernel, and the step
-    timer holds the phases back to back. Nothing else runs inside the timers: no data creation, no .item() (a
-    hidden sync), no printing."""
+    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises, reads the clock, runs,
+    synchronises, reads: each phase is timed to its last kernel, the step timer holds the phases back to back.
+    Nothing else runs inside the timers: no data creation, no .item() (a hidden sync), no printing."""
     times: dict[str, float] = {}
     with SyncTimer(work.device) as step:
         for name in PHASES_BY_MODE[work.run.mode]:  # forward[, backward[, optimizer]]
@@ -411,8 +409,7 @@ def run_step(work: Workload) -> dict[str, float]:
 
 
 def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
-    """What is excluded from the timings: the compile step (its time kept apart as compile_s) and the warm-up
-    steps. Returns the record so far (environment, load before, compile_s) and the last warm-up step's seconds."""
+    """Untimed: the compile step (compile_s) and the warm-up steps -> (the record so far, the last warm-up step's s)."""
     record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
     if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")

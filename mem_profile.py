@@ -336,8 +336,7 @@ def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int 
     head, loss) and in all; the largest groups of tensors per block (averaged over blocks) and outside."""
     paths = saved["blocks"]
     per_block = dict.fromkeys(paths, 0)
-    groups: Counter = Counter()  # bytes by (in a block, module, op, shape, dtype)
-    counts: Counter = Counter()
+    groups, counts = Counter(), Counter()  # bytes and tensors by (in a block, module, op, shape, dtype)
     for s in saved["rows"]:
         block = block_of(s["module"], paths)
         if block is not None:
@@ -368,16 +367,15 @@ def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int 
 def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
     """The handout's count of what fn(*args) saves for backward: every tensor autograd packs, numel x element
     size (a view or a tensor saved twice counts again), nn.Parameters left out. (bytes, tensors, output)."""
-    counted = [0, 0]
+    sizes = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, nn.Parameter):
-            counted[0] += t.numel() * t.element_size()
-            counted[1] += 1
+            sizes.append(t.numel() * t.element_size())
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
-    return counted[0], counted[1], out
+    return sum(sizes), len(sizes), out
 
 
 def compiled_block_record(run: MemConfig) -> dict[str, Any]:
@@ -595,10 +593,9 @@ def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath 
     return PurePosixPath(*deepest) if deepest else None
 
 
-def cpp_site(frames: list[dict[str, Any]]) -> str:
+def cpp_site(names: list[str]) -> str:
     """A stack without a Python frame (autograd's backward thread, a C++ caller), named by the autograd node
-    and the operator that allocated, else by its first frame that is not plumbing."""
-    names = [frame.get("name", "") for frame in frames]
+    and the operator that allocated, else by its first frame (function name) that is not plumbing."""
     node = next((m.group(1) for n in names
                  if (m := re.search(r"autograd::(?:generated::)?(\w+)::apply\(", n))), None)
     ops = [m.group(1) for n in names if (m := re.search(r"at::_ops::(\w+)::call\(", n))]
@@ -621,7 +618,7 @@ def _site(frames: tuple[tuple[str, int, str], ...], root: PurePosixPath) -> str:
     for filename, line, name in frames:
         if filename.endswith(".py"):
             return f"{PurePosixPath(filename).name}:{line} {name} (outside the project)"
-    return cpp_site([{"name": name} for _, _, name in frames])
+    return cpp_site([name for _, _, name in frames])
 
 
 def allocation_site(frames: list[dict[str, Any]], root: PurePosixPath) -> str:
@@ -652,8 +649,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
     """The bytes live at the peak by site, largest first, after a row for what was allocated before recording."""
     live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
-    sizes: Counter = Counter()
-    counts: Counter = Counter()
+    sizes, counts = Counter(), Counter()  # by site: bytes, allocations
     for entry in live.values():
         site = allocation_site(entry.get("frames", []), root)
         sizes[site] += entry["size"]
