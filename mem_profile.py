@@ -194,30 +194,11 @@ def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
 # --- measure: the peak of a step (CUDA) ---
 
 
-def build_step(run: MemConfig) -> Callable[..., None]:
-    """bench_e2e's step of run.mode (its Workload: model, optimizer, batch on the device), calling mark(phase)
-    before each phase and mark("end") after (the timeline)."""
-    work = Workload(RunConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)}))
-
-    def step(mark: Callable[[str], None] = lambda phase: None) -> None:
-        mark("forward")
-        loss = work.forward()
-        if run.mode != "forward":
-            mark("backward")
-            work.backward(loss)
-        if run.mode == "train":
-            mark("optimizer")
-            work.optimizer_step()  # and zero_grad(set_to_none=True)
-        elif run.mode == "forward-backward":
-            work.model.zero_grad(set_to_none=True)
-        mark("end")
-    return step
-
-
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
-    """Warm-up steps, the peak counter reset, then `steps` timed steps: their peak allocated and reserved."""
+    """bench_e2e's step (Workload.untimed_step): warm-up steps, the peak counter reset, then `steps` timed steps:
+    their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
-    step = build_step(run)
+    step = Workload(RunConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})).untimed_step
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
     common.reset_peak_memory(device)
