@@ -128,10 +128,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     report.add_columns_and_plot_args(p, "bench_attention")
     results.add_dry_run_arg(p)
     args = p.parse_args(argv)
-    common.device_or_exit(p, args.device)
+    device = common.device_or_exit(p, args.device)
     runner.check_sweep_args(p, args)
     report.columns_or_exit(p, args.columns, ATTENTION_COLUMNS)
-    args.scaled = args.grid == "leaderboard-2025" and common.resolve_device(args.device).type != "cuda"
+    args.scaled = args.grid == "leaderboard-2025" and device.type != "cuda"
     grid = {**GRIDS[args.grid], **(LEADERBOARD_2025_CPU if args.scaled else {})}
     for name in ("d", "seq_len", "batch_size", "dtype", "warmup_ms", "rep_ms"):
         setattr(args, name, getattr(args, name) or grid[name])
@@ -284,7 +284,6 @@ def triton_do_bench() -> Callable[..., Any] | None:
 
 
 def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
-    """What the timing does, for the record and the header."""
     if device.type == "cuda" and triton_do_bench():
         import triton
         return {"method": "triton.testing.do_bench", "warmup_ms": run.warmup_ms,
@@ -520,9 +519,8 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
             record.update({f"{phase}_ms_p20": p20, f"{phase}_ms_p80": p80})
     if record["forward_ms_n"] < 2:
         record["note"] = "1 timed call: no std"
-    flops = results.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
-    record["forward_flops"] = flops
-    record["forward_tflops"] = flops / record["forward_ms_mean"] / 1e9
+    record["forward_flops"] = results.attention_matmul_flops(run.batch_size, run.seq_len, run.d)
+    record["forward_tflops"] = record["forward_flops"] / record["forward_ms_mean"] / 1e9
     if not record["check"]["ok"]:  # still timed: you see what you are debugging
         record["status"] = check_summary(record["check"])
 

@@ -224,9 +224,9 @@ def context_lengths(parser: argparse.ArgumentParser, args: argparse.Namespace, h
     given = list(dict.fromkeys(args.context_length or [handout.default_context_length]))
     args.context_search = "max" in given
     if not args.context_search:
-        defaults = {"max_context": None, "search_resolution": RESOLUTION, "search_probes": PROBE_BUDGET}
-        results.refuse(parser, [(getattr(args, k) != v, f"--{k.replace('_', '-')} only applies to --context-length max")
-                                for k, v in defaults.items()])
+        results.refuse(parser, [(getattr(args, k) != parser.get_default(k),
+                                 f"--{k.replace('_', '-')} only applies to --context-length max")
+                                for k in ("max_context", "search_resolution", "search_probes")])
         return given
     args.max_context_default = None  # which default --max-context took, for --dry-run
     if args.max_context is None:
@@ -298,8 +298,7 @@ class RunConfig:
 
     def skip_key(self) -> tuple[tuple, str, int]:
         """(group, "ctx", context): after an OOM the sweep skips the group's larger contexts."""
-        return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=1),
-                                   warmup=0, steps=0), "ctx", self.context_length
+        return dataclasses.replace(self.with_context(1), warmup=0, steps=0), "ctx", self.context_length
 
     def comparison_key(self) -> RunConfig | None:
         """Without the variant fields: runs that share it are measured together, interleaved. None when a variant
@@ -369,6 +368,21 @@ class Workload:
     def step(self) -> dict[str, float]:
         return run_step(self)
 
+    def untimed_step(self, mark: Callable[[str], None] = lambda phase: None) -> None:
+        """run_step's phases with no synchronisation between them (the leaderboard's step, mem_profile's), calling
+        mark(phase) before each and mark("end") after."""
+        mark("forward")
+        loss = self.forward()
+        if self.run.mode != "forward":
+            mark("backward")
+            self.backward(loss)
+        if self.run.mode == "train":
+            mark("optimizer")
+            self.optimizer_step()
+        elif self.run.mode == "forward-backward":
+            self.model.zero_grad(set_to_none=True)
+        mark("end")
+
     def after(self, record: dict[str, Any]) -> dict[str, Any]:
         """Untimed, after the timed steps: --profile's trace and tables; --flops counted: FlopCounterMode's count of
         one more step through the model itself (matmuls and attention; the counter cannot see into torch.compile)."""
@@ -389,10 +403,9 @@ class Workload:
 
 
 def run_step(work: Workload) -> dict[str, float]:
-    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises the device, reads
-    timeit.default_timer, runs, synchronises, reads; so each phase is timed to its last kernel, and the step
-    timer holds the phases back to back. Nothing else runs inside the timers: no data creation, no .item() (a
-    hidden sync), no printing."""
+    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises, reads the clock, runs,
+    synchronises, reads: each phase is timed to its last kernel, the step timer holds the phases back to back.
+    Nothing else runs inside the timers: no data creation, no .item() (a hidden sync), no printing."""
     times: dict[str, float] = {}
     with SyncTimer(work.device) as step:
         for name in PHASES_BY_MODE[work.run.mode]:  # forward[, backward[, optimizer]]
@@ -411,8 +424,7 @@ def run_step(work: Workload) -> dict[str, float]:
 
 
 def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
-    """What is excluded from the timings: the compile step (its time kept apart as compile_s) and the warm-up
-    steps. Returns the record so far (environment, load before, compile_s) and the last warm-up step's seconds."""
+    """Untimed: the compile step (compile_s) and the warm-up steps -> (the record so far, the last warm-up step's s)."""
     record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
     if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
@@ -731,15 +743,11 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
         return int(count.item())
 
-    def train_step() -> None:  # the leaderboard's step: run_step's phases, with no synchronisation between them
-        work.backward(work.forward())  # the model and cross_entropy under bf16 autocast
-        work.optimizer_step()  # step, zero_grad(set_to_none=True)
-
     cuda = [torch.device("cuda", i) for i in range(torch.cuda.device_count())] if device.type == "cuda" else []
     for d in cuda:
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
-    record["leaderboard"] = bench_attention.leaderboard_time(train_step, device, args.warmup_ms, args.rep_ms,
+    record["leaderboard"] = bench_attention.leaderboard_time(work.untimed_step, device, args.warmup_ms, args.rep_ms,
                                                              agree=agree if run.parallel else None)
     record["wall_s"] = time.perf_counter() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S

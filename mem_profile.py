@@ -43,8 +43,9 @@ import common
 import report
 import results
 import runner
+from bench_e2e import RunConfig, Workload
 from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
-from model import ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
+from model import ATTENTION, build_model, check_logits, cross_entropy
 from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
 
@@ -193,41 +194,11 @@ def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
 # --- measure: the peak of a step (CUDA) ---
 
 
-def build_step(run: MemConfig, device: torch.device) -> Callable[..., None]:
-    """One step of run.mode, calling mark(phase) before each phase and mark("end") after (the timeline)."""
-    torch.manual_seed(run.seed)
-    with device:  # parameters made on the GPU, as in training
-        model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
-    forward = torch.compile(model) if run.compile else model
-    tokens, targets = torch.randint(0, run.model.vocab_size, (2, run.batch_size, run.context_length),
-                                    device=device)
-    optimizer = build_optimizer(run.optimizer, model.parameters(), device) if run.mode == "train" else None
-    # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
-    scaler = torch.amp.GradScaler(device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
-
-    def step(mark: Callable[[str], None] = lambda phase: None) -> None:
-        mark("forward")
-        with precision_context(device, run.dtype):
-            logits = forward(tokens)
-            check_logits(logits, (run.batch_size, run.context_length), run.model.vocab_size,
-                         run.model_factory)
-            loss = cross_entropy(logits, targets)
-        if run.mode != "forward":
-            mark("backward")
-            scaler.scale(loss).backward()  # disabled: the loss itself
-            if optimizer is not None:
-                mark("optimizer")
-                scaler.step(optimizer)
-                scaler.update()
-            model.zero_grad(set_to_none=True)
-        mark("end")
-    return step
-
-
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
-    """Warm-up steps, the peak counter reset, then `steps` timed steps: their peak allocated and reserved."""
+    """bench_e2e's step (Workload.untimed_step): warm-up steps, the peak counter reset, then `steps` timed steps:
+    their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
-    step = build_step(run, device)
+    step = Workload(RunConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})).untimed_step
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments
         step()
     common.reset_peak_memory(device)
@@ -346,8 +317,7 @@ def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int 
     head, loss) and in all; the largest groups of tensors per block (averaged over blocks) and outside."""
     paths = saved["blocks"]
     per_block = dict.fromkeys(paths, 0)
-    groups: Counter = Counter()  # bytes by (in a block, module, op, shape, dtype)
-    counts: Counter = Counter()
+    groups, counts = Counter(), Counter()  # bytes and tensors by (in a block, module, op, shape, dtype)
     for s in saved["rows"]:
         block = block_of(s["module"], paths)
         if block is not None:
@@ -378,16 +348,15 @@ def summarize_saved(saved: dict[str, Any], top_block: int = 5, top_outside: int 
 def count_saved(fn: Callable[..., Any], *args: Any) -> tuple[int, int, Any]:
     """The handout's count of what fn(*args) saves for backward: every tensor autograd packs, numel x element
     size (a view or a tensor saved twice counts again), nn.Parameters left out. (bytes, tensors, output)."""
-    counted = [0, 0]
+    sizes = []
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         if not isinstance(t, nn.Parameter):
-            counted[0] += t.numel() * t.element_size()
-            counted[1] += 1
+            sizes.append(t.numel() * t.element_size())
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = fn(*args)
-    return counted[0], counted[1], out
+    return sum(sizes), len(sizes), out
 
 
 def compiled_block_record(run: MemConfig) -> dict[str, Any]:
@@ -605,10 +574,9 @@ def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath 
     return PurePosixPath(*deepest) if deepest else None
 
 
-def cpp_site(frames: list[dict[str, Any]]) -> str:
+def cpp_site(names: list[str]) -> str:
     """A stack without a Python frame (autograd's backward thread, a C++ caller), named by the autograd node
-    and the operator that allocated, else by its first frame that is not plumbing."""
-    names = [frame.get("name", "") for frame in frames]
+    and the operator that allocated, else by its first frame (function name) that is not plumbing."""
     node = next((m.group(1) for n in names
                  if (m := re.search(r"autograd::(?:generated::)?(\w+)::apply\(", n))), None)
     ops = [m.group(1) for n in names if (m := re.search(r"at::_ops::(\w+)::call\(", n))]
@@ -631,7 +599,7 @@ def _site(frames: tuple[tuple[str, int, str], ...], root: PurePosixPath) -> str:
     for filename, line, name in frames:
         if filename.endswith(".py"):
             return f"{PurePosixPath(filename).name}:{line} {name} (outside the project)"
-    return cpp_site([{"name": name} for _, _, name in frames])
+    return cpp_site([name for _, _, name in frames])
 
 
 def allocation_site(frames: list[dict[str, Any]], root: PurePosixPath) -> str:
@@ -662,8 +630,7 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
     """The bytes live at the peak by site, largest first, after a row for what was allocated before recording."""
     live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
-    sizes: Counter = Counter()
-    counts: Counter = Counter()
+    sizes, counts = Counter(), Counter()  # by site: bytes, allocations
     for entry in live.values():
         site = allocation_site(entry.get("frames", []), root)
         sizes[site] += entry["size"]

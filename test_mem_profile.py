@@ -528,8 +528,8 @@ def test_a_foreign_snapshots_own_code_is_found_and_named():
 
 
 def test_cpp_only_stacks_are_named_by_their_first_meaningful_frame():
-    def names(*functions: str) -> list[dict]:
-        return [{"filename": "??", "line": 0, "name": f} for f in functions]
+    def names(*functions: str) -> list[str]:
+        return list(functions)
     assert mem_profile.cpp_site(names("at::_ops::sum_dim_IntList::call(at::Tensor const&)")) == \
         "sum_dim_IntList (no Python frame: C++ operator)"
     assert mem_profile.cpp_site(names("torch::unwind::unwind()", "my_extension::launch(int)")) == \
