@@ -173,7 +173,7 @@ def saved_tensors(describe: Callable[[torch.Tensor], Any] | None = None,
 
 # ---- NVTX and profiler ranges ----
 
-_RANGES: dict[str, Any] = {"nvtx": None, "profiler": False}
+_RANGES: list[Callable[[str], contextlib.AbstractContextManager]] = []  # annotate's: record_function, NVTX
 _NULL_RANGE = contextlib.nullcontext()
 
 
@@ -190,26 +190,23 @@ def nvtx_functions() -> tuple[Callable[[str], Any], Callable[[], Any]]:
 
 def set_ranges(nvtx: bool = False, profiler: bool = False) -> None:
     """Switch on NVTX ranges and/or record_function labels (annotate's)."""
-    _RANGES["nvtx"] = nvtx_functions() if nvtx else None
-    _RANGES["profiler"] = bool(profiler)
+    if nvtx:
+        nvtx_functions()
+    _RANGES[:] = [torch.profiler.record_function] * profiler + [torch.cuda.nvtx.range] * nvtx
 
 
 @contextlib.contextmanager
 def _active_range(name: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
-        if _RANGES["profiler"]:
-            stack.enter_context(torch.profiler.record_function(name))
-        if _RANGES["nvtx"] is not None:
-            push, pop = _RANGES["nvtx"]
-            push(name)
-            stack.callback(pop)
+        for open_range in _RANGES:
+            stack.enter_context(open_range(name))
         yield
 
 
 def annotate(name: str) -> contextlib.AbstractContextManager:
     """A named range when set_ranges switched them on, else one shared no-op. None where torch.compile
     traces: Dynamo cannot trace the calls, and fused kernels cross the boundaries anyway."""
-    if not (_RANGES["nvtx"] is not None or _RANGES["profiler"]) or torch.compiler.is_compiling():
+    if not _RANGES or torch.compiler.is_compiling():
         return _NULL_RANGE
     return _active_range(name)
 
@@ -387,14 +384,12 @@ def machine_load(device: torch.device) -> dict[str, Any]:
 
 
 def is_oom(exc: BaseException) -> bool:
-    """An out-of-memory error from any allocator (CUDA's or the CPU's)."""
     text = str(exc)
     return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or isinstance(exc, RuntimeError) and (
         "out of memory" in text.lower() or "DefaultCPUAllocator: can't allocate" in text)
 
 
 def failure_status(exc: BaseException) -> str:
-    """'OOM', or 'error: ' and one_line(exc) (the rest is in the traceback)."""
     return "OOM" if is_oom(exc) else f"error: {one_line(exc)}"
 
 
@@ -495,7 +490,6 @@ def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def model_factory(name: str) -> str | None:
-    """RunConfig.model_factory of a --model value: None for ours, the spec for yours."""
     return None if name == OURS else name
 
 

@@ -1,6 +1,5 @@
 """Data parallelism for `bench_e2e.py --parallel ddp|fsdp` under torchrun: DDP and FSDP2 around the model, the
-training state per rank, the process group of one configuration, the ranks' agreement on its outcome, every rank's
-timings merged into one record; with --profile, the time in collectives per phase.
+ranks' agreement on each configuration's outcome, their timings merged into one record.
 
     torchrun --nproc-per-node 2 bench_e2e.py --parallel ddp fsdp --size tiny --device cpu   # 2 processes, gloo
     torchrun --nproc-per-node 8 bench_e2e.py --parallel fsdp --size 2.7B --dtype bf16          # 8 GPUs, NCCL

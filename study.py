@@ -220,10 +220,10 @@ def build_plan(args, machine) -> list:
                                for i, d in enumerate(ds)])
 
     plan = {key: Problem(key, title, text, path=path) for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
-    plan["benchmarking_script_a"].commands = [Command(f"e2e_{sizes[0]}", "bench_e2e.py", [
-        "--size", sizes[0], *ctx, *steps, *lm], 1, cost(sizes[0], 0))]
+    e2e = per_size("e2e", [*ctx, *steps])  # (a) is the first size's command, (b) the rest and their merge
+    plan["benchmarking_script_a"].commands = e2e[:1]
     b = plan["benchmarking_script_b"]
-    b.commands = per_size("e2e", [*ctx, *steps])[1:] if len(sizes) > 1 else []
+    b.commands = e2e[1:] if len(sizes) > 1 else []
     b.show = ["e2e_all"] if len(sizes) > 1 else [f"e2e_{sizes[0]}"]
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
@@ -399,14 +399,12 @@ class Study:
 
     def run(self, cmd) -> dict:
         """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
-        inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)]
-        if cmd.merge:  # a merge is redone when the commands it merges changed
-            if self.done(cmd.name) and self.ledger[cmd.name].get("inputs") == inputs:
-                return self.ledger[cmd.name]
-            if len(inputs) < 2:
-                return {"status": "skipped", "cause": "fewer than two runs to merge"}
-        elif cmd.name in self.ledger:
-            return self.ledger[cmd.name]
+        inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)] if cmd.merge else None
+        earlier = self.ledger.get(cmd.name)  # a merge is redone when the commands it merges changed
+        if earlier and (not cmd.merge or self.done(cmd.name) and earlier.get("inputs") == inputs):
+            return earlier
+        if cmd.merge and len(inputs) < 2:
+            return {"status": "skipped", "cause": "fewer than two runs to merge"}
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         for attempt in (1, 2):  # a stem no attempt used before: each leaves its log
             stem = next(s for s in (cmd.name if n == 1 else f"{cmd.name}-{n}" for n in range(1, 10 ** 6))
@@ -424,7 +422,7 @@ class Study:
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
                      "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                      "files": self.outputs(cmd, stem, started), "log": rel(log), "attempt": attempt,
-                     "inputs": inputs if cmd.merge else None, "status": "ok" if rc == 0 else "failed"}
+                     "inputs": inputs, "status": "ok" if rc == 0 else "failed"}
             if rc == 0:
                 break
             entry["cause"] = cause(log, rc)
@@ -720,11 +718,10 @@ def main(argv=None) -> int:
                 left = sum(c.estimate() for q in plan[n - 1:] for c in q.commands) * study.scale()
                 print(f"[{n}/{len(plan)}] {p.title} ... ETA {hms(left)}", flush=True)
                 for c in (c for c in p.commands if not c.skipped):
-                    was_done = c.name in study.ledger
+                    earlier = study.ledger.get(c.name)
                     entry = study.run(c)
                     c.per_config_s, c.configs = 0.0, 0
-                    again = was_done and entry.get("name") == c.name
-                    state = "recorded earlier" if again else entry["status"]
+                    state = "recorded earlier" if entry is earlier else entry["status"]
                     took = f" ({entry['seconds']:.0f} s)" if "seconds" in entry else ""
                     cause = f": {entry['cause']}" if entry.get("cause") else ""
                     print(f"    {c.name}: {state}{took}{cause}", flush=True)
