@@ -289,6 +289,24 @@ def test_a_failing_configuration_loses_none_of_the_others_and_a_refusal_leaves_n
                                                                     "status 2)"] * 2
 
 
+def test_an_interrupted_sweep_keeps_the_summary_of_the_reports_made(fake: dict, monkeypatch):
+    profile = kt.run_under_nsys
+
+    def interrupted_at_64(config: kt.Config, *args) -> int:
+        if config.context_length == 64:
+            raise KeyboardInterrupt  # Ctrl-C while nsys runs
+        return profile(config, *args)
+
+    monkeypatch.setattr(kt, "run_under_nsys", interrupted_at_64)
+    status, _, err = fake["run"]("--size", "tiny", "--context-length", "32", "64", "--mode", "train")
+    assert status == 130 and "nsys and the profiled run stopped" in err
+    (rows,) = summaries(fake)  # written as each report finished
+    assert [(row["context_length"], row["runs"]) for row in rows] == [(32, {"train": "ok"})]
+    (md,) = fake["folder"].glob("summary-*.md")
+    assert "| tiny   |    32 |" in md.read_text()
+    assert not list(fake["folder"].glob("tiny_ctx64_train*"))  # nothing of the interrupted profile
+
+
 def test_dry_run_lists_the_plan_checked_by_bench_e2e_and_a_bad_option_fails_before_nsys(fake: dict):
     assert fake["run"]("tiny", "32", "forward")[0] == 0
     status, out, err = fake["run"]("--dry-run", "--size", "tiny", "--context-length", "64", "32", "--mode",
