@@ -1,5 +1,5 @@
 """Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's) and
-nsys_run.sh's loop: where a step's time goes, kernel by kernel; the top kernels of the forward pass and
+nsys_run.sh's plan (run by runner.run_configurations): where a step's time goes, kernel by kernel; the top kernels of the forward pass and
 their calls; the matmul share of inference vs a training step; softmax vs the attention matmuls.
 
     bash nsys_run.sh medium 256                                 # profile with nsys, then these tables
@@ -777,7 +777,7 @@ def write_summary(prefixes: list[Path], results_dir: str, out: str | None = None
     files.publish(lambda chosen: render_summary(records, chosen), fmt)
 
 
-# ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration ----
+# ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration, through runner's sweep ----
 
 SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
