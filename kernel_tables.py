@@ -1,6 +1,6 @@
-"""Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's) and
-nsys_run.sh's plan (run by runner.run_configurations): where a step's time goes, kernel by kernel; the top kernels of the forward pass and
-their calls; the matmul share of inference vs a training step; softmax vs the attention matmuls.
+"""Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's) and nsys_run.sh's
+plan (run by runner.run_configurations): where a step's time goes, kernel by kernel; the top kernels of the
+forward pass and their calls; the matmul share of inference vs a training step; softmax vs the attention matmuls.
 
     bash nsys_run.sh medium 256                                 # profile with nsys, then these tables
     python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
