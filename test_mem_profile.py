@@ -582,6 +582,31 @@ def test_record_snapshot_records_one_step_and_always_stops_recording(tmp_path, m
     assert [c for c in failing.calls if c[0] == "record"][-1] == ("record", None, None)
 
 
+@pytest.mark.parametrize("mode, phases", [("forward", ["forward"]), ("forward-backward", ["forward", "backward"]),
+                                          ("train", ["forward", "backward", "optimizer"])])
+def test_the_peak_is_measured_on_bench_e2es_step_phase_by_phase(mode: str, phases: list[str], monkeypatch):
+    """measure_peak (CUDA in a real run) on a CPU: bench_e2e's step for the mode, its phases marked for the
+    timeline, the timed steps recorded; a train step changes the weights, and no gradient outlives a step."""
+    marks, workloads = [], []
+    build = mem_profile.Workload
+
+    def kept(run):
+        workloads.append(build(run))
+        return workloads[-1]
+
+    monkeypatch.setattr(mem_profile, "Workload", kept)
+    monkeypatch.setattr(mem_profile, "record_snapshot", lambda step, *_: step(marks.append) or {})
+    run = run_of(mode=mode, warmup=1, steps=2)
+    record = mem_profile.measure_peak(run, snapshot_path="unused", max_entries=1)
+    assert len(record["step_ms"]) == 2 and "peak_mem_allocated_bytes" not in record  # no peak counter on a CPU
+    assert marks == phases + ["end"]
+    model = workloads[0].model
+    assert all(p.grad is None for p in model.parameters())
+    weights = [p.detach().clone() for p in model.parameters()]
+    workloads[0].untimed_step()
+    assert any(not torch.equal(w, p) for w, p in zip(weights, model.parameters())) == (mode == "train")
+
+
 def test_cuda_report_has_peak_tables_and_a_snapshot_section_without_false_mismatch(tmp_path, monkeypatch):
     snap = write_snapshot(tmp_path, measured=None)
     rounded = int(24 * MIB * 1.025)  # large models: max_memory_allocated counts rounded blocks, 2-3% above
