@@ -217,7 +217,7 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
             profile = load_nsys(export)
         except ProfileFormatError as exc:
             raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give "
-                                     "--csv-dir DIR for a fresh export there") from None
+                                     "--export-dir DIR for a fresh export there") from None
         profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
         return profile
     if nsys is None:
@@ -1094,7 +1094,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "optimizer, step)")
     p.add_argument("--ranges", nargs="+", metavar="KEY=NAME", help="your range names where they are not a "
                    f"usual spelling, e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)})")
-    p.add_argument("--csv-dir", dest="export_dir", metavar="DIR",
+    p.add_argument("--export-dir", metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it)")
     p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
     results.add_output_args(p, "summary")  # --out and --results-dir: --summary's files
@@ -1105,7 +1105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        for s in args.source]
         results.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
                             "--summary reads each report's own export and <report>_e2e.jsonl: no "
-                            "--e2e-jsonl, --md, --stopwatch, --ranges or --csv-dir")] + [
+                            "--e2e-jsonl, --md, --stopwatch, --ranges or --export-dir")] + [
             (is_trace(s) or not REPORT_NAME.fullmatch(s.name), f"{s}: --summary reads nsys_run.sh's reports "
              "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
              "kernel_tables.py SOURCE") for s in args.source])
@@ -1126,8 +1126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     md = Path(args.md or "x")
     results.refuse(p, [
         (not found.is_file(), f"no such trace or report: {found} (a .json trace, X.nsys-rep, X.sqlite or X)"),
-        (args.export_dir and not export_dir.is_dir(), f"--csv-dir: {export_dir} is not a folder"),
-        (args.export_dir and not os.access(export_dir, os.W_OK), f"--csv-dir: {export_dir} is not writable"),
+        (args.export_dir and not export_dir.is_dir(), f"--export-dir: {export_dir} is not a folder"),
+        (args.export_dir and not os.access(export_dir, os.W_OK), f"--export-dir: {export_dir} is not writable"),
         (args.e2e_jsonl and not Path(args.e2e_jsonl).exists(), f"no such file: {args.e2e_jsonl}"),
         (md.is_dir() or str(args.md).endswith("/") or not md.parent.is_dir() or args.md == "",
          f"--md must name a file in an existing folder, got {args.md!r}")])

@@ -293,7 +293,7 @@ def test_a_file_that_is_no_export_is_one_line_exit_2_never_no_gpu_work(tmp_path:
     (tmp_path / "x.sqlite").write_bytes(content)  # e.g. what a refused export left behind
     (tmp_path / "x.nsys-rep").write_bytes(REPORT_BYTES)
     os.utime(tmp_path / "x.nsys-rep", (1, 1))  # older than the file beside it, which is read as its export
-    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away, or give --csv-dir")):
+    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away, or give --export-dir")):
         assert kt.main([str(tmp_path / source)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "SQLite export" in err and hint in err
@@ -743,7 +743,7 @@ def test_the_export_folder_must_be_a_writable_folder(tmp_path: Path, capsys):
         if why == "not writable" and os.access(locked, os.W_OK):
             continue  # root writes anywhere
         with pytest.raises(SystemExit) as exit_info:
-            kt.parse_args([str(report), "--csv-dir", str(folder)])
+            kt.parse_args([str(report), "--export-dir", str(folder)])
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and why in err and len(err.strip().splitlines()) == 1
 
@@ -751,7 +751,7 @@ def test_the_export_folder_must_be_a_writable_folder(tmp_path: Path, capsys):
 def test_an_export_dir_gets_the_export_and_the_reports_folder_nothing(with_fake_nsys: Path, tmp_path: Path):
     report = tmp_path / "r.nsys-rep"
     report.write_bytes(REPORT_BYTES)
-    assert kt.main([str(report), "--csv-dir", str(tmp_path / "out" / "new")]) == 0
+    assert kt.main([str(report), "--export-dir", str(tmp_path / "out" / "new")]) == 0
     assert (tmp_path / "out" / "new" / "r.sqlite").is_file() and not (tmp_path / "r.sqlite").exists()
 
 
