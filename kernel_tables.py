@@ -889,9 +889,10 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
               + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
     a.plan = []
     for size, ctx, mode in itertools.product(a.size, a.context_length, a.mode):
-        # --in-process: the measured steps and their kernels live in the process that nsys runs
-        app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", *extra,
-               "--handout", a.handout]
+        # --in-process: the measured steps and their kernels live in the process that nsys runs; --quiet: the
+        # sweep says each configuration's start and end
+        app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", "--quiet",
+               *extra, "--handout", a.handout]
         made_with = shlex.join(["nsys", "profile", *a.nsys_options, "--", "bench_e2e.py", *app])
         a.plan.append(Config(size, ctx, mode, str(Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}")),
                              app, made_with))

@@ -137,8 +137,8 @@ def test_profile_and_export_command_lines_and_the_files_beside_the_report(fake: 
     assert set(profile[1:app]) == {"--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure",
                                    "--capture-range-end=stop", "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
                                    "--force-overwrite=true", f"--output={report}"}  # no backtraces unless asked
-    assert profile[app + 1:app + 10] == [str(HERE / "bench_e2e.py"), "--size", "tiny", "--context-length", "64",
-                                         "--mode", "train", "--nvtx", "--in-process"]
+    assert profile[app + 1:app + 11] == [str(HERE / "bench_e2e.py"), "--size", "tiny", "--context-length", "64",
+                                         "--mode", "train", "--nvtx", "--in-process", "--quiet"]
     assert profile[-4] == "--results-dir" and profile[-2:] == ["--out", "e2e"]
     assert export[-1] == f"{report}.nsys-rep" and "--type=sqlite" in export
     assert json.loads(fake["log"].read_text().splitlines()[0])["register_only"] == "0"
@@ -167,7 +167,7 @@ def test_options_reach_nsys_and_bench_e2e_and_name_the_report(fake: dict, args, 
     handout = "2025" if "2025" in name else "2026"
     assert argv[argv.index("--handout") + 1] == handout  # the handout reaches bench_e2e too
     if "--dtype" in args:
-        assert argv[argv.index("--in-process") + 1:][:2] == ["--dtype", "bf16"]
+        assert argv[argv.index("--quiet") + 1:][:2] == ["--dtype", "bf16"]
 
 
 def test_an_nsys_that_does_not_know_a_passed_flag_refuses_it_in_one_line(fake: dict):
