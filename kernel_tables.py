@@ -398,17 +398,17 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
             name = f"{r.name} (not the phase)" if r.name in (*PHASES, STEP) else r.name
             chosen.ranges.append(Range(name, r.start_ns, r.end_ns))
     phase_ranges = [r for r in chosen.ranges if r.name in chosen.used]
-    if measure.ranges:
-        chosen.activities = [a for a in profile.activities if measure.find(a.launch_ns)]
+    if measure.ranges:  # a student's measure range may hold their set-up and warm-up too
+        inside = lambda t: measure.find(t) is not None  # noqa: E731
         chosen.ranges += [Range(STEP, r.start_ns, r.end_ns) for r in measure.ranges] * (STEP not in chosen.used)
         chosen.region = f"inside the {measure_name!r} ranges"
-        return chosen
-    first, last = min((r.start_ns for r in phase_ranges), default=-math.inf), \
-        max((r.end_ns for r in phase_ranges), default=math.inf)
-    chosen.activities = [a for a in profile.activities
-                         if first <= a.launch_ns <= last and not warmup.find(a.launch_ns)]
-    chosen.ranges = [r for r in chosen.ranges if first <= r.start_ns <= last]
-    chosen.region = "from the first to the last phase range" if phase_ranges else "the whole profile"
+    else:
+        first, last = min((r.start_ns for r in phase_ranges), default=-math.inf), \
+            max((r.end_ns for r in phase_ranges), default=math.inf)
+        inside = lambda t: first <= t <= last  # noqa: E731
+        chosen.ranges = [r for r in chosen.ranges if inside(r.start_ns)]
+        chosen.region = "from the first to the last phase range" if phase_ranges else "the whole profile"
+    chosen.activities = [a for a in profile.activities if inside(a.launch_ns) and not warmup.find(a.launch_ns)]
     chosen.region += ", warm-up ranges left out" * bool(warmup.ranges)
     return chosen
 

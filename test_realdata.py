@@ -395,6 +395,23 @@ def test_table_1_is_filled_from_the_students_own_ranges(tmp_path: Path):
     assert re.search(r"\| forward +\| +[0-9.]+ \| no stopwatch record +\|", no_stopwatch)
 
 
+def test_a_students_outer_measure_range_counts_no_warm_up_work():
+    """The student's 'Run Benchmark' range holds their model's set-up and warm-up steps too: named as the measured
+    region, its warm-up work is still left out, as without it."""
+    sqlite = realdata(SQLITE)
+    tables = kt.build_tables(kt.load_nsys(sqlite), ranges={"forward": "Forward", "measure": "Run Benchmark"})
+    ranges = nvtx_ranges(sqlite)
+    within = lambda t, name: any(s <= t <= e for n, s, e in ranges if n.lower().startswith(name))  # noqa: E731
+    with sqlite3.connect(f"{sqlite.resolve().as_uri()}?mode=ro", uri=True) as db:  # each launch's time, by hand
+        launched = dict(db.execute("SELECT correlationId, start FROM CUPTI_ACTIVITY_KIND_RUNTIME"))
+        work = [(end - start, launched[corr]) for table in ("KERNEL", "MEMCPY", "MEMSET") for start, end, corr in
+                db.execute(f"SELECT start, end, correlationId FROM CUPTI_ACTIVITY_KIND_{table}")]
+    measured_ns = sum(d for d, at in work if within(at, "run benchmark") and not within(at, "warm-up"))
+    (all_row,) = [row for row in tables["categories"] if row["scope"] == "all"]
+    assert tables["steps"] == 10 and all_row["ms_per_step"] == pytest.approx(measured_ns / 1e6 / 10, rel=1e-9)
+    assert all_row["ms_per_step"] < 75  # the warm-up's 1,094 ms would add 109 ms per step
+
+
 # ---- the student's memory snapshots through --analyze ----
 
 
