@@ -261,7 +261,7 @@ def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
 
     def errors(causal: bool) -> dict[str, float]:  # max |x - ref| / (1 + |ref|); inf if not finite
         reference = reference_attention(*pristine, grad_out, causal)
-        return {n: float(((x.double() - ref).abs() / (1 + ref.abs())).nan_to_num(math.inf).max())
+        return {n: float(((x.double() - ref).abs() / (1 + ref.abs())).nan_to_num(math.inf, math.inf).max())
                 for n, x, ref in zip(TENSORS, got, reference)}
 
     tolerance, causal = TOLERANCE[dtype], errors(True)

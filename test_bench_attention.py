@@ -3,6 +3,7 @@ NaN, inputs written in place), the timers hold only their phase, the memory form
 measured bytes, the fit guard, failures as rows, the tables (the flash table a student pastes), the
 command line. Students' kernels are written to a temporary folder and named with --impl."""
 import functools
+import math
 import sys
 import types
 
@@ -127,6 +128,12 @@ class ReturnsNaN(torch.autograd.Function):
         return grad_out, grad_out, grad_out, None
 
 
+class ReturnsInf(ReturnsNaN):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal):
+        return torch.full_like(q, float("inf"))
+
+
 class NotAFunction:
     pass
 
@@ -185,6 +192,9 @@ def test_check_names_nan_and_inputs_written_in_place_against_pristine_copies(stu
     nan = ba.check_implementation(ba.attention_function("student_attention:ReturnsNaN"), inputs,
                                   grad_out, "fp32", "nan")
     assert not nan["ok"] and nan["problems"] == ["out has NaN"] and nan["worst"] == "out"
+    inf = ba.check_implementation(ba.attention_function("student_attention:ReturnsInf"), inputs,
+                                  grad_out, "fp32", "inf")
+    assert inf["problems"] == ["out has inf"] and inf["max_error"] == math.inf  # not float64's largest
     before = inputs[0].detach().clone()
     scaled = ba.check_implementation(ba.attention_function("student_attention:scales_q_in_place"),
                                      inputs, grad_out, "fp32", "scaled")
