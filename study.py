@@ -376,7 +376,7 @@ class Study:
         return self.ledger.get(name, {}).get("status") == "ok"
 
     def files(self, name) -> dict:
-        return {k: TOOLKIT / v for k, v in self.ledger.get(name, {}).get("files", {}).items()}
+        return {k: self.root / v for k, v in self.ledger.get(name, {}).get("files", {}).items()}
 
     def records(self, name) -> list:
         path = self.files(name).get("jsonl")
@@ -385,10 +385,10 @@ class Study:
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":  # --results-dir before its --
             args = [a for arg in cmd.args for a in (self.contexts() if arg == "CONTEXTS" else [arg])]
-            return ["bash", "nsys_run.sh", "--results-dir", rel(self.root), *args]
+            return ["bash", script(cmd.script), "--results-dir", rel(self.root), *args]
         merged = [rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)]
-        return [sys.executable, cmd.script, *merged, *cmd.args, "--results-dir", rel(self.root), "--out",
-                stem]
+        return [sys.executable, script(cmd.script), *merged, *cmd.args, "--results-dir", rel(self.root),
+                "--out", stem]
 
     def contexts(self) -> list:
         """nsys_profile (2026): three powers of two > 128, the largest the longest context that trained."""
@@ -411,7 +411,7 @@ class Study:
                         if not (self.root / "logs" / f"{s}.log").exists())
             argv, log, started = self.argv(cmd, stem), self.root / "logs" / f"{stem}.log", time.time()
             with open(log, "w") as out:
-                child = subprocess.Popen(argv, cwd=TOOLKIT, stdout=out, stderr=subprocess.STDOUT,
+                child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,  # from here: your code
                                          start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
                 try:
                     rc = child.wait()
@@ -421,7 +421,8 @@ class Study:
             entry = {"name": cmd.name, "stem": stem, "command": display(argv), "rc": rc,
                      "seconds": round(time.time() - started, 1), "estimate_s": cmd.estimate(),
                      "finished_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                     "files": self.outputs(cmd, stem, started), "log": rel(log), "attempt": attempt,
+                     "files": self.outputs(cmd, stem, started), "log": str(log.relative_to(self.root)),
+                     "attempt": attempt,
                      "inputs": inputs, "status": "ok" if rc == 0 else "failed"}
             if rc == 0:
                 break
@@ -440,23 +441,29 @@ class Study:
             new = sorted(p for p in folder.glob("*.md") if p.stat().st_mtime >= started - 1)
             summary = [p for p in new if p.name.startswith("summary-")]
             found = {"md": summary[-1]} if summary else {f"md{i}": p for i, p in enumerate(new)}
-        return {k: rel(v) for k, v in found.items() if v.is_file()}
+        return {k: str(v.relative_to(self.root)) for k, v in found.items() if v.is_file()}
 
     def checks(self, plan) -> list:
-        """(problem, 'passed' | 'failed') per problem whose commands all ran: failed by a failed command or row."""
+        """(problem, 'passed' | 'failed') per problem whose commands all ran: failed by a failed command, or a row
+        with an error, a timeout or a kernel the check found WRONG."""
         verdicts = []
         for p in plan:
             names = [c.name for c in p.commands if not c.skipped and not c.merge]
             if names and all(n in self.ledger for n in names):
-                bad = any(str(r.get("status", "")).startswith(("error", "timeout"))
+                bad = any(str(r.get("status", "")).startswith(("error", "timeout", "WRONG"))
                           for n in names for r in self.records(n))
                 verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
         return verdicts
 
 
 def rel(path) -> str:
+    """A path as the commands give it: relative to the folder study.py runs in (and they run in), else whole."""
     path = Path(path).resolve()
-    return str(path.relative_to(TOOLKIT)) if path.is_relative_to(TOOLKIT) else str(path)
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def script(name) -> str:
+    return rel(TOOLKIT / name)
 
 
 def display(argv) -> str:
@@ -609,7 +616,7 @@ def writeup(study, plan, machine, args) -> str:
            f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
            f"{args.impl or 'none (PyTorch SDPA stands in)'}",
            f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
-           f"- every command below ran from {TOOLKIT}; its log is in the study folder's logs/", ""]
+           f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/", ""]
     if verdicts := study.checks(plan):
         out += ["Checks: " + "; ".join(f"{p.title} ({p.path}) {v}" for p, v in verdicts), ""]
     for n, p in enumerate(plan, 1):
@@ -677,7 +684,7 @@ def print_plan(plan, study, scale):
               + ("" if p.commands else f"\n    the tables of: {', '.join(p.show)}"))
         for c in p.commands:
             to_do = not c.skipped and not (study.done(c.name) and not c.merge)
-            what = f"merge {' '.join(c.merge)}" if c.merge else display([sys.executable, c.script, *c.args])
+            what = f"merge {' '.join(c.merge)}" if c.merge else display([sys.executable, script(c.script), *c.args])
             print(f"    {c.name}: {c.skipped or (what if to_do else 'done')}"
                   + (f"   ~{c.estimate() * scale:.0f} s" if to_do else ""))
     print("nothing was run (drop --dry-run to run it)")

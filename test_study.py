@@ -45,7 +45,7 @@ def killed_and_resumed(tmp_path_factory):
     while not ledger(root) and first.poll() is None and time.time() < deadline:
         time.sleep(0.1)
     before = ledger(root)
-    jsonl = HERE / before[0]["files"]["jsonl"] if before else None
+    jsonl = root / before[0]["files"]["jsonl"] if before else None
     stamp = (jsonl.stat().st_mtime_ns, len(jsonl.read_text().splitlines())) if jsonl else None
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
@@ -75,7 +75,7 @@ def test_writeup_has_every_problem_and_the_scripts_own_table(killed_and_resumed)
         assert any(name in h for h in headings), name
     assert text.count("\nAnswer:") == len(headings)
     for entry in killed_and_resumed["after"]:
-        table = (HERE / entry["files"]["md"]).read_text()
+        table = (root / entry["files"]["md"]).read_text()
         assert study.demoted(table.rstrip("\n")) in text  # what the script wrote, its headings one level down
         assert all(line in text.splitlines() for line in table.splitlines() if line.startswith("|"))
         assert entry["command"] in text
@@ -91,6 +91,23 @@ def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-output-directory",
                            str(tmp_path), "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_from_the_students_folder_their_kernel_runs_and_a_wrong_one_fails_the_check(tmp_path):
+    """Every command runs where study.py was started, so --impl imports the student's module from there; a kernel
+    the check finds WRONG fails its step, though the command itself succeeded."""
+    (tmp_path / "student_flash.py").write_text(
+        "import torch.nn.functional as F\n"
+        "def good(q, k, v, is_causal=False):\n    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)\n"
+        "def no_mask(q, k, v, is_causal=False):\n    return F.scaled_dot_product_attention(q, k, v)\n")
+    for kernel, verdict in (("good", "passed"), ("no_mask", "failed")):
+        done = subprocess.run([sys.executable, str(HERE / "study.py"), "--quick", "--device", "cpu", "--handout",
+                               "2025", "--only", "flash_forward", "--impl", f"student_flash:{kernel}", "--out",
+                               kernel], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and f"{verdict}: flash_forward" in done.stdout, done.stdout + done.stderr
+        text = (tmp_path / "results" / "study" / kernel / "writeup.md").read_text()
+        assert f"ran from {tmp_path}" in text and f"python3 {HERE / 'bench_attention.py'} --impl" in text
+        assert ("| WRONG: non-causal" in text) == (kernel == "no_mask") and "LoadError" not in text
 
 
 def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, capsys):
