@@ -858,6 +858,11 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
     dtype = ""
     for i, arg in enumerate(extra):
         name, _, value = arg.partition("=")
+        # bench_e2e's argparse takes abbreviations: --context would change a configuration this script names
+        full = [o for o in OWN_OPTIONS + ONE_VALUE_OPTIONS if o.startswith(name) and o != name]
+        if name.startswith("--") and len(name) > 2 and full:
+            p.error(f"{name} after --: spell out {' or '.join(full)} (nsys_run.sh reads it to plan and name the "
+                    "reports)")
         if name in OWN_OPTIONS:
             p.error(f"{name} after -- would reach bench_e2e.py: nsys_run.sh plans, names and places the "
                     "reports (give sizes, contexts, modes, --handout, --dry-run and --results-dir before --)")

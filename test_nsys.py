@@ -181,6 +181,8 @@ def test_an_nsys_that_does_not_know_a_passed_flag_refuses_it_in_one_line(fake: d
     (["tiny"], "usage"), (["tiny", "0"], "CTX"), (["tiny", "64", "inference"], "MODE"),
     (["tiny", "64", "--", "--context-length", "128"], "--context-length after -- would reach bench_e2e.py"),
     (["tiny", "64", "--", "--dtype", "fp32", "bf16"], "one --dtype"),
+    (["tiny", "64", "--", "--context", "128"], "--context after --: spell out --context-length"),
+    (["tiny", "64", "--", "--dt=bf16"], "--dt after --: spell out --dtype"),
     (["--handout", "2024", "tiny", "64"], "invalid choice: '2024'"),
     (["tiny", "64", "--", "--handout", "2025"], "give sizes, contexts, modes, --handout"),
     (["tiny", "64", "--mode", "forward"], "not both"),
