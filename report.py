@@ -694,12 +694,14 @@ TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_
 def precision_row(r: Record) -> Record:
     """Floats in full (floatfmt=""), errors to 3 digits; the stored addend also as n/2^k (its bits)."""
     numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
+    overflow = r["result"] is None  # an infinite sum: strict JSON holds it as None
     return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
             "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
             "addend as stored (exact)":
                 f"{r['addend_stored_exact']} = {numerator}/2^{denominator.bit_length() - 1}",
-            "count x stored (float64)": r["count_times_stored"], "result": r["result"],
-            "abs error": float(f"{r['abs_error']:.3g}"), "rel error": float(f"{r['rel_error']:.3g}"),
+            "count x stored (float64)": r["count_times_stored"],
+            "result": ("-inf" if r["value"] < 0 else "inf") if overflow else r["result"],
+            **{f"{k} error": "inf" if overflow else float(f"{r[f'{k}_error']:.3g}") for k in ("abs", "rel")},
             "accumulator spacing at result": r["result_spacing"]}
 
 
@@ -719,6 +721,10 @@ def precision_notes(records: list[Record]) -> list[str]:
             f"stores {r1['value']} as {r1['addend_stored_exact']}; the rest of its error is float32 rounding "
             "in the sum.")
     for r in [r for r in records if r["accumulator_dtype"] != "float32"]:
+        if r["result"] is None:
+            notes.append(f"The {r['accumulator_dtype']} accumulator (case {r['case']}) overflows: rounded up at "
+                         f"each add, its sum passes the largest finite {r['accumulator_dtype']} and becomes inf.")
+            continue
         half_step = r["result_spacing"] / 2
         stalled = half_step >= abs(float(r["addend_stored_exact"]))
         notes.append(
