@@ -644,6 +644,11 @@ def snapshot_report(title: str, fields: Record, fmt: str) -> str:
     return "\n".join(parts)
 
 
+def render_snapshots(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """mem_profile.py --analyze: each snapshot's tables."""
+    return "\n\n".join(snapshot_report(r["snapshot_path"], r, fmt) for r in records)
+
+
 def render_memory(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """Every table of a mem_profile run, from its records alone."""
     settings: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
@@ -846,6 +851,7 @@ RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str
     "bench_e2e": (render_e2e, lambda records: E2E_COLUMNS),
     "bench_attention": (render_attention, lambda records: ATTENTION_COLUMNS),
     "mem_profile": (render_memory, lambda records: MEMORY_PEAK_COLUMNS),
+    "mem_profile-analyze": (render_snapshots, lambda records: []),
     "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
     "toy_autocast": (render_toy, toy_columns),
     "leaderboard-2026": (render_leaderboard, lambda records: LEADERBOARD_COLUMNS),
@@ -1193,6 +1199,7 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
+    "mem_profile-analyze": ("nothing: --analyze draws the snapshot's timeline itself", {}),
     "precision_demo": ("records with partial sums", {"sums": plot_precision}),
     "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
     "leaderboard-2026": ("nothing: its answer is a table", {}),

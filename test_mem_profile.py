@@ -443,6 +443,14 @@ def test_analyze_writes_the_tables_the_png_and_torchs_interactive_html(tmp_path,
     assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
 
 
+
+def test_an_analyze_run_renders_again_as_its_md_byte_for_byte(tmp_path, capsys):
+    path = write_snapshot(tmp_path, measured=24 * MIB)
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path), "--out", "a"]) == 0
+    assert report.main([str(tmp_path / "memory" / "a.jsonl"), "--results-dir", str(tmp_path), "--out", "b"]) == 0
+    assert (tmp_path / "report" / "b.md").read_text() == (tmp_path / "memory" / "a.md").read_text()
+
+
 class WritesAFile:
     """A pickle payload that runs code when loaded: it would create `path`."""
 
