@@ -467,6 +467,9 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise ValueError("not a CUDA memory snapshot (no list of 'device_traces'; record one with "
                          "torch.cuda.memory._record_memory_history)")
+    if not any(snapshot["device_traces"]):  # _dump_snapshot without recording: the end state only, no peak
+        raise ValueError("the snapshot holds no allocation trace; record one: call torch.cuda.memory."
+                         "_record_memory_history(max_entries=1000000) before the step you dump")
     return snapshot
 
 

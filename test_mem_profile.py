@@ -451,6 +451,15 @@ def test_an_analyze_run_renders_again_as_its_md_byte_for_byte(tmp_path, capsys):
     assert (tmp_path / "report" / "b.md").read_text() == (tmp_path / "memory" / "a.md").read_text()
 
 
+def test_a_snapshot_without_an_allocation_trace_says_how_to_record_one(tmp_path, capsys):
+    """_dump_snapshot without _record_memory_history: the segments at the end, an empty trace, no peak to find."""
+    path = write_snapshot(tmp_path, None, {**synthetic_snapshot(), "device_traces": [[]]})
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1
+    assert "no allocation trace" in err and "_record_memory_history(max_entries=" in err
+
+
 class WritesAFile:
     """A pickle payload that runs code when loaded: it would create `path`."""
 
