@@ -649,6 +649,15 @@ def render_snapshots(records: list[Record], fmt: str, columns: list[str] | None 
     return "\n\n".join(snapshot_report(r["snapshot_path"], r, fmt) for r in records)
 
 
+def autocast_note(records: list[Record]) -> list[str]:
+    """Under the tables whose rows ran autocast off CUDA: CPU and CUDA autocast follow different op lists."""
+    devices = sorted({d for r in records if r["config"]["dtype"] != "fp32"
+                      and not (d := r["environment"].get("device", "")).startswith("cuda")})
+    return [f"note: the bf16/fp16 rows ran under {'/'.join(devices)} autocast, so their dtypes and bytes are its; "
+            "CUDA autocast runs more ops in float32 (exp, softmax, pow, rsqrt, sum, ...: torch.amp's \"Autocast Op "
+            "Reference\"): run on a GPU for the GPU's figures.", ""] if devices else []
+
+
 def render_memory(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """Every table of a mem_profile run, from its records alone."""
     settings: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
@@ -659,14 +668,14 @@ def render_memory(records: list[Record], fmt: str, columns: list[str] | None = N
              accounting_table(records, fmt), "",
              "### Saved for backward (one forward pass and the loss; each storage once; blocks: the repeated "
              "modules of the model's nn.ModuleList; grads per block: one block's parameter gradients)", "",
-             saved_tables(records, fmt), ""]
+             saved_tables(records, fmt), "", *autocast_note(records)]
     if compiled := compiled_block_table(records, fmt):
         parts += ["### One block compiled, as the handout's §3.2 counts it (torch.compile(block, "
                   "fullgraph=True); every saved tensor's numel x element size, parameters left out)", "",
                   compiled, ""]
     if checkpointing := checkpoint_table(records, fmt):
         parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "",
-                  checkpointing, ""]
+                  checkpointing, "", *autocast_note(records)]
     devices = sorted({r["environment"].get("device", "") for r in records})
     if not any(d.startswith("cuda") for d in devices):
         parts.append(f"note: measured peaks and snapshots need a CUDA device, and this run is on "

@@ -313,6 +313,15 @@ def test_checkpoint_runs_print_the_predicted_peak_for_each_k_and_the_nested_one(
             f"{p['nested_predicted_peak_bytes'] / 2**30:.3f} GiB") in table
 
 
+def test_cpu_autocast_rows_say_cuda_autocast_differs_under_each_table(tmp_path, capsys):
+    """CPU autocast keeps the loss's exp in bfloat16; CUDA's runs exp in float32: the CPU figures are not CUDA's."""
+    assert mem_profile.main(["--size", "tiny", "--context-length", "16", "--mode", "train", "--dtype", "bf16",
+                             "--checkpoint", "0", "1", "--device", "cpu", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| Exp        | 4x16x10000 | bfloat16 " in out
+    assert out.count("note: the bf16/fp16 rows ran under cpu autocast") == 2  # saved for backward, checkpointing
+
+
 def test_accounting_residual_stream_and_scores():
     run = MemConfig(size="xl", model=mem_profile.get_config("xl", "2025", context_length=512), handout="2025",
                     mode="train", dtype="bf16")
@@ -668,6 +677,7 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
     out = capsys.readouterr().out
     assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
     assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
+    assert "autocast" not in out  # fp32: nothing ran under it
     assert "Model sizes from handout 2026 (v26.1.1):" in out and "sizes from: handout 2026 (v26.1.1)" in out
     records = read_records(tmp_path / "memory" / "cpu.jsonl")
     assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)
