@@ -46,7 +46,7 @@ import runner
 from bench_e2e import RunConfig, Workload
 from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
 from model import ATTENTION, build_model, check_logits, cross_entropy
-from report import MEMORY_PEAK_COLUMNS, sizes_table, snapshot_report
+from report import MEMORY_PEAK_COLUMNS, sizes_table
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
 
 FP32_BYTES = 4
@@ -467,6 +467,9 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("device_traces"), list):
         raise ValueError("not a CUDA memory snapshot (no list of 'device_traces'; record one with "
                          "torch.cuda.memory._record_memory_history)")
+    if not any(snapshot["device_traces"]):  # _dump_snapshot without recording: the end state only, no peak
+        raise ValueError("the snapshot holds no allocation trace; record one: call torch.cuda.memory."
+                         "_record_memory_history(max_entries=1000000) before the step you dump")
     return snapshot
 
 
@@ -786,18 +789,19 @@ def analyze_main(args: argparse.Namespace, files: ResultFiles) -> int:
            else "the most common source root of its Python frames; --code-root DIR")
     print(f"note: the sites name lines of the code under {fields['snapshot_code_root']} ({how})",
           file=sys.stderr)
-    emit(snapshot_report(args.analyze, fields, args.fmt))
+    record = {"experiment": "mem_profile-analyze", "snapshot_path": args.analyze, **fields}
+    emit(report.render(record["experiment"], [record], args.fmt))
     try:
-        fields.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"),
+        record.update(write_timeline(snapshot, timeline, spans, files.path("_timeline"),
                                      Path(args.analyze).name))
     except OSError as exc:
         print(f"error: cannot write {exc.filename or files.folder}: {exc.strerror or exc}; the tables above "
               "are complete", file=sys.stderr)
         files.release()
         return 1
-    files.append_record({"snapshot_path": args.analyze, **fields})
-    files.write_report(lambda fmt: snapshot_report(args.analyze, fields, fmt), args.fmt)
-    files.say_written(args.fmt, [fields[k] for k in ("snapshot_png", "snapshot_html") if k in fields])
+    files.append_record(record)
+    files.write_report(lambda fmt: report.render(record["experiment"], [record], fmt), args.fmt)
+    files.say_written(args.fmt, [record[k] for k in ("snapshot_png", "snapshot_html") if k in record])
     return 0
 
 

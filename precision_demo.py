@@ -41,14 +41,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     results.add_output_args(p, default_stem="precision_demo")
     args = p.parse_args(argv)
     f16_max = torch.finfo(torch.float16).max  # past it case 2's sum is inf; the study is rounding
+    stored = torch.tensor(args.value, dtype=torch.float16).item()  # float16 rounds it: 6550 is 6552
     results.refuse(p, [
         (not math.isfinite(args.value) or args.value == 0,
          f"--value must be a finite non-zero number, got {args.value}"),
         (args.count > 1_000_000, f"--count must be at most 1000000 (a Python add each), got "
                                  f"{args.count}"),
-        (abs(args.value) * args.count > f16_max,
+        (abs(stored) * args.count > f16_max,
          f"--value x --count must be at most {f16_max:g} in magnitude (float16's largest finite "
-         f"number), got {args.value} x {args.count}")])
+         f"number) with --value as float16 stores it, got {stored:g} x {args.count}")])
     return args
 
 

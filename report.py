@@ -644,6 +644,20 @@ def snapshot_report(title: str, fields: Record, fmt: str) -> str:
     return "\n".join(parts)
 
 
+def render_snapshots(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """mem_profile.py --analyze: each snapshot's tables."""
+    return "\n\n".join(snapshot_report(r["snapshot_path"], r, fmt) for r in records)
+
+
+def autocast_note(records: list[Record]) -> list[str]:
+    """Under the tables whose rows ran autocast off CUDA: CPU and CUDA autocast follow different op lists."""
+    devices = sorted({d for r in records if r["config"]["dtype"] != "fp32"
+                      and not (d := r["environment"].get("device", "")).startswith("cuda")})
+    return [f"note: the bf16/fp16 rows ran under {'/'.join(devices)} autocast, so their dtypes and bytes are its; "
+            "CUDA autocast runs more ops in float32 (exp, softmax, pow, rsqrt, sum, ...: torch.amp's \"Autocast Op "
+            "Reference\"): run on a GPU for the GPU's figures.", ""] if devices else []
+
+
 def render_memory(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """Every table of a mem_profile run, from its records alone."""
     settings: dict[str, Setting] = {"sizes from": sizes_from, "model": lambda r: model_label(r["config"]),
@@ -654,14 +668,14 @@ def render_memory(records: list[Record], fmt: str, columns: list[str] | None = N
              accounting_table(records, fmt), "",
              "### Saved for backward (one forward pass and the loss; each storage once; blocks: the repeated "
              "modules of the model's nn.ModuleList; grads per block: one block's parameter gradients)", "",
-             saved_tables(records, fmt), ""]
+             saved_tables(records, fmt), "", *autocast_note(records)]
     if compiled := compiled_block_table(records, fmt):
         parts += ["### One block compiled, as the handout's §3.2 counts it (torch.compile(block, "
                   "fullgraph=True); every saved tensor's numel x element size, parameters left out)", "",
                   compiled, ""]
     if checkpointing := checkpoint_table(records, fmt):
         parts += ["### Activation checkpointing: the predicted peak for each K (any device)", "",
-                  checkpointing, ""]
+                  checkpointing, "", *autocast_note(records)]
     devices = sorted({r["environment"].get("device", "") for r in records})
     if not any(d.startswith("cuda") for d in devices):
         parts.append(f"note: measured peaks and snapshots need a CUDA device, and this run is on "
@@ -694,12 +708,14 @@ TOY_CPU_NOTE = ("NOTE: these are CPU autocast results. CUDA autocast runs layer_
 def precision_row(r: Record) -> Record:
     """Floats in full (floatfmt=""), errors to 3 digits; the stored addend also as n/2^k (its bits)."""
     numerator, denominator = float(r["addend_stored_exact"]).as_integer_ratio()
+    overflow = r["result"] is None  # an infinite sum: strict JSON holds it as None
     return {RUN_COLUMN: run_of(r), "case": r["case"], "accumulator": r["accumulator_dtype"],
             "addend": r["addend_dtype"] + (" -> float32" * r["addend_converted_to_float32"]),
             "addend as stored (exact)":
                 f"{r['addend_stored_exact']} = {numerator}/2^{denominator.bit_length() - 1}",
-            "count x stored (float64)": r["count_times_stored"], "result": r["result"],
-            "abs error": float(f"{r['abs_error']:.3g}"), "rel error": float(f"{r['rel_error']:.3g}"),
+            "count x stored (float64)": r["count_times_stored"],
+            "result": ("-inf" if r["value"] < 0 else "inf") if overflow else r["result"],
+            **{f"{k} error": "inf" if overflow else float(f"{r[f'{k}_error']:.3g}") for k in ("abs", "rel")},
             "accumulator spacing at result": r["result_spacing"]}
 
 
@@ -719,6 +735,10 @@ def precision_notes(records: list[Record]) -> list[str]:
             f"stores {r1['value']} as {r1['addend_stored_exact']}; the rest of its error is float32 rounding "
             "in the sum.")
     for r in [r for r in records if r["accumulator_dtype"] != "float32"]:
+        if r["result"] is None:
+            notes.append(f"The {r['accumulator_dtype']} accumulator (case {r['case']}) overflows: rounded up at "
+                         f"each add, its sum passes the largest finite {r['accumulator_dtype']} and becomes inf.")
+            continue
         half_step = r["result_spacing"] / 2
         stalled = half_step >= abs(float(r["addend_stored_exact"]))
         notes.append(
@@ -840,6 +860,7 @@ RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str
     "bench_e2e": (render_e2e, lambda records: E2E_COLUMNS),
     "bench_attention": (render_attention, lambda records: ATTENTION_COLUMNS),
     "mem_profile": (render_memory, lambda records: MEMORY_PEAK_COLUMNS),
+    "mem_profile-analyze": (render_snapshots, lambda records: []),
     "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
     "toy_autocast": (render_toy, toy_columns),
     "leaderboard-2026": (render_leaderboard, lambda records: LEADERBOARD_COLUMNS),
@@ -1187,6 +1208,7 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
+    "mem_profile-analyze": ("nothing: --analyze draws the snapshot's timeline itself", {}),
     "precision_demo": ("records with partial sums", {"sums": plot_precision}),
     "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
     "leaderboard-2026": ("nothing: its answer is a table", {}),

@@ -313,6 +313,15 @@ def test_checkpoint_runs_print_the_predicted_peak_for_each_k_and_the_nested_one(
             f"{p['nested_predicted_peak_bytes'] / 2**30:.3f} GiB") in table
 
 
+def test_cpu_autocast_rows_say_cuda_autocast_differs_under_each_table(tmp_path, capsys):
+    """CPU autocast keeps the loss's exp in bfloat16; CUDA's runs exp in float32: the CPU figures are not CUDA's."""
+    assert mem_profile.main(["--size", "tiny", "--context-length", "16", "--mode", "train", "--dtype", "bf16",
+                             "--checkpoint", "0", "1", "--device", "cpu", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| Exp        | 4x16x10000 | bfloat16 " in out
+    assert out.count("note: the bf16/fp16 rows ran under cpu autocast") == 2  # saved for backward, checkpointing
+
+
 def test_accounting_residual_stream_and_scores():
     run = MemConfig(size="xl", model=mem_profile.get_config("xl", "2025", context_length=512), handout="2025",
                     mode="train", dtype="bf16")
@@ -441,6 +450,23 @@ def test_analyze_writes_the_tables_the_png_and_torchs_interactive_html(tmp_path,
     assert "Active Memory Timeline" in html.read_text()  # torch.cuda._memory_viz.trace_plot's page
     record = read_records(tmp_path / "memory" / "a.jsonl")[0]
     assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
+
+
+
+def test_an_analyze_run_renders_again_as_its_md_byte_for_byte(tmp_path, capsys):
+    path = write_snapshot(tmp_path, measured=24 * MIB)
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path), "--out", "a"]) == 0
+    assert report.main([str(tmp_path / "memory" / "a.jsonl"), "--results-dir", str(tmp_path), "--out", "b"]) == 0
+    assert (tmp_path / "report" / "b.md").read_text() == (tmp_path / "memory" / "a.md").read_text()
+
+
+def test_a_snapshot_without_an_allocation_trace_says_how_to_record_one(tmp_path, capsys):
+    """_dump_snapshot without _record_memory_history: the segments at the end, an empty trace, no peak to find."""
+    path = write_snapshot(tmp_path, None, {**synthetic_snapshot(), "device_traces": [[]]})
+    assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.strip().splitlines()) == 1
+    assert "no allocation trace" in err and "_record_memory_history(max_entries=" in err
 
 
 class WritesAFile:
@@ -651,6 +677,7 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
     out = capsys.readouterr().out
     assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
     assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
+    assert "autocast" not in out  # fp32: nothing ran under it
     assert "Model sizes from handout 2026 (v26.1.1):" in out and "sizes from: handout 2026 (v26.1.1)" in out
     records = read_records(tmp_path / "memory" / "cpu.jsonl")
     assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)

@@ -104,6 +104,16 @@ def test_another_sum(tmp_path):
     assert records[0]["partial_sums"][0] == [1, 0.5] and records[0]["partial_sums"][-1] == [8, 4.0]
 
 
+def test_an_overflowing_float16_sum_is_a_row(tmp_path, capsys):
+    """17 x 3853 = 65501 passes the guard, but float16 rounds each add near 65504 up (by 32): case 2 is inf."""
+    assert precision_demo.main(["--results-dir", str(tmp_path), "--out", "o", "--value", "17",
+                                "--count", "3853"]) == 0
+    out = capsys.readouterr().out
+    case2 = next(line for line in out.splitlines() if line.startswith("| 2 "))
+    assert case2.split("|")[6].strip() == "inf" and "(case 2) overflows" in out
+    assert (tmp_path / "precision" / "o.md").read_text() in out
+
+
 # ---- toy_autocast ----
 
 def test_cpu_autocast_dtypes_as_observed(tmp_path, capsys):
@@ -154,6 +164,7 @@ def test_toy_on_cuda_has_no_cpu_note_and_a_failure_is_a_row(tmp_path, capsys, mo
     (precision_demo, ["--count", "0"]), (precision_demo, ["--count", "2000000"]),
     (precision_demo, ["--value", "nan"]), (precision_demo, ["--value", "0"]),
     (precision_demo, ["--value", "1", "--count", "70000"]), (precision_demo, ["--fmt", "nope"]),
+    (precision_demo, ["--value", "6550", "--count", "10"]),  # float16 stores 6552: 65520 is inf
     (toy_autocast, ["--batch-size", "0"]), (toy_autocast, ["--dtype", "fp32"]),
     (toy_autocast, ["--device", "tpu"]),
     pytest.param(toy_autocast, ["--device", "cuda"], marks=pytest.mark.skipif(
