@@ -425,7 +425,8 @@ def run_step(work: Workload) -> dict[str, float]:
 
 def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
     """Untimed: the compile step (compile_s) and the warm-up steps -> (the record so far, the last warm-up step's s)."""
-    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
+    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)},
+                              "model_num_params": sum(p.numel() for p in work.model.parameters())}  # as built
     if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
         _, record["compile_s"] = SyncTimer(work.device).time(work.step)

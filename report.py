@@ -52,7 +52,7 @@ def labelled(record: Record, records: list[Record]) -> str:
 # ---- bench_e2e tables ----
 
 E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn",
-               "model", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
+               "model", "params", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
                "peak mem GiB", "status"]
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
@@ -98,6 +98,8 @@ def e2e_row(record: Record) -> Record:
     for phase, short in E2E_PHASE_SHORT.items():
         if f"{phase}_ms_mean" in record:
             row[f"{short} ms"], row[f"{short} std"] = record[f"{phase}_ms_mean"], record[f"{phase}_ms_std"]
+    if c.get("model_factory") and record.get("model_num_params"):  # yours: the sizes table counts ours
+        row["params"] = f"{record['model_num_params']:,}"
     row.update({"tokens/s": f"{record['tokens_per_s']:,.0f}", "TFLOP/s": record.get("achieved_tflops"),
                 "MFU": f"{record['mfu']:.1%}" if record.get("mfu") is not None else None,
                 "peak mem GiB": scaled(record.get("peak_mem_allocated_bytes"))})
@@ -108,24 +110,29 @@ def e2e_row(record: Record) -> Record:
     return row
 
 
+def params_column(configs: list[Record]) -> str:
+    """The sizes table's count is our model's: named so when another model ran (its rows have their own)."""
+    return "params (model.TransformerLM)" if any(c.get("model_factory") for c in configs) else "params"
+
+
 def sizes_table(configs: list[Record], fmt: str) -> str:
     """The model configurations of a sweep (one row per size) under the handout its size names come from."""
     handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
-    return config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
+    return config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt,
+                        params_column(configs))
 
 
 def sizes_section(records: list[Record], fmt: str) -> str:
     """sizes_table of the records; for a merge, one row per run and size, with the handout of each run."""
     if not is_merged(records):
         return sizes_table([r["config"] for r in records], fmt)
-    rows = []
+    rows, params = [], params_column([r["config"] for r in records])
     for run, group in by_run(records).items():
         models = [(r["config"]["size"], ModelConfig(**r["config"]["model"] | {"context_length": 1})) for r in group]
         for size, model in dict.fromkeys(models):  # a row per model, whatever its context
             row = config_row(size, model)
-            rows.append({RUN_COLUMN: run, **row, "params": f"{row['params']:,}",
-                         "sizes from": sizes_from(group[0])})
-    columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", "params", "sizes from"]
+            rows.append({RUN_COLUMN: run, **row, params: f"{row['params']:,}", "sizes from": sizes_from(group[0])})
+    columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", params, "sizes from"]
     return "Model sizes of the runs merged:\n\n" + render_table(rows, columns, fmt)
 
 
@@ -182,7 +189,7 @@ VARIANT_AXES: dict[str, Callable[[Record], str]] = {  # each axis's config field
     "dtype": lambda c: c["dtype"],
     "compile": lambda c: "compiled" if c["compile"] else "eager",
     "attn": lambda c: c["attn"],
-    "model": lambda c: model_label(c) if model_label(c) != OURS else "our model",
+    "model": model_label,
     "optimizer": lambda c: {OURS: "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], optimizer_label(c)),
     "parallel": lambda c: parallel_label(c) or "1 process",
 }

@@ -53,6 +53,10 @@ def model_b(**kw):
     return tagged("b", **kw)
 
 
+def narrow(**kw):  # half our d_ff: fewer parameters than the sizes table counts for ours
+    return tagged("narrow", **{**kw, "d_ff": kw["d_ff"] // 2})
+
+
 def oom_from_ctx_32(**kw):
     if kw["context_length"] >= 32:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -214,6 +218,17 @@ def test_a_model_comparison_is_interleaved_a_b_b_a_and_named(tmp_path, capsys, r
     assert "## Comparison: a vs b (speed-ups over a)" in out and "test_bench_e2e:model_a" not in out.split("|")[-1]
 
 
+def test_your_model_shows_its_own_parameter_count_and_ours_is_named_ours_in_both_tables(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--in-process", "--model", "ours", "mine=test_bench_e2e:narrow", "--steps",
+                             "2", "--warmup", "0")
+    ours, mine = (results.ModelConfig(64, d_ff, 1, 4, 256, 16).num_params for d_ff in (128, 64))
+    assert code == 0 and [r["model_num_params"] for r in records] == [ours, mine]
+    out = capsys.readouterr().out
+    assert [(r["model"], r["params"]) for r in cells(out, "step ms")] == [("ours", ""), ("mine", f"{mine:,}")]
+    assert cells(out, "d_model")[0]["params (model.TransformerLM)"] == f"{ours:,}"  # the sizes table: ours, named
+    assert "## Comparison: ours vs mine" in out and "step ms: ours |" in out  # as docs/bench_e2e.md says
+
+
 def test_a_dtype_comparison_is_interleaved_a_b_b_a(tmp_path, recorded):
     code, _ = run_main(tmp_path, "--in-process", "--model", "a=test_bench_e2e:model_a", "--dtype", "fp32", "bf16",
                        "--steps", "2", "--warmup", "0")
@@ -234,7 +249,8 @@ def fake_variant(name, calls, resident=0, transient=0, allocator=None, steps=12,
                 allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
             return {"forward": step_s / 2, "step": step_s}
         run = SimpleNamespace(warmup=1, steps=steps, compile=False)
-        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {})
+        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {},
+                               model=torch.nn.Module())
     return prepare
 
 
