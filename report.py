@@ -279,7 +279,8 @@ def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) 
         out.update(conclusive=True, answer=f"the longest that fits, to within {resolution}: {first_oom} runs "
                                            f"out of memory (the longest power of two: {power})")
     elif sum(1 for p in probes if p["context_length"] & (p["context_length"] - 1)) >= budget:
-        out["answer"] = f"{between}: the bisection spent its budget of {budget} probes (--search-probes)"
+        out["answer"] = (f"{between}: the bisection spent its budget of {budget} probe{'s' * (budget != 1)} "
+                         "(--search-probes)")
     else:
         out["answer"] = f"{between}: the bisection was interrupted"
     return out
