@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -970,6 +971,7 @@ def new_figure(records: list[Record], title: str, ncols: int = 1, width: float =
     env = next((r["environment"] for r in records if isinstance(r.get("environment"), dict)), {})
     device = f"{env.get('device_name', '?')} ({env.get('device', '?')}) | torch {env.get('torch', '?')}"
     handout = next((c["handout"] for r in records if (c := r.get("config") or {}).get("handout")), None)
+    title = textwrap.fill(title, int(11 * width * ncols))  # 10 pt: about 11 characters an inch
     fig.suptitle(f"{title}\n{device}" + (f" | handout {handout}" if handout else ""), fontsize=10)
     return fig, list(fig.subplots(1, ncols, squeeze=False).flat)
 
@@ -1006,6 +1008,14 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
         ax.xaxis.set_minor_locator(NullLocator())
 
 
+def bar_labels(ax: Any, labels: list[str], width: float) -> None:
+    """Labels under the bars, slanted where the longest line is wider than a bar's share of a `width`-inch figure
+    (the legend and the y label take about 2 inches; 8 pt: about 0.065 inch a character)."""
+    slant = 0.065 * max(len(line) for label in labels for line in label.split("\n")) > (width - 2) / len(labels)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=30 if slant else 0,
+                  ha="right" if slant else "center", rotation_mode="anchor")
+
+
 def legend_outside(fig: Any, ax: Any) -> Any:
     """The legend right of the axes, where it covers no bar or line; returns the figure."""
     handles, labels = ax.get_legend_handles_labels()
@@ -1033,7 +1043,8 @@ def plot_e2e_phases(records: list[Record]) -> Any | None:
     if not done:
         return None
     keys, axes = ["size"] + varying(done, ["warmup", "mode"]), varied_axes([r["config"] for r in done])
-    fig, (ax,) = new_figure(done, "Step time by phase", width=max(6.4, 0.9 * len(done) + 2))
+    fig_width = max(6.4, 0.9 * len(done) + 2)
+    fig, (ax,) = new_figure(done, "Step time by phase", width=fig_width)
     bottom = [0.0] * len(done)
     for phase in ("forward", "backward", "optimizer"):
         heights = [r.get(f"{phase}_ms_mean") if number(r.get(f"{phase}_ms_mean")) else 0.0 for r in done]
@@ -1045,9 +1056,8 @@ def plot_e2e_phases(records: list[Record]) -> Any | None:
                 capsize=3, label="step mean ± std")
     if 0.0 in stds:
         progress(f"note: figure phases: {stds.count(0.0)} configuration(s) without a step std (one timed step)")
-    ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
-                                     + f"\nctx {r['config']['model']['context_length']}" for r in done],
-                  fontsize=8)
+    bar_labels(ax, [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
+                    + f"\nctx {r['config']['model']['context_length']}" for r in done], fig_width)
     ax.set_ylabel("time per step (ms)")
     return legend_outside(fig, ax)
 
@@ -1059,8 +1069,8 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
         return None
     names, rows, _ = comparison_rows(measured, **spec)
     bars = [(row, name) for row in rows for name in names[1:]]
-    fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}",
-                            width=max(6.4, 1.2 * len(bars) + 2))
+    fig_width = max(6.4, 1.2 * len(bars) + 2)
+    fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}", width=fig_width)
     width, spans = 0.8 / len(spec["ratios"]), []
     for i, label in enumerate(spec["ratios"]):
         xs = [j + (i - (len(spec["ratios"]) - 1) / 2) * width for j in range(len(bars))]
@@ -1075,10 +1085,9 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
                     yerr=[[s.ratio - s.low for _, s in spans], [s.high - s.ratio for _, s in spans]],
                     label="95% interval")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}"
-                                     + (f" warm-up {row['warmup']}" if "warmup" in row else "") + f"\n{name}"
-                                     + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
-                                     for row, name in bars], fontsize=8)
+    bar_labels(ax, [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if "warmup" in row else "")
+                    + f"\n{name}" + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "") for row, name in bars],
+               fig_width)
     ax.set_ylabel(f"speed-up over {names[0]} (x)")
     return legend_outside(fig, ax)
 
