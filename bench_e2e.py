@@ -118,7 +118,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); give "
                                 "several to compare them in one table (train mode)", flops=True)
     model_flag = next(a for a in p._actions if a.dest == "model")
-    model_flag.type, model_flag.help = named_model, model_flag.help + "; NAME=MODEL names it in tables and records"
+    model_flag.type = named_model
+    model_flag.help += "; NAME=MODEL names it in tables and records (default: ours)"
     model_flag.default = [(None, common.OURS)]
     p.add_argument("--tf32", choices=["on", "off"], default=None,
                    help="CUDA only: allow TF32 tensor cores for fp32 matmuls (default: PyTorch's default, off)")
@@ -425,7 +426,8 @@ def run_step(work: Workload) -> dict[str, float]:
 
 def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
     """Untimed: the compile step (compile_s) and the warm-up steps -> (the record so far, the last warm-up step's s)."""
-    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)}}
+    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)},
+                              "model_num_params": sum(p.numel() for p in work.model.parameters())}  # as built
     if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
         phase(f"compiling (first step){of}")
         _, record["compile_s"] = SyncTimer(work.device).time(work.step)
@@ -673,8 +675,8 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 def state_counted(cfg: ModelConfig) -> str:
-    return (f"{cfg.num_params / 1e9:.2f}e9 parameters x (4 weights + 4 grads + 8 AdamW) bytes, fp32 master weights; "
-            "activations not counted")
+    return (f"model.TransformerLM's {cfg.num_params:,} parameters x (4 weights + 4 grads + 8 AdamW) bytes, fp32 "
+            "master weights; activations not counted")
 
 
 def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +53,7 @@ def labelled(record: Record, records: list[Record]) -> str:
 # ---- bench_e2e tables ----
 
 E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn",
-               "model", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
+               "model", "params", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
                "peak mem GiB", "status"]
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
@@ -98,6 +99,8 @@ def e2e_row(record: Record) -> Record:
     for phase, short in E2E_PHASE_SHORT.items():
         if f"{phase}_ms_mean" in record:
             row[f"{short} ms"], row[f"{short} std"] = record[f"{phase}_ms_mean"], record[f"{phase}_ms_std"]
+    if c.get("model_factory") and record.get("model_num_params"):  # yours: the sizes table counts ours
+        row["params"] = f"{record['model_num_params']:,}"
     row.update({"tokens/s": f"{record['tokens_per_s']:,.0f}", "TFLOP/s": record.get("achieved_tflops"),
                 "MFU": f"{record['mfu']:.1%}" if record.get("mfu") is not None else None,
                 "peak mem GiB": scaled(record.get("peak_mem_allocated_bytes"))})
@@ -108,24 +111,29 @@ def e2e_row(record: Record) -> Record:
     return row
 
 
+def params_column(configs: list[Record]) -> str:
+    """The sizes table's count is our model's: named so when another model ran (its rows have their own)."""
+    return "params (model.TransformerLM)" if any(c.get("model_factory") for c in configs) else "params"
+
+
 def sizes_table(configs: list[Record], fmt: str) -> str:
     """The model configurations of a sweep (one row per size) under the handout its size names come from."""
     handout = HANDOUTS[configs[0].get("handout", DEFAULT_HANDOUT)]
-    return config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt)
+    return config_table([(c["size"], ModelConfig(**c["model"])) for c in configs], handout, fmt,
+                        params_column(configs))
 
 
 def sizes_section(records: list[Record], fmt: str) -> str:
     """sizes_table of the records; for a merge, one row per run and size, with the handout of each run."""
     if not is_merged(records):
         return sizes_table([r["config"] for r in records], fmt)
-    rows = []
+    rows, params = [], params_column([r["config"] for r in records])
     for run, group in by_run(records).items():
         models = [(r["config"]["size"], ModelConfig(**r["config"]["model"] | {"context_length": 1})) for r in group]
         for size, model in dict.fromkeys(models):  # a row per model, whatever its context
             row = config_row(size, model)
-            rows.append({RUN_COLUMN: run, **row, "params": f"{row['params']:,}",
-                         "sizes from": sizes_from(group[0])})
-    columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", "params", "sizes from"]
+            rows.append({RUN_COLUMN: run, **row, params: f"{row['params']:,}", "sizes from": sizes_from(group[0])})
+    columns = [RUN_COLUMN, "size", "d_model", "d_ff", "layers", "heads", "vocab", params, "sizes from"]
     return "Model sizes of the runs merged:\n\n" + render_table(rows, columns, fmt)
 
 
@@ -182,7 +190,7 @@ VARIANT_AXES: dict[str, Callable[[Record], str]] = {  # each axis's config field
     "dtype": lambda c: c["dtype"],
     "compile": lambda c: "compiled" if c["compile"] else "eager",
     "attn": lambda c: c["attn"],
-    "model": lambda c: model_label(c) if model_label(c) != OURS else "our model",
+    "model": model_label,
     "optimizer": lambda c: {OURS: "our AdamW", "torch": "torch AdamW"}.get(c["optimizer"], optimizer_label(c)),
     "parallel": lambda c: parallel_label(c) or "1 process",
 }
@@ -272,7 +280,8 @@ def search_answer(probes: list[Record], cap: int, resolution: int, budget: int) 
         out.update(conclusive=True, answer=f"the longest that fits, to within {resolution}: {first_oom} runs "
                                            f"out of memory (the longest power of two: {power})")
     elif sum(1 for p in probes if p["context_length"] & (p["context_length"] - 1)) >= budget:
-        out["answer"] = f"{between}: the bisection spent its budget of {budget} probes (--search-probes)"
+        out["answer"] = (f"{between}: the bisection spent its budget of {budget} probe{'s' * (budget != 1)} "
+                         "(--search-probes)")
     else:
         out["answer"] = f"{between}: the bisection was interrupted"
     return out
@@ -983,6 +992,7 @@ def new_figure(records: list[Record], title: str, ncols: int = 1, width: float =
     env = next((r["environment"] for r in records if isinstance(r.get("environment"), dict)), {})
     device = f"{env.get('device_name', '?')} ({env.get('device', '?')}) | torch {env.get('torch', '?')}"
     handout = next((c["handout"] for r in records if (c := r.get("config") or {}).get("handout")), None)
+    title = textwrap.fill(title, int(11 * width * ncols))  # 10 pt: about 11 characters an inch
     fig.suptitle(f"{title}\n{device}" + (f" | handout {handout}" if handout else ""), fontsize=10)
     return fig, list(fig.subplots(1, ncols, squeeze=False).flat)
 
@@ -1019,6 +1029,14 @@ def log_axes(ax: Any, xlabel: str, ylabel: str, x_base: int | None = 2) -> None:
         ax.xaxis.set_minor_locator(NullLocator())
 
 
+def bar_labels(ax: Any, labels: list[str], width: float) -> None:
+    """Labels under the bars, slanted where the longest line is wider than a bar's share of a `width`-inch figure
+    (the legend and the y label take about 2 inches; 8 pt: about 0.065 inch a character)."""
+    slant = 0.065 * max(len(line) for label in labels for line in label.split("\n")) > (width - 2) / len(labels)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=30 if slant else 0,
+                  ha="right" if slant else "center", rotation_mode="anchor")
+
+
 def legend_outside(fig: Any, ax: Any) -> Any:
     """The legend right of the axes, where it covers no bar or line; returns the figure."""
     handles, labels = ax.get_legend_handles_labels()
@@ -1046,7 +1064,8 @@ def plot_e2e_phases(records: list[Record]) -> Any | None:
     if not done:
         return None
     keys, axes = ["size"] + varying(done, ["warmup", "mode"]), varied_axes([r["config"] for r in done])
-    fig, (ax,) = new_figure(done, "Step time by phase", width=max(6.4, 0.9 * len(done) + 2))
+    fig_width = max(6.4, 0.9 * len(done) + 2)
+    fig, (ax,) = new_figure(done, "Step time by phase", width=fig_width)
     bottom = [0.0] * len(done)
     for phase in ("forward", "backward", "optimizer"):
         heights = [r.get(f"{phase}_ms_mean") if number(r.get(f"{phase}_ms_mean")) else 0.0 for r in done]
@@ -1058,9 +1077,8 @@ def plot_e2e_phases(records: list[Record]) -> Any | None:
                 capsize=3, label="step mean ± std")
     if 0.0 in stds:
         progress(f"note: figure phases: {stds.count(0.0)} configuration(s) without a step std (one timed step)")
-    ax.set_xticks(range(len(done)), [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
-                                     + f"\nctx {r['config']['model']['context_length']}" for r in done],
-                  fontsize=8)
+    bar_labels(ax, [f"{label_of(r, keys)} {variant_label(r['config'], axes)}".strip()
+                    + f"\nctx {r['config']['model']['context_length']}" for r in done], fig_width)
     ax.set_ylabel("time per step (ms)")
     return legend_outside(fig, ax)
 
@@ -1072,8 +1090,8 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
         return None
     names, rows, _ = comparison_rows(measured, **spec)
     bars = [(row, name) for row in rows for name in names[1:]]
-    fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}",
-                            width=max(6.4, 1.2 * len(bars) + 2))
+    fig_width = max(6.4, 1.2 * len(bars) + 2)
+    fig, (ax,) = new_figure(measured, f"Speed-up over {names[0]}: {' vs '.join(names)}", width=fig_width)
     width, spans = 0.8 / len(spec["ratios"]), []
     for i, label in enumerate(spec["ratios"]):
         xs = [j + (i - (len(spec["ratios"]) - 1) / 2) * width for j in range(len(bars))]
@@ -1088,10 +1106,9 @@ def plot_e2e_speedups(records: list[Record]) -> Any | None:
                     yerr=[[s.ratio - s.low for _, s in spans], [s.high - s.ratio for _, s in spans]],
                     label="95% interval")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(bars)), [f"{row['size']} ctx {row['ctx']}"
-                                     + (f" warm-up {row['warmup']}" if "warmup" in row else "") + f"\n{name}"
-                                     + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "")
-                                     for row, name in bars], fontsize=8)
+    bar_labels(ax, [f"{row['size']} ctx {row['ctx']}" + (f" warm-up {row['warmup']}" if "warmup" in row else "")
+                    + f"\n{name}" + (f"\n{row[RUN_COLUMN]}" if RUN_COLUMN in row else "") for row, name in bars],
+               fig_width)
     ax.set_ylabel(f"speed-up over {names[0]} (x)")
     return legend_outside(fig, ax)
 

@@ -380,7 +380,8 @@ class Sweep:
         record.setdefault("status", "ok")  # a failure's own status replaces it
         return {**record, **{k: v for k, v in answer.items() if k not in ("ok", "value") and v is not None}}
 
-    def add(self, run: Any, record: dict[str, Any], elapsed: float) -> None:
+    def add(self, run: Any, record: dict[str, Any], elapsed: float, shared: int = 1) -> None:
+        """`elapsed`: seconds of the child that measured it, `shared` with that many variants interleaved."""
         group, _, size = run.skip_key()
         if is_oom_status(record["status"]):
             self.oom_at[group] = min(self.oom_at.get(group, size), size)
@@ -391,7 +392,7 @@ class Sweep:
                 self.total -= sum(1 for later in self.runs
                                   if later.skip_key()[0] == group and later.skip_key()[2] > size)
         if not is_oom_status(record["status"]) and not record["status"].startswith(("skipped", "timeout")):
-            self.slowest_s = max(self.slowest_s, elapsed)
+            self.slowest_s = max(self.slowest_s, elapsed / shared)
         record.setdefault("environment", self.env)
         if self.finish is not None:
             self.finish(run, record)
@@ -401,7 +402,8 @@ class Sweep:
             if self.render is not None:
                 self.files.write_report(lambda fmt: self.render(self.records, fmt), self.args.fmt)
         said = self.summary(record) if self.summary and finished(record) else record["status"]
-        self.say(f"[{len(self.records)}/{self.total}] {run.label()}: {said} ({elapsed:.1f} s)")
+        took = f"{elapsed:.1f} s" + (f" for {shared} variants" if shared > 1 else "")
+        self.say(f"[{len(self.records)}/{self.total}] {run.label()}: {said} ({took})")
 
     def run_unit(self, unit: list[tuple[int, Any]]) -> None:
         """A comparison's variants (or one run): skipped ones are rows; the rest together or each alone."""
@@ -450,7 +452,7 @@ class Sweep:
         answer = run_isolated(self.measure_variants, {"runs": [run for _, run in todo]},
                               in_process=self.args.in_process, timeout_s=limit and limit * len(todo),
                               on_heartbeat=lambda line: self.say(f"{where} {line}"))
-        elapsed = (timeit.default_timer() - start) / len(todo)
+        elapsed = timeit.default_timer() - start
         if not answer["ok"]:
             self.say(f"{where} the interleaved child failed ({answer['status']}): measuring each alone")
             self.interleave_runs(todo, fallback=answer["status"])
@@ -459,7 +461,7 @@ class Sweep:
             record = self.record_of(run, {"value": value, "pid": answer.get("pid")})
             if "pairing" in record:
                 record["pairing"]["labels"] = labels
-            self.add(run, record, elapsed)
+            self.add(run, record, elapsed, shared=len(todo))
 
     def interleave_runs(self, todo: list[tuple[int, Any]], fallback: str | None = None) -> None:
         """Each run in children of its own, `repeats` rounds A B | B A, merged and paired by round. A failure ends

@@ -53,6 +53,10 @@ def model_b(**kw):
     return tagged("b", **kw)
 
 
+def narrow(**kw):  # half our d_ff: fewer parameters than the sizes table counts for ours
+    return tagged("narrow", **{**kw, "d_ff": kw["d_ff"] // 2})
+
+
 def oom_from_ctx_32(**kw):
     if kw["context_length"] >= 32:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -214,6 +218,17 @@ def test_a_model_comparison_is_interleaved_a_b_b_a_and_named(tmp_path, capsys, r
     assert "## Comparison: a vs b (speed-ups over a)" in out and "test_bench_e2e:model_a" not in out.split("|")[-1]
 
 
+def test_your_model_shows_its_own_parameter_count_and_ours_is_named_ours_in_both_tables(tmp_path, capsys):
+    code, records = run_main(tmp_path, "--in-process", "--model", "ours", "mine=test_bench_e2e:narrow", "--steps",
+                             "2", "--warmup", "0")
+    ours, mine = (results.ModelConfig(64, d_ff, 1, 4, 256, 16).num_params for d_ff in (128, 64))
+    assert code == 0 and [r["model_num_params"] for r in records] == [ours, mine]
+    out = capsys.readouterr().out
+    assert [(r["model"], r["params"]) for r in cells(out, "step ms")] == [("ours", ""), ("mine", f"{mine:,}")]
+    assert cells(out, "d_model")[0]["params (model.TransformerLM)"] == f"{ours:,}"  # the sizes table: ours, named
+    assert "## Comparison: ours vs mine" in out and "step ms: ours |" in out  # as docs/bench_e2e.md says
+
+
 def test_a_dtype_comparison_is_interleaved_a_b_b_a(tmp_path, recorded):
     code, _ = run_main(tmp_path, "--in-process", "--model", "a=test_bench_e2e:model_a", "--dtype", "fp32", "bf16",
                        "--steps", "2", "--warmup", "0")
@@ -234,7 +249,8 @@ def fake_variant(name, calls, resident=0, transient=0, allocator=None, steps=12,
                 allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
             return {"forward": step_s / 2, "step": step_s}
         run = SimpleNamespace(warmup=1, steps=steps, compile=False)
-        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {})
+        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {},
+                               model=torch.nn.Module())
     return prepare
 
 
@@ -406,7 +422,7 @@ def test_search_answers_and_the_bisection_budget():
     assert answer((128, "ok"), (256, "ok")) == "incomplete: the search was interrupted"
     assert "timed out" in answer((128, "ok"), (256, "timeout after 900 s"))
     assert answer((128, "ok"), (256, "ok"), (512, "OOM"), (384, "ok"), budget=1) == (
-        "between 384 and 512: the bisection spent its budget of 1 probes (--search-probes)")
+        "between 384 and 512: the bisection spent its budget of 1 probe (--search-probes)")
     assert answer((128, "ok"), (256, "ok"), (512, "OOM"), (384, "ok"), (448, "error: RuntimeError: boom")) == (
         "inconclusive: 448 failed with an error, not an OOM (see its row); the limit lies between 384 and 512")
 
@@ -442,6 +458,13 @@ def parse_error(capsys, *argv):
 ])
 def test_bad_input_exits_2_with_one_line(capsys, argv, message):
     assert message in parse_error(capsys, *argv)
+
+
+def test_help_says_the_model_default_as_a_user_gives_it(capsys):
+    with pytest.raises(SystemExit):
+        bench_e2e.parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "records (default: ours)" in out and "None" not in out
 
 
 def test_bad_input_from_the_shell_is_one_line_without_a_traceback():
@@ -581,10 +604,12 @@ def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(cap
     assert bench_e2e.main(["--leaderboard", "full", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
     params = results.ModelConfig(4096, 11008, 34, 32, 151_936, 32_768).num_params
-    assert "the leaderboard's shape: d_model 4096" in out and f"{params / 1e9:.2f}e9 parameters" in out
+    assert "the leaderboard's shape: d_model 4096" in out and f"model.TransformerLM's {params:,} parameters" in out
     rows = {r["layout"]: float(r["state per device GiB"]) for r in cells(out, "layout")}
     assert rows["one process"] == pytest.approx(16 * params / 2**30, rel=1e-3)
     assert rows == {"one process": 121.08, "ddp x2": 121.08, "fsdp x2": 60.54}  # 7.8e9 params x 16 bytes (fp32 AdamW)
+    assert bench_e2e.main(["--leaderboard", "--device", "cpu", "--dry-run"]) == 0  # scaled: 658,048, not 0.00e9
+    assert f"model.TransformerLM's {bench_e2e.SCALED.num_params:,} parameters" in capsys.readouterr().out
 
 
 def test_the_full_shape_refuses_in_one_line_where_it_cannot_fit(capsys, monkeypatch):

@@ -167,6 +167,20 @@ def test_e2e_figures_from_records():
     assert heights[0::2] == [2.0, 2.0, 2.0]  # fp32 20 ms / bf16 10 ms at warm-up 0: fwd, fwd+bwd, step
     assert [t.get_text() for t in speedup.texts] == ["OOM"] * 3  # the OOM row's status where its bars would be
     assert "warm-up 1" in {line.get_label() for line in made["warmup"].axes[0].get_lines()}
+    assert {label.get_rotation() for label in speedup.get_xticklabels()} == {0.0}  # two bars: room to stand
+
+
+def test_six_variants_slant_their_bar_labels_and_wrap_the_title_within_the_figure():
+    records = [e2e("fp32", 0, [30.0, 20.0]) for _ in range(6)]
+    variants = [(attn, opt) for attn in ("naive", "sdpa") for opt in ("ours", "torch", "torch.optim:AdamW")]
+    for r, (attn, optimizer) in zip(records, variants):
+        r["config"].update(attn=attn, optimizer=optimizer)
+    made = figures("bench_e2e", records)
+    for fig in (made["phases"], made["speedup"]):
+        check_axes(fig)  # drawn: the title's extent is known
+        assert {label.get_rotation() for label in fig.axes[0].get_xticklabels()} == {30.0}
+        title = fig._suptitle.get_window_extent()
+        assert 0 <= title.x0 and title.x1 <= fig.bbox.width
 
 
 @pytest.mark.parametrize("lo,hi,ticks", [

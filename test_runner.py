@@ -363,6 +363,19 @@ def test_a_comparison_runs_in_one_child_or_each_alone_when_that_fails():
     assert [r["pairing"]["rounds"] for r in records] == [[[0, 1], [1, 2]]] * 2
 
 
+def sleeps_together(runs):
+    time.sleep(0.3)
+    return [{"step_ms": [1.0]} for _ in runs]
+
+
+def test_a_comparison_says_its_time_as_shared_by_its_variants(capsys):
+    args = argparse.Namespace(in_process=True, timeout=None, no_skip=False, quiet=False, interleave="steps")
+    runner.run_configurations(measure_variant, [[Probe("a", 1), Probe("b", 1)]], None, args, name="pairs",
+                              device=torch.device("cpu"), measure_variants=sleeps_together)
+    took = [line.rsplit("(", 1)[1] for line in capsys.readouterr().err.splitlines() if ": ok (" in line]
+    assert len(took) == 2 and all(t.endswith(" s for 2 variants)") and float(t.split()[0]) >= 0.3 for t in took)
+
+
 # ---- progress: the heartbeat ----
 
 

@@ -211,7 +211,7 @@ def test_your_model_beside_ours_counted_flops_and_the_model_named(student, tmp_p
     assert "model: ours (model.TransformerLM) and student_lm:TinyLM" in out
     assert "FLOPs: torch.utils.flop_counter.FlopCounterMode, one untimed step" in out
     assert "| student_lm:TinyLM " in out  # the model column
-    assert "## Comparison: our model vs student_lm:TinyLM" in out
+    assert "## Comparison: ours vs student_lm:TinyLM" in out
 
 
 def test_flops_of_your_model_only_when_you_say(student, tmp_path, capsys):
