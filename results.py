@@ -583,7 +583,7 @@ def comparison_table(records: list[Record], variant: Callable[[Record], str], ro
                      key=lambda c: order.index(c) if c in order else -1)  # the configuration's cells first
     default += ["notes"] if any(out.get("notes") for out in rows) else []
     table = render_table(rows, pick_columns(default, columns, fmt, has=default), fmt, floatfmt)
-    note = (f"Speed-up = {names[0]}'s time / the variant's (above 1: faster): for variants measured "
+    note = (f"Speed-up = the time of {names[0]} / the variant's (above 1: faster): for variants measured "
             "together, the Hodges-Lehmann estimate over the per-round ratios of their interleaved "
             f"{options.get('calls', 'steps')} (A B B A ...) with its 95% Wilcoxon signed-rank interval (not "
             "resolved when it contains 1); for rows measured apart, the ratio of the means.")
