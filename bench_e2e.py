@@ -389,9 +389,15 @@ class Workload:
         one more step through the model itself (matmuls and attention; the counter cannot see into torch.compile)."""
         out = trace_tables(self.run, self.profiler, record) if self.run.profile_results_dir is not None else {}
         if self.run.flops == "counted":
-            from torch.utils.flop_counter import FlopCounterMode
+            from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
             phase("counting FLOPs (one untimed step)")
-            with FlopCounterMode(display=False) as counter:
+            # the counter knows the CUDA SDPA kernels but not the CPU's: its formulas for them too
+            aten = torch.ops.aten
+            cpu_sdpa = {aten._scaled_dot_product_flash_attention_for_cpu:
+                        lambda q, k, v, *_, **__: sdpa_flop_count(q, k, v),
+                        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+                        lambda grad, q, k, v, *_, **__: sdpa_backward_flop_count(grad, q, k, v)}
+            with FlopCounterMode(display=False, custom_mapping=cpu_sdpa) as counter:
                 loss = self.forward(eager=True)
                 if self.run.mode != "forward":
                     loss.backward()

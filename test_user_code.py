@@ -197,6 +197,13 @@ def run_e2e(tmp_path, *argv):
     return code, read_records(jsonl)
 
 
+def test_counted_flops_see_sdpa_on_a_cpu_too(tmp_path):
+    """As torch counts its CUDA kernels: our formula, plus backward's recomputed Q K^T (flash attention's)."""
+    code, (record,) = run_e2e(tmp_path, "--attn", "sdpa", "--flops", "counted")
+    recomputed = SMALL_CONFIG.num_layers * 2 * 2 * 16 * 16 * SMALL_CONFIG.d_model  # 2 B S^2 d per layer, batch 2
+    assert code == 0 and record["counted_step_flops"] == results.step_flops(SMALL_CONFIG, 2, 16, "train") + recomputed
+
+
 def test_your_model_beside_ours_counted_flops_and_the_model_named(student, tmp_path, capsys):
     code, records = run_e2e(tmp_path, "--model", "ours", "student_lm:TinyLM", "--flops", "counted")
     assert code == 0 and [r["status"] in ("ok", "noisy") for r in records] == [True, True]
