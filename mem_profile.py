@@ -28,6 +28,7 @@ import re
 import sys
 import time
 import traceback
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -382,16 +383,54 @@ def compiled_block_record(run: MemConfig) -> dict[str, Any]:
 # --- predict: the peak with activation checkpointing ---
 
 
+class LiveBytes(TorchDispatchMode):
+    """The bytes of the storages ops make, while they live, and their peak: on fake tensors, a real run's memory
+    without the memory. (torch's MemTracker refuses a module run twice a step, as our shared RoPE is.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: weakref.WeakSet = weakref.WeakSet()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        given = {id(t.untyped_storage()) for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):  # an in-place op or a view returns a storage it was given
+            if isinstance(t, torch.Tensor) and id(st := t.untyped_storage()) not in given and st not in self.seen:
+                self.seen.add(st)
+                self.live += st.nbytes()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(st, self.free, st.nbytes())
+        return out
+
+    def free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+def block_backward_bytes(run: MemConfig, device: torch.device) -> int:
+    """How far one block's backward rises above what its forward left (its saved tensors, its output and the
+    incoming gradient): the recomputed segment's temporaries, softmax's several score-sized ones among them."""
+    one = dataclasses.replace(run, model=dataclasses.replace(run.model, num_layers=1))
+    with fake_model(one, device) as (model, _), precision_context(device, run.dtype), LiveBytes() as live:
+        x = torch.randn(run.batch_size, run.context_length, run.model.d_model, device=device, requires_grad=True)
+        out = first_block(model, run)(x)
+        grad_out = torch.ones_like(out)
+        start = live.peak = live.live
+        out.backward(grad_out)
+    return live.peak - start
+
+
 @functools.lru_cache(maxsize=16)
 def activation_figures(run: MemConfig, device: torch.device) -> dict[str, int]:
     """What every K's prediction needs, from `run` without checkpointing (so cached): what a block keeps and
-    its largest tensor, what the rest keeps, the largest transient, a block's and the embedding's grads."""
+    how far its backward rises above it, what the rest keeps, the largest transient, a block's and the
+    embedding's grads."""
     saved = saved_for_backward(run, device, backward=run.mode != "forward")
-    in_blocks = [s["bytes"] for s in saved["rows"] if block_of(s["module"], saved["blocks"])]
     summary = summarize_saved(saved)
     return {"block_bytes": int(summary["saved_block_bytes_max"]),
             "outside_bytes": summary["saved_outside_bytes"], "transient_bytes": saved["transient_bytes"],
-            "block_transient_bytes": max(in_blocks, default=0), "block_grad_bytes": saved["block_grad_bytes"],
+            "block_transient_bytes": block_backward_bytes(run, device) if run.mode != "forward" else 0,
+            "block_grad_bytes": saved["block_grad_bytes"],
             "embedding_grad_bytes": run.model.vocab_size * run.model.d_model * FP32_BYTES}
 
 
@@ -407,10 +446,11 @@ def peak_moments(kept: int, recomputed_blocks: int, figures: dict[str, int], sta
     """Bytes in use when a step's peak can fall: backward's start; the first segment's backward, which runs
     last (its blocks recomputed); backward's end; the optimizer step (+ our AdamW's denominator)."""
     state = static["weights_bytes"] + static["adamw_state_bytes"]
-    start = state + kept + figures["outside_bytes"] + figures["transient_bytes"]
+    held = state + kept + figures["outside_bytes"]
     if mode == "forward":
-        return {"forward ends": start}
-    moments = {"backward starts": start}
+        return {"forward ends": held + figures["transient_bytes"]}
+    # backward starts with the loss's gradient (the largest transient), then the last block's backward rises
+    moments = {"backward starts": held + max(figures["transient_bytes"], figures["block_transient_bytes"])}
     if recomputed_blocks:
         later_grads = (static["grads_bytes"] - figures["embedding_grad_bytes"]
                        - recomputed_blocks * figures["block_grad_bytes"])
