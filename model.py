@@ -28,15 +28,16 @@ from results import HANDOUTS, ModelConfig, attention_matmul_flops, forward_flops
 
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """exp(x - max) / sum(exp(x - max)): subtracting the row max keeps exp from overflowing."""
-    shifted = x - torch.amax(x, dim=dim, keepdim=True)
+    """exp(x - max) / sum(exp(x - max)): subtracting the row max keeps exp from overflowing. torch.max, not
+    amax: its backward keeps the argmax, not x (one score-sized tensor less per layer, as the staff model)."""
+    shifted = x - torch.max(x, dim=dim, keepdim=True).values
     exp = torch.exp(shifted)
     return exp / torch.sum(exp, dim=dim, keepdim=True)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean -log p(targets) under `logits` (..., vocab): log p = (x - max) - log(sum(exp(x - max)))."""
-    shifted = logits - torch.amax(logits, dim=-1, keepdim=True)
+    shifted = logits - torch.max(logits, dim=-1, keepdim=True).values
     log_probs = shifted - torch.log(torch.sum(torch.exp(shifted), dim=-1, keepdim=True))
     return -torch.mean(torch.gather(log_probs, -1, targets.unsqueeze(-1)))
 

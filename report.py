@@ -377,8 +377,8 @@ ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd",
 ATTENTION_NOTE = (
     "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
     "its backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any "
-    "device); naive predicted: what model.naive_attention keeps, 3*B*S^2*e (masked scores, exp, "
-    "probabilities) + S^2 (bool mask) + (3d+2)*B*S*e (Q, K, V, row max and sum), equal to naive's saved "
+    "device); naive predicted: what model.naive_attention keeps, 2*B*S^2*e (exp, probabilities) + S^2 "
+    "(bool mask) + (3d+1)*B*S*e (Q, K, V, row sum) + 8*B*S (row max's indices), equal to naive's saved "
     "bytes on any device, bf16 as fp32 (Q, K, V are made in the dtype: no autocast)")
 
 
