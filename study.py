@@ -170,9 +170,9 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts, what it exe
     ("torch_compile_b", "torch_compile (b)", "Compiled against eager whole model, per size.",
      HANDOUTS, "compiled model"),
     ("flash_forward", "flash_forward (a)-(c)", "FlashAttention-2 forward: a PyTorch autograd.Function, the "
-     "Triton kernel, the causal flag; each checked against the reference.", ("2025",), "kernel check"),
+     "Triton kernel, the causal flag; each checked against the reference.", HANDOUTS, "kernel check"),
     ("flash_backward", "flash_backward", "FlashAttention-2 backward with recomputation; checked against the "
-     "reference.", ("2025",), "flash_backward"),
+     "reference.", HANDOUTS, "flash_backward"),
     ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, "
      "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.",
      HANDOUTS, "flash grid"),
@@ -316,14 +316,13 @@ def build_plan(args, machine) -> list:
     fb.commands = per_d("flash", ["--grid", "flash", *impl, *flash_grid], 5.0, 4 * (2 if grid else 10))
     if not args.impl:
         fb.note = "no --impl given: PyTorch's fused SDPA stands in for your kernel."
-    if h == "2025":  # the flash problems are the student's kernel: its check against the float64 reference
-        plan["flash_forward"].commands = [Command("flash_check", "bench_attention.py", [
-            "--impl", args.impl or "MODULE:CALLABLE", "--d", "16", "--seq-len", "128", "--batch-size", "1",
-            "--dtype", "fp32", *dev], 1, 10.0, skipped=None if args.impl else
-            "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
-        plan["flash_backward"].show = ["flash_check"]
-        plan["flash_backward"].note = ("the check column of flash_forward's command covers the gradients of "
-                                       "Q, K, V.")
+    # the flash problems are the student's kernel: its check against the float64 reference
+    plan["flash_forward"].commands = [Command("flash_check", "bench_attention.py", [
+        "--impl", args.impl or "MODULE:CALLABLE", "--d", "16", "--seq-len", "128", "--batch-size", "1",
+        "--dtype", "fp32", *dev], 1, 10.0, skipped=None if args.impl else
+        "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
+    plan["flash_backward"].show = ["flash_check"]
+    plan["flash_backward"].note = "the check column of flash_forward's command covers the gradients of Q, K, V."
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
         for c in p.commands if not selected(p.key, args.only) else ():

@@ -17,7 +17,7 @@ import study
 HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "gradient_checkpointing", "pytorch_attention",
-                     "torch_compile", "flash_benchmarking"],
+                     "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking"],
             "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
                      "flash_forward", "flash_backward", "flash_benchmarking"]}
@@ -114,8 +114,11 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
-    assert "[1/15] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert "[1/17] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
     assert not any(tmp_path.iterdir())
+    for name in PROBLEMS["2026"]:
+        assert f"] {name}" in out, name
+    assert "needs your kernel" in out
     assert study.main(["--dry-run", "--device", "cpu", "--handout", "2025", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for name in PROBLEMS["2025"]:
