@@ -236,12 +236,13 @@ def build_plan(args, machine) -> list:
     if not small and h == "2026":
         n.commands.append(Command("context_max", "bench_e2e.py", [
             "--size", *two, "--context-length", "max", *lm], 10 * len(two), 30.0))
-    if not cpu and machine["nsys"]:
-        contexts = ["256"] if quick else (["128", "256", "512", "1024"] if h == "2025" else ["CONTEXTS"])
-        nsys_sizes = sizes[:1] if quick else (sizes if h == "2025" else two)
-        n.commands.append(Command("nsys", "nsys_run.sh", [
-            "--handout", h, "--size", *nsys_sizes, "--context-length", *contexts,
-            *(["--", *yours] if yours else [])], 2 * len(nsys_sizes) * len(contexts), 60.0))
+    if not cpu and machine["nsys"]:  # 2026: each size at its own three contexts, from context_max (Study.contexts)
+        runs = ([("nsys", sizes[:1] if quick else sizes, ["256"] if quick else ["128", "256", "512", "1024"])]
+                if quick or h == "2025" else [(f"nsys_{s}", [s], [f"CONTEXTS={s}"]) for s in two])
+        n.commands += [Command(name, "nsys_run.sh", [
+            "--handout", h, "--size", *run_sizes, "--context-length", *contexts, *(["--", *yours] if yours else [])],
+            2 * len(run_sizes) * (3 if contexts[0].startswith("CONTEXTS=") else len(contexts)), 60.0)
+            for name, run_sizes, contexts in runs]
     else:
         n.note = ("nsys was not found on PATH" if machine["nsys"] is None else "on a CPU nsys has no GPU "
                   "kernels to trace") + (": the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
@@ -330,6 +331,13 @@ def build_plan(args, machine) -> list:
     return list(plan.values())
 
 
+def profile_contexts(longest: int) -> list:
+    """The 2026 handout's three powers of two > 128, the largest one that trained; fewer where fewer fit (none:
+    the largest)."""
+    top = 1 << (longest.bit_length() - 1)
+    return [c for c in (top // 4, top // 2, top) if c > 128] or [top]
+
+
 def selected(key: str, only: list | None) -> bool:
     """--only names a problem, or the problems whose keys start with it and '_' (memory_profiling)."""
     return not only or any(key == o or key.startswith(o + "_") for o in only)
@@ -383,18 +391,18 @@ class Study:
 
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":  # --results-dir before its --
-            args = [a for arg in cmd.args for a in (self.contexts() if arg == "CONTEXTS" else [arg])]
+            args = [a for arg in cmd.args  # CONTEXTS=SIZE: the contexts context_max found for SIZE
+                    for a in (self.contexts(arg[len("CONTEXTS="):]) if arg.startswith("CONTEXTS=") else [arg])]
             return ["bash", script(cmd.script), "--results-dir", rel(self.root), *args]
         merged = [rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)]
         return [sys.executable, script(cmd.script), *merged, *cmd.args, "--results-dir", rel(self.root),
                 "--out", stem]
 
-    def contexts(self) -> list:
-        """nsys_profile (2026): three powers of two > 128, the largest the longest context that trained."""
+    def contexts(self, size: str) -> list:
+        """nsys_profile (2026): the size's longest context that trained (1024 without the search), as contexts."""
         longest = [r["config"]["model"]["context_length"] for r in self.records("context_max")
-                   if results.finished(r)] if self.done("context_max") else []
-        top = max(1 << (max(longest).bit_length() - 1) if longest else 1024, 512)
-        return [str(top // 4), str(top // 2), str(top)]
+                   if results.finished(r) and size_of(r) == size] if self.done("context_max") else []
+        return [str(c) for c in profile_contexts(max(longest, default=1024))]
 
     def run(self, cmd) -> dict:
         """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
@@ -522,7 +530,10 @@ def facts_for(key, records) -> list:
         longest = {}
         for r in (r for r in done if r.get("context_search")):
             longest[size_of(r)] = max(longest.get(size_of(r), 0), r["config"]["model"]["context_length"])
-        facts += [f"longest context that trained: {s} {c}" for s, c in longest.items()]
+        for s, c in longest.items():
+            profiled = profile_contexts(c)
+            facts.append(f"longest context that trained: {s} {c}; profiled at {', '.join(map(str, profiled))}"
+                         + ("" if len(profiled) == 3 else " (fewer than three powers of two > 128 fit)"))
         facts += [f"{r.get('label')}: forward {ms(r, 'forward')}" for r in done
                   if "forward_ms_mean" in r and not r.get("context_search")]
     elif key == "mixed_precision_accumulation":

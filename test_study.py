@@ -126,6 +126,34 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert "gradient_checkpointing" not in out and "needs your kernel" in out
 
 
+def test_nsys_profile_2026_profiles_each_size_at_its_own_longest_contexts(tmp_path):
+    """Three powers of two > 128 per size, the largest the size's longest context that trained; fewer where fewer
+    fit, said in the writeup; 1024 and its halves where the search did not run."""
+    machine = {"device": "cuda", "name": "GPU", "free_bytes": 80e9, "nsys": "/usr/bin/nsys",
+               "states": {"small": (2e9, 1e9), "medium": (7e9, 2e9)}}
+    plan = study.build_plan(study.parse_args([]), machine)
+    nsys = {size: next(c for p in plan for c in p.commands if c.name == f"nsys_{size}") for size in ("small", "medium")}
+    s = study.Study(tmp_path)
+
+    def contexts():  # what each size's nsys_run.sh command gets after --context-length
+        argv = {size: s.argv(c, c.name) for size, c in nsys.items()}
+        return {size: " ".join(a[a.index("--context-length") + 1:]) for size, a in argv.items()}
+    assert contexts() == {"small": "256 512 1024", "medium": "256 512 1024"}
+    longest = {"small": (128, 256, 512, 1024, 2048, 4096, 8192, 12288), "medium": (128, 256, 384)}
+    records = [{"label": f"{size} ctx={c}", "config": {"size": size, "model": {"context_length": c}}, "status": "ok",
+                "context_search": {"max_context": 16384}} for size, cs in longest.items() for c in cs]
+    records.append({**records[-1], "label": "medium ctx=512", "status": "OOM",
+                    "config": {"size": "medium", "model": {"context_length": 512}}})
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "context_max.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    s.ledger["context_max"] = {"status": "ok", "files": {"jsonl": "e2e/context_max.jsonl"}}
+    assert contexts() == {"small": "2048 4096 8192", "medium": "256"}
+    facts = study.facts_for("nsys_profile", records)
+    assert "longest context that trained: small 12288; profiled at 2048, 4096, 8192" in facts
+    assert "longest context that trained: medium 384; profiled at 256 (fewer than three powers of two > 128 fit)" \
+        in facts
+
+
 def test_budget_drops_the_largest_sizes_first_on_a_gpu():
     args = study.parse_args(["--budget", "1h", "--device", "cuda"])
     states = {"small": (2e9, 1e9), "medium": (7e9, 2e9), "large": (16e9, 3e9), "xl": (55e9, 6e9),
