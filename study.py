@@ -99,6 +99,9 @@ def probe_machine(device: str, handout: str) -> dict:
     return machine
 
 
+STATE_BYTES = {"forward": 4, "forward-backward": 8, "train": 16}  # fp32 per parameter: weights, grads, 2 moments
+
+
 def predicted_states(handout: str) -> dict:
     """Table 1 size -> (bytes of fp32 AdamW training state, of activations at batch 4 and the handout's
     context): parameters x 16 (weights, grads, two moments); per layer about 16 fp32 tensors of batch x ctx x
@@ -191,13 +194,16 @@ def build_plan(args, machine) -> list:
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
     plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # where a script draws a figure
-    sizes, too_big = ["tiny"], {}
-    if not small:  # a size runs when its predicted state and activations fit in 90% of the free memory
-        free = machine["free_bytes"]
-        too_big = {size: f"skipped: predicted state {state / results.GIB:.1f} GiB + activations "
+
+    def fitting(mode):  # a size runs when its predicted state and activations fit in 90% of the free memory
+        if small:
+            return ["tiny"], {}
+        free, per_param = machine["free_bytes"], STATE_BYTES[mode] / STATE_BYTES["train"]
+        too_big = {size: f"skipped: predicted state {state * per_param / results.GIB:.1f} GiB + activations "
                    f"{act / results.GIB:.1f} GiB > 90% of free GPU memory {free / results.GIB:.1f} GiB"
-                   for size, (state, act) in machine["states"].items() if state + act > 0.9 * free}
-        sizes = [s for s in machine["states"] if s not in too_big] or ["tiny"]
+                   for size, (state, act) in machine["states"].items() if state * per_param + act > 0.9 * free}
+        return [s for s in machine["states"] if s not in too_big] or ["tiny"], too_big
+    sizes, too_big = fitting("train")
 
     def cost(size, extra_s):  # per configuration: start-up + 15 steps of 6 x params x tokens at 50 TFLOP/s
         flops = 15 * 6 * machine["states"].get(size, (0,))[0] / 16 * 4 * handout.default_context_length
@@ -209,10 +215,12 @@ def build_plan(args, machine) -> list:
                                 merge=[c.name for c in cmds]))
         return cmds
 
-    def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100):  # the sizes that do not fit as skipped rows
+    def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100, mode="train"):  # those too big: skipped rows
+        fit, big = fitting(mode)
+        flags = [*flags, *(["--mode", mode] if mode != "train" else [])]
         return merged(prefix, [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
-                                       cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=too_big.get(s))
-                               for i, s in enumerate([*sizes, *too_big])])
+                                       cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=big.get(s))
+                               for i, s in enumerate([*fit, *big])])
 
     def per_d(prefix, flags, per_config_s, configs):
         return merged(prefix, [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev],
@@ -220,15 +228,17 @@ def build_plan(args, machine) -> list:
                                for i, d in enumerate(ds)])
 
     plan = {key: Problem(key, title, text, path=path) for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
-    e2e = per_size("e2e", [*ctx, *steps])  # (a) is the first size's command, (b) the rest and their merge
+    e2e_mode = "forward-backward" if h == "2025" else "train"  # 2025 times forward and backward, no optimizer
+    e2e = per_size("e2e", [*ctx, *steps], mode=e2e_mode)  # (a) is the first size's command, (b) the rest, merged
     plan["benchmarking_script_a"].commands = e2e[:1]
     b = plan["benchmarking_script_b"]
-    b.commands = e2e[1:] if len(sizes) > 1 else []
-    b.show = ["e2e_all"] if len(sizes) > 1 else [f"e2e_{sizes[0]}"]
+    e2e_sizes = fitting(e2e_mode)[0]
+    b.commands = e2e[1:] if len(e2e_sizes) > 1 else []
+    b.show = ["e2e_all"] if len(e2e_sizes) > 1 else [f"e2e_{e2e_sizes[0]}"]
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
     c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else []), *plot],
-                          configs=len(warmups), drop=20)
+                          configs=len(warmups), drop=20, mode=e2e_mode)
 
     # nsys_profile: the longest context first (2026), then nsys_run.sh, or torch.profiler without nsys
     n = plan["nsys_profile"]

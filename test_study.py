@@ -126,6 +126,20 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert "gradient_checkpointing" not in out and "needs your kernel" in out
 
 
+def test_2025_times_forward_and_backward_and_sizes_for_them():
+    """2025's benchmarking_script asks for forward and backward passes, no optimizer: 8 bytes of state per
+    parameter, so on 40 GB 2.7B fits there but not in the training step of torch_compile (b)."""
+    for h, mode in (("2025", "--mode forward-backward"), ("2026", None)):
+        machine = {"device": "cuda", "name": "GPU", "free_bytes": 39.5 * 2**30, "nsys": None,
+                   "states": study.predicted_states(h)}
+        commands = {c.name: c for p in study.build_plan(study.parse_args(["--handout", h]), machine)
+                    for c in p.commands}
+        for name in (n for n in commands if n.startswith(("e2e_", "warmup_")) and not n.endswith("_all")):
+            assert (mode in " ".join(commands[name].args)) if mode else "--mode" not in commands[name].args, name
+        if h == "2025":
+            assert not commands["e2e_2.7B"].skipped and "predicted state" in commands["compile_2.7B"].skipped
+
+
 def test_nsys_profile_2026_profiles_each_size_at_its_own_longest_contexts(tmp_path):
     """Three powers of two > 128 per size, the largest the size's longest context that trained; fewer where fewer
     fit, said in the writeup; 1024 and its halves where the search did not run."""
