@@ -99,6 +99,9 @@ def probe_machine(device: str, handout: str) -> dict:
     return machine
 
 
+STATE_BYTES = {"forward": 4, "forward-backward": 8, "train": 16}  # fp32 per parameter: weights, grads, 2 moments
+
+
 def predicted_states(handout: str) -> dict:
     """Table 1 size -> (bytes of fp32 AdamW training state, of activations at batch 4 and the handout's
     context): parameters x 16 (weights, grads, two moments); per layer about 16 fp32 tensors of batch x ctx x
@@ -170,9 +173,9 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts, what it exe
     ("torch_compile_b", "torch_compile (b)", "Compiled against eager whole model, per size.",
      HANDOUTS, "compiled model"),
     ("flash_forward", "flash_forward (a)-(c)", "FlashAttention-2 forward: a PyTorch autograd.Function, the "
-     "Triton kernel, the causal flag; each checked against the reference.", ("2025",), "kernel check"),
+     "Triton kernel, the causal flag; each checked against the reference.", HANDOUTS, "kernel check"),
     ("flash_backward", "flash_backward", "FlashAttention-2 backward with recomputation; checked against the "
-     "reference.", ("2025",), "flash_backward"),
+     "reference.", HANDOUTS, "flash_backward"),
     ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, "
      "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.",
      HANDOUTS, "flash grid"),
@@ -191,13 +194,16 @@ def build_plan(args, machine) -> list:
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
     plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # where a script draws a figure
-    sizes, too_big = ["tiny"], {}
-    if not small:  # a size runs when its predicted state and activations fit in 90% of the free memory
-        free = machine["free_bytes"]
-        too_big = {size: f"skipped: predicted state {state / results.GIB:.1f} GiB + activations "
+
+    def fitting(mode):  # a size runs when its predicted state and activations fit in 90% of the free memory
+        if small:
+            return ["tiny"], {}
+        free, per_param = machine["free_bytes"], STATE_BYTES[mode] / STATE_BYTES["train"]
+        too_big = {size: f"skipped: predicted state {state * per_param / results.GIB:.1f} GiB + activations "
                    f"{act / results.GIB:.1f} GiB > 90% of free GPU memory {free / results.GIB:.1f} GiB"
-                   for size, (state, act) in machine["states"].items() if state + act > 0.9 * free}
-        sizes = [s for s in machine["states"] if s not in too_big] or ["tiny"]
+                   for size, (state, act) in machine["states"].items() if state * per_param + act > 0.9 * free}
+        return [s for s in machine["states"] if s not in too_big] or ["tiny"], too_big
+    sizes, too_big = fitting("train")
 
     def cost(size, extra_s):  # per configuration: start-up + 15 steps of 6 x params x tokens at 50 TFLOP/s
         flops = 15 * 6 * machine["states"].get(size, (0,))[0] / 16 * 4 * handout.default_context_length
@@ -209,10 +215,12 @@ def build_plan(args, machine) -> list:
                                 merge=[c.name for c in cmds]))
         return cmds
 
-    def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100):  # the sizes that do not fit as skipped rows
+    def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100, mode="train"):  # those too big: skipped rows
+        fit, big = fitting(mode)
+        flags = [*flags, *(["--mode", mode] if mode != "train" else [])]
         return merged(prefix, [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
-                                       cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=too_big.get(s))
-                               for i, s in enumerate([*sizes, *too_big])])
+                                       cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=big.get(s))
+                               for i, s in enumerate([*fit, *big])])
 
     def per_d(prefix, flags, per_config_s, configs):
         return merged(prefix, [Command(f"{prefix}_d{d}", "bench_attention.py", [*flags, "--d", str(d), *dev],
@@ -220,15 +228,17 @@ def build_plan(args, machine) -> list:
                                for i, d in enumerate(ds)])
 
     plan = {key: Problem(key, title, text, path=path) for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
-    e2e = per_size("e2e", [*ctx, *steps])  # (a) is the first size's command, (b) the rest and their merge
+    e2e_mode = "forward-backward" if h == "2025" else "train"  # 2025 times forward and backward, no optimizer
+    e2e = per_size("e2e", [*ctx, *steps], mode=e2e_mode)  # (a) is the first size's command, (b) the rest, merged
     plan["benchmarking_script_a"].commands = e2e[:1]
     b = plan["benchmarking_script_b"]
-    b.commands = e2e[1:] if len(sizes) > 1 else []
-    b.show = ["e2e_all"] if len(sizes) > 1 else [f"e2e_{sizes[0]}"]
+    e2e_sizes = fitting(e2e_mode)[0]
+    b.commands = e2e[1:] if len(e2e_sizes) > 1 else []
+    b.show = ["e2e_all"] if len(e2e_sizes) > 1 else [f"e2e_{e2e_sizes[0]}"]
     warmups = ["0", "1"] if quick else ["0", "1", "2", "5"]
     c = plan["benchmarking_script_c"]
     c.commands = per_size("warmup", [*ctx, "--warmup", *warmups, *(["--steps", "2"] if quick else []), *plot],
-                          configs=len(warmups), drop=20)
+                          configs=len(warmups), drop=20, mode=e2e_mode)
 
     # nsys_profile: the longest context first (2026), then nsys_run.sh, or torch.profiler without nsys
     n = plan["nsys_profile"]
@@ -236,12 +246,13 @@ def build_plan(args, machine) -> list:
     if not small and h == "2026":
         n.commands.append(Command("context_max", "bench_e2e.py", [
             "--size", *two, "--context-length", "max", *lm], 10 * len(two), 30.0))
-    if not cpu and machine["nsys"]:
-        contexts = ["256"] if quick else (["128", "256", "512", "1024"] if h == "2025" else ["CONTEXTS"])
-        nsys_sizes = sizes[:1] if quick else (sizes if h == "2025" else two)
-        n.commands.append(Command("nsys", "nsys_run.sh", [
-            "--handout", h, "--size", *nsys_sizes, "--context-length", *contexts,
-            *(["--", *yours] if yours else [])], 2 * len(nsys_sizes) * len(contexts), 60.0))
+    if not cpu and machine["nsys"]:  # 2026: each size at its own three contexts, from context_max (Study.contexts)
+        runs = ([("nsys", sizes[:1] if quick else sizes, ["256"] if quick else ["128", "256", "512", "1024"])]
+                if quick or h == "2025" else [(f"nsys_{s}", [s], [f"CONTEXTS={s}"]) for s in two])
+        n.commands += [Command(name, "nsys_run.sh", [
+            "--handout", h, "--size", *run_sizes, "--context-length", *contexts, *(["--", *yours] if yours else [])],
+            2 * len(run_sizes) * (3 if contexts[0].startswith("CONTEXTS=") else len(contexts)), 60.0)
+            for name, run_sizes, contexts in runs]
     else:
         n.note = ("nsys was not found on PATH" if machine["nsys"] is None else "on a CPU nsys has no GPU "
                   "kernels to trace") + (": the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
@@ -316,19 +327,25 @@ def build_plan(args, machine) -> list:
     fb.commands = per_d("flash", ["--grid", "flash", *impl, *flash_grid], 5.0, 4 * (2 if grid else 10))
     if not args.impl:
         fb.note = "no --impl given: PyTorch's fused SDPA stands in for your kernel."
-    if h == "2025":  # the flash problems are the student's kernel: its check against the float64 reference
-        plan["flash_forward"].commands = [Command("flash_check", "bench_attention.py", [
-            "--impl", args.impl or "MODULE:CALLABLE", "--d", "16", "--seq-len", "128", "--batch-size", "1",
-            "--dtype", "fp32", *dev], 1, 10.0, skipped=None if args.impl else
-            "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
-        plan["flash_backward"].show = ["flash_check"]
-        plan["flash_backward"].note = ("the check column of flash_forward's command covers the gradients of "
-                                       "Q, K, V.")
+    # the flash problems are the student's kernel: its check against the float64 reference
+    plan["flash_forward"].commands = [Command("flash_check", "bench_attention.py", [
+        "--impl", args.impl or "MODULE:CALLABLE", "--d", "16", "--seq-len", "128", "--batch-size", "1",
+        "--dtype", "fp32", *dev], 1, 10.0, skipped=None if args.impl else
+        "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
+    plan["flash_backward"].show = ["flash_check"]
+    plan["flash_backward"].note = "the check column of flash_forward's command covers the gradients of Q, K, V."
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
         for c in p.commands if not selected(p.key, args.only) else ():
             c.skipped = c.skipped or "skipped: not in --only"
     return list(plan.values())
+
+
+def profile_contexts(longest: int) -> list:
+    """The 2026 handout's three powers of two > 128, the largest one that trained; fewer where fewer fit (none:
+    the largest)."""
+    top = 1 << (longest.bit_length() - 1)
+    return [c for c in (top // 4, top // 2, top) if c > 128] or [top]
 
 
 def selected(key: str, only: list | None) -> bool:
@@ -384,18 +401,18 @@ class Study:
 
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":  # --results-dir before its --
-            args = [a for arg in cmd.args for a in (self.contexts() if arg == "CONTEXTS" else [arg])]
+            args = [a for arg in cmd.args  # CONTEXTS=SIZE: the contexts context_max found for SIZE
+                    for a in (self.contexts(arg[len("CONTEXTS="):]) if arg.startswith("CONTEXTS=") else [arg])]
             return ["bash", script(cmd.script), "--results-dir", rel(self.root), *args]
         merged = [rel(self.files(m)["jsonl"]) for m in cmd.merge if self.done(m)]
         return [sys.executable, script(cmd.script), *merged, *cmd.args, "--results-dir", rel(self.root),
                 "--out", stem]
 
-    def contexts(self) -> list:
-        """nsys_profile (2026): three powers of two > 128, the largest the longest context that trained."""
+    def contexts(self, size: str) -> list:
+        """nsys_profile (2026): the size's longest context that trained (1024 without the search), as contexts."""
         longest = [r["config"]["model"]["context_length"] for r in self.records("context_max")
-                   if results.finished(r)] if self.done("context_max") else []
-        top = max(1 << (max(longest).bit_length() - 1) if longest else 1024, 512)
-        return [str(top // 4), str(top // 2), str(top)]
+                   if results.finished(r) and size_of(r) == size] if self.done("context_max") else []
+        return [str(c) for c in profile_contexts(max(longest, default=1024))]
 
     def run(self, cmd) -> dict:
         """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
@@ -523,7 +540,10 @@ def facts_for(key, records) -> list:
         longest = {}
         for r in (r for r in done if r.get("context_search")):
             longest[size_of(r)] = max(longest.get(size_of(r), 0), r["config"]["model"]["context_length"])
-        facts += [f"longest context that trained: {s} {c}" for s, c in longest.items()]
+        for s, c in longest.items():
+            profiled = profile_contexts(c)
+            facts.append(f"longest context that trained: {s} {c}; profiled at {', '.join(map(str, profiled))}"
+                         + ("" if len(profiled) == 3 else " (fewer than three powers of two > 128 fit)"))
         facts += [f"{r.get('label')}: forward {ms(r, 'forward')}" for r in done
                   if "forward_ms_mean" in r and not r.get("context_search")]
     elif key == "mixed_precision_accumulation":

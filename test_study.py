@@ -17,7 +17,7 @@ import study
 HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "gradient_checkpointing", "pytorch_attention",
-                     "torch_compile", "flash_benchmarking"],
+                     "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking"],
             "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
                      "flash_forward", "flash_backward", "flash_benchmarking"]}
@@ -114,13 +114,58 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
-    assert "[1/15] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert "[1/17] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
     assert not any(tmp_path.iterdir())
+    for name in PROBLEMS["2026"]:
+        assert f"] {name}" in out, name
+    assert "needs your kernel" in out
     assert study.main(["--dry-run", "--device", "cpu", "--handout", "2025", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for name in PROBLEMS["2025"]:
         assert f"] {name}" in out, name
     assert "gradient_checkpointing" not in out and "needs your kernel" in out
+
+
+def test_2025_times_forward_and_backward_and_sizes_for_them():
+    """2025's benchmarking_script asks for forward and backward passes, no optimizer: 8 bytes of state per
+    parameter, so on 40 GB 2.7B fits there but not in the training step of torch_compile (b)."""
+    for h, mode in (("2025", "--mode forward-backward"), ("2026", None)):
+        machine = {"device": "cuda", "name": "GPU", "free_bytes": 39.5 * 2**30, "nsys": None,
+                   "states": study.predicted_states(h)}
+        commands = {c.name: c for p in study.build_plan(study.parse_args(["--handout", h]), machine)
+                    for c in p.commands}
+        for name in (n for n in commands if n.startswith(("e2e_", "warmup_")) and not n.endswith("_all")):
+            assert (mode in " ".join(commands[name].args)) if mode else "--mode" not in commands[name].args, name
+        if h == "2025":
+            assert not commands["e2e_2.7B"].skipped and "predicted state" in commands["compile_2.7B"].skipped
+
+
+def test_nsys_profile_2026_profiles_each_size_at_its_own_longest_contexts(tmp_path):
+    """Three powers of two > 128 per size, the largest the size's longest context that trained; fewer where fewer
+    fit, said in the writeup; 1024 and its halves where the search did not run."""
+    machine = {"device": "cuda", "name": "GPU", "free_bytes": 80e9, "nsys": "/usr/bin/nsys",
+               "states": {"small": (2e9, 1e9), "medium": (7e9, 2e9)}}
+    plan = study.build_plan(study.parse_args([]), machine)
+    nsys = {size: next(c for p in plan for c in p.commands if c.name == f"nsys_{size}") for size in ("small", "medium")}
+    s = study.Study(tmp_path)
+
+    def contexts():  # what each size's nsys_run.sh command gets after --context-length
+        argv = {size: s.argv(c, c.name) for size, c in nsys.items()}
+        return {size: " ".join(a[a.index("--context-length") + 1:]) for size, a in argv.items()}
+    assert contexts() == {"small": "256 512 1024", "medium": "256 512 1024"}
+    longest = {"small": (128, 256, 512, 1024, 2048, 4096, 8192, 12288), "medium": (128, 256, 384)}
+    records = [{"label": f"{size} ctx={c}", "config": {"size": size, "model": {"context_length": c}}, "status": "ok",
+                "context_search": {"max_context": 16384}} for size, cs in longest.items() for c in cs]
+    records.append({**records[-1], "label": "medium ctx=512", "status": "OOM",
+                    "config": {"size": "medium", "model": {"context_length": 512}}})
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "e2e" / "context_max.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    s.ledger["context_max"] = {"status": "ok", "files": {"jsonl": "e2e/context_max.jsonl"}}
+    assert contexts() == {"small": "2048 4096 8192", "medium": "256"}
+    facts = study.facts_for("nsys_profile", records)
+    assert "longest context that trained: small 12288; profiled at 2048, 4096, 8192" in facts
+    assert "longest context that trained: medium 384; profiled at 256 (fewer than three powers of two > 128 fit)" \
+        in facts
 
 
 def test_budget_drops_the_largest_sizes_first_on_a_gpu():
