@@ -600,6 +600,20 @@ def test_other_parameter_names_need_the_mapping_hook():
     assert mapped["ok"], mapped
 
 
+class NoWeightDecay(torch.optim.AdamW):
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, lr=lr, weight_decay=0.0)
+
+
+def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--optimizer", "test_bench_e2e:NoWeightDecay")
+    assert code == 1 and "leaderboard" not in record and record["status"].startswith("WRONG: step of ")
+    assert "against optim.AdamW" in record["status"]
+    cpu = torch.device("cpu")
+    assert not bench_e2e.behaviour_check(None, None, cpu, optimizer="torch.optim:SGD")["ok"]  # a step, not AdamW's
+    assert bench_e2e.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
+
+
 def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
     assert bench_e2e.main(["--leaderboard", "full", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
