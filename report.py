@@ -149,7 +149,7 @@ def e2e_settings(records: list[Record]) -> dict[str, Setting]:
 
     def ranks(r: Record) -> str | None:
         backend = "nccl" if str((r.get("environment") or {}).get("device")).startswith("cuda") else "gloo"
-        return (f"{r['config']['world_size']} ({backend}; times: slowest rank per phase)"
+        return (f"{r['config']['world_size']} ({backend}; times: the slowest step's rank)"
                 if r["config"].get("parallel") else None)
 
     return {"sizes from": sizes_from, "model": model,
