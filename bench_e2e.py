@@ -811,7 +811,7 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
     try:
         with caches, mock.patch.dict(os.environ, cold), group:
             record.update(leaderboard_measure(args, run, device, started))
-    except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an OOM or your model's error (or exit) is the row
         record["status"] = common.failure_status(exc)
     if parallel.is_rank_zero():
         files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")

@@ -592,6 +592,15 @@ def test_one_changed_weight_is_wrong_with_the_tensor_named_and_not_timed(tmp_pat
     assert "WRONG" in capsys.readouterr().out
 
 
+def exits(**kw):
+    sys.exit(3)
+
+
+def test_your_model_calling_sys_exit_is_an_error_row_and_exit_1(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "test_bench_e2e:exits")
+    assert code == 1 and record["status"] == "error: SystemExit: 3"
+
+
 def test_other_parameter_names_need_the_mapping_hook():
     cpu = torch.device("cpu")
     unmapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", None, cpu)
