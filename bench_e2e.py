@@ -636,7 +636,14 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """--leaderboard: the one configuration (full on CUDA or when asked, else scaled), batch 2 over all ranks,
     bf16 autocast, train; a full shape whose training state cannot fit in the free memory is refused."""
     device = common.device_or_exit(parser, args.device)
+    unused = [flag for given, flag in (
+        (args.timeout is not None, "--timeout"), (args.in_process, "--in-process"), (args.no_skip, "--no-skip"),
+        (args.repeats > 1 or args.interleave != "steps", "--interleave runs, --repeats"), (args.profile, "--profile"),
+        (args.nvtx, "--nvtx"), (args.plot, "--plot"), (args.flops not in (None, "formula"), "--flops"),
+        (args.no_grad, "--no-grad"), (args.tf32 is not None, "--tf32"), (args.columns is not None, "--columns"),
+        (args.max_context is not None, "--max-context")) if given]
     results.refuse(parser, [
+        (bool(unused), f"--leaderboard runs one fixed step and report: drop {', '.join(unused)}"),
         (args.size is not None, "--leaderboard fixes the shape: change it with --d-model, --d-ff, --num-layers, "
                                 "--num-heads, --vocab-size, --context-length or --batch-size, not --size"),
         (args.mode != "train", "--leaderboard times a training step: drop --mode"),

@@ -623,6 +623,13 @@ def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_p
     assert bench_e2e.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
 
 
+@pytest.mark.parametrize("flags", [["--timeout", "5"], ["--in-process"], ["--no-skip"], ["--interleave", "runs"],
+                                   ["--profile"], ["--nvtx"], ["--plot"], ["--flops", "counted"], ["--no-grad"],
+                                   ["--tf32", "on"], ["--columns", "size"], ["--max-context", "64"]])
+def test_leaderboard_refuses_sweep_flags_it_does_not_use(capsys, flags):
+    assert f"drop {flags[0]}" in parse_error(capsys, "--leaderboard", *flags)
+
+
 def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
     assert bench_e2e.main(["--leaderboard", "full", "--device", "cpu", "--dry-run"]) == 0
     out = capsys.readouterr().out
