@@ -557,7 +557,7 @@ def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path,
     assert all(len(record[f"{p}_ms"]) == 2 for p in ("forward", "backward", "optimizer", "step"))
     assert record["config"]["dtype"] == "bf16" and record["config"]["batch_size"] == 2
     assert record["wall_s"] > 0 and record["over_10_min"] is False and record["config"]["world_size"] == 1
-    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out
+    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out and "3,837" in out
     md = (tmp_path / "e2e" / "lb.md").read_text()  # the report again from the record alone, in any format
     assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--results-dir", str(tmp_path / "again")]) == 0
     assert md.strip() in capsys.readouterr().out and "## Where it stands" in md and "| 2026 best" in md
