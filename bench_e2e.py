@@ -626,6 +626,9 @@ CHECK_BATCH = 2
 # max ||yours - reference|| / ||reference|| per tensor (logits, loss, each gradient) that passes: our own model
 # under bf16 autocast reaches 1.3e-2 (the worst gradient) against itself in fp32 at CHECK_MODEL
 CHECK_TOLERANCE = 3e-2
+# and for the parameters' change in one optimizer step from the same weights and gradients: a missing weight decay
+# is 1e-2 off (on the norms' weights), AdamW's moments kept in bf16 about 2e-3
+STEP_TOLERANCE = 5e-3
 STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
 
 
@@ -633,7 +636,14 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """--leaderboard: the one configuration (full on CUDA or when asked, else scaled), batch 2 over all ranks,
     bf16 autocast, train; a full shape whose training state cannot fit in the free memory is refused."""
     device = common.device_or_exit(parser, args.device)
+    unused = [flag for given, flag in (
+        (args.timeout is not None, "--timeout"), (args.in_process, "--in-process"), (args.no_skip, "--no-skip"),
+        (args.repeats > 1 or args.interleave != "steps", "--interleave runs, --repeats"), (args.profile, "--profile"),
+        (args.nvtx, "--nvtx"), (args.plot, "--plot"), (args.flops not in (None, "formula"), "--flops"),
+        (args.no_grad, "--no-grad"), (args.tf32 is not None, "--tf32"), (args.columns is not None, "--columns"),
+        (args.max_context is not None, "--max-context")) if given]
     results.refuse(parser, [
+        (bool(unused), f"--leaderboard runs one fixed step and report: drop {', '.join(unused)}"),
         (args.size is not None, "--leaderboard fixes the shape: change it with --d-model, --d-ff, --num-layers, "
                                 "--num-heads, --vocab-size, --context-length or --batch-size, not --size"),
         (args.mode != "train", "--leaderboard times a training step: drop --mode"),
@@ -693,10 +703,13 @@ def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
     return float((diff / reference.detach().double().norm().clamp_min(1e-30)).nan_to_num(math.inf))
 
 
-def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0) -> dict:
+def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0,
+                    optimizer: str = "ours") -> dict:
     """Your model against the reference (the staff model when cs336_basics imports, else ours) at CHECK_MODEL:
     your parameters get the reference's values (by name, through param_map when given), both run the same tokens,
-    the reference in fp32, yours under bf16 autocast; logits, loss and every gradient are compared."""
+    the reference in fp32, yours under bf16 autocast; logits, loss and every gradient are compared. Then your
+    optimizer and optim.AdamW (the leaderboard's, as build_optimizer makes them) each take one step from the
+    reference's weights and gradients, and each parameter's change is compared."""
     reference_spec = STAFF_MODEL if importlib.util.find_spec("cs336_basics") else None
     torch.manual_seed(seed)
     with device:
@@ -730,10 +743,22 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     errors = {"logits": relative_error(logits, ref_logits), "loss": relative_error(loss, ref_loss)}
     errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
                    for n, p in your_params.items()})
-    worst = max(errors, key=errors.get)
-    out.update(ok=errors[worst] <= CHECK_TOLERANCE, worst=worst, max_error=errors[worst], errors=errors)
+
+    def one_step(spec: str) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(p.detach().clone()) for p in ref_params.values()]
+        for p, ref in zip(params, ref_params.values()):
+            p.grad = ref.grad.clone()
+        build_optimizer(spec, params, device).step()
+        return [p.detach() - ref.detach() for p, ref in zip(params, ref_params.values())]
+    errors.update({f"step of {n}": relative_error(a, b) for n, a, b in zip(ref_params, one_step(optimizer),
+                                                                          one_step("ours"))})
+    tolerance = {k: STEP_TOLERANCE if k.startswith("step of") else CHECK_TOLERANCE for k in errors}
+    worst = max(errors, key=lambda k: errors[k] / tolerance[k])
+    out.update(ok=errors[worst] <= tolerance[worst], worst=worst, max_error=errors[worst], errors=errors,
+               step_tolerance=STEP_TOLERANCE)
+    against = "optim.AdamW" if worst.startswith("step of") else out["reference"]
     return out if out["ok"] else {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance "
-                                                    f"{CHECK_TOLERANCE:.0e}) against {out['reference']}"}
+                                                    f"{tolerance[worst]:.0e}) against {against}"}
 
 
 def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.device,
@@ -741,7 +766,8 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     """The check, then do_bench of the leaderboard's step (the headline, and the wall time so far), then --steps
     steps with each phase synchronised apart (the split, peak memory, MFU)."""
     phase("the behaviour check")
-    record: dict[str, Any] = {"check": behaviour_check(run.model_factory, args.param_map, device, run.seed)}
+    record: dict[str, Any] = {"check": behaviour_check(run.model_factory, args.param_map, device, run.seed,
+                                                              run.optimizer)}
     if not record["check"]["ok"]:
         return {**record, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
@@ -792,7 +818,7 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
     try:
         with caches, mock.patch.dict(os.environ, cold), group:
             record.update(leaderboard_measure(args, run, device, started))
-    except Exception as exc:  # noqa: BLE001 - an OOM or your model's error is the row
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an OOM or your model's error (or exit) is the row
         record["status"] = common.failure_status(exc)
     if parallel.is_rank_zero():
         files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")

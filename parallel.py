@@ -289,18 +289,18 @@ PER_RANK_KEYS = ("host", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes", 
 
 
 def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record from every rank's: each phase's samples are the slowest rank's (named in "slowest_rank"), peaks
-    and compile time the largest; "ranks" keeps every rank's own samples, peaks, host and device."""
+    """One record from every rank's: every phase's samples are those of the rank whose step is slowest (named in
+    "slowest_rank"; a phase's slowest rank alone would count a wait in a collective as well as what it waited for,
+    and the phases would add up to more than the step), peaks and compile time the largest; "ranks" keeps every
+    rank's own samples, peaks, host and device."""
     merged = {k: v for k, v in records[0].items() if not k.endswith("_ms") and k not in PER_RANK_KEYS}
     sample_keys = [k for k in records[0] if k.endswith("_ms")]
     merged["ranks"] = [{"rank": rank, "device": rec.get("environment", {}).get("device"),
                         "device_name": rec.get("environment", {}).get("device_name"),
                         **{k: rec[k] for k in sample_keys + list(PER_RANK_KEYS) if k in rec}}
                        for rank, rec in enumerate(records)]
-    merged["slowest_rank"] = {}
-    for key in sample_keys:
-        slowest = max(range(len(records)), key=lambda r: statistics.fmean(records[r][key]))
-        merged[key], merged["slowest_rank"][key.removesuffix("_ms")] = records[slowest][key], slowest
+    slowest = max(range(len(records)), key=lambda r: statistics.fmean(records[r]["step_ms"]))
+    merged.update({key: records[slowest][key] for key in sample_keys}, slowest_rank=slowest)
     for key in ("peak_mem_allocated_bytes", "peak_mem_reserved_bytes", "compile_s"):
         if values := [rec[key] for rec in records if rec.get(key) is not None]:
             merged[key] = max(values)

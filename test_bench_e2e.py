@@ -557,7 +557,7 @@ def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path,
     assert all(len(record[f"{p}_ms"]) == 2 for p in ("forward", "backward", "optimizer", "step"))
     assert record["config"]["dtype"] == "bf16" and record["config"]["batch_size"] == 2
     assert record["wall_s"] > 0 and record["over_10_min"] is False and record["config"]["world_size"] == 1
-    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out
+    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out and "3,837" in out
     md = (tmp_path / "e2e" / "lb.md").read_text()  # the report again from the record alone, in any format
     assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--results-dir", str(tmp_path / "again")]) == 0
     assert md.strip() in capsys.readouterr().out and "## Where it stands" in md and "| 2026 best" in md
@@ -592,12 +592,42 @@ def test_one_changed_weight_is_wrong_with_the_tensor_named_and_not_timed(tmp_pat
     assert "WRONG" in capsys.readouterr().out
 
 
+def exits(**kw):
+    sys.exit(3)
+
+
+def test_your_model_calling_sys_exit_is_an_error_row_and_exit_1(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "test_bench_e2e:exits")
+    assert code == 1 and record["status"] == "error: SystemExit: 3"
+
+
 def test_other_parameter_names_need_the_mapping_hook():
     cpu = torch.device("cpu")
     unmapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", None, cpu)
     assert not unmapped["ok"] and "head.weight match no reference parameter" in unmapped["problem"]
     mapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", "test_bench_e2e:renamed_map", cpu)
     assert mapped["ok"], mapped
+
+
+class NoWeightDecay(torch.optim.AdamW):
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, lr=lr, weight_decay=0.0)
+
+
+def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--optimizer", "test_bench_e2e:NoWeightDecay")
+    assert code == 1 and "leaderboard" not in record and record["status"].startswith("WRONG: step of ")
+    assert "against optim.AdamW" in record["status"]
+    cpu = torch.device("cpu")
+    assert not bench_e2e.behaviour_check(None, None, cpu, optimizer="torch.optim:SGD")["ok"]  # a step, not AdamW's
+    assert bench_e2e.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
+
+
+@pytest.mark.parametrize("flags", [["--timeout", "5"], ["--in-process"], ["--no-skip"], ["--interleave", "runs"],
+                                   ["--profile"], ["--nvtx"], ["--plot"], ["--flops", "counted"], ["--no-grad"],
+                                   ["--tf32", "on"], ["--columns", "size"], ["--max-context", "64"]])
+def test_leaderboard_refuses_sweep_flags_it_does_not_use(capsys, flags):
+    assert f"drop {flags[0]}" in parse_error(capsys, "--leaderboard", *flags)
 
 
 def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
