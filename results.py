@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
@@ -929,14 +930,17 @@ def signal_number(stop: KeyboardInterrupt) -> int:
 
 
 def stop_process_group(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: float = 30) -> None:
-    """`signum` to a child started with start_new_session=True and all it started, SIGKILL after `grace_s`."""
+    """`signum` to a child started with start_new_session=True and all it started; SIGKILL after `grace_s` to what
+    is left of the group (a process it started may outlive it: nsys exits before the run it profiles)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signum)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        deadline = time.monotonic() + grace_s
+        while proc.poll() is None or os.killpg(proc.pid, 0) is None:  # raises once the whole group is gone
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    proc.wait()
 
 
 @contextlib.contextmanager

@@ -420,3 +420,21 @@ def test_repeats_merge_each_phase_by_its_own_counts():
     assert bounds == {"forward": [[0, 4], [4, 8]], "backward": [[0, 2], [2, 4]]}
     pairing = {"group": "g", "rounds": bounds["forward"], "rounds_by_phase": bounds}
     assert results.round_times({**merged, "pairing": pairing}, ("backward",)) == [2.0, 3.0]
+
+
+def test_stopping_a_process_group_outlives_no_member_of_it():
+    """nsys exits at SIGTERM before the run it profiles: what is left of the group is killed after the grace."""
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    leader = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                               f"'-c', {stubborn!r}]); time.sleep(60)"], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True, text=True).stdout.split()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(0.5)  # the member's handler is set
+    results.stop_process_group(leader, grace_s=1)
+    assert leader.returncode == -signal.SIGTERM
+    gone = time.monotonic() + 5  # the killed member, an orphan, is reaped by init
+    while subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True).returncode == 0:
+        assert time.monotonic() < gone, "a member of the group outlived it"
+        time.sleep(0.1)
