@@ -587,8 +587,9 @@ def checkpoint_table(records: list[Record], fmt: str) -> str | None:
         rows.append(row)
         notes[tuple(ident.values())] = (
             f"{' '.join(map(str, ident.values()))}: N = {c['model']['num_layers']}, "
-            f"a = {p['block_bytes'] / MIB:.2f} MiB per block (its backward rises {p['block_transient_bytes'] / MIB:.2f} "
-            f"MiB above it), b = {p['boundary_bytes'] / MIB:.2f} MiB per boundary; single level: K* = sqrt(N b / a) = {p['sqrt_k'] or 0:.2f}, smallest predicted peak "
+            f"a = {p['block_bytes'] / MIB:.2f} MiB per block (its backward rises "
+            f"{p['block_transient_bytes'] / MIB:.2f} MiB above it), b = {p['boundary_bytes'] / MIB:.2f} MiB per "
+            f"boundary; single level: K* = sqrt(N b / a) = {p['sqrt_k'] or 0:.2f}, smallest predicted peak "
             f"at K = {p['best_k']} ({p['best_predicted_peak_bytes'] / GIB:.3f} GiB); nested (recursive "
             f"halving, ceil(log2 N) + 1 = {p['nested_kept_bytes'] // p['boundary_bytes']} boundaries kept, "
             f"one block recomputed): {p['nested_predicted_peak_bytes'] / GIB:.3f} GiB")

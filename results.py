@@ -216,8 +216,8 @@ def config_table(models: list[tuple[str, ModelConfig]], handout: Handout, fmt: s
                  params: str = "params") -> str:
     """One row per size (context lengths aside), under a line naming the handout; `params`: that column's name."""
     seen = dict.fromkeys((size, dataclasses.replace(cfg, context_length=1)) for size, cfg in models)
-    rows = [{**config_row(size, cfg), "params": f"{cfg.num_params:,}"} for size, cfg in seen]
-    rows = [{params if k == "params" else k: v for k, v in row.items()} for row in rows]
+    rows = [{**{k: v for k, v in config_row(size, cfg).items() if k != "params"}, params: f"{cfg.num_params:,}"}
+            for size, cfg in seen]
     return f"Model sizes from {handout.title}:\n\n" + render_table(rows, list(rows[0]) if rows else [], fmt)
 
 
