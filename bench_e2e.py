@@ -822,6 +822,8 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
             record.update(leaderboard_measure(args, run, device, started))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - an OOM or your model's error (or exit) is the row
         record["status"] = common.failure_status(exc)
+        if run.parallel:  # "OOM on rank 1", not rank 0's broken connection to it
+            record["status"] = parallel.first_failure_status("leaderboard/", record["status"])
     if parallel.is_rank_zero():
         files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
         if published := report.publish("leaderboard-2026", [record], files, args.fmt, append=[record]):

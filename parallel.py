@@ -265,6 +265,29 @@ class RankSweep:
             store.wait([f"done/{r}" for r in range(self.launch.world_size)], datetime.timedelta(seconds=timeout_s))
 
 
+def on_rank(status: str, rank: int) -> str:
+    """A rank's failure as a row says it: "OOM on rank 3", "error on rank 1: ValueError: ..."."""
+    if status == "OOM" or status.startswith("timeout"):
+        return f"{status} on rank {rank}"
+    if status.startswith(PEER_TIMEOUT):
+        return f"process-group timeout on rank {rank}: {status.removeprefix(PEER_TIMEOUT)}"
+    return f"error on rank {rank}: {status.removeprefix('error: ')}"
+
+
+def first_failure_status(prefix: str, status: str, wait_s: float = 10) -> str:
+    """After this rank failed inside configuration_group(prefix), which marked the first rank to fail: this rank's
+    status for the others, and the first failed rank's as a row says it. A peer's failure reaches the other ranks
+    only as a broken connection ("Connection closed by peer")."""
+    launch = torchrun_launch()
+    with contextlib.suppress(Exception):  # torchrun's store gone, or the first rank never said: this rank's own
+        store = dist.PrefixStore(prefix, dist.TCPStore(launch.master_addr, launch.master_port, is_master=False,
+                                                       timeout=datetime.timedelta(seconds=wait_s)))
+        store.set(f"status/{launch.rank}", status)
+        first = int(store.get(FIRST_FAILURE)) if store.check([FIRST_FAILURE]) else launch.rank
+        return on_rank(store.get(f"status/{first}").decode(), first)
+    return on_rank(status, launch.rank)
+
+
 def agreed_answer(answers: list[dict[str, Any]], merge: Callable[[list[dict]], dict]) -> dict[str, Any]:
     """{"ok": True, "value": merge(values)} when every rank succeeded; else the first failure ("OOM on rank 3"),
     every rank's status kept under "rank_status"."""
@@ -273,14 +296,8 @@ def agreed_answer(answers: list[dict[str, Any]], merge: Callable[[list[dict]], d
     first = answers[0].get("first_failure")
     if first is None or answers[first]["ok"]:
         first = next(r for r, a in enumerate(answers) if not a["ok"])
-    culprit, status = answers[first], answers[first]["status"]
-    if status == "OOM" or status.startswith("timeout"):
-        status = f"{status} on rank {first}"
-    elif status.startswith(PEER_TIMEOUT):
-        status = f"process-group timeout on rank {first}: {status.removeprefix(PEER_TIMEOUT)}"
-    else:
-        status = f"error on rank {first}: {status.removeprefix('error: ')}"
-    return {"ok": False, "status": status, "failed_rank": first,
+    culprit = answers[first]
+    return {"ok": False, "status": on_rank(culprit["status"], first), "failed_rank": first,
             "rank_status": [a["status"] if not a["ok"] else "ok" for a in answers],
             **{k: culprit[k] for k in ("traceback", "detail") if culprit.get(k)}}
 

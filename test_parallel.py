@@ -87,6 +87,24 @@ def test_agreed_answer_names_the_rank_that_failed_first():
         "ok": True, "value": {"xs": [1, 2]}}
 
 
+def test_a_run_outside_the_sweep_names_the_rank_that_failed_first(monkeypatch):
+    """The leaderboard under torchrun: rank 1 runs out of memory, rank 0 (which writes the row) sees only a broken
+    connection; through torchrun's store rank 0's row says rank 1's failure."""
+    import torch.distributed as dist
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(master.port)}.items():
+        monkeypatch.setenv(name, value)
+    dist.PrefixStore("leaderboard/", master).compare_set(parallel.FIRST_FAILURE, "", "1")  # configuration_group's
+    monkeypatch.setenv("RANK", "1")
+    assert parallel.first_failure_status("leaderboard/", "OOM") == "OOM on rank 1"
+    monkeypatch.setenv("RANK", "0")
+    broken = "error: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    assert parallel.first_failure_status("leaderboard/", broken) == "OOM on rank 1"
+    del master  # no store: this rank's own failure
+    assert parallel.first_failure_status("leaderboard/", broken, wait_s=1).startswith("error on rank 0: RuntimeError")
+
+
 def test_merge_rank_records_takes_every_phase_from_the_rank_with_the_slowest_step_and_keeps_every_sample():
     # rank 1's slow forward is rank 0's long backward (waiting in the all-reduce): the step's phases from one rank
     r0 = {"environment": {"device": "cuda:0"}, "forward_ms": [1.0, 1.0], "backward_ms": [5.0, 5.0],
