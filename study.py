@@ -495,8 +495,8 @@ def cause(log: Path, rc: int) -> str:
 
 # ---- measured facts: numbers only, read from the records ----
 
-def ms(r, phase) -> str:
-    return f"{r[phase + '_ms_mean']:.2f} ms (std {r[phase + '_ms_std']:.2f})"
+def ms(r, phase, digits=2) -> str:  # as many digits as the script's table shows
+    return f"{r[phase + '_ms_mean']:.{digits}f} ms (std {r[phase + '_ms_std']:.{digits}f})"
 
 
 def size_of(r) -> str:
@@ -557,9 +557,10 @@ def facts_for(key, records) -> list:
     elif key.startswith(("pytorch_attention", "torch_compile_a", "flash")):
         for r in done:
             error = (r.get("check") or {}).get("max_error")
-            saved = r.get("saved_tensor_bytes")
-            facts.append(f"{r.get('label')}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}"
-                         + (f", saved {saved / results.MIB:.2f} MiB" if saved else "")
+            memory = [f", {name} {results.format_bytes(r[k])}" for name, k in (
+                ("memory before backward", "mem_before_backward_bytes"), ("saved", "saved_tensor_bytes")) if r.get(k)]
+            facts.append(f"{r.get('label')}: forward {ms(r, 'forward', 3)}, backward {ms(r, 'backward', 3)}"
+                         + "".join(memory)
                          + (f", max error {error:.2e}" if error is not None else ""))
     return facts
 

@@ -205,6 +205,16 @@ def test_memory_profiling_f_counts_the_compiled_block_beside_the_handouts_figure
     assert "3650.31 MiB in 18 tensors compiled, 7626.12 MiB in 47 eager" in fact and "3651.31 MiB" in fact
 
 
+
+def test_attention_facts_say_what_the_table_shows():
+    """bench_attention.py's table: ms to 3 decimals, bytes in KiB/MiB/GiB; memory before backward where measured."""
+    record = {"label": "sdpa d=16 seq=64 bf16", "status": "ok", "forward_ms_mean": 0.018, "forward_ms_std": 0.0024,
+              "backward_ms_mean": 0.198, "backward_ms_std": 0.025, "saved_tensor_bytes": 26.62 * 2**10,
+              "mem_before_backward_bytes": 3 * 2**20, "check": {"max_error": 3.87e-3}}
+    fact, = study.facts_for("pytorch_attention", [record])
+    assert fact == ("sdpa d=16 seq=64 bf16: forward 0.018 ms (std 0.002), backward 0.198 ms (std 0.025), "
+                    "memory before backward 3.00 MiB, saved 26.62 KiB, max error 3.87e-03")
+
 @pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
