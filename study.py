@@ -504,8 +504,8 @@ def size_of(r) -> str:
 
 
 def memory_facts(key, r, first: bool) -> list:
-    facts = [f"{k} {v / results.GIB:.3f} GiB" for k, v in r.items()
-             if "peak" in k and k.endswith("_bytes") and isinstance(v, (int, float))]
+    facts = [f"{name} {r[k] / results.GIB:.3f} GiB" for k, name in (("peak_mem_allocated_bytes", "peak allocated"),
+             ("peak_mem_reserved_bytes", "peak reserved")) if isinstance(r.get(k), (int, float))]  # the table's
     best = (r.get("checkpoint_prediction") or {}).get("best_k")
     if key == "gradient_checkpointing" and first and best is not None:
         peak = r["checkpoint_prediction"].get("best_predicted_peak_bytes", 0)

@@ -219,3 +219,10 @@ def test_attention_facts_say_what_the_table_shows():
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_memory_facts_name_the_peaks_as_the_table_does():
+    record = {"label": "small ctx=128 train fp32 naive", "status": "ok", "config": {},
+              "peak_mem_allocated_bytes": 3 * 2**30, "peak_mem_reserved_bytes": 3.5 * 2**30}
+    assert study.facts_for("memory_profiling_bcd", [record]) == [
+        "small ctx=128 train fp32 naive: peak allocated 3.000 GiB, peak reserved 3.500 GiB"]
