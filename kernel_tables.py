@@ -269,7 +269,9 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
 _OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
     "matrix multiply": ("mm bmm addmm baddbmm matmul linear addmv mv dot einsum scaled_dot_product_attention "
                         "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_flash_attention "
-                        "_scaled_dot_product_efficient_attention"),
+                        "_scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention_for_cpu_backward "
+                        "_scaled_dot_product_flash_attention_backward "
+                        "_scaled_dot_product_efficient_attention_backward"),
     "reduction/softmax": ("sum mean amax amin max min softmax _softmax _softmax_backward_data log_softmax "
                           "_log_softmax _log_softmax_backward_data logsumexp norm var std argmax argmin prod "
                           "cumsum nll_loss nll_loss_forward nll_loss_backward nll_loss_nd cross_entropy_loss "

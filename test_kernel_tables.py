@@ -511,7 +511,8 @@ REAL_NAMES = {
         "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)",
         "fmha_cutlassB_f16_aligned_128x128_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::"
         "Sm80, cutlass::half_t, true, false, false, 128, 128, 128, false>::Params)",
-        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"],
+        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward"],  # --attn sdpa's backward on a CPU
     "elementwise": [
         COMMA_KERNEL, WHERE_KERNEL, FOREACH, "triton_poi_fused_add_mul_silu_0",
         "void at::native::unrolled_elementwise_kernel<at::native::exp_kernel_cuda(at::TensorIteratorBase &)::"
