@@ -6,7 +6,7 @@ forward pass and their calls; the matmul share of inference vs a training step; 
     python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
         --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl     # the tables again, with the stopwatch
     python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
-    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a torch trace
+    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32_naive_warmup_5-20250101-120000.json  # a torch trace
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across nsys_run.sh's reports
 """
 from __future__ import annotations

@@ -842,6 +842,7 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     assert set(attention) == set(kt.ATTENTION_STEPS)
     assert all(row["calls_per_step"] == 2 and row["ms_per_call"] > 0 for row in attention.values())  # 2 layers
     trace = Path(record["profile"]["trace"])
+    assert trace.name.startswith("tiny_ctx16_train_fp32_naive_warmup_1")  # a variant's trace says which it is
     assert kt.build_tables(kt.load_torch_trace(trace))["steps"] == 2  # the saved trace, read again
     out = capsys.readouterr().out
     assert "### 1. Phase times" in out and "### 4. Inside attention" in out and str(trace) in out
