@@ -536,8 +536,7 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
     phase("writing the profiler trace")
     keep, out = parallel.is_rank_zero(), {}
     with tempfile.TemporaryDirectory() as scratch:
-        stem = f"{run.size}_ctx{run.context_length}_{run.mode}_{run.dtype}"
-        stem += f"_{run.parallel}x{run.world_size}" if run.parallel else ""
+        stem = re.sub(r"[^\w.-]+", "_", run.label().replace("ctx=", "ctx"))  # one name per variant of a sweep
         trace = (ResultFiles(run.profile_results_dir, "profile", None, stem, reserve=".json").path(".json") if keep
                  else Path(scratch, "trace.json"))
         profiler.export_chrome_trace(str(trace))

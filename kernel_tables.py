@@ -6,7 +6,7 @@ forward pass and their calls; the matmul share of inference vs a training step; 
     python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
         --e2e-jsonl results/nsys/medium_ctx256_train_e2e.jsonl     # the tables again, with the stopwatch
     python3 kernel_tables.py result.nsys-rep --ranges forward="Model Forward" --stopwatch forward=66.5
-    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32-20250101-120000.json   # a torch trace
+    python3 kernel_tables.py results/profile/tiny_ctx128_train_fp32_naive_warmup_5-20250101-120000.json  # a torch trace
     python3 kernel_tables.py --summary results/nsys/*_ctx*.nsys-rep   # one table across nsys_run.sh's reports
 """
 from __future__ import annotations
@@ -269,7 +269,9 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
 _OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
     "matrix multiply": ("mm bmm addmm baddbmm matmul linear addmv mv dot einsum scaled_dot_product_attention "
                         "_scaled_dot_product_flash_attention_for_cpu _scaled_dot_product_flash_attention "
-                        "_scaled_dot_product_efficient_attention"),
+                        "_scaled_dot_product_efficient_attention _scaled_dot_product_flash_attention_for_cpu_backward "
+                        "_scaled_dot_product_flash_attention_backward "
+                        "_scaled_dot_product_efficient_attention_backward"),
     "reduction/softmax": ("sum mean amax amin max min softmax _softmax _softmax_backward_data log_softmax "
                           "_log_softmax _log_softmax_backward_data logsumexp norm var std argmax argmin prod "
                           "cumsum nll_loss nll_loss_forward nll_loss_backward nll_loss_nd cross_entropy_loss "

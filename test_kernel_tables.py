@@ -511,7 +511,8 @@ REAL_NAMES = {
         "cutlass::arch::Sm80, true, 64, 128, 128, true, true>::Params)",
         "fmha_cutlassB_f16_aligned_128x128_k128_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<cutlass::arch::"
         "Sm80, cutlass::half_t, true, false, false, 128, 128, 128, false>::Params)",
-        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"],
+        "aten::mm", "aten::bmm", "aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward"],  # --attn sdpa's backward on a CPU
     "elementwise": [
         COMMA_KERNEL, WHERE_KERNEL, FOREACH, "triton_poi_fused_add_mul_silu_0",
         "void at::native::unrolled_elementwise_kernel<at::native::exp_kernel_cuda(at::TensorIteratorBase &)::"
@@ -841,6 +842,7 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     assert set(attention) == set(kt.ATTENTION_STEPS)
     assert all(row["calls_per_step"] == 2 and row["ms_per_call"] > 0 for row in attention.values())  # 2 layers
     trace = Path(record["profile"]["trace"])
+    assert trace.name.startswith("tiny_ctx16_train_fp32_naive_warmup_1")  # a variant's trace says which it is
     assert kt.build_tables(kt.load_torch_trace(trace))["steps"] == 2  # the saved trace, read again
     out = capsys.readouterr().out
     assert "### 1. Phase times" in out and "### 4. Inside attention" in out and str(trace) in out
