@@ -52,7 +52,7 @@ def labelled(record: Record, records: list[Record]) -> str:
 
 # ---- bench_e2e tables ----
 
-E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "compile", "warmup", "attn",
+E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "mode", "dtype", "compile", "warmup", "attn",
                "model", "params", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
                "peak mem GiB", "status"]
@@ -88,6 +88,7 @@ def e2e_row(record: Record) -> Record:
     c, m, status = record["config"], record["config"]["model"], record["status"]
     row: Record = {"size": c["size"], "d_model": m["d_model"], "d_ff": m["d_ff"], "layers": m["num_layers"],
                    "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
+                   "mode": c["mode"] + " no-grad" * bool(c.get("no_grad")),
                    "compile": "on" if c["compile"] else None, "warmup": c["warmup"],
                    "status": status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…",
                    "parallel": parallel_label(c), "attn": c["attn"], "model": model_label(c),
@@ -165,8 +166,8 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     """Model sizes, settings, the results table, compile times, comparison, longest contexts, --profile."""
     records = [r for r in records if r.get("kind") != "longest_context"]  # rebuilt from the probes
     rows = [e2e_row(r) for r in records]
-    always = E2E_COLUMNS[:7] + ["warmup"]  # compile: only when on somewhere
-    shown = shown_columns(rows, E2E_COLUMNS, always, ("attn", "model", "optimizer"))
+    always = E2E_COLUMNS[:6] + ["dtype", "warmup"]  # compile: only when on somewhere; mode: where runs differ
+    shown = shown_columns(rows, E2E_COLUMNS, always, ("mode", "attn", "model", "optimizer"))
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
              render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"

@@ -4,7 +4,9 @@ the bars. Scripts run in process on CPU; figures are drawn from hand-made record
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -262,3 +264,16 @@ def test_your_optimizer_is_named_by_its_short_name():
     assert report.optimizer_label({"optimizer": "mine=my_optim:SGD"}) == "mine"
     assert report.optimizer_label({"optimizer": "my_optim:SGD"}) == "my_optim:SGD"
     assert report.VARIANT_AXES["optimizer"]({"optimizer": "torch"}) == "torch AdamW"
+
+
+def test_e2e_rows_of_different_modes_say_their_mode():
+    """A merge of a 2026 run (a training step) and a 2025 one (forward and backward): step ms differ in kind."""
+    train, fwd_bwd = e2e("fp32", 1, [3.0, 3.1]), e2e("fp32", 1, [2.0, 2.1])
+    for r in (train, fwd_bwd):
+        r["config"].update(model=dataclasses.asdict(results.get_config("tiny", "2026", context_length=16)),
+                           batch_size=4, steps=2, no_grad=False)
+        r.update(tokens_per_s=1.0, noisy=[], backward_ms_std=0.1, forward_ms_std=0.1, optimizer_ms_std=0.1)
+    fwd_bwd["config"]["mode"] = "forward-backward"
+    table = report.render("bench_e2e", [{**train, results.RUN_KEY: "a"}, {**fwd_bwd, results.RUN_KEY: "b"}], "github")
+    assert re.search(r"\| mode +\|", table) and "| train " in table and "| forward-backward " in table
+    assert not re.search(r"\| mode +\|", report.render("bench_e2e", [train], "github"))  # one mode: no column
