@@ -317,13 +317,14 @@ RANGE_SPELLINGS = {
     "backward": {"backward", "bwd", "backward pass", "loss backward"},
     "optimizer": {"optimizer", "optimizer step", "optim", "optim step", "opt", "opt step",
                   "optimizer update"},
-    STEP: {"step", "train step", "training step", "train iteration", "training iteration", "iteration"},
+    STEP: {"step", "train step", "training step", "train iteration", "training iteration", "iteration",
+           "profilerstep"},  # torch.profiler's own ProfilerStep#N (a schedule's prof.step()): see select_measured
 }
 
 
 def normalise_range_name(name: str) -> str:
-    """Lower case; '_', '-', '.', ':' as spaces; a trailing step number dropped."""
-    return re.sub(r" ?\d+$", "", re.sub(r"[\s_.:-]+", " ", name.lower()).strip())
+    """Lower case; '_', '-', '.', ':', '#' as spaces; a trailing step number dropped."""
+    return re.sub(r" ?\d+$", "", re.sub(r"[\s_.:#-]+", " ", name.lower()).strip())
 
 
 def is_warmup(name: str) -> bool:
@@ -387,7 +388,10 @@ def select_measured(profile: Profile, given: dict[str, str] | None = None) -> Se
     measure = Windows(r for r in profile.ranges if r.name == measure_name)
     warmup = Windows(r for r in profile.ranges if is_warmup(r.name))
     chosen = Selection()
-    for r in profile.ranges:
+    # torch.profiler's ProfilerStep#N ranges are the steps only where the run has no step range of its own
+    profiler_step = lambda name: re.fullmatch(r"ProfilerStep#\d+", name) is not None  # noqa: E731
+    own_steps = any(phase_of(r.name, given) == STEP and not profiler_step(r.name) for r in profile.ranges)
+    for r in (r for r in profile.ranges if not (own_steps and profiler_step(r.name))):
         if r.name == measure_name or is_warmup(r.name) or (measure.ranges and not measure.find(r.start_ns)):
             continue
         phase = phase_of(r.name, given)

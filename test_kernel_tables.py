@@ -393,7 +393,7 @@ def test_cpu_self_time_subtracts_direct_children_per_thread():
     ("opt", "optimizer"), ("optimizer_step", "optimizer"), ("step", "step"), ("Step 3", "step"),
     ("train-step", "step"), ("Training Step 12", "step"), ("train_step", "step"),
     ("Benchmark Forward Only", None), ("Run Benchmark", None), ("computing softmax", None), ("measure", None),
-    ("forwarding", None), ("Initialize Model", None),
+    ("forwarding", None), ("Initialize Model", None), ("ProfilerStep#12", "step"),
 ])
 def test_the_usual_spellings_of_a_phase_in_any_case(name: str, phase: str | None):
     assert kt.phase_of(name, {}) == phase
@@ -455,6 +455,19 @@ def test_ranges_given_by_name_replace_the_usual_spellings_and_an_unknown_name_is
     outer.ranges = [Range("forward", r.start_ns, r.end_ns) if r.name == "Forward" else r for r in outer.ranges]
     (forward,) = kt.build_tables(outer, ranges={"forward": "Model Forward"})["phases"]
     assert forward["range_ms"] == pytest.approx((154 + 155 + 157) / 3 / 1e6)
+
+
+def test_torch_profilers_own_step_ranges_are_the_steps_only_without_the_runs_own():
+    """ProfilerStep#N: one per prof.step() under a torch.profiler schedule, around whatever the run's own ranges."""
+    steps = [Range(f"ProfilerStep#{i}", 100 * i, 100 * i + 90) for i in (2, 3, 4)]
+    plain = Profile([Activity("aten::mm", 40, 100 * i + 5) for i in (2, 3, 4)], steps, "cpu", "plain")
+    tables = kt.build_tables(plain)
+    assert tables["steps"] == 3 and [row["phase"] for row in tables["phases"]] == ["step"]
+    both = Profile(plain.activities, steps + [Range("train_step", 100 * i + 1, 100 * i + 80) for i in (2, 3, 4)],
+                   "cpu", "both")
+    tables = kt.build_tables(both)
+    assert tables["steps"] == 3 and "ProfilerStep" not in tables["ranges_used"]  # not 6 steps
+    assert tables["phases"][0]["range_ms"] == pytest.approx(79 / 1e6)
 
 
 def test_step_ranges_count_the_steps_and_give_the_step_row():
