@@ -456,7 +456,6 @@ def test_analyze_writes_the_tables_the_png_and_torchs_interactive_html(tmp_path,
     assert record["snapshot_peak_check"]["rebuilt_peak_bytes"] == 24 * MIB
 
 
-
 def test_an_analyze_run_renders_again_as_its_md_byte_for_byte(tmp_path, capsys):
     path = write_snapshot(tmp_path, measured=24 * MIB)
     assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path), "--out", "a"]) == 0

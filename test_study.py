@@ -205,7 +205,6 @@ def test_memory_profiling_f_counts_the_compiled_block_beside_the_handouts_figure
     assert "3650.31 MiB in 18 tensors compiled, 7626.12 MiB in 47 eager" in fact and "3651.31 MiB" in fact
 
 
-
 def test_attention_facts_say_what_the_table_shows():
     """bench_attention.py's table: ms to 3 decimals, bytes in KiB/MiB/GiB; memory before backward where measured."""
     record = {"label": "sdpa d=16 seq=64 bf16", "status": "ok", "forward_ms_mean": 0.018, "forward_ms_std": 0.0024,
