@@ -434,7 +434,10 @@ def pick_columns(default: list[str], requested: list[str] | None, fmt: str, has:
 
 def unknown_column(requested: list[str], valid: list[str]) -> str | None:
     unknown = [c for c in requested if c not in valid]
-    return f"unknown column {unknown[0]!r}; valid columns: " + ", ".join(valid) if unknown else None
+    if not unknown:
+        return None
+    return f"unknown column {unknown[0]!r}; " + ("valid columns: " + ", ".join(valid) if valid
+                                                 else "this report has no table whose columns can be chosen")
 
 
 def run_of(record: Record) -> str | None:

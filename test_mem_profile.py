@@ -461,6 +461,9 @@ def test_an_analyze_run_renders_again_as_its_md_byte_for_byte(tmp_path, capsys):
     assert mem_profile.main(["--analyze", str(path), "--results-dir", str(tmp_path), "--out", "a"]) == 0
     assert report.main([str(tmp_path / "memory" / "a.jsonl"), "--results-dir", str(tmp_path), "--out", "b"]) == 0
     assert (tmp_path / "report" / "b.md").read_text() == (tmp_path / "memory" / "a.md").read_text()
+    capsys.readouterr()
+    assert report.main([str(tmp_path / "memory" / "a.jsonl"), "--results-dir", str(tmp_path), "--columns", "x"]) == 2
+    assert "unknown column 'x'; this report has no table whose columns can be chosen" in capsys.readouterr().err
 
 
 def test_a_snapshot_without_an_allocation_trace_says_how_to_record_one(tmp_path, capsys):
