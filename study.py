@@ -536,6 +536,10 @@ def facts_for(key, records) -> list:
     elif key == "benchmarking_script_c":
         facts += [f"{size_of(r)}, warm-up {r['config']['warmup']}: forward {ms(r, 'forward')}, backward "
                   f"{ms(r, 'backward')}" for r in done if "backward_ms_mean" in r]
+    elif key in ("benchmarking_mixed_precision_c", "torch_compile_b"):  # the speed-ups: its comparison table
+        facts += [f"{r.get('label')}: " + ", ".join(f"{phase} {ms(r, phase)}" for phase in
+                                                    ("forward", "backward", "optimizer", "step")
+                                                    if f"{phase}_ms_mean" in r) for r in done]
     elif key == "nsys_profile":
         longest = {}
         for r in (r for r in done if r.get("context_search")):

@@ -214,6 +214,18 @@ def test_attention_facts_say_what_the_table_shows():
     assert fact == ("sdpa d=16 seq=64 bf16: forward 0.018 ms (std 0.002), backward 0.198 ms (std 0.025), "
                     "memory before backward 3.00 MiB, saved 26.62 KiB, max error 3.87e-03")
 
+
+@pytest.mark.parametrize("key", ["benchmarking_mixed_precision_c", "torch_compile_b"])
+def test_comparison_problems_state_each_variants_times(key):
+    record = {"label": "small ctx=512 train bf16 naive compiled", "status": "ok", "forward_ms_mean": 10.0,
+              "forward_ms_std": 0.1, "backward_ms_mean": 20.0, "backward_ms_std": 0.2, "optimizer_ms_mean": 5.0,
+              "optimizer_ms_std": 0.05, "step_ms_mean": 35.0, "step_ms_std": 0.3}
+    assert study.facts_for(key, [record, {"label": "small ctx=512 train fp32 naive", "status": "OOM"}]) == [
+        "small ctx=512 train fp32 naive: OOM",
+        "small ctx=512 train bf16 naive compiled: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), "
+        "optimizer 5.00 ms (std 0.05), step 35.00 ms (std 0.30)"]
+
+
 @pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
