@@ -755,7 +755,7 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     worst = max(errors, key=lambda k: errors[k] / tolerance[k])
     out.update(ok=errors[worst] <= tolerance[worst], worst=worst, max_error=errors[worst], errors=errors,
                step_tolerance=STEP_TOLERANCE)
-    # yours is built with lr=1e-3 and its own defaults: other defaults than these make a different step
+    # yours is built with the settings it names (model.ADAMW_SETTINGS); others keep its own defaults
     against = ("optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)" if worst.startswith("step of")
                else out["reference"])
     return out if out["ok"] else {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance "

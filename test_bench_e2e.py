@@ -614,6 +614,11 @@ class NoWeightDecay(torch.optim.AdamW):
         super().__init__(params, lr=lr, weight_decay=0.0)
 
 
+class OtherDefaults(torch.optim.AdamW):  # a correct AdamW whose defaults are not the staff's
+    def __init__(self, params, lr=1e-2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
 def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_path):
     code, (record,) = run_leaderboard(tmp_path, "--optimizer", "test_bench_e2e:NoWeightDecay")
     assert code == 1 and "leaderboard" not in record and record["status"].startswith("WRONG: step of ")
@@ -621,6 +626,7 @@ def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_p
     cpu = torch.device("cpu")
     assert not bench_e2e.behaviour_check(None, None, cpu, optimizer="torch.optim:SGD")["ok"]  # a step, not AdamW's
     assert bench_e2e.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
+    assert bench_e2e.behaviour_check(None, None, cpu, optimizer="test_bench_e2e:OtherDefaults")["ok"]
 
 
 @pytest.mark.parametrize("flags", [["--timeout", "5"], ["--in-process"], ["--no-skip"], ["--interleave", "runs"],

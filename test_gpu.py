@@ -21,7 +21,7 @@ import common
 import mem_profile
 import results
 import kernel_tables as kt
-from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
+from model import STAFF_MODEL_KEYWORDS, build_model, build_optimizer
 import toy_autocast
 from results import read_records
 from test_bench_attention import student  # noqa: F401 - a fixture: the stand-in attention in the current directory

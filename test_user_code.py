@@ -14,7 +14,7 @@ import bench_e2e
 import common
 import mem_profile
 import results
-from model import STAFF_MODEL_KEYWORDS, USER_OPTIMIZER_LR, build_model, build_optimizer
+from model import ADAMW_SETTINGS, STAFF_MODEL_KEYWORDS, build_model, build_optimizer
 from results import read_records
 
 # A student's model and optimizers. TinyLM has the staff constructor's exact signature but is not our architecture
@@ -171,7 +171,7 @@ def test_build_model_calls_your_factory_with_the_staff_keywords(student):
 def test_build_optimizer_yours_beside_ours(student):
     params = [torch.nn.Parameter(torch.ones(3))]
     sgd = build_optimizer("student_lm:SGD", params, torch.device("cpu"))
-    assert type(sgd).__name__ == "SGD" and sgd.param_groups[0]["lr"] == USER_OPTIMIZER_LR
+    assert type(sgd).__name__ == "SGD" and sgd.param_groups[0]["lr"] == ADAMW_SETTINGS["lr"]
     assert build_optimizer("student_lm:NoLearningRate", params, torch.device("cpu")).param_groups[0]["lr"] == 0.1
     with pytest.raises(common.LoadError, match="made a list, which has no step"):
         build_optimizer("student_lm:not_an_optimizer", params, torch.device("cpu"))
