@@ -1128,8 +1128,10 @@ def plot_e2e_warmup(records: list[Record]) -> Any | None:
     keys, variant_axes = ["size", *varying(records, [])], varied_axes([r["config"] for r in records])
     for ax, group in zip(axes, groups.values()):
         for r in sorted(group, key=lambda r: r["config"]["warmup"]):
-            ax.plot(range(1, len(r["step_ms"]) + 1), r["step_ms"], marker="o",
-                    label=f"warm-up {r['config']['warmup']}")
+            runs = r.get("repeats", 1)  # --repeats: each run's steps in turn; step i is the mean of the runs' i-th
+            steps = len(r["step_ms"]) // runs
+            ax.plot(range(1, steps + 1), [sum(r["step_ms"][i::steps]) / runs for i in range(steps)], marker="o",
+                    label=f"warm-up {r['config']['warmup']}" + f" (mean of {runs} runs)" * (runs > 1))
         ax.set_title(f"{label_of(group[0], keys)} {variant_label(group[0]['config'], variant_axes)}".strip(),
                      fontsize=9)
         log_axes(ax, "timed step index", "step time (ms)", x_base=None)

@@ -365,7 +365,7 @@ def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]]
                    calls: str) -> list[str]:
     """Notes: intervals containing 1, too few rounds (name -> (rounds, option)), means outside intervals."""
     notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
-    notes += [f"{name}: {n} rounds, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
+    notes += [f"{name}: {n} round{'s' * (n != 1)}, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
               for name, (n, knob) in few_rounds.items()]
     if pulled:
         notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): "
@@ -541,7 +541,7 @@ def comparison_rows(records: list[Record], variant: Callable[[Record], str], row
                     unresolved.append(f"{where}{label} {name}{interval}")
                 if s.rounds and s.low is None:  # rounds are steps (calls), or whole runs (--interleave runs)
                     runs = (base.get("pairing") or {}).get("mode") == "runs"
-                    few[name] = (s.rounds, "--repeats" if runs else more_rounds)
+                    few[name] = (s.rounds, "--interleave runs --repeats" if runs else more_rounds)
                 # a few slow steps pull a mean: the ratio of the means outside the paired interval
                 if s.low is not None and not s.low <= (means := ratio_of_means(base, r, phases)) <= s.high:
                     pulled.append(f"{where}{label} {name} {means:.2f}x")

@@ -418,7 +418,10 @@ class Sweep:
                 self.add(run, self.record_of(run, {"status": status}), 0.0)
             else:
                 todo.append((i, run))
-        if len(todo) > 1 and self.measure_variants is not None and self.args.interleave == "steps":
+        # a first step timed (no warm-up) needs a process of its own: in one shared, only the first variant would
+        # pay the process's one-time costs (CUDA context, cuBLAS handles, lazy kernel loading)
+        cold = any(getattr(run, "warmup", None) == 0 for _, run in todo)
+        if len(todo) > 1 and self.measure_variants is not None and self.args.interleave == "steps" and not cold:
             self.together(todo)
         elif todo:
             self.interleave_runs(todo)

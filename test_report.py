@@ -172,6 +172,15 @@ def test_e2e_figures_from_records():
     assert {label.get_rotation() for label in speedup.get_xticklabels()} == {0.0}  # two bars: room to stand
 
 
+def test_the_warmup_figure_of_repeated_runs_shows_each_step_index_once():
+    """--repeats 2: each run's 3 steps in turn; the first step of each run is cold."""
+    records = [{**e2e("fp32", 0, [500.0, 20.0, 10.0, 300.0, 20.0, 12.0]), "repeats": 2},
+               {**e2e("fp32", 1, [12.0, 11.0, 10.0, 14.0, 11.0, 12.0]), "repeats": 2}]
+    line = next(line for line in figures("bench_e2e", records)["warmup"].axes[0].get_lines()
+                if line.get_label() == "warm-up 0 (mean of 2 runs)")
+    assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [400.0, 20.0, 11.0]
+
+
 def test_six_variants_slant_their_bar_labels_and_wrap_the_title_within_the_figure():
     records = [e2e("fp32", 0, [30.0, 20.0]) for _ in range(6)]
     variants = [(attn, opt) for attn in ("naive", "sdpa") for opt in ("ours", "torch", "torch.optim:AdamW")]
