@@ -3,6 +3,7 @@ and profiler ranges, GPU peaks, the environment record, failures as data, your c
 from __future__ import annotations
 
 import argparse
+import builtins
 import contextlib
 import datetime
 import functools
@@ -433,7 +434,10 @@ def load(spec: str) -> Any:
     if cwd not in sys.path:  # after the toolkit's folder, before the installed packages
         sys.path.insert(sys.path.index(HERE) + 1 if HERE in sys.path else 0, cwd)
     try:
-        module = importlib.import_module(module_name)
+        with refusing_our_names(spec):
+            module = importlib.import_module(module_name)
+    except LoadError:
+        raise
     except Exception as exc:  # noqa: BLE001 - an error in the student's module is theirs to see, in one line
         name = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if name is not None and (module_name + ".").startswith(name + "."):
@@ -445,6 +449,31 @@ def load(spec: str) -> Any:
     except AttributeError:
         where = getattr(module, "__file__", None) or "a namespace package"
         raise LoadError(f"{module_name} ({where}) has no {attribute!r} (for {spec})") from None
+
+
+@contextlib.contextmanager
+def refusing_our_names(spec: str) -> Iterator[None]:
+    """While the student's code is imported: its `import optim` (model, common, ...) meant its own optim.py beside
+    it or in the working directory, but Python hands it ours, already imported. Refused in one line instead."""
+    real = builtins.__import__
+
+    def guarded(name: str, globals: dict | None = None, locals: dict | None = None, fromlist: Any = (),
+                level: int = 0) -> Any:
+        top, importer = name.partition(".")[0], (globals or {}).get("__file__")
+        if level == 0 and importer and os.path.exists(os.path.join(HERE, top + ".py")):
+            folder = os.path.dirname(os.path.realpath(importer))
+            theirs = [p for f in dict.fromkeys((folder, os.getcwd())) for p in (os.path.join(f, top + ".py"),
+                      os.path.join(f, top)) if os.path.exists(p) and os.path.realpath(f) != os.path.realpath(HERE)]
+            if theirs and folder != os.path.realpath(HERE):
+                raise LoadError(f"{importer} imports {top}, but this toolkit's {top}.py would run in place of "
+                                f"{theirs[0]}: rename yours or put it in a package (for {spec})")
+        return real(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = guarded
+    try:
+        yield
+    finally:
+        builtins.__import__ = real
 
 
 def one_line(exc: BaseException) -> str:
