@@ -119,7 +119,7 @@ def load_torch_trace(path: str | Path) -> Profile:
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
             trace = json.load(f)
-    except (OSError, EOFError, ValueError) as exc:  # unreadable, not gzip, truncated, not UTF-8, not JSON
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # unreadable, not gzip, not JSON, too deep
         raise ProfileFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
@@ -656,7 +656,7 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
     """The last record of a bench_e2e JSONL file: the profiled configuration's."""
     try:
         records = results.read_records(path)
-    except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8, not JSON lines
+    except (OSError, ValueError, RecursionError) as exc:  # a folder, unreadable, not JSON lines, too deep
         raise ProfileFormatError(f"{path}: not a bench_e2e JSONL file: {exc}") from None
     if not records or not isinstance(records[-1], dict):
         raise ProfileFormatError(f"{path}: its last line is not a record")

@@ -656,8 +656,8 @@ def test_stopwatch_given_by_hand_fills_table_1(export: Path, capsys):
     b'{"traceEvents": [{"ph": "X", "name": "a", ',  # truncated (the profiler was killed while writing)
     b"[1, 2, 3]", b'{"traceEvents": 5}',
     b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "soon", "dur": 1}]}',
-    b"\xff\xfe not text", b"",
-], ids=["truncated", "not-an-object", "events-not-a-list", "field-of-wrong-type", "not-utf8", "empty"])
+    b"\xff\xfe not text", b"", b"[" * 100_000 + b"]" * 100_000,
+], ids=["truncated", "not-an-object", "events-not-a-list", "field-of-wrong-type", "not-utf8", "empty", "too-deep"])
 def test_malformed_trace_is_one_line_exit_2(content: bytes, tmp_path: Path, capsys):
     for name in ("t.json", "t.json.gz"):
         (tmp_path / name).write_bytes(content)
@@ -667,9 +667,9 @@ def test_malformed_trace_is_one_line_exit_2(content: bytes, tmp_path: Path, caps
 
 
 @pytest.mark.parametrize("content", ["", "not json\n", "[1, 2]\n", '{"environment": 5, "status": "ok"}\n',
-                                     '{"step_ms": "fast", "status": "ok"}\n', None],
+                                     '{"step_ms": "fast", "status": "ok"}\n', None, "[" * 100_000 + "]" * 100_000],
                          ids=["empty", "not-json", "not-an-object", "environment-not-an-object", "samples-not-numbers",
-                              "a-folder"])
+                              "a-folder", "too-deep"])
 def test_malformed_e2e_jsonl_is_one_line_exit_2(content: str | None, tmp_path: Path, capsys):
     jsonl = tmp_path / "e2e.jsonl"
     jsonl.mkdir() if content is None else jsonl.write_text(content)
