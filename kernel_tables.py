@@ -216,8 +216,8 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
         try:
             profile = load_nsys(export)
         except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give "
-                                     "--export-dir DIR for a fresh export there") from None
+            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away for a fresh "
+                                     "export") from None
         profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
         return profile
     if nsys is None:

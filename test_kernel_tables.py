@@ -293,7 +293,7 @@ def test_a_file_that_is_no_export_is_one_line_exit_2_never_no_gpu_work(tmp_path:
     (tmp_path / "x.sqlite").write_bytes(content)  # e.g. what a refused export left behind
     (tmp_path / "x.nsys-rep").write_bytes(REPORT_BYTES)
     os.utime(tmp_path / "x.nsys-rep", (1, 1))  # older than the file beside it, which is read as its export
-    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away, or give --export-dir")):
+    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away for a fresh export")):
         assert kt.main([str(tmp_path / source)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "SQLite export" in err and hint in err
