@@ -600,6 +600,25 @@ def short_name(name: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def short_names(names: list[str], width: int = 90) -> list[str]:
+    """short_name of each; where different names would read the same, each keeps its start and, after '…', its
+    part from where it parts from the others (a functor among the template arguments, say)."""
+    texts = [name.removeprefix("void ").strip().replace("|", "/") for name in names]
+    shown = [short_name(name, width) for name in names]
+    head, tail = width // 3, width - width // 3 - 2
+    out = []
+    for text, cut in zip(texts, shown):
+        parts = max((len(os.path.commonprefix([text, other])) for other, seen in zip(texts, shown)
+                     if seen == cut and other != text), default=None)
+        if parts is None:
+            out.append(cut)
+            continue
+        start = max(head, parts - tail // 2, *(text.rfind(sep, 0, parts) + len(sep) for sep in ("::", "<", ", ")))
+        rest = text[start:]
+        out.append(text[:head] + "…" + (rest if len(rest) <= tail + 1 else rest[:tail] + "…"))
+    return out
+
+
 def _render(rows: list[dict[str, Any]], spec: list[tuple[str, str]], fmt: str,
             floatfmt: str | list[str] = ".2f") -> str:
     return results.render_table([{header: row.get(key) for key, header in spec} for row in rows],
@@ -622,7 +641,7 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     for scope, rows in tables["top"].items():
         what = "kernels by GPU time" if gpu else "operators by self CPU time"
         out += ["", f"### 2. Top {what}: {scope}", "",
-                _render([{**r, "name": short_name(r["name"])} for r in rows],
+                _render([{**r, "name": name} for r, name in zip(rows, short_names([r["name"] for r in rows]))],
                         [("name", "kernel" if gpu else "operator"), ("category", "category"),
                          ("total_ms", "total ms"), ("share_pct", "share %"), ("instances", "instances"),
                          ("per_step", "per step"), ("mean_us", "mean µs")], fmt)]

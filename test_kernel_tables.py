@@ -609,6 +609,22 @@ def test_short_name_drops_parameters_and_truncates():
     assert kt.short_name(XMMA, width=20) == XMMA[:19] + "…"
 
 
+
+def test_names_that_shorten_alike_keep_the_part_that_tells_them_apart():
+    overloads = [f"void k<{'x' * 100}>(float *)", f"void k<{'x' * 100}>(double *)"]  # alike without parameters
+    names = [WHERE_KERNEL, DIRECT_COPY, DIRECT_COPY.replace("(float)", "(double)"), SGEMM, *overloads]
+    shown = kt.short_names(names)
+    assert len(set(shown)) == len(names) and max(map(len, shown)) <= 90
+    assert shown[0] == kt.short_name(WHERE_KERNEL) and shown[3] == SGEMM  # no rival: as short_name has it
+    assert "(double)" in shown[2] and shown[5].endswith(">(double *)")
+
+
+def test_no_two_rows_of_a_real_exports_tables_print_the_same_name(capsys):
+    assert kt.main([str(realdata("rtx3070ti_train_nsys2025.1.3.sqlite")), "--top", "30"]) == 0
+    for table in capsys.readouterr().out.split("\n### ")[1:]:
+        names = [line.split("|")[1].strip() for line in table.splitlines()[4:] if line.startswith("| ")]
+        assert len(names) == len(set(names)), table
+
 # ---- the command line ----
 
 
