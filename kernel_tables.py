@@ -1143,7 +1143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
              "kernel_tables.py SOURCE") for s in args.source])
         return args
-    results.refuse(p, [(args.out is not None, "--out goes with --summary"),
+    results.refuse(p, [(args.out is not None or args.results_dir != "results", "--out and --results-dir go with "
+                        "--summary (its files); one report's tables go to stdout, and to a file with --md FILE"),
                        (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); "
                                                "--summary tabulates several"),
                        (args.stopwatch and args.e2e_jsonl,

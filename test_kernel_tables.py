@@ -650,7 +650,7 @@ def test_an_export_with_a_record_gives_the_tables_printed_and_saved(export: Path
     (["--ranges", "warmup=x"], "got 'warmup=x'"),
     (["--stopwatch", "forward=1", "--e2e-jsonl", "x"], "not both"),
     (["--md", "."], "--md must name a file"), (["--md", "missing/t.md"], "--md must name a file"),
-    (["--out", "x"], "--out goes with --summary"),
+    (["--out", "x"], "--out and --results-dir go with --summary"), (["--results-dir", "r"], "with --md FILE"),
 ])
 def test_usage_errors_exit_2_in_one_line(export: Path, capsys, args: list[str], message: str):
     with pytest.raises(SystemExit) as exit_info:
@@ -834,6 +834,14 @@ def test_summary_without_a_forward_only_run_reads_the_training_runs_forward_phas
     assert (row["size"], row["context_length"], row["variant"]) == ("small", 128, "bf16_h2025")
     assert row["forward_from"] == "train" and row["top_forward_kernel"] == SGEMM
     assert "forward phase of their training" in capsys.readouterr().out
+
+
+def test_summary_out_names_its_files_in_any_format(tmp_path: Path):
+    report = write_report(tmp_path, "tiny_ctx32_train")
+    argv = ["--summary", str(report), "--fmt", "latex_booktabs", "--out", "ktl", "--results-dir", str(tmp_path)]
+    assert kt.main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "nsys").iterdir()) == ["ktl.jsonl", "ktl.md", "ktl.tex"]
+    assert "\\toprule" in (tmp_path / "nsys" / "ktl.tex").read_text()
 
 
 def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
