@@ -119,7 +119,7 @@ def load_torch_trace(path: str | Path) -> Profile:
     try:
         with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
             trace = json.load(f)
-    except (OSError, EOFError, ValueError) as exc:  # unreadable, not gzip, truncated, not UTF-8, not JSON
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # unreadable, not gzip, not JSON, too deep
         raise ProfileFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
@@ -216,8 +216,8 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
         try:
             profile = load_nsys(export)
         except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away, or give "
-                                     "--export-dir DIR for a fresh export there") from None
+            raise ProfileFormatError(f"{exc}, read as the export of {report.name}: move it away for a fresh "
+                                     "export") from None
         profile.notes += [f"{export} is older than {report.name} and {why}: read as it is"] * older
         return profile
     if nsys is None:
@@ -600,6 +600,25 @@ def short_name(name: str, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def short_names(names: list[str], width: int = 90) -> list[str]:
+    """short_name of each; where different names would read the same, each keeps its start and, after '…', its
+    part from where it parts from the others (a functor among the template arguments, say)."""
+    texts = [name.removeprefix("void ").strip().replace("|", "/") for name in names]
+    shown = [short_name(name, width) for name in names]
+    head, tail = width // 3, width - width // 3 - 2
+    out = []
+    for text, cut in zip(texts, shown):
+        parts = max((len(os.path.commonprefix([text, other])) for other, seen in zip(texts, shown)
+                     if seen == cut and other != text), default=None)
+        if parts is None:
+            out.append(cut)
+            continue
+        start = max(head, parts - tail // 2, *(text.rfind(sep, 0, parts) + len(sep) for sep in ("::", "<", ", ")))
+        rest = text[start:]
+        out.append(text[:head] + "…" + (rest if len(rest) <= tail + 1 else rest[:tail] + "…"))
+    return out
+
+
 def _render(rows: list[dict[str, Any]], spec: list[tuple[str, str]], fmt: str,
             floatfmt: str | list[str] = ".2f") -> str:
     return results.render_table([{header: row.get(key) for key, header in spec} for row in rows],
@@ -622,7 +641,7 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
     for scope, rows in tables["top"].items():
         what = "kernels by GPU time" if gpu else "operators by self CPU time"
         out += ["", f"### 2. Top {what}: {scope}", "",
-                _render([{**r, "name": short_name(r["name"])} for r in rows],
+                _render([{**r, "name": name} for r, name in zip(rows, short_names([r["name"] for r in rows]))],
                         [("name", "kernel" if gpu else "operator"), ("category", "category"),
                          ("total_ms", "total ms"), ("share_pct", "share %"), ("instances", "instances"),
                          ("per_step", "per step"), ("mean_us", "mean µs")], fmt)]
@@ -656,7 +675,7 @@ def last_e2e_record(path: str | Path) -> dict[str, Any]:
     """The last record of a bench_e2e JSONL file: the profiled configuration's."""
     try:
         records = results.read_records(path)
-    except (OSError, ValueError) as exc:  # a folder, unreadable, not UTF-8, not JSON lines
+    except (OSError, ValueError, RecursionError) as exc:  # a folder, unreadable, not JSON lines, too deep
         raise ProfileFormatError(f"{path}: not a bench_e2e JSONL file: {exc}") from None
     if not records or not isinstance(records[-1], dict):
         raise ProfileFormatError(f"{path}: its last line is not a record")
@@ -1014,7 +1033,9 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
         say(f"no tables for {report}: {value['status']}")
         return {**value, "exit_status": 1}
     text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
-    run.file(".md").write_text(text + "\n")
+    # written beside, then renamed over <report>.md: a link there is replaced, not the (student's) file it names
+    run.file(".md.partial").write_text(text + "\n")
+    os.replace(run.file(".md.partial"), run.file(".md"))
     if results.emit(text):
         results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
     return {**value, "exit_status": 0}
@@ -1122,7 +1143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
              "kernel_tables.py SOURCE") for s in args.source])
         return args
-    results.refuse(p, [(args.out is not None, "--out goes with --summary"),
+    results.refuse(p, [(args.out is not None or args.results_dir != "results", "--out and --results-dir go with "
+                        "--summary (its files); one report's tables go to stdout, and to a file with --md FILE"),
                        (len(args.source) != 1, f"one report or trace at a time ({len(args.source)} given); "
                                                "--summary tabulates several"),
                        (args.stopwatch and args.e2e_jsonl,

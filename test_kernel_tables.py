@@ -293,7 +293,7 @@ def test_a_file_that_is_no_export_is_one_line_exit_2_never_no_gpu_work(tmp_path:
     (tmp_path / "x.sqlite").write_bytes(content)  # e.g. what a refused export left behind
     (tmp_path / "x.nsys-rep").write_bytes(REPORT_BYTES)
     os.utime(tmp_path / "x.nsys-rep", (1, 1))  # older than the file beside it, which is read as its export
-    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away, or give --export-dir")):
+    for source, hint in (("x.sqlite", ""), ("x.nsys-rep", "move it away for a fresh export")):
         assert kt.main([str(tmp_path / source)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "SQLite export" in err and hint in err
@@ -609,6 +609,22 @@ def test_short_name_drops_parameters_and_truncates():
     assert kt.short_name(XMMA, width=20) == XMMA[:19] + "…"
 
 
+
+def test_names_that_shorten_alike_keep_the_part_that_tells_them_apart():
+    overloads = [f"void k<{'x' * 100}>(float *)", f"void k<{'x' * 100}>(double *)"]  # alike without parameters
+    names = [WHERE_KERNEL, DIRECT_COPY, DIRECT_COPY.replace("(float)", "(double)"), SGEMM, *overloads]
+    shown = kt.short_names(names)
+    assert len(set(shown)) == len(names) and max(map(len, shown)) <= 90
+    assert shown[0] == kt.short_name(WHERE_KERNEL) and shown[3] == SGEMM  # no rival: as short_name has it
+    assert "(double)" in shown[2] and shown[5].endswith(">(double *)")
+
+
+def test_no_two_rows_of_a_real_exports_tables_print_the_same_name(capsys):
+    assert kt.main([str(realdata("rtx3070ti_train_nsys2025.1.3.sqlite")), "--top", "30"]) == 0
+    for table in capsys.readouterr().out.split("\n### ")[1:]:
+        names = [line.split("|")[1].strip() for line in table.splitlines()[4:] if line.startswith("| ")]
+        assert len(names) == len(set(names)), table
+
 # ---- the command line ----
 
 
@@ -634,7 +650,7 @@ def test_an_export_with_a_record_gives_the_tables_printed_and_saved(export: Path
     (["--ranges", "warmup=x"], "got 'warmup=x'"),
     (["--stopwatch", "forward=1", "--e2e-jsonl", "x"], "not both"),
     (["--md", "."], "--md must name a file"), (["--md", "missing/t.md"], "--md must name a file"),
-    (["--out", "x"], "--out goes with --summary"),
+    (["--out", "x"], "--out and --results-dir go with --summary"), (["--results-dir", "r"], "with --md FILE"),
 ])
 def test_usage_errors_exit_2_in_one_line(export: Path, capsys, args: list[str], message: str):
     with pytest.raises(SystemExit) as exit_info:
@@ -656,8 +672,8 @@ def test_stopwatch_given_by_hand_fills_table_1(export: Path, capsys):
     b'{"traceEvents": [{"ph": "X", "name": "a", ',  # truncated (the profiler was killed while writing)
     b"[1, 2, 3]", b'{"traceEvents": 5}',
     b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": "soon", "dur": 1}]}',
-    b"\xff\xfe not text", b"",
-], ids=["truncated", "not-an-object", "events-not-a-list", "field-of-wrong-type", "not-utf8", "empty"])
+    b"\xff\xfe not text", b"", b"[" * 100_000 + b"]" * 100_000,
+], ids=["truncated", "not-an-object", "events-not-a-list", "field-of-wrong-type", "not-utf8", "empty", "too-deep"])
 def test_malformed_trace_is_one_line_exit_2(content: bytes, tmp_path: Path, capsys):
     for name in ("t.json", "t.json.gz"):
         (tmp_path / name).write_bytes(content)
@@ -667,9 +683,9 @@ def test_malformed_trace_is_one_line_exit_2(content: bytes, tmp_path: Path, caps
 
 
 @pytest.mark.parametrize("content", ["", "not json\n", "[1, 2]\n", '{"environment": 5, "status": "ok"}\n',
-                                     '{"step_ms": "fast", "status": "ok"}\n', None],
+                                     '{"step_ms": "fast", "status": "ok"}\n', None, "[" * 100_000 + "]" * 100_000],
                          ids=["empty", "not-json", "not-an-object", "environment-not-an-object", "samples-not-numbers",
-                              "a-folder"])
+                              "a-folder", "too-deep"])
 def test_malformed_e2e_jsonl_is_one_line_exit_2(content: str | None, tmp_path: Path, capsys):
     jsonl = tmp_path / "e2e.jsonl"
     jsonl.mkdir() if content is None else jsonl.write_text(content)
@@ -818,6 +834,14 @@ def test_summary_without_a_forward_only_run_reads_the_training_runs_forward_phas
     assert (row["size"], row["context_length"], row["variant"]) == ("small", 128, "bf16_h2025")
     assert row["forward_from"] == "train" and row["top_forward_kernel"] == SGEMM
     assert "forward phase of their training" in capsys.readouterr().out
+
+
+def test_summary_out_names_its_files_in_any_format(tmp_path: Path):
+    report = write_report(tmp_path, "tiny_ctx32_train")
+    argv = ["--summary", str(report), "--fmt", "latex_booktabs", "--out", "ktl", "--results-dir", str(tmp_path)]
+    assert kt.main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "nsys").iterdir()) == ["ktl.jsonl", "ktl.md", "ktl.tex"]
+    assert "\\toprule" in (tmp_path / "nsys" / "ktl.tex").read_text()
 
 
 def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):

@@ -261,6 +261,27 @@ def test_reports_are_reused_replaced_with_force_and_kept_when_made_with_other_ar
     assert profiled_reports(fake)[2:] == ["tiny_ctx64_forward"] and "--steps 3" in Path(f"{report}.args").read_text()
 
 
+def test_a_reused_reports_tables_replace_a_link_at_its_md_never_the_file_it_names(fake: dict, tmp_path: Path):
+    assert fake["run"]("tiny", "64")[0] == 0
+    notes, md = tmp_path / "notes.md", fake["folder"] / "tiny_ctx64_train.md"
+    notes.write_text("the student's writeup\n")
+    md.unlink()
+    md.symlink_to(notes)
+    status, _, err = fake["run"]("tiny", "64")
+    assert status == 0 and "reusing" in err and notes.read_text() == "the student's writeup\n"
+    assert not md.is_symlink() and "### 1. Phase times" in md.read_text()
+
+
+def test_a_broken_export_beside_a_reused_report_says_what_works_here(fake: dict):
+    assert fake["run"]("tiny", "64")[0] == 0
+    export = fake["folder"] / "tiny_ctx64_train.sqlite"
+    export.write_bytes(b"not sqlite at all")
+    status, _, err = fake["run"]("tiny", "64")
+    assert status == 1 and "move it away for a fresh export" in err and "--export-dir" not in err
+    export.unlink()  # the advice, followed
+    assert fake["run"]("tiny", "64")[0] == 0 and export.is_file()
+
+
 def test_an_oom_skips_the_larger_contexts_of_that_size_and_mode_unless_no_skip(fake: dict):
     oom = json.dumps(e2e_record(status="OOM"))
     args = ("--size", "tiny", "--context-length", "16", "32", "64", "--mode", "forward", "train")
