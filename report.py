@@ -376,6 +376,7 @@ ATTENTION_IMPL_COLUMNS = [
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
                                               "check"]
 ATTENTION_NOTE = (
+    "fwd TFLOP/s: QK^T and PV, 4*B*S^2*d halved for the causal mask, as FlashAttention's benchmarks count; "
     "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
     "its backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any "
     "device); naive predicted: what model.naive_attention keeps, 2*B*S^2*e (exp, probabilities) + S^2 "
