@@ -469,9 +469,9 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
     tolerances = ", ".join(dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}"
                                          for r in records if r.get("check")))
     checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, K, V (the "
-               "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
-               f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
-               "kernel is still timed") if tolerances else ""
+               "worst named; the output's when over tol) against causal attention in float64 on copies of the "
+               f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs or returning "
+               "NaN/inf; a WRONG kernel is still timed") if tolerances else ""
     lines += ["", ATTENTION_NOTE + checked + "."]
     if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"

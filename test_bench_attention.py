@@ -185,6 +185,9 @@ def test_check_passes_pytorch_and_names_a_kernel_without_the_mask(student, dtype
     assert not wrong["ok"] and wrong["max_error"] > 0.2  # of order 1, far above either tolerance
     assert wrong["problems"] == [
         "non-causal (it matches attention without the mask: is_causal ignored?)"]
+    scaled = ba.check_implementation(lambda *qkv: 1.2 * ba.attention_function("naive")(*qkv), inputs, grad_out,
+                                     dtype, "scaled")  # a wrong forward: its output named, not a gradient
+    assert report.check_summary(scaled).startswith("WRONG: out error") and scaled["worst"] == "out"
 
 
 def test_check_names_nan_and_inputs_written_in_place_against_pristine_copies(student):
