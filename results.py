@@ -466,6 +466,7 @@ def environment_header(env: Record, **extra: Any) -> str:
     """One line naming what the numbers were measured on, then `extra` settings."""
     parts = [f"device: {env['device_name']} ({env['device']})", f"torch {env['torch']}"]
     parts += [f"CUDA {env['cuda']}"] if env.get("cuda") else []
+    parts += [f"Python {env['python']}"] if env.get("python") else []
     if str(env["device"]).startswith("cuda"):
         parts.append(f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}")
     else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import platform
 import re
 import shutil
 import subprocess
@@ -42,7 +43,7 @@ def precision_run(tmp_path_factory) -> Path:
 def test_a_saved_run_renders_again_byte_for_byte_in_its_format_and_others(precision_run, tmp_path, capsys):
     jsonl = precision_run / "run.jsonl"
     code, out, err = run([str(jsonl), "--fmt", "latex_booktabs", "--results-dir", str(tmp_path)], capsys)
-    assert code == 0 and err == ""
+    assert code == 0 and err == "" and f" | Python {platform.python_version()} | " in out
     assert (tmp_path / "report" / "run.tex").read_text() == (precision_run / "run.tex").read_text()
     assert (tmp_path / "report" / "run.md").read_text() == (precision_run / "run.md").read_text()
     for fmt, suffix in (("html", ".html"), ("plain", ".txt")):
