@@ -510,6 +510,13 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
     if not any(snapshot["device_traces"]):  # _dump_snapshot without recording: the end state only, no peak
         raise ValueError("the snapshot holds no allocation trace; record one: call torch.cuda.memory."
                          "_record_memory_history(max_entries=1000000) before the step you dump")
+    segments = snapshot.get("segments") or []
+    for n in itertools.chain((e.get("size", 0) for trace in snapshot["device_traces"] for e in trace),
+                             (s.get("total_size", 0) for s in segments),
+                             (b.get(k, 0) for s in segments for b in s.get("blocks", [])
+                              for k in ("size", "requested_size"))):
+        if type(n) is not int or n < 0:  # NaN, a string, a negative: the tables would be nonsense or fail
+            raise ValueError(f"a size of {n!r}; a snapshot's sizes are whole numbers of bytes, 0 or more")
     return snapshot
 
 

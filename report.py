@@ -376,6 +376,7 @@ ATTENTION_IMPL_COLUMNS = [
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
                                               "check"]
 ATTENTION_NOTE = (
+    "fwd TFLOP/s: QK^T and PV, 4*B*S^2*d halved for the causal mask, as FlashAttention's benchmarks count; "
     "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
     "its backward (CUDA only); saved (autograd): bytes the graph keeps for backward (saved-tensor hooks, any "
     "device); naive predicted: what model.naive_attention keeps, 2*B*S^2*e (exp, probabilities) + S^2 "
@@ -468,9 +469,9 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
     tolerances = ", ".join(dict.fromkeys(f"{r['config']['dtype']} {r['check']['tolerance']:.0e}"
                                          for r in records if r.get("check")))
     checked = (f"; max err: max |x - ref| / (1 + |ref|) over the output and the gradients of Q, K, V (the "
-               "worst named) against causal attention in float64 on copies of the inputs; WRONG above tol "
-               f"({tolerances}), or for a kernel writing into its inputs or returning NaN/inf; a WRONG "
-               "kernel is still timed") if tolerances else ""
+               "worst named; the output's when over tol) against causal attention in float64 on copies of the "
+               f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs or returning "
+               "NaN/inf; a WRONG kernel is still timed") if tolerances else ""
     lines += ["", ATTENTION_NOTE + checked + "."]
     if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"

@@ -10,6 +10,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -419,7 +420,12 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
     """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
     body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
             for row in rows]
-    return tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
+    text = tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
+    if fmt not in LATEX_FORMATS:
+        return text
+    # a row opening with "[" would be read as \\'s or \midrule's optional argument (pdflatex loops); "--": en dash
+    return "\n".join(re.sub(r"-(?=-)", "-{}", re.sub(r"^(\s*)\[", r"\1{}[", line)) if line.endswith("\\\\")
+                     else line for line in text.splitlines())
 
 
 def pick_columns(default: list[str], requested: list[str] | None, fmt: str, has: list[str] | None = None
@@ -460,6 +466,7 @@ def environment_header(env: Record, **extra: Any) -> str:
     """One line naming what the numbers were measured on, then `extra` settings."""
     parts = [f"device: {env['device_name']} ({env['device']})", f"torch {env['torch']}"]
     parts += [f"CUDA {env['cuda']}"] if env.get("cuda") else []
+    parts += [f"Python {env['python']}"] if env.get("python") else []
     if str(env["device"]).startswith("cuda"):
         parts.append(f"TF32 matmul {'on' if env.get('tf32_matmul') else 'off'}")
     else:

@@ -185,6 +185,9 @@ def test_check_passes_pytorch_and_names_a_kernel_without_the_mask(student, dtype
     assert not wrong["ok"] and wrong["max_error"] > 0.2  # of order 1, far above either tolerance
     assert wrong["problems"] == [
         "non-causal (it matches attention without the mask: is_causal ignored?)"]
+    scaled = ba.check_implementation(lambda *qkv: 1.2 * ba.attention_function("naive")(*qkv), inputs, grad_out,
+                                     dtype, "scaled")  # a wrong forward: its output named, not a gradient
+    assert report.check_summary(scaled).startswith("WRONG: out error") and scaled["worst"] == "out"
 
 
 def test_check_names_nan_and_inputs_written_in_place_against_pristine_copies(student):
@@ -354,10 +357,12 @@ def test_tables_records_and_the_sdpa_backend(tmp_path, capsys):
         assert record["environment"]["torch"] == torch.__version__
         assert record["saved_tensor_bytes"] > 0
         assert record["pairing"]["variants"] == 2 and record["timing"]["method"] == "sync timer"
+        assert record["forward_flops"] == 4 * 2 * record["config"]["seq_len"] ** 2 * 8 // 2  # causal: 4BS^2d / 2
     assert {r["sdpa_backend"] for r in records if r["config"]["impl"] == "sdpa"} == {"flash"}
     assert ba.sdpa_backend(ba.sdpa_attention, random_inputs(dtype=torch.float32)) == "math"  # 3-D
     out = capsys.readouterr().out
     assert out.index("### naive") < out.index("### sdpa") < out.index("### comparison")
+    assert "4*B*S^2*d halved for the causal mask" in out
 
 
 def test_your_kernels_and_failures_are_rows_in_child_processes(student, tmp_path, capsys):

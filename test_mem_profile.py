@@ -503,7 +503,9 @@ def test_a_code_running_pickle_is_refused_and_nothing_runs(hidden: bool, tmp_pat
     pickle.dumps({"device_traces": [[]], "segments": [{"blocks": 3}]})[:-5],  # truncated
     b"plain text, not a pickle",
     b"",
-], ids=["list", "traces-not-a-list", "entry-without-fields", "truncated", "text", "empty"])
+    *(pickle.dumps({"device_traces": [[{"action": "alloc", "addr": 1, "size": size, "stream": 0, "time_us": 0,
+                                         "frames": []}]], "segments": []}) for size in (float("nan"), -5)),
+], ids=["list", "traces-not-a-list", "entry-without-fields", "truncated", "text", "empty", "nan-size", "neg-size"])
 def test_analyze_on_anything_but_a_snapshot_is_one_line_exit_2(content: bytes, tmp_path, capsys):
     path = tmp_path / "x.pickle"
     path.write_bytes(content)

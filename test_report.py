@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import platform
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +43,7 @@ def precision_run(tmp_path_factory) -> Path:
 def test_a_saved_run_renders_again_byte_for_byte_in_its_format_and_others(precision_run, tmp_path, capsys):
     jsonl = precision_run / "run.jsonl"
     code, out, err = run([str(jsonl), "--fmt", "latex_booktabs", "--results-dir", str(tmp_path)], capsys)
-    assert code == 0 and err == ""
+    assert code == 0 and err == "" and f" | Python {platform.python_version()} | " in out
     assert (tmp_path / "report" / "run.tex").read_text() == (precision_run / "run.tex").read_text()
     assert (tmp_path / "report" / "run.md").read_text() == (precision_run / "run.md").read_text()
     for fmt, suffix in (("html", ".html"), ("plain", ".txt")):
@@ -109,6 +111,18 @@ def test_a_record_a_table_cannot_use_is_left_out_and_the_others_render(precision
     code, out, err = run([str(tmp_path / "b.jsonl"), "--results-dir", str(tmp_path)], capsys)
     assert code == 2 and "b.jsonl:2: left out" in err and "no field 'accumulator_dtype'" in err
     assert out.count("float32") > 2  # the other cases are in the table
+
+
+@pytest.mark.skipif(not shutil.which("pdflatex"), reason="pdflatex is not installed")
+def test_a_latex_table_of_memcpy_rows_and_flags_compiles(tmp_path):
+    rows = [{"kernel": "[CUDA memcpy Host-to-Device]", "ms": 0.04, "note": "--steps"}]
+    table = results.render_table(rows, ["kernel", "ms", "note"], "latex_booktabs")
+    (tmp_path / "t.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"
+                                    f"{table}\n\\end{{document}}\n")
+    done = subprocess.run(["timeout", "60", "pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "-{}-steps" in table
 
 
 def test_report_starts_without_torch():
