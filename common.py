@@ -8,6 +8,7 @@ import contextlib
 import datetime
 import functools
 import importlib
+import importlib.machinery
 import os
 import platform
 import re
@@ -453,20 +454,19 @@ def load(spec: str) -> Any:
 
 @contextlib.contextmanager
 def refusing_our_names(spec: str) -> Iterator[None]:
-    """While the student's code is imported: its `import optim` (model, common, ...) meant its own optim.py beside
-    it or in the working directory, but Python hands it ours, already imported. Refused in one line instead."""
-    real = builtins.__import__
+    """While the student's code is imported: its `import optim` (model, common, ...) that would find a module of
+    its own on the path (the working directory's optim.py) gets ours, already imported. Refused in one line."""
+    real, here = builtins.__import__, os.path.realpath(HERE)
+    path = [p for p in sys.path if os.path.realpath(p or ".") != here]
 
     def guarded(name: str, globals: dict | None = None, locals: dict | None = None, fromlist: Any = (),
                 level: int = 0) -> Any:
         top, importer = name.partition(".")[0], (globals or {}).get("__file__")
-        if level == 0 and importer and os.path.exists(os.path.join(HERE, top + ".py")):
-            folder = os.path.dirname(os.path.realpath(importer))
-            theirs = [p for f in dict.fromkeys((folder, os.getcwd())) for p in (os.path.join(f, top + ".py"),
-                      os.path.join(f, top)) if os.path.exists(p) and os.path.realpath(f) != os.path.realpath(HERE)]
-            if theirs and folder != os.path.realpath(HERE):
-                raise LoadError(f"{importer} imports {top}, but this toolkit's {top}.py would run in place of "
-                                f"{theirs[0]}: rename yours or put it in a package (for {spec})")
+        if (level == 0 and importer and os.path.dirname(os.path.realpath(importer)) != here
+                and os.path.exists(os.path.join(HERE, top + ".py"))
+                and (theirs := importlib.machinery.PathFinder.find_spec(top, path)) is not None):
+            raise LoadError(f"{importer} imports {top}, but this toolkit's {top}.py would run in place of "
+                            f"{theirs.origin or theirs.name}: rename yours or put it in a package (for {spec})")
         return real(name, globals, locals, fromlist, level)
 
     builtins.__import__ = guarded

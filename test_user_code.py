@@ -158,13 +158,14 @@ def test_your_module_importing_your_own_module_named_as_ours_is_refused(student)
     compare ours with ours under your name."""
     (student / "optim.py").write_text("class AdamW: pass\n")
     (student / "my_opt.py").write_text("import torch\nfrom optim import AdamW\n")
+    (student / "model.py").write_text("")
     (student / "pkg").mkdir()
-    (student / "pkg" / "model.py").write_text("")
     (student / "pkg" / "lm.py").write_text("import model\n")
-    for spec, theirs in (("my_opt:AdamW", student / "optim.py"), ("pkg.lm:make", student / "pkg" / "model.py")):
+    for spec, theirs in (("my_opt:AdamW", student / "optim.py"), ("pkg.lm:make", student / "model.py")):
         with pytest.raises(common.LoadError) as exc:
             common.load(spec)
         assert f"but this toolkit's {theirs.stem}.py would run in place of {theirs}: rename yours" in str(exc.value)
+    (student / "model.py").unlink()
     (student / "uses_ours.py").write_text("from model import TransformerLM\n")  # no model.py of yours: ours meant
     assert common.load("uses_ours:TransformerLM").__name__ == "TransformerLM"
 
