@@ -137,12 +137,15 @@ def run_isolated(fn: Callable[..., Any], kwargs: dict[str, Any], in_process: boo
     "status": "OOM" | "error: ..." | "timeout after N s", ...}; stopped at `timeout_s`, when `stop_when()` returns
     a status (a torchrun peer failed), or on Ctrl-C (re-raised). `on_heartbeat` gets `<phase>... <s> s` lines."""
     if in_process:
+        cwd = os.getcwd()
         try:
             return {"ok": True, "value": fn(**kwargs), "pid": os.getpid()}
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failure is data; Ctrl-C is not
             torch.cuda.empty_cache()
             return {"ok": False, "status": failure_status(exc), "traceback": traceback.format_exc(),
                     "pid": os.getpid()}
+        finally:  # your code's os.chdir would move the relative results folder under the next rows
+            os.chdir(cwd)
     ctx = _fork_server(fn, kwargs)
     (result_r, result_w), (lifeline_r, lifeline_w) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
     child_args = (result_w, lifeline_r, fn, kwargs, dict(os.environ), os.getcwd(), list(sys.path))

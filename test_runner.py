@@ -64,6 +64,7 @@ def test_run_isolated_returns_values_and_failures(tmp_path, monkeypatch):
                         "died": "error: child process died with exit code 7"}
     for kind, status in [("oom", "OOM"), ("exit", "error: SystemExit: 0")]:  # in this process alike
         assert runner.run_isolated(fails, {"kind": kind}, in_process=True)["status"] == status
+    assert runner.run_isolated(os.chdir, {"path": "/"}, in_process=True)["ok"] and os.getcwd() == str(tmp_path)
 
 
 def test_a_hung_child_is_killed_at_its_time_limit_even_when_it_ignores_sigterm(monkeypatch):
