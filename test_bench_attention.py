@@ -166,8 +166,8 @@ def test_naive_and_sdpa_agree_and_the_blocked_reference_equals_autograd(monkeypa
     torch.testing.assert_close(naive[0][:, 0], inputs[2][:, 0])  # causal: query 0 sees key 0 only
     monkeypatch.setattr(ba, "REFERENCE_BLOCK_BYTES", 2 * 37 * 8 * 6 * 5)  # blocks of 5 rows, then 2
     reference = ba.reference_attention(*inputs, torch.ones(2, 37, 8, dtype=torch.float64))
-    for a, b in zip(reference, naive):
-        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    for a, b in zip(reference, naive):  # a process's first float64 matmuls on a CPU came out up to 1.2e-9 apart
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=1e-8)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
