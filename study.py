@@ -302,16 +302,18 @@ def build_plan(args, machine) -> list:
                       "block, and the compiled block's) are the check.")
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
-        g = plan["gradient_checkpointing"]
+        g, ours = plan["gradient_checkpointing"], ["--handout", h, *dev]  # mem_profile.py refuses yours with it
+        if yours:
+            g.note = "--checkpoint changes model.TransformerLM only: these commands run our model and optimizer."
         if small:
             g.commands = [Command("checkpoint", "mem_profile.py", [
                 *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",
-                *steps, *lm, *plot], 3, 15.0)]
+                *steps, *ours, *plot], 3, 15.0)]
         else:  # the handout's setup, also for K = 0
             size, batch, context = handout.checkpoint_setup
             g.commands = merged("checkpoint", [Command(f"checkpoint_k{k}", "mem_profile.py", [
                 *(mem_size or ["--size", size]), "--context-length", str(context), "--batch-size", str(batch),
-                "--mode", "train", "--checkpoint", k, *lm], 1, 60.0) for k in ("0", "1", "2", "4", "8")])
+                "--mode", "train", "--checkpoint", k, *ours], 1, 60.0) for k in ("0", "1", "2", "4", "8")])
 
     # attention: the grids are bench_attention.py's defaults; when small, d 16 at short sequences
     grid = ["--seq-len", "64", "128", "--batch-size", "1"] if cpu else ["--seq-len", "256", "1024"]

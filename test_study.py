@@ -237,3 +237,13 @@ def test_memory_facts_name_the_peaks_as_the_table_does():
               "peak_mem_allocated_bytes": 3 * 2**30, "peak_mem_reserved_bytes": 3.5 * 2**30}
     assert study.facts_for("memory_profiling_bcd", [record]) == [
         "small ctx=128 train fp32 naive: peak allocated 3.000 GiB, peak reserved 3.500 GiB"]
+
+
+def test_checkpointing_runs_our_model_with_a_note_when_yours_is_given(tmp_path, capsys):
+    """mem_profile.py refuses --checkpoint with --model yours: the commands run ours, and the note says so."""
+    assert study.main(["--dry-run", "--device", "cpu", "--model", "my_lm:make", "--optimizer", "my_opt:AdamW",
+                       "--only", "gradient_checkpointing", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("checkpoint:"))
+    assert "--checkpoint 0 1 2" in line and "--model" not in line and "--optimizer" not in line
+    assert "note: --checkpoint changes model.TransformerLM only" in out
