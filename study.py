@@ -723,6 +723,11 @@ def main(argv=None) -> int:
     settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
                 "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
     root = study_root(args, settings).resolve()
+    with contextlib.suppress(OSError, ValueError):  # --out names a study: its tables are of its own settings
+        if (recorded := json.loads((root / "settings.json").read_text())) != settings:
+            differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
+            results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
+                                     "--out, or add --fresh to start a new study beside it")
     study, plan = Study(root), build_plan(args, machine)
     for c in (c for p in plan for c in p.commands if study.done(c.name) and not c.merge):
         c.per_config_s, c.configs = 0.0, 0  # what is already done costs nothing

@@ -247,3 +247,16 @@ def test_checkpointing_runs_our_model_with_a_note_when_yours_is_given(tmp_path, 
     line = next(x for x in out.splitlines() if x.strip().startswith("checkpoint:"))
     assert "--checkpoint 0 1 2" in line and "--model" not in line and "--optimizer" not in line
     assert "note: --checkpoint changes model.TransformerLM only" in out
+
+
+def test_out_naming_a_study_with_other_settings_is_refused(tmp_path):
+    root = tmp_path / "study" / "s1"
+    root.mkdir(parents=True)
+    (root / "settings.json").write_text(json.dumps({"handout": "2026", "quick": False, "device": "cpu", "model": None,
+                                                    "optimizer": None, "impl": None}))
+    argv = ["--dry-run", "--device", "cpu", "--results-dir", str(tmp_path), "--out", "s1"]
+    assert run_study(*argv).returncode == 0
+    done = run_study(*argv, "--handout", "2025", "--model", "lm2:make")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "handout 2026 -> 2025, model None -> lm2:make" in done.stderr and "--fresh" in done.stderr
+    assert run_study(*argv, "--handout", "2025", "--fresh").returncode == 0
