@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -717,17 +718,47 @@ def print_plan(plan, study, scale):
     print("nothing was run (drop --dry-run to run it)")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    machine = probe_machine(args.device, args.handout)
-    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
-                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
-    root = study_root(args, settings).resolve()
-    with contextlib.suppress(OSError, ValueError):  # --out names a study: its tables are of its own settings
-        if (recorded := json.loads((root / "settings.json").read_text())) != settings:
-            differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
-            results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
-                                     "--out, or add --fresh to start a new study beside it")
+@contextlib.contextmanager
+def study_lock(root: Path):
+    """study.lock holds the running study's pid and host: a second run in the folder would run every command
+    again, each timed under the other's load. A lock whose process is gone (killed) is taken over."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock, mine = root / "study.lock", f"{os.getpid()} {socket.gethostname()}"
+    for attempt in (1, 2):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            break
+        except FileExistsError:
+            pid, host = "?", "?"  # as when the holder has not written it yet
+            with contextlib.suppress(OSError, ValueError):
+                pid, host = lock.read_text().split()
+            if attempt == 1 and host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
+                lock.unlink(missing_ok=True)
+                continue
+            results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
+                                     f"delete {rel(lock)})")
+    os.write(fd, mine.encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text() == mine:
+                lock.unlink()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def conduct(args, machine, settings, root) -> int:
+    """The plan and its estimate; without --dry-run, every command not recorded yet, then the writeup."""
     study, plan = Study(root), build_plan(args, machine)
     for c in (c for p in plan for c in p.commands if study.done(c.name) and not c.merge):
         c.per_config_s, c.configs = 0.0, 0  # what is already done costs nothing
@@ -746,7 +777,6 @@ def main(argv=None) -> int:
     if args.dry_run:
         print_plan(plan, study, scale)
         return 0
-    root.mkdir(parents=True, exist_ok=True)
     if not (root / "settings.json").exists():
         (root / "settings.json").write_text(json.dumps(settings) + "\n")
     failed = []
@@ -783,6 +813,21 @@ def main(argv=None) -> int:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))}")
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    machine = probe_machine(args.device, args.handout)
+    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
+                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
+    root = study_root(args, settings).resolve()
+    with contextlib.suppress(OSError, ValueError):  # --out names a study: its tables are of its own settings
+        if (recorded := json.loads((root / "settings.json").read_text())) != settings:
+            differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
+            results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
+                                     "--out, or add --fresh to start a new study beside it")
+    with contextlib.nullcontext() if args.dry_run else study_lock(root):
+        return conduct(args, machine, settings, root)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,11 +48,15 @@ def killed_and_resumed(tmp_path_factory):
     before = ledger(root)
     jsonl = root / before[0]["files"]["jsonl"] if before else None
     stamp = (jsonl.stat().st_mtime_ns, len(jsonl.read_text().splitlines())) if jsonl else None
+    held = (root / "study.lock").read_text()
+    concurrent = run_study(*argv[2:], timeout=60)  # refused while the first runs
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
+    released = not (root / "study.lock").exists()
     second = run_study(*argv[2:], timeout=300)
     return {"root": root, "first_rc": first.returncode, "before": before, "stamp": stamp, "jsonl": jsonl,
-            "second": second, "after": ledger(root)}
+            "second": second, "after": ledger(root), "held": held, "concurrent": concurrent, "released": released,
+            "pid": first.pid}
 
 
 def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_resumed):
@@ -64,6 +69,22 @@ def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_re
     assert r["after"][0] == r["before"][0]
     assert (r["jsonl"].stat().st_mtime_ns, len(r["jsonl"].read_text().splitlines())) == r["stamp"]
     assert "recorded earlier" in r["second"].stdout
+
+
+def test_a_second_run_in_the_study_folder_is_refused_while_the_first_holds_its_lock(killed_and_resumed, tmp_path):
+    r = killed_and_resumed
+    assert r["held"].split()[0] == str(r["pid"]) and r["released"] and not (r["root"] / "study.lock").exists()
+    assert r["concurrent"].returncode == 2, r["concurrent"].stderr
+    assert f"a study is running in this folder: pid {r['pid']}" in r["concurrent"].stderr
+    assert len(r["concurrent"].stderr.strip().splitlines()) == 1
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = tmp_path / "study" / "s"
+    root.mkdir(parents=True)
+    (root / "study.lock").write_text(f"{gone.pid} {socket.gethostname()}")  # killed: taken over
+    done = run_study("--quick", "--device", "cpu", "--only", "flash_forward", "--results-dir", str(tmp_path),
+                     "--out", "s")
+    assert done.returncode == 0 and not (root / "study.lock").exists(), done.stderr
 
 
 def test_writeup_has_every_problem_and_the_scripts_own_table(killed_and_resumed):
