@@ -393,7 +393,11 @@ class Study:
         return sum(e["seconds"] for e in measured) / estimated if estimated else 1.0
 
     def done(self, name) -> bool:
-        return self.ledger.get(name, {}).get("status") == "ok"
+        return self.ledger.get(name, {}).get("status") == "ok" and not self.missing(name)
+
+    def missing(self, name) -> list:
+        """The recorded files of `name` that are gone (deleted since)."""
+        return [str(p.relative_to(self.root)) for p in self.files(name).values() if not p.is_file()]
 
     def files(self, name) -> dict:
         return {k: self.root / v for k, v in self.ledger.get(name, {}).get("files", {}).items()}
@@ -421,7 +425,9 @@ class Study:
         """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
         inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)] if cmd.merge else None
         earlier = self.ledger.get(cmd.name)  # a merge is redone when the commands it merges changed
-        if earlier and (not cmd.merge or self.done(cmd.name) and earlier.get("inputs") == inputs):
+        if gone := self.missing(cmd.name):
+            print(f"    {cmd.name}: recorded, but {', '.join(gone)} missing: running it again", flush=True)
+        elif earlier and (not cmd.merge or self.done(cmd.name) and earlier.get("inputs") == inputs):
             return earlier
         if cmd.merge and len(inputs) < 2:
             return {"status": "skipped", "cause": "fewer than two runs to merge"}

@@ -281,3 +281,20 @@ def test_out_naming_a_study_with_other_settings_is_refused(tmp_path):
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "handout 2026 -> 2025, model None -> lm2:make" in done.stderr and "--fresh" in done.stderr
     assert run_study(*argv, "--handout", "2025", "--fresh").returncode == 0
+
+
+def test_a_recorded_command_whose_files_are_gone_runs_again(tmp_path):
+    root = tmp_path / "study" / "s"
+    root.mkdir(parents=True)
+    (root / "settings.json").write_text(json.dumps({"handout": "2026", "quick": True, "device": "cpu", "model": None,
+                                                    "optimizer": None, "impl": None}))
+    files = {"md": "precision/toy_autocast.md", "jsonl": "precision/toy_autocast.jsonl"}  # deleted since
+    (root / "study.jsonl").write_text(json.dumps({"name": "toy_autocast", "stem": "toy_autocast", "command": "x",
+                                                  "rc": 0, "seconds": 1.0, "files": files, "status": "ok"}) + "\n")
+    done = run_study("--quick", "--device", "cpu", "--only", "benchmarking_mixed_precision_ab", "--results-dir",
+                     str(tmp_path), "--out", "s", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "toy_autocast: recorded, but precision/toy_autocast.md, precision/toy_autocast.jsonl missing" in done.stdout
+    entry = ledger(root)[-1]
+    assert entry["status"] == "ok" and all((root / f).is_file() for f in entry["files"].values())
+    assert "| " in (root / "writeup.md").read_text()
