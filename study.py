@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="start a new study (the previous one is kept)")
     parser.add_argument("--out", help="the study's stem under <results-dir>/study/ (default: the latest "
                         "study with the same settings, else study-<UTC time>)")
-    parser.add_argument("--results-dir", default="results", help="results root")
+    parser.add_argument("--results-dir", default="results", type=results.results_folder, help="results root")
     parser.add_argument("--model", help="your model, MODULE:CALLABLE, for bench_e2e.py, mem_profile.py, "
                         "nsys_run.sh")
     parser.add_argument("--optimizer", help="your optimizer, MODULE:CLASS, for bench_e2e.py, mem_profile.py")
@@ -73,8 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("model", "optimizer", "impl"):
         if (value := getattr(args, flag)) is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
             parser.error(f"--{flag} must be MODULE:CALLABLE, got {value!r}")
-    if args.out is not None and not re.fullmatch(r"[\w.-]+", args.out):
-        parser.error(f"--out must be a plain name, got {args.out!r}")
+    if args.out is not None and not re.fullmatch(r"\w[\w.-]*", args.out):  # not '.', '..' or a flag
+        parser.error(f"--out must be a plain name not starting with '.' or '-', got {args.out!r}")
     known = sorted(key for key, *_ in PROBLEM_TEXT)
     for name in args.only or ():
         if not any(selected(k, [name]) for k in known):
