@@ -593,7 +593,12 @@ def ascii_fold(text: str) -> str:
 
 
 def tex(text: str) -> str:
-    return "".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text))
+    return two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
+
+
+def two_hyphens(latex: str) -> str:
+    """'--' as two hyphens: T1 fonts print it as an en dash ('--quick' would read '–quick')."""
+    return re.sub(r"-(?=-)", "-{}", latex)
 
 
 def md_to_tex(markdown: str) -> str:
@@ -609,7 +614,7 @@ def md_to_tex(markdown: str) -> str:
                 if not all(re.fullmatch(r":?-+:?", c) for c in cells):
                     rows.append(cells)
                 i += 1
-            table = tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True)
+            table = two_hyphens(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
             out.append(f"\\begin{{center}}\\resizebox{{\\linewidth}}{{!}}{{%\n{table}}}\\end{{center}}"
                        if len(rows[0]) > 6 else f"\\begin{{center}}\n{table}\n\\end{{center}}")
             continue

@@ -299,3 +299,23 @@ def test_a_recorded_command_whose_files_are_gone_runs_again(tmp_path):
     entry = ledger(root)[-1]
     assert entry["status"] == "ok" and all((root / f).is_file() for f in entry["files"].values())
     assert "| " in (root / "writeup.md").read_text()
+
+
+def pdf_text(latex: str, folder: Path) -> str:
+    """`latex` compiled by the writeup's preamble, as pdftotext reads it back."""
+    if not (shutil.which("pdflatex") and shutil.which("pdftotext")):
+        pytest.skip("pdflatex or pdftotext is not installed")
+    (folder / "w.tex").write_text(latex)
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "w.tex"], cwd=folder,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    return subprocess.run(["pdftotext", "-layout", "w.pdf", "-"], cwd=folder, capture_output=True, text=True).stdout
+
+
+def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
+    latex = study.md_to_tex("# Study\n\nRun it with --quick.\n\n| flag | seconds |\n|---|---|\n| --steps 2 | 1 |\n")
+    assert "--" not in latex.replace("\\begin{tabular}", "")
+    document = "\n".join(["\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}",
+                          "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
+    text = pdf_text(document, tmp_path)
+    assert "Run it with --quick." in text and "--steps 2" in text, text
