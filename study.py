@@ -615,8 +615,8 @@ def md_to_tex(markdown: str) -> str:
                     rows.append(cells)
                 i += 1
             table = two_hyphens(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
-            out.append(f"\\begin{{center}}\\resizebox{{\\linewidth}}{{!}}{{%\n{table}}}\\end{{center}}"
-                       if len(rows[0]) > 6 else f"\\begin{{center}}\n{table}\n\\end{{center}}")
+            shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
+            out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
         if line == "```":
             i = lines.index("```", i + 1)

@@ -319,3 +319,16 @@ def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
                           "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
     text = pdf_text(document, tmp_path)
     assert "Run it with --quick." in text and "--steps 2" in text, text
+
+
+def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path):
+    narrow, wide = (f"| {' | '.join(cells)} |\n|{'---|' * 7}\n| {' | '.join(cells)} |\n"
+                    for cells in ([f"c{i}" for i in range(7)], [f"column{i}" * 4 for i in range(7)]))
+    latex = study.md_to_tex(f"# Study\n\nPlain text.\n\n{narrow}\n{wide}")
+    document = "\n".join(["\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}",
+                          "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
+    pdf_text(document, tmp_path)
+    boxes = subprocess.run(["pdftotext", "-bbox", "w.pdf", "-"], cwd=tmp_path, capture_output=True, text=True).stdout
+    height = {word: float(y1) - float(y0) for y0, y1, word in
+              re.findall(r'yMin="([\d.]+)" xMax="[\d.]+" yMax="([\d.]+)">(\w+)</word>', boxes)}
+    assert abs(height["c0"] - height["Plain"]) < 0.5 and height["column0column0column0column0"] < height["Plain"]
