@@ -620,7 +620,8 @@ def md_to_tex(markdown: str) -> str:
             continue
         if line == "```":
             i = lines.index("```", i + 1)
-            code = (re.sub(r"(.{90}\S*) ", "\\1 \\\\\n      ", ascii_fold(c)) for c in lines[start + 1:i])
+            code = (re.sub(r"(.{90}\S*) ", "\\1\n#   " if c.startswith("#") else "\\1 \\\\\n      ", ascii_fold(c))
+                    for c in lines[start + 1:i])  # a comment wraps as a comment: after a '\' its rest would run
             out.append("\\begin{verbatim}\n" + "\n".join(code) + "\n\\end{verbatim}")
         elif line.startswith("- "):
             while i + 1 < len(lines) and lines[i + 1].startswith("- "):
@@ -664,9 +665,9 @@ def writeup(study, plan, machine, args) -> str:
         lines = [] if p.commands else [f"# no command of its own: it reads the tables of {', '.join(p.show)}"]
         for c in p.commands:
             entry = study.ledger.get(c.name)
-            lines.append(f"# {c.name}: {c.skipped or 'not run yet'}" if c.skipped or not entry else
-                         f"{entry['command']}   # {entry['status']}, {entry['seconds']:.0f} s"
-                         + (f": {entry['cause']}" if entry.get("cause") else ""))
+            cause = f": {entry['cause']}" if entry and entry.get("cause") else ""
+            lines += ([f"# {c.name}: {c.skipped or 'not run yet'}"] if c.skipped or not entry else
+                      [f"# {entry['status']}, {entry['seconds']:.0f} s{cause}", entry["command"]])  # copied whole
         out += ["```", *lines, "```", ""]
         merges = {c.name: c.merge for c in p.commands if c.merge}
         covered = {m for name, runs in merges.items() if study.done(name) for m in runs}

@@ -332,3 +332,14 @@ def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path
     height = {word: float(y1) - float(y0) for y0, y1, word in
               re.findall(r'yMin="([\d.]+)" xMax="[\d.]+" yMax="([\d.]+)">(\w+)</word>', boxes)}
     assert abs(height["c0"] - height["Plain"]) < 0.5 and height["column0column0column0column0"] < height["Plain"]
+
+
+def test_latex_wraps_long_commands_and_never_continues_a_comment_with_a_backslash(killed_and_resumed):
+    long = "python3 bench_e2e.py " + "--size tiny " * 12
+    latex = study.md_to_tex(f"```\n# ok, 57 s: {'a long cause ' * 12}\n{long}\n```\n")
+    code = latex.split("\\begin{verbatim}\n")[1].split("\n\\end{verbatim}")[0].splitlines()
+    assert len(code) == 4 and all(line.startswith("#") for line in code[:2]) and "#" not in "".join(code[2:])
+    assert all(line.endswith("\\") for line in code[2:-1]) and not any(line.endswith("\\") for line in code[:2])
+    text = (killed_and_resumed["root"] / "writeup.md").read_text().splitlines()
+    for entry in killed_and_resumed["after"]:  # the status above its command
+        assert text[text.index(entry["command"]) - 1] == f"# ok, {entry['seconds']:.0f} s"
