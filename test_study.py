@@ -343,3 +343,21 @@ def test_latex_wraps_long_commands_and_never_continues_a_comment_with_a_backslas
     text = (killed_and_resumed["root"] / "writeup.md").read_text().splitlines()
     for entry in killed_and_resumed["after"]:  # the status above its command
         assert text[text.index(entry["command"]) - 1] == f"# ok, {entry['seconds']:.0f} s"
+
+
+def test_benchmarking_script_is_each_handouts_own_with_the_optimizer_step_in_2026():
+    cpu = study.probe_machine("cpu", "2026")
+    plans = {h: {p.key: p.deliverable for p in study.build_plan(study.parse_args(["--handout", h]), cpu)}
+             for h in ("2025", "2026")}
+    assert "optimizer" not in plans["2025"]["benchmarking_script_a"] + plans["2025"]["benchmarking_script_b"]
+    assert "full training steps with the optimizer step" in plans["2026"]["benchmarking_script_a"]
+    assert plans["2026"]["benchmarking_script_b"].startswith("Forward, backward and optimizer step time")
+    train = {"config": {"size": "tiny"}, "status": "ok", "forward_ms_mean": 10.0, "forward_ms_std": 0.1,
+             "backward_ms_mean": 20.0, "backward_ms_std": 0.2, "optimizer_ms_mean": 5.0, "optimizer_ms_std": 0.05,
+             "step_ms_mean": 35.0, "step_ms_std": 0.3}
+    assert study.facts_for("benchmarking_script_b", [train]) == [
+        "tiny: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), optimizer 5.00 ms (std 0.05), "
+        "step 35.00 ms (std 0.30), backward/forward 2.00x"]
+    two_phases = {k: v for k, v in train.items() if not k.startswith(("optimizer", "step"))}
+    assert study.facts_for("benchmarking_script_a", [two_phases]) == [
+        "tiny: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), backward/forward 2.00x"]
