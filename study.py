@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -61,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="start a new study (the previous one is kept)")
     parser.add_argument("--out", help="the study's stem under <results-dir>/study/ (default: the latest "
                         "study with the same settings, else study-<UTC time>)")
-    parser.add_argument("--results-dir", default="results", help="results root")
+    parser.add_argument("--results-dir", default="results", type=results.results_folder, help="results root")
     parser.add_argument("--model", help="your model, MODULE:CALLABLE, for bench_e2e.py, mem_profile.py, "
                         "nsys_run.sh")
     parser.add_argument("--optimizer", help="your optimizer, MODULE:CLASS, for bench_e2e.py, mem_profile.py")
@@ -72,8 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for flag in ("model", "optimizer", "impl"):
         if (value := getattr(args, flag)) is not None and not re.fullmatch(r"[\w.]+:[\w.]+", value):
             parser.error(f"--{flag} must be MODULE:CALLABLE, got {value!r}")
-    if args.out is not None and not re.fullmatch(r"[\w.-]+", args.out):
-        parser.error(f"--out must be a plain name, got {args.out!r}")
+    if args.out is not None and not re.fullmatch(r"\w[\w.-]*", args.out):  # not '.', '..' or a flag
+        parser.error(f"--out must be a plain name not starting with '.' or '-', got {args.out!r}")
     known = sorted(key for key, *_ in PROBLEM_TEXT)
     for name in args.only or ():
         if not any(selected(k, [name]) for k in known):
@@ -141,11 +142,18 @@ class Problem:
     path: str = ""                               # what it exercises, for --quick's verdict
 
 
-PROBLEM_TEXT = [  # key, title, deliverable (paraphrased), handouts, what it exercises (on a GPU: every GPU path)
-    ("benchmarking_script_a", "benchmarking_script (a)", "A script that builds a model from hyperparameters, "
-     "makes a random batch, and times w warm-up and n measured forward (and backward) steps.", HANDOUTS, "timing"),
-    ("benchmarking_script_b", "benchmarking_script (b)", "Forward and backward time, mean and standard "
-     "deviation, of every Table 1 size with 5 warm-up and 10 measured steps.", HANDOUTS, "benchmarking_script_b"),
+PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they differ), handouts, what it exercises
+    ("benchmarking_script_a", "benchmarking_script (a)", {
+        "2025": "A script that builds a model from hyperparameters, makes a random batch, and times w warm-up and n "
+                "measured forward (and backward) steps.",
+        "2026": "A script that builds a model from hyperparameters, makes a random batch, and times w warm-up and n "
+                "measured steps: forward only, forward and backward, or full training steps with the optimizer "
+                "step."}, HANDOUTS, "timing"),
+    ("benchmarking_script_b", "benchmarking_script (b)", {
+        "2025": "Forward and backward time, mean and standard deviation, of every Table 1 size with 5 warm-up and "
+                "10 measured steps.",
+        "2026": "Forward, backward and optimizer step time, mean and standard deviation, of every Table 1 size "
+                "with 5 warm-up and 10 measured steps."}, HANDOUTS, "benchmarking_script_b"),
     ("benchmarking_script_c", "benchmarking_script (c)", "The same without warm-up and with 1 or 2 warm-up "
      "steps.", HANDOUTS, "warm-up sweep"),
     ("nsys_profile", "nsys_profile (a)-(e)", "Profiles of forward, backward and optimizer step: forward time "
@@ -227,7 +235,8 @@ def build_plan(args, machine) -> list:
                                        configs, per_config_s, drop=50 + i if i else 0)
                                for i, d in enumerate(ds)])
 
-    plan = {key: Problem(key, title, text, path=path) for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
+    plan = {key: Problem(key, title, text.get(h) if isinstance(text, dict) else text, path=path)
+            for key, title, text, hs, path in PROBLEM_TEXT if h in hs}
     e2e_mode = "forward-backward" if h == "2025" else "train"  # 2025 times forward and backward, no optimizer
     e2e = per_size("e2e", [*ctx, *steps], mode=e2e_mode)  # (a) is the first size's command, (b) the rest, merged
     plan["benchmarking_script_a"].commands = e2e[:1]
@@ -302,16 +311,18 @@ def build_plan(args, machine) -> list:
                       "block, and the compiled block's) are the check.")
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
-        g = plan["gradient_checkpointing"]
+        g, ours = plan["gradient_checkpointing"], ["--handout", h, *dev]  # mem_profile.py refuses yours with it
+        if yours:
+            g.note = "--checkpoint changes model.TransformerLM only: these commands run our model and optimizer."
         if small:
             g.commands = [Command("checkpoint", "mem_profile.py", [
                 *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",
-                *steps, *lm, *plot], 3, 15.0)]
+                *steps, *ours, *plot], 3, 15.0)]
         else:  # the handout's setup, also for K = 0
             size, batch, context = handout.checkpoint_setup
             g.commands = merged("checkpoint", [Command(f"checkpoint_k{k}", "mem_profile.py", [
                 *(mem_size or ["--size", size]), "--context-length", str(context), "--batch-size", str(batch),
-                "--mode", "train", "--checkpoint", k, *lm], 1, 60.0) for k in ("0", "1", "2", "4", "8")])
+                "--mode", "train", "--checkpoint", k, *ours], 1, 60.0) for k in ("0", "1", "2", "4", "8")])
 
     # attention: the grids are bench_attention.py's defaults; when small, d 16 at short sequences
     grid = ["--seq-len", "64", "128", "--batch-size", "1"] if cpu else ["--seq-len", "256", "1024"]
@@ -390,7 +401,11 @@ class Study:
         return sum(e["seconds"] for e in measured) / estimated if estimated else 1.0
 
     def done(self, name) -> bool:
-        return self.ledger.get(name, {}).get("status") == "ok"
+        return self.ledger.get(name, {}).get("status") == "ok" and not self.missing(name)
+
+    def missing(self, name) -> list:
+        """The recorded files of `name` that are gone (deleted since)."""
+        return [str(p.relative_to(self.root)) for p in self.files(name).values() if not p.is_file()]
 
     def files(self, name) -> dict:
         return {k: self.root / v for k, v in self.ledger.get(name, {}).get("files", {}).items()}
@@ -418,7 +433,9 @@ class Study:
         """Run one command (again once if it fails), its output in logs/<stem>.log; its ledger line."""
         inputs = [self.ledger[m]["stem"] for m in cmd.merge if self.done(m)] if cmd.merge else None
         earlier = self.ledger.get(cmd.name)  # a merge is redone when the commands it merges changed
-        if earlier and (not cmd.merge or self.done(cmd.name) and earlier.get("inputs") == inputs):
+        if gone := self.missing(cmd.name):
+            print(f"    {cmd.name}: recorded, but {', '.join(gone)} missing: running it again", flush=True)
+        elif earlier and (not cmd.merge or self.done(cmd.name) and earlier.get("inputs") == inputs):
             return earlier
         if cmd.merge and len(inputs) < 2:
             return {"status": "skipped", "cause": "fewer than two runs to merge"}
@@ -495,6 +512,9 @@ def cause(log: Path, rc: int) -> str:
 
 # ---- measured facts: numbers only, read from the records ----
 
+PHASES = ("forward", "backward", "optimizer", "step")  # bench_e2e.py's; a training step has all four
+
+
 def ms(r, phase, digits=2) -> str:  # as many digits as the script's table shows
     return f"{r[phase + '_ms_mean']:.{digits}f} ms (std {r[phase + '_ms_std']:.{digits}f})"
 
@@ -530,15 +550,14 @@ def facts_for(key, records) -> list:
              and not str(r.get("status", "")).startswith("skipped: measured peaks need")]
     done = [r for r in records if results.finished(r)]
     if key in ("benchmarking_script_a", "benchmarking_script_b"):
-        facts += [f"{size_of(r)}: forward {ms(r, 'forward')}, backward {ms(r, 'backward')}, "
-                  f"backward/forward {r['backward_ms_mean'] / r['forward_ms_mean']:.2f}x"
+        facts += [f"{size_of(r)}: " + "".join(f"{p} {ms(r, p)}, " for p in PHASES if f"{p}_ms_mean" in r)
+                  + f"backward/forward {r['backward_ms_mean'] / r['forward_ms_mean']:.2f}x"
                   for r in done if "backward_ms_mean" in r]
     elif key == "benchmarking_script_c":
         facts += [f"{size_of(r)}, warm-up {r['config']['warmup']}: forward {ms(r, 'forward')}, backward "
                   f"{ms(r, 'backward')}" for r in done if "backward_ms_mean" in r]
     elif key in ("benchmarking_mixed_precision_c", "torch_compile_b"):  # the speed-ups: its comparison table
-        facts += [f"{r.get('label')}: " + ", ".join(f"{phase} {ms(r, phase)}" for phase in
-                                                    ("forward", "backward", "optimizer", "step")
+        facts += [f"{r.get('label')}: " + ", ".join(f"{phase} {ms(r, phase)}" for phase in PHASES
                                                     if f"{phase}_ms_mean" in r) for r in done]
     elif key == "nsys_profile":
         longest = {}
@@ -584,7 +603,12 @@ def ascii_fold(text: str) -> str:
 
 
 def tex(text: str) -> str:
-    return "".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text))
+    return two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
+
+
+def two_hyphens(latex: str) -> str:
+    """'--' as two hyphens: T1 fonts print it as an en dash ('--quick' would read '–quick')."""
+    return re.sub(r"-(?=-)", "-{}", latex)
 
 
 def md_to_tex(markdown: str) -> str:
@@ -600,13 +624,14 @@ def md_to_tex(markdown: str) -> str:
                 if not all(re.fullmatch(r":?-+:?", c) for c in cells):
                     rows.append(cells)
                 i += 1
-            table = tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True)
-            out.append(f"\\begin{{center}}\\resizebox{{\\linewidth}}{{!}}{{%\n{table}}}\\end{{center}}"
-                       if len(rows[0]) > 6 else f"\\begin{{center}}\n{table}\n\\end{{center}}")
+            table = two_hyphens(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
+            shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
+            out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
         if line == "```":
             i = lines.index("```", i + 1)
-            code = (re.sub(r"(.{90}\S*) ", "\\1 \\\\\n      ", ascii_fold(c)) for c in lines[start + 1:i])
+            code = (re.sub(r"(.{90}\S*) ", "\\1\n#   " if c.startswith("#") else "\\1 \\\\\n      ", ascii_fold(c))
+                    for c in lines[start + 1:i])  # a comment wraps as a comment: after a '\' its rest would run
             out.append("\\begin{verbatim}\n" + "\n".join(code) + "\n\\end{verbatim}")
         elif line.startswith("- "):
             while i + 1 < len(lines) and lines[i + 1].startswith("- "):
@@ -650,9 +675,9 @@ def writeup(study, plan, machine, args) -> str:
         lines = [] if p.commands else [f"# no command of its own: it reads the tables of {', '.join(p.show)}"]
         for c in p.commands:
             entry = study.ledger.get(c.name)
-            lines.append(f"# {c.name}: {c.skipped or 'not run yet'}" if c.skipped or not entry else
-                         f"{entry['command']}   # {entry['status']}, {entry['seconds']:.0f} s"
-                         + (f": {entry['cause']}" if entry.get("cause") else ""))
+            cause = f": {entry['cause']}" if entry and entry.get("cause") else ""
+            lines += ([f"# {c.name}: {c.skipped or 'not run yet'}"] if c.skipped or not entry else
+                      [f"# {entry['status']}, {entry['seconds']:.0f} s{cause}", entry["command"]])  # copied whole
         out += ["```", *lines, "```", ""]
         merges = {c.name: c.merge for c in p.commands if c.merge}
         covered = {m for name, runs in merges.items() if study.done(name) for m in runs}
@@ -715,12 +740,47 @@ def print_plan(plan, study, scale):
     print("nothing was run (drop --dry-run to run it)")
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    machine = probe_machine(args.device, args.handout)
-    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
-                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
-    root = study_root(args, settings).resolve()
+@contextlib.contextmanager
+def study_lock(root: Path):
+    """study.lock holds the running study's pid and host: a second run in the folder would run every command
+    again, each timed under the other's load. A lock whose process is gone (killed) is taken over."""
+    root.mkdir(parents=True, exist_ok=True)
+    lock, mine = root / "study.lock", f"{os.getpid()} {socket.gethostname()}"
+    for attempt in (1, 2):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            break
+        except FileExistsError:
+            pid, host = "?", "?"  # as when the holder has not written it yet
+            with contextlib.suppress(OSError, ValueError):
+                pid, host = lock.read_text().split()
+            if attempt == 1 and host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
+                lock.unlink(missing_ok=True)
+                continue
+            results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
+                                     f"delete {rel(lock)})")
+    os.write(fd, mine.encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text() == mine:
+                lock.unlink()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
+
+
+def conduct(args, machine, settings, root) -> int:
+    """The plan and its estimate; without --dry-run, every command not recorded yet, then the writeup."""
     study, plan = Study(root), build_plan(args, machine)
     for c in (c for p in plan for c in p.commands if study.done(c.name) and not c.merge):
         c.per_config_s, c.configs = 0.0, 0  # what is already done costs nothing
@@ -739,7 +799,6 @@ def main(argv=None) -> int:
     if args.dry_run:
         print_plan(plan, study, scale)
         return 0
-    root.mkdir(parents=True, exist_ok=True)
     if not (root / "settings.json").exists():
         (root / "settings.json").write_text(json.dumps(settings) + "\n")
     failed = []
@@ -776,6 +835,21 @@ def main(argv=None) -> int:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))}")
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    machine = probe_machine(args.device, args.handout)
+    settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
+                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
+    root = study_root(args, settings).resolve()
+    with contextlib.suppress(OSError, ValueError):  # --out names a study: its tables are of its own settings
+        if (recorded := json.loads((root / "settings.json").read_text())) != settings:
+            differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
+            results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
+                                     "--out, or add --fresh to start a new study beside it")
+    with contextlib.nullcontext() if args.dry_run else study_lock(root):
+        return conduct(args, machine, settings, root)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,11 +48,15 @@ def killed_and_resumed(tmp_path_factory):
     before = ledger(root)
     jsonl = root / before[0]["files"]["jsonl"] if before else None
     stamp = (jsonl.stat().st_mtime_ns, len(jsonl.read_text().splitlines())) if jsonl else None
+    held = (root / "study.lock").read_text()
+    concurrent = run_study(*argv[2:], timeout=60)  # refused while the first runs
     first.send_signal(signal.SIGTERM)
     first.communicate(timeout=120)
+    released = not (root / "study.lock").exists()
     second = run_study(*argv[2:], timeout=300)
     return {"root": root, "first_rc": first.returncode, "before": before, "stamp": stamp, "jsonl": jsonl,
-            "second": second, "after": ledger(root)}
+            "second": second, "after": ledger(root), "held": held, "concurrent": concurrent, "released": released,
+            "pid": first.pid}
 
 
 def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_resumed):
@@ -64,6 +69,22 @@ def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_re
     assert r["after"][0] == r["before"][0]
     assert (r["jsonl"].stat().st_mtime_ns, len(r["jsonl"].read_text().splitlines())) == r["stamp"]
     assert "recorded earlier" in r["second"].stdout
+
+
+def test_a_second_run_in_the_study_folder_is_refused_while_the_first_holds_its_lock(killed_and_resumed, tmp_path):
+    r = killed_and_resumed
+    assert r["held"].split()[0] == str(r["pid"]) and r["released"] and not (r["root"] / "study.lock").exists()
+    assert r["concurrent"].returncode == 2, r["concurrent"].stderr
+    assert f"a study is running in this folder: pid {r['pid']}" in r["concurrent"].stderr
+    assert len(r["concurrent"].stderr.strip().splitlines()) == 1
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    root = tmp_path / "study" / "s"
+    root.mkdir(parents=True)
+    (root / "study.lock").write_text(f"{gone.pid} {socket.gethostname()}")  # killed: taken over
+    done = run_study("--quick", "--device", "cpu", "--only", "flash_forward", "--results-dir", str(tmp_path),
+                     "--out", "s")
+    assert done.returncode == 0 and not (root / "study.lock").exists(), done.stderr
 
 
 def test_writeup_has_every_problem_and_the_scripts_own_table(killed_and_resumed):
@@ -226,7 +247,8 @@ def test_comparison_problems_state_each_variants_times(key):
         "optimizer 5.00 ms (std 0.05), step 35.00 ms (std 0.30)"]
 
 
-@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"]])
+@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"], ["--out", ".."],
+                                 ["--out", "."], ["--out", "-x"], ["--results-dir", "study.py"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -237,3 +259,105 @@ def test_memory_facts_name_the_peaks_as_the_table_does():
               "peak_mem_allocated_bytes": 3 * 2**30, "peak_mem_reserved_bytes": 3.5 * 2**30}
     assert study.facts_for("memory_profiling_bcd", [record]) == [
         "small ctx=128 train fp32 naive: peak allocated 3.000 GiB, peak reserved 3.500 GiB"]
+
+
+def test_checkpointing_runs_our_model_with_a_note_when_yours_is_given(tmp_path, capsys):
+    """mem_profile.py refuses --checkpoint with --model yours: the commands run ours, and the note says so."""
+    assert study.main(["--dry-run", "--device", "cpu", "--model", "my_lm:make", "--optimizer", "my_opt:AdamW",
+                       "--only", "gradient_checkpointing", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("checkpoint:"))
+    assert "--checkpoint 0 1 2" in line and "--model" not in line and "--optimizer" not in line
+    assert "note: --checkpoint changes model.TransformerLM only" in out
+
+
+def test_out_naming_a_study_with_other_settings_is_refused(tmp_path):
+    root = tmp_path / "study" / "s1"
+    root.mkdir(parents=True)
+    (root / "settings.json").write_text(json.dumps({"handout": "2026", "quick": False, "device": "cpu", "model": None,
+                                                    "optimizer": None, "impl": None}))
+    argv = ["--dry-run", "--device", "cpu", "--results-dir", str(tmp_path), "--out", "s1"]
+    assert run_study(*argv).returncode == 0
+    done = run_study(*argv, "--handout", "2025", "--model", "lm2:make")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "handout 2026 -> 2025, model None -> lm2:make" in done.stderr and "--fresh" in done.stderr
+    assert run_study(*argv, "--handout", "2025", "--fresh").returncode == 0
+
+
+def test_a_recorded_command_whose_files_are_gone_runs_again(tmp_path):
+    root = tmp_path / "study" / "s"
+    root.mkdir(parents=True)
+    (root / "settings.json").write_text(json.dumps({"handout": "2026", "quick": True, "device": "cpu", "model": None,
+                                                    "optimizer": None, "impl": None}))
+    files = {"md": "precision/toy_autocast.md", "jsonl": "precision/toy_autocast.jsonl"}  # deleted since
+    (root / "study.jsonl").write_text(json.dumps({"name": "toy_autocast", "stem": "toy_autocast", "command": "x",
+                                                  "rc": 0, "seconds": 1.0, "files": files, "status": "ok"}) + "\n")
+    done = run_study("--quick", "--device", "cpu", "--only", "benchmarking_mixed_precision_ab", "--results-dir",
+                     str(tmp_path), "--out", "s", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "toy_autocast: recorded, but precision/toy_autocast.md, precision/toy_autocast.jsonl missing" in done.stdout
+    entry = ledger(root)[-1]
+    assert entry["status"] == "ok" and all((root / f).is_file() for f in entry["files"].values())
+    assert "| " in (root / "writeup.md").read_text()
+
+
+def pdf_text(latex: str, folder: Path) -> str:
+    """`latex` compiled by the writeup's preamble, as pdftotext reads it back."""
+    if not (shutil.which("pdflatex") and shutil.which("pdftotext")):
+        pytest.skip("pdflatex or pdftotext is not installed")
+    (folder / "w.tex").write_text(latex)
+    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "w.tex"], cwd=folder,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:]
+    return subprocess.run(["pdftotext", "-layout", "w.pdf", "-"], cwd=folder, capture_output=True, text=True).stdout
+
+
+def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
+    latex = study.md_to_tex("# Study\n\nRun it with --quick.\n\n| flag | seconds |\n|---|---|\n| --steps 2 | 1 |\n")
+    assert "--" not in latex.replace("\\begin{tabular}", "")
+    document = "\n".join(["\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}",
+                          "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
+    text = pdf_text(document, tmp_path)
+    assert "Run it with --quick." in text and "--steps 2" in text, text
+
+
+def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path):
+    narrow, wide = (f"| {' | '.join(cells)} |\n|{'---|' * 7}\n| {' | '.join(cells)} |\n"
+                    for cells in ([f"c{i}" for i in range(7)], [f"column{i}" * 4 for i in range(7)]))
+    latex = study.md_to_tex(f"# Study\n\nPlain text.\n\n{narrow}\n{wide}")
+    document = "\n".join(["\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}",
+                          "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
+    pdf_text(document, tmp_path)
+    boxes = subprocess.run(["pdftotext", "-bbox", "w.pdf", "-"], cwd=tmp_path, capture_output=True, text=True).stdout
+    height = {word: float(y1) - float(y0) for y0, y1, word in
+              re.findall(r'yMin="([\d.]+)" xMax="[\d.]+" yMax="([\d.]+)">(\w+)</word>', boxes)}
+    assert abs(height["c0"] - height["Plain"]) < 0.5 and height["column0column0column0column0"] < height["Plain"]
+
+
+def test_latex_wraps_long_commands_and_never_continues_a_comment_with_a_backslash(killed_and_resumed):
+    long = "python3 bench_e2e.py " + "--size tiny " * 12
+    latex = study.md_to_tex(f"```\n# ok, 57 s: {'a long cause ' * 12}\n{long}\n```\n")
+    code = latex.split("\\begin{verbatim}\n")[1].split("\n\\end{verbatim}")[0].splitlines()
+    assert len(code) == 4 and all(line.startswith("#") for line in code[:2]) and "#" not in "".join(code[2:])
+    assert all(line.endswith("\\") for line in code[2:-1]) and not any(line.endswith("\\") for line in code[:2])
+    text = (killed_and_resumed["root"] / "writeup.md").read_text().splitlines()
+    for entry in killed_and_resumed["after"]:  # the status above its command
+        assert text[text.index(entry["command"]) - 1] == f"# ok, {entry['seconds']:.0f} s"
+
+
+def test_benchmarking_script_is_each_handouts_own_with_the_optimizer_step_in_2026():
+    cpu = study.probe_machine("cpu", "2026")
+    plans = {h: {p.key: p.deliverable for p in study.build_plan(study.parse_args(["--handout", h]), cpu)}
+             for h in ("2025", "2026")}
+    assert "optimizer" not in plans["2025"]["benchmarking_script_a"] + plans["2025"]["benchmarking_script_b"]
+    assert "full training steps with the optimizer step" in plans["2026"]["benchmarking_script_a"]
+    assert plans["2026"]["benchmarking_script_b"].startswith("Forward, backward and optimizer step time")
+    train = {"config": {"size": "tiny"}, "status": "ok", "forward_ms_mean": 10.0, "forward_ms_std": 0.1,
+             "backward_ms_mean": 20.0, "backward_ms_std": 0.2, "optimizer_ms_mean": 5.0, "optimizer_ms_std": 0.05,
+             "step_ms_mean": 35.0, "step_ms_std": 0.3}
+    assert study.facts_for("benchmarking_script_b", [train]) == [
+        "tiny: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), optimizer 5.00 ms (std 0.05), "
+        "step 35.00 ms (std 0.30), backward/forward 2.00x"]
+    two_phases = {k: v for k, v in train.items() if not k.startswith(("optimizer", "step"))}
+    assert study.facts_for("benchmarking_script_a", [two_phases]) == [
+        "tiny: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), backward/forward 2.00x"]
