@@ -366,7 +366,8 @@ def interval_notes(unresolved: list[str], few_rounds: dict[str, tuple[int, str]]
                    calls: str) -> list[str]:
     """Notes: intervals containing 1, too few rounds (name -> (rounds, option)), means outside intervals."""
     notes = [f"not resolved (the interval contains 1): {', '.join(unresolved)}"] if unresolved else []
-    notes += [f"{name}: {n} round{'s' * (n != 1)}, too few for a 95% interval ({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
+    notes += [f"{name}: {n} round{'s' * (n != 1)}, too few for a 95% interval "
+              f"({knob} {MIN_ROUNDS_FOR_INTERVAL} or more)"
               for name, (n, knob) in few_rounds.items()]
     if pulled:
         notes.append(f"ratio of the means outside the interval (a few slow {calls} pull a mean): "
