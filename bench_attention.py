@@ -124,7 +124,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="run configurations predicted not to fit in free memory (else skipped)")
     results.add_device_args(p)
     runner.add_sweep_args(p, compares=True)
-    results.add_output_args(p, default_stem="attention")
+    results.add_output_args(p, default_stem="attention-<UTC time>")
     report.add_columns_and_plot_args(p, "bench_attention")
     results.add_dry_run_arg(p)
     args = p.parse_args(argv)

@@ -145,7 +145,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     results.add_device_args(p)
     parallel.add_parallel_args(p)
     runner.add_sweep_args(p, compares=True)
-    results.add_output_args(p, default_stem="e2e")
+    results.add_output_args(p, default_stem="e2e-<UTC time>")
     report.add_columns_and_plot_args(p, "bench_e2e")
     results.add_dry_run_arg(p)
     args = p.parse_args(argv)

@@ -941,6 +941,9 @@ def action(config: Config, args: argparse.Namespace) -> str:
 
 def check_with_bench_e2e(args: argparse.Namespace) -> int:
     """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
+    if args.dry_run:
+        print(f"nsys_run.sh: the arguments, checked by bench_e2e.py --dry-run (its plan for --mode {args.mode[0]} "
+              "alone; the profiles follow below):", flush=True)
     return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
                            *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
                            *args.extra, "--handout", args.handout, "--dry-run"],
@@ -1130,7 +1133,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--export-dir", metavar="DIR",
                    help="where the SQLite export of a .nsys-rep goes (default: beside it)")
     p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
-    results.add_output_args(p, "summary")  # --out and --results-dir: --summary's files
+    results.add_output_args(p, "summary-<UTC time>")  # --out and --results-dir: --summary's files
     p.add_argument("--md", help="also write the tables to this file, replacing it")
     args = p.parse_args(argv)
     if args.summary:

@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    "tables name (default: the most common source root of the snapshot's Python frames)")
     results.add_device_args(p)
     runner.add_sweep_args(p)
-    results.add_output_args(p, default_stem="memory")
+    results.add_output_args(p, default_stem="memory-<UTC time>")
     report.add_columns_and_plot_args(p, "mem_profile")
     results.add_dry_run_arg(p)
     args = p.parse_args(argv)

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", action="store_true",
                    help="also draw the running sums against the number of additions as a PNG "
                         "(needs matplotlib)")
-    results.add_output_args(p, default_stem="precision_demo")
+    results.add_output_args(p, default_stem="precision_demo-<UTC time>")
     args = p.parse_args(argv)
     f16_max = torch.finfo(torch.float16).max  # past it case 2's sum is inf; the study is rounding
     stored = torch.tensor(args.value, dtype=torch.float16).item()  # float16 rounds it: 6550 is 6552

@@ -922,9 +922,8 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
     parser.add_argument("--fmt", default="github", choices=TABLE_FORMATS, metavar="FMT",
                         help="tabulate table format: github (markdown, default), latex_booktabs, plain, ...")
     parser.add_argument("--out", default=None, type=result_stem,
-                        help=f"result file stem inside the results folder (default: {default_stem}-<UTC "
-                             "time>); an existing result is never overwritten: a numbered suffix is added "
-                             "instead")
+                        help=f"result file stem inside the results folder (default: {default_stem}); an existing result is "
+                             "never overwritten: a numbered suffix is added instead")
     parser.add_argument("--results-dir", default="results", type=results_folder,
                         help="root folder for result files (created when missing)")
 

@@ -217,10 +217,12 @@ def build_plan(args, machine) -> list:
         flops = 15 * 6 * machine["states"].get(size, (0,))[0] / 16 * 4 * handout.default_context_length
         return (20.0 if cpu else 40.0) + extra_s + flops / 50e12
 
-    def merged(prefix, cmds):  # report.py merges a sweep's commands into the problem's table
+    def merged(prefix, cmds):  # report.py merges a sweep's commands into the problem's table and figures
         if len(cmds) > 1:
             cmds.append(Command(f"{prefix}_all", "report.py", plot, per_config_s=1,
                                 merge=[c.name for c in cmds]))
+        elif cmds and "--plot" not in cmds[0].args:  # one command: its own figures
+            cmds[0].args += plot
         return cmds
 
     def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100, mode="train"):  # those too big: skipped rows

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="then off for this long")
     p.add_argument("--burners", type=results.non_negative_int, default=os.cpu_count() or 1,
                    help="processes of background load (0: none, to see the machine's own noise)")
-    results.add_output_args(p, default_stem="noise")
+    results.add_output_args(p, default_stem="noise-<UTC time>")
     p.add_argument("bench_args", nargs="*", metavar="-- BENCH_E2E_ARGS",
                    help="the comparison, as bench_e2e.py's arguments (default: "
                         f"{' '.join(DEFAULT_COMPARISON)})")

@@ -415,7 +415,7 @@ def test_results_dir_is_created_or_refused_before_any_work(tmp_path, capsys):
 
 def common_parser():
     parser = results.ArgParser()
-    results.add_output_args(parser, "e2e")
+    results.add_output_args(parser, "e2e-<UTC time>")
     return parser
 
 

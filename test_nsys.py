@@ -340,6 +340,7 @@ def test_dry_run_lists_the_plan_checked_by_bench_e2e_and_a_bad_option_fails_befo
     assert lines == ["tiny ctx=32 forward: reuse the existing report", "tiny ctx=32 train: profile",
                      "tiny ctx=64 forward: profile", "tiny ctx=64 train: profile"]
     assert "configurations would run" in out and "nothing was profiled or written" in out
+    assert "checked by bench_e2e.py --dry-run (its plan for --mode forward alone" in out.split("would run")[0]
     assert len(profiled_reports(fake)) == 1  # nsys not asked to profile anything more
     status, _, err = fake["run"]("--size", "tiny", "--context-length", "16", "32", "--", "--no-such-option",
                                  check=True)

@@ -300,3 +300,9 @@ def test_e2e_rows_of_different_modes_say_their_mode():
     table = report.render("bench_e2e", [{**train, results.RUN_KEY: "a"}, {**fwd_bwd, results.RUN_KEY: "b"}], "github")
     assert re.search(r"\| mode +\|", table) and "| train " in table and "| forward-backward " in table
     assert not re.search(r"\| mode +\|", report.render("bench_e2e", [train], "github"))  # one mode: no column
+
+
+def test_help_gives_the_default_stem_report_uses(capsys):
+    with pytest.raises(SystemExit):
+        report.main(["--help"])
+    assert "(default: <first input's stem>); an existing result" in " ".join(capsys.readouterr().out.split())

@@ -361,3 +361,12 @@ def test_benchmarking_script_is_each_handouts_own_with_the_optimizer_step_in_202
     two_phases = {k: v for k, v in train.items() if not k.startswith(("optimizer", "step"))}
     assert study.facts_for("benchmarking_script_a", [two_phases]) == [
         "tiny: forward 10.00 ms (std 0.10), backward 20.00 ms (std 0.20), backward/forward 2.00x"]
+
+
+def test_a_problem_of_one_command_draws_its_own_figures():
+    """Several commands: report.py merges them and draws; one (a CPU's single d): the command itself draws."""
+    pytest.importorskip("matplotlib")
+    plan = {p.key: p for p in study.build_plan(study.parse_args(["--quick"]), study.probe_machine("cpu", "2026"))}
+    for key in ("pytorch_attention", "benchmarking_script_a"):
+        (command,) = plan[key].commands
+        assert command.args.count("--plot") == 1, (key, command.args)

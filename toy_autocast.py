@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ToyModel output features (classes)")
     p.add_argument("--batch-size", type=results.positive_int, default=8, help="rows of random input")
     p.add_argument("--seed", type=results.seed_int, default=0, help="random seed for weights and data")
-    results.add_output_args(p, default_stem="toy_autocast")
+    results.add_output_args(p, default_stem="toy_autocast-<UTC time>")
     args = p.parse_args(argv)
     args.device = device_or_exit(p, args.device)
     args.dtype = list(dict.fromkeys(args.dtype))  # a dtype given twice is one column
