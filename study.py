@@ -313,9 +313,10 @@ def build_plan(args, machine) -> list:
                       "block, and the compiled block's) are the check.")
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
-        g, ours = plan["gradient_checkpointing"], ["--handout", h, *dev]  # mem_profile.py refuses yours with it
-        if yours:
-            g.note = "--checkpoint changes model.TransformerLM only: these commands run our model and optimizer."
+        g = plan["gradient_checkpointing"]  # mem_profile.py refuses your model with it, not your optimizer
+        ours = ["--handout", h, *dev, *(["--optimizer", args.optimizer] if args.optimizer else [])]
+        if args.model:
+            g.note = "--checkpoint changes model.TransformerLM only: these commands run our model."
         if small:
             g.commands = [Command("checkpoint", "mem_profile.py", [
                 *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",

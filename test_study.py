@@ -267,7 +267,7 @@ def test_checkpointing_runs_our_model_with_a_note_when_yours_is_given(tmp_path, 
                        "--only", "gradient_checkpointing", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("checkpoint:"))
-    assert "--checkpoint 0 1 2" in line and "--model" not in line and "--optimizer" not in line
+    assert "--checkpoint 0 1 2" in line and "--model" not in line and "--optimizer my_opt:AdamW" in line
     assert "note: --checkpoint changes model.TransformerLM only" in out
 
 
