@@ -422,11 +422,14 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
     body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
             for row in rows]
     text = tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
-    if fmt not in LATEX_FORMATS:
-        return text
-    # a row opening with "[" would be read as \\'s or \midrule's optional argument (pdflatex loops); "--": en dash
+    return latex_rows(text) if fmt in LATEX_FORMATS else text
+
+
+def latex_rows(table: str) -> str:
+    """A tabulate LaTeX table's rows made safe: one opening with "[" would be read as \\\\'s or \\midrule's
+    optional argument (pdflatex loops on nsys's "[CUDA memcpy ...]"); "--" would print as an en dash."""
     return "\n".join(re.sub(r"-(?=-)", "-{}", re.sub(r"^(\s*)\[", r"\1{}[", line)) if line.endswith("\\\\")
-                     else line for line in text.splitlines())
+                     else line for line in table.splitlines())
 
 
 def pick_columns(default: list[str], requested: list[str] | None, fmt: str, has: list[str] | None = None

@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -596,9 +597,21 @@ def facts_for(key, records) -> list:
 ASCII = {"×": "x", "±": "+/-", "≈": "~", "—": "--", "–": "-", "µ": "u", "μ": "u", "≤": "<=", "≥": ">=",
          "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2",
          "§": "sec. "}
-TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+              "_": r"\_\allowbreak{}", "/": r"/\allowbreak{}",  # a long path may break there, not run off the page
               "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}",
               ">": r"\textgreater{}"}
+
+
+CODE_WIDTH = 86  # characters of a verbatim line at most, its " \" included: the page holds ~95 at 10 pt
+
+
+def wrap_code(line: str) -> str:
+    """A command continued with ' \\'; a comment as more comment lines: after a '\\' its rest would run."""
+    comment = line.startswith("#")
+    parts = textwrap.wrap(ascii_fold(line), CODE_WIDTH - 2, subsequent_indent="#   " if comment else " " * 6,
+                          break_long_words=False, break_on_hyphens=False)
+    return ("\n" if comment else " \\\n").join(parts or [""])
 
 
 def ascii_fold(text: str) -> str:
@@ -627,15 +640,13 @@ def md_to_tex(markdown: str) -> str:
                 if not all(re.fullmatch(r":?-+:?", c) for c in cells):
                     rows.append(cells)
                 i += 1
-            table = two_hyphens(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
+            table = results.latex_rows(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
             shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
             out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
         if line == "```":
             i = lines.index("```", i + 1)
-            code = (re.sub(r"(.{90}\S*) ", "\\1\n#   " if c.startswith("#") else "\\1 \\\\\n      ", ascii_fold(c))
-                    for c in lines[start + 1:i])  # a comment wraps as a comment: after a '\' its rest would run
-            out.append("\\begin{verbatim}\n" + "\n".join(code) + "\n\\end{verbatim}")
+            out.append("\\begin{verbatim}\n" + "\n".join(map(wrap_code, lines[start + 1:i])) + "\n\\end{verbatim}")
         elif line.startswith("- "):
             while i + 1 < len(lines) and lines[i + 1].startswith("- "):
                 i += 1

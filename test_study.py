@@ -313,12 +313,13 @@ def pdf_text(latex: str, folder: Path) -> str:
 
 
 def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
-    latex = study.md_to_tex("# Study\n\nRun it with --quick.\n\n| flag | seconds |\n|---|---|\n| --steps 2 | 1 |\n")
+    latex = study.md_to_tex("# Study\n\nRun it with --quick.\n\n| flag | seconds |\n|---|---|\n"
+                            "| [CUDA memcpy Host-to-Device] | 2 |\n| --steps 2 | 1 |\n")  # "[": not \midrule's width
     assert "--" not in latex.replace("\\begin{tabular}", "")
     document = "\n".join(["\\documentclass{article}\\usepackage{booktabs}\\usepackage{graphicx}",
                           "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
     text = pdf_text(document, tmp_path)
-    assert "Run it with --quick." in text and "--steps 2" in text, text
+    assert "Run it with --quick." in text and "--steps 2" in text and "[CUDA memcpy Host-to-Device]" in text, text
 
 
 def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path):
@@ -338,8 +339,12 @@ def test_latex_wraps_long_commands_and_never_continues_a_comment_with_a_backslas
     long = "python3 bench_e2e.py " + "--size tiny " * 12
     latex = study.md_to_tex(f"```\n# ok, 57 s: {'a long cause ' * 12}\n{long}\n```\n")
     code = latex.split("\\begin{verbatim}\n")[1].split("\n\\end{verbatim}")[0].splitlines()
-    assert len(code) == 4 and all(line.startswith("#") for line in code[:2]) and "#" not in "".join(code[2:])
-    assert all(line.endswith("\\") for line in code[2:-1]) and not any(line.endswith("\\") for line in code[:2])
+    comments = [line for line in code if line.startswith("#")]
+    command = code[len(comments):]
+    assert code[:len(comments)] == comments and len(comments) > 1 and len(command) > 1 and "#" not in "".join(command)
+    assert all(line.endswith("\\") for line in command[:-1]) and not any(line.endswith("\\") for line in comments)
+    assert " ".join(line.rstrip("\\").strip() for line in command) == long.strip()  # the same words, in order
+    assert max(map(len, code)) <= study.CODE_WIDTH  # within the page: a cut command would run another
     text = (killed_and_resumed["root"] / "writeup.md").read_text().splitlines()
     for entry in killed_and_resumed["after"]:  # the status above its command
         assert text[text.index(entry["command"]) - 1] == f"# ok, {entry['seconds']:.0f} s"
