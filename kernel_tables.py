@@ -1036,9 +1036,7 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
         say(f"no tables for {report}: {value['status']}")
         return {**value, "exit_status": 1}
     text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
-    # written beside, then renamed over <report>.md: a link there is replaced, not the (student's) file it names
-    run.file(".md.partial").write_text(text + "\n")
-    os.replace(run.file(".md.partial"), run.file(".md"))
+    results.replace_text(run.file(".md"), text + "\n")
     if results.emit(text):
         results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
     return {**value, "exit_status": 0}

@@ -425,10 +425,28 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
     return latex_rows(text) if fmt in LATEX_FORMATS else text
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Write beside `path`, then rename over it: a full disk or Ctrl-C leaves the previous version, and a link at
+    `path` is replaced, never the (student's) file it names."""
+    partial = path.with_name(path.name + ".partial")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+        raise
+
+
+def two_hyphens(latex: str) -> str:
+    """'--' as two hyphens: T1 fonts print it as an en dash ('--quick' would read '–quick')."""
+    return re.sub(r"-(?=-)", "-{}", latex)
+
+
 def latex_rows(table: str) -> str:
     """A tabulate LaTeX table's rows made safe: one opening with "[" would be read as \\\\'s or \\midrule's
     optional argument (pdflatex loops on nsys's "[CUDA memcpy ...]"); "--" would print as an en dash."""
-    return "\n".join(re.sub(r"-(?=-)", "-{}", re.sub(r"^(\s*)\[", r"\1{}[", line)) if line.endswith("\\\\")
+    return "\n".join(two_hyphens(re.sub(r"^(\s*)\[", r"\1{}[", line)) if line.endswith("\\\\")
                      else line for line in table.splitlines())
 
 
@@ -734,16 +752,10 @@ class ResultFiles:
         self.records_written += 1
 
     def _replace(self, path: Path, text: str) -> None:
-        """Write beside `path`, then rename over it: a full disk or Ctrl-C leaves the previous version."""
-        partial = path.with_name(path.name + ".partial")
         try:
-            partial.write_text(text if text.endswith("\n") else text + "\n")
-            os.replace(partial, path)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                partial.unlink()
-            if isinstance(exc, OSError):
-                self._failed(path, exc)
+            replace_text(path, text if text.endswith("\n") else text + "\n")
+        except OSError as exc:
+            self._failed(path, exc)
             raise
 
     def write_report(self, render: Callable[[str], str], fmt: str) -> str:

@@ -619,12 +619,7 @@ def ascii_fold(text: str) -> str:
 
 
 def tex(text: str) -> str:
-    return two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
-
-
-def two_hyphens(latex: str) -> str:
-    """'--' as two hyphens: T1 fonts print it as an en dash ('--quick' would read '–quick')."""
-    return re.sub(r"-(?=-)", "-{}", latex)
+    return results.two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
 
 
 def md_to_tex(markdown: str) -> str:
@@ -721,8 +716,7 @@ def write_writeup(study, plan, machine, args) -> Path:
              "\\usepackage{graphicx}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n" + md_to_tex(markdown)
              + "\n\\end{document}\n")
     for name, text in (("writeup.md", markdown), ("writeup.tex", latex)):  # whole files, even when killed
-        (study.root / f"{name}.partial").write_text(text)
-        os.replace(study.root / f"{name}.partial", study.root / name)
+        results.replace_text(study.root / name, text)
     return study.root / "writeup.md"
 
 
