@@ -15,7 +15,6 @@ inputs of its own, are timed in alternating rounds (A B | B A ...). docs/bench_a
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -276,16 +275,8 @@ def check_implementation(attention: Attention, inputs: tuple[torch.Tensor, ...],
 # --- timing: triton.testing.do_bench on CUDA when triton imports, else CUDA events or SyncTimer ---
 
 
-def triton_do_bench() -> Callable[..., Any] | None:
-    try:  # triton 3.2+, with torch 2.6+'s CUDA wheels: return_mode="all" gives every sample
-        from triton.testing import do_bench
-    except ImportError:
-        return None
-    return do_bench
-
-
 def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda" and triton_do_bench():
+    if device.type == "cuda" and common.triton_do_bench():
         import triton
         return {"method": "triton.testing.do_bench", "warmup_ms": run.warmup_ms,
                 "rep_ms": run.rep_ms, "l2_flush": "before every timed call",
@@ -295,28 +286,17 @@ def timing_settings(run: AttentionRun, device: torch.device) -> dict[str, Any]:
             "warmup_calls": run.warmup, "timed_calls": run.iters, **why}
 
 
-def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
-    """ms of each of `calls` calls of fn() (SyncTimer); what fn returns is freed after the clock stops."""
-    timer, samples = SyncTimer(device), []
-    for _ in range(calls):
-        with timer:
-            result = fn()
-        samples.append(timer.elapsed_s * 1e3)
-        del result
-    return samples
-
-
 def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: int, iters: int,
                warmup_ms: float, rep_ms: float) -> list[float]:
     """Milliseconds per call of fn(), one sample per timed call."""
-    do_bench = triton_do_bench() if device.type == "cuda" else None
+    do_bench = common.triton_do_bench() if device.type == "cuda" else None
     with runner.timed_phase(f"timing {label}"):
         if do_bench is not None:  # sized in ms, L2 flushed before each call, CUDA events
             return list(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all"))
         for _ in range(warmup):
             fn()
         if device.type != "cuda":
-            return sync_times(fn, device, iters)
+            return common.sync_times(fn, device, iters)
         # CUDA events, read after one final sync: the GPU's time of each call
         events = [[torch.cuda.Event(enable_timing=True) for _ in "se"] for _ in range(iters)]
         torch.cuda.synchronize(device)
@@ -327,23 +307,6 @@ def time_calls(fn: Callable[[], Any], label: str, device: torch.device, warmup: 
             del result
         torch.cuda.synchronize(device)
         return [start.elapsed_time(end) for start, end in events]
-
-
-def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
-                     agree: Callable[[int], int] | None = None) -> dict[str, Any]:
-    """Mean ms per call of fn() as the leaderboards time it: do_bench(fn, warmup, rep) on CUDA with triton, else
-    its plan with the sync timer. Under torchrun `agree` makes every rank run the same counts (do_bench counts
-    from each rank's own pace, so the ranks' collectives would not pair)."""
-    do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
-    if do_bench is not None:
-        return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
-                "warmup_ms": warmup_ms, "rep_ms": rep_ms}
-    agree = agree or (lambda n: n)
-    warm = sync_times(fn, device, 1)
-    warm += sync_times(fn, device, agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1)))
-    samples = sync_times(fn, device, agree(max(1, round(rep_ms / statistics.fmean(warm)))))
-    return {"ms": statistics.fmean(samples), "method": "sync timer", "warmup_ms": warmup_ms, "rep_ms": rep_ms,
-            "calls": len(samples)}
 
 
 def time_phases(attention: Attention, inputs: tuple[torch.Tensor, ...], grad_out: torch.Tensor,
@@ -385,16 +348,6 @@ def predicted_need_bytes(run: AttentionRun) -> int:
     return int(quadratic) + fused + 8 * b * s * d * e + reference
 
 
-def free_memory_bytes(device: torch.device, meminfo: str = "/proc/meminfo") -> int | None:
-    """Free CUDA memory (asked in the child: the parent has no CUDA context) or MemAvailable."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    with contextlib.suppress(OSError), open(meminfo) as f:
-        return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")),
-                    None)
-    return None
-
-
 def saved_tensor_bytes(attention: Attention, inputs: tuple[torch.Tensor, ...]) -> int:
     """Bytes autograd keeps for backward after one forward (every storage, once), on any device."""
     with common.saved_tensors() as saved:
@@ -427,7 +380,7 @@ def make_inputs(run: AttentionRun, device: torch.device) -> tuple[tuple[torch.Te
 
 def prepare(run: AttentionRun, device: torch.device) -> tuple[Attention | None, dict[str, Any]]:
     """The fit guard, the implementation (yours imported in the child), compile_s, the check on its own inputs."""
-    need, free = predicted_need_bytes(run), free_memory_bytes(device)
+    need, free = predicted_need_bytes(run), common.free_memory_bytes(device)
     if not run.force and free is not None and need > free:
         return None, {"status": f"skipped: needs {format_bytes(need)}, {format_bytes(free)} free",
                       "free_mem_bytes": free}
@@ -489,8 +442,8 @@ def measure_together(runs: list[AttentionRun]) -> list[dict[str, Any]]:
             record["sdpa_backend"] = sdpa_backend(attention, inputs)
         if runs[i].leaderboard:  # the 2025 snippet: forward, then o.sum().backward()
             runner.phase("timing the leaderboard's forward + o.sum().backward()")
-            record["leaderboard"] = leaderboard_time(lambda: attention(*inputs).sum().backward(), device,
-                                                     run0.warmup_ms, run0.rep_ms)
+            record["leaderboard"] = common.leaderboard_time(lambda: attention(*inputs).sum().backward(), device,
+                                                            run0.warmup_ms, run0.rep_ms)
         record["load"]["after"] = common.machine_load(device)
         if len(timed) > 1:
             record["timing"]["interleaved"] = {"rounds": len(sizes), "calls_per_round": sizes}

@@ -1,5 +1,5 @@
-"""Run-time helpers: torch-release differences, device and precision, the synchronised timer, memory, NVTX
-and profiler ranges, GPU peaks, the environment record, failures as data, your code as MODULE:CALLABLE."""
+"""Run-time helpers: torch-release differences, device and precision, the synchronised timer and do_bench, memory,
+NVTX and profiler ranges, GPU peaks, the environment record, failures as data, your code as MODULE:CALLABLE."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +9,11 @@ import datetime
 import functools
 import importlib
 import importlib.machinery
+import math
 import os
 import platform
 import re
+import statistics
 import sys
 import threading
 import timeit
@@ -132,6 +134,45 @@ class SyncTimer:
         return result, self.elapsed_s
 
 
+# ---- do_bench: triton's on CUDA when it imports, else its plan with the synchronised timer ----
+
+
+def triton_do_bench() -> Callable[..., Any] | None:
+    try:  # triton 3.2+, with torch 2.6+'s CUDA wheels: return_mode="all" gives every sample
+        from triton.testing import do_bench
+    except ImportError:
+        return None
+    return do_bench
+
+
+def sync_times(fn: Callable[[], Any], device: torch.device, calls: int) -> list[float]:
+    """ms of each of `calls` calls of fn() (SyncTimer); what fn returns is freed after the clock stops."""
+    timer, samples = SyncTimer(device), []
+    for _ in range(calls):
+        with timer:
+            result = fn()
+        samples.append(timer.elapsed_s * 1e3)
+        del result
+    return samples
+
+
+def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: float, rep_ms: float,
+                     agree: Callable[[int], int] | None = None) -> dict[str, Any]:
+    """Mean ms per call of fn() as the leaderboards time it: do_bench(fn, warmup, rep) on CUDA with triton, else
+    its plan with the sync timer. Under torchrun `agree` makes every rank run the same counts (do_bench counts
+    from each rank's own pace, so the ranks' collectives would not pair)."""
+    do_bench = triton_do_bench() if device.type == "cuda" and agree is None else None
+    if do_bench is not None:
+        return {"ms": float(do_bench(fn, warmup=warmup_ms, rep=rep_ms)), "method": "triton.testing.do_bench",
+                "warmup_ms": warmup_ms, "rep_ms": rep_ms}
+    agree = agree or (lambda n: n)
+    warm = sync_times(fn, device, 1)
+    warm += sync_times(fn, device, agree(max(0, math.ceil(warmup_ms / max(warm[0], 1e-3)) - 1)))
+    samples = sync_times(fn, device, agree(max(1, round(rep_ms / statistics.fmean(warm)))))
+    return {"ms": statistics.fmean(samples), "method": "sync timer", "warmup_ms": warmup_ms, "rep_ms": rep_ms,
+            "calls": len(samples)}
+
+
 # ---- memory ----
 
 
@@ -148,6 +189,16 @@ def peak_memory_bytes(device: torch.device) -> dict[str, int]:
     torch.cuda.synchronize(device)
     return {"peak_mem_allocated_bytes": torch.cuda.max_memory_allocated(device),
             "peak_mem_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+
+
+def free_memory_bytes(device: torch.device, meminfo: str = "/proc/meminfo") -> int | None:
+    """Free CUDA memory (asked in the child: the parent has no CUDA context) or MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with contextlib.suppress(OSError), open(meminfo) as f:
+        return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")),
+                    None)
+    return None
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -417,6 +468,14 @@ def named_or_spec(names: list[str]) -> Callable[[str], str]:
         raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names)}, or "
                                          "[NAME=]MODULE:CALLABLE for your own)")
     return parse
+
+
+def named_model(text: str) -> tuple[str | None, str]:
+    """--model: ours, MODULE:CALLABLE, or NAME=either -> (NAME or None, the model)."""
+    name, _, spec = text.rpartition("=")
+    if name and not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):  # a short name for tables and records
+        raise argparse.ArgumentTypeError(f"model name {name!r}: letters, digits and _ . + - only")
+    return name or None, named_or_spec([OURS])(spec)
 
 
 def load(spec: str) -> Any:

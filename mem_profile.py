@@ -44,11 +44,11 @@ import common
 import report
 import results
 import runner
-from bench_e2e import RunConfig, Workload
 from common import DTYPES, SyncTimer, precision_context, resolve_device, saved_tensors, storage_key
 from model import ATTENTION, build_model, check_logits, cross_entropy
 from report import MEMORY_PEAK_COLUMNS, sizes_table
 from results import DEFAULT_BATCH_SIZE, MODES, ModelConfig, ResultFiles, emit, format_bytes, get_config
+from runner import RunConfig, Workload
 
 FP32_BYTES = 4
 PROJECT_ROOT = Path(__file__).resolve().parent
@@ -196,8 +196,8 @@ def fake_model(run: MemConfig, device: torch.device, fake: bool = True) -> Any:
 
 
 def measure_peak(run: MemConfig, snapshot_path: str | None, max_entries: int) -> dict[str, Any]:
-    """bench_e2e's step (Workload.untimed_step): warm-up steps, the peak counter reset, then `steps` timed steps:
-    their peak allocated and reserved."""
+    """The training step (runner.Workload.untimed_step): warm-up steps, the peak counter reset, then `steps` timed
+    steps: their peak allocated and reserved."""
     device = resolve_device(run.device)  # CUDA: measure() calls this only there
     step = Workload(RunConfig(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)})).untimed_step
     for _ in range(run.warmup):  # the first step compiles (--compile) and allocates AdamW's moments

@@ -25,7 +25,7 @@ from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEAD
                      LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
                      ModelConfig, PairedRatio, Record, ResultFiles, Setting,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
-                     emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number,
+                     emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number, parallel_label,
                      pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
                      unknown_column, with_run_column)
 
@@ -61,16 +61,6 @@ FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flop
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
                  "none": "none (no TFLOP/s, no MFU)"}
 STATUS_CELL = 100  # characters of a status in a table; the record and stderr keep the whole of it
-
-
-def parallel_label(config: Record) -> str | None:
-    """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
-    if not config.get("parallel"):
-        return None
-    fsdp = config["parallel"] == "fsdp"
-    return (f"{config['parallel']} x{config['world_size']}"
-            + " bf16-params" * (fsdp and config["fsdp_mixed_precision"] == "bf16")
-            + " no-reshard" * (fsdp and not config["reshard_after_forward"]))
 
 
 def model_label(config: Record) -> str:

@@ -404,6 +404,16 @@ MODEL_SHAPE_COLUMNS = ("d_model", "d_ff", "layers", "heads")  # LaTeX tables lea
 RUN_KEY, RUN_COLUMN = "_run", "run"  # a merged record's run (a key no script writes), and its column
 
 
+def parallel_label(config: Record) -> str | None:
+    """"fsdp x8", "fsdp x8 bf16-params no-reshard", "ddp x2"; None for one process."""
+    if not config.get("parallel"):
+        return None
+    fsdp = config["parallel"] == "fsdp"
+    return (f"{config['parallel']} x{config['world_size']}"
+            + " bf16-params" * (fsdp and config["fsdp_mixed_precision"] == "bf16")
+            + " no-reshard" * (fsdp and not config["reshard_after_forward"]))
+
+
 def as_report_file(text: str, fmt: str) -> str:
     """A report as its file holds it; LaTeX: a file to \\input, every line outside the tables a comment."""
     if fmt not in LATEX_FORMATS:

@@ -1,5 +1,7 @@
 """Each configuration in a fresh child process: an OOM, a crash or a poisoned CUDA context is a row, never the
 next row's problem; SIGTERM and Ctrl-C keep the finished rows; variants interleave A B | B A (docs/running.md).
+And what a configuration of the training step is (RunConfig), what it builds (Workload: model, optimizer, batch),
+and its steps timed phase by phase (run_step, measure_steps), as bench_e2e, leaderboard and mem_profile run them.
 
     plan = runner.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
@@ -27,8 +29,13 @@ import torch
 
 import parallel
 import results
-from common import environment, failure_status
-from results import ResultFiles, Terminated, finished, is_oom_status, progress, round_order
+from common import (SyncTimer, annotate, environment, failure_status, machine_load, matmul_precision_key,
+                    peak_memory_bytes, peak_tflops, precision_context, quiet_profiler, reset_peak_memory,
+                    resolve_device, set_ranges)
+from model import build_model, build_optimizer, check_logits, cross_entropy
+from parallel import DEFAULT_PG_TIMEOUT_S
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig, ResultFiles, Terminated,
+                     finished, is_oom_status, parallel_label, progress, round_order, summarize)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -539,3 +546,225 @@ class Sweep:
                 bisection.record(next_size, finished(probe_record))
             else:  # an error or a timeout: the bounds stand, the answer says why it stopped
                 break
+
+
+# ---- one configuration of the training step (bench_e2e, leaderboard, mem_profile): built, warmed up, timed ----
+
+NOISY_CV = 0.10  # a phase whose std/mean is above this is flagged: don't quote it without a second look
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One configuration: what the sweep runs in a child process and what every record keeps as "config"."""
+
+    size: str  # preset name, or "custom"
+    model: ModelConfig  # its context_length is the benchmarked sequence length
+    handout: str = DEFAULT_HANDOUT  # whose Table 1 the size name comes from
+    batch_size: int = DEFAULT_BATCH_SIZE
+    warmup: int = 5
+    steps: int = 10
+    mode: str = "train"
+    no_grad: bool = False  # forward mode only: run under torch.inference_mode()
+    dtype: str = "fp32"  # fp32, or bf16/fp16 autocast with fp32 master weights
+    compile: bool = False
+    attn: str = "naive"
+    optimizer: str = "ours"  # ours, torch, or yours as MODULE:CLASS (model.build_optimizer)
+    model_factory: str | None = None  # yours as MODULE:CALLABLE (model.build_model); None = ours
+    model_name: str | None = None  # --model NAME=...: the model's name in tables and records
+    flops: str = "formula"  # formula (our architecture), counted (FlopCounterMode) or none
+    tf32: bool | None = None  # None = leave PyTorch's default
+    device: str = "auto"
+    seed: int = 0
+    nvtx: bool = False
+    checkpoint_every: int = 0  # mem_profile's activation checkpointing
+    profile_results_dir: str | None = None  # --profile: torch.profiler trace under <this>/profile/
+    parallel: str | None = None  # torchrun: "ddp" or "fsdp" (parallel.shard_model), each rank its own batch
+    world_size: int = 1
+    fsdp_mixed_precision: str = "off"  # fsdp: "bf16" = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+    reshard_after_forward: bool = True  # fsdp: blocks free their gathered parameters after forward
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S  # a collective waiting longer for a peer fails
+
+    @property
+    def context_length(self) -> int:
+        return self.model.context_length
+
+    def label(self) -> str:
+        """The configuration in progress lines and file names; settings at their default are left out."""
+        model = [self.model_name or self.model_factory] if self.model_factory else [self.model_name, self.attn]
+        optimizer = f"optimizer={self.optimizer}" if self.optimizer != "ours" else None
+        parts = [self.size, f"ctx={self.context_length}", self.mode + (" no-grad" if self.no_grad else ""),
+                 self.dtype, *model, f"warmup={self.warmup}", optimizer, parallel_label(vars(self)),
+                 "compiled" if self.compile else None]
+        return " ".join(filter(None, parts))
+
+    def skip_key(self) -> tuple[tuple, str, int]:
+        """(group, "ctx", context): after an OOM the sweep skips the group's larger contexts."""
+        return dataclasses.replace(self.with_context(1), warmup=0, steps=0), "ctx", self.context_length
+
+    def comparison_key(self) -> RunConfig | None:
+        """Without the variant fields: runs that share it are measured together, interleaved. None when a variant
+        must run alone: under --parallel (its own process group), --profile or --nvtx (a profile holds one)."""
+        if self.parallel or self.profile_results_dir is not None or self.nvtx:
+            return None
+        return dataclasses.replace(self, dtype="", compile=False, attn="", optimizer="", model_factory=None,
+                                   model_name=None, flops="")
+
+    def with_context(self, context_length: int) -> RunConfig:  # a search's next probe
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, context_length=context_length))
+
+
+class Workload:
+    """Model, optimizer and one random batch on the device, a step's three phases, and what runs untimed around
+    the timed steps. Under --parallel this process is one rank of a process group already joined: the model is in
+    DDP or FSDP2 and the batch is this rank's."""
+
+    def __init__(self, run: RunConfig):
+        phase("building the model")
+        self.run = run
+        launch = parallel.torchrun_launch() if run.parallel else None
+        self.device = parallel.rank_device(resolve_device(run.device), launch)
+        set_ranges(nvtx=run.nvtx, profiler=run.profile_results_dir is not None)
+        kinds = ["CPU", "CUDA"] if self.device.type == "cuda" else ["CPU"]
+        self.profiler = (quiet_profiler([getattr(torch.profiler.ProfilerActivity, k) for k in kinds])
+                         if run.profile_results_dir is not None else contextlib.nullcontext())  # around timed steps
+        if run.tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = run.tf32
+        torch.manual_seed(run.seed)
+        with self.device:  # initialise directly on the device: CPU init of a 2.7B model takes minutes
+            self.model = build_model(run.model, run.attn, run.checkpoint_every, run.model_factory)
+        wrapped = self.model
+        if run.parallel:
+            wrapped = parallel.shard_model(self.model, run.parallel, self.device, run.fsdp_mixed_precision,
+                                           run.reshard_after_forward)
+            torch.manual_seed(run.seed + 1 + launch.rank)  # each rank its own batch
+        self.callable_model = torch.compile(wrapped) if run.compile else wrapped
+        shape = (run.batch_size, run.context_length)
+        self.tokens = torch.randint(0, run.model.vocab_size, shape, device=self.device)  # made once, not timed
+        self.targets = torch.randint(0, run.model.vocab_size, shape, device=self.device)
+        self.optimizer = (build_optimizer(run.optimizer, self.model.parameters(), self.device)
+                          if run.mode == "train" else None)
+        self.logits_checked = run.model_factory is None  # ours is known to be right; yours is checked once
+        # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.dtype == "fp16" and run.mode != "forward")
+
+    def forward(self, eager: bool = False) -> torch.Tensor:
+        """The loss of the batch; `eager`: through the model itself, not torch.compile's or DDP's wrapper."""
+        grad_mode = torch.inference_mode() if self.run.no_grad else torch.enable_grad()
+        with grad_mode, precision_context(self.device, self.run.dtype):
+            logits = (self.model if eager else self.callable_model)(self.tokens)
+            if not self.logits_checked:
+                check_logits(logits, tuple(self.tokens.shape), self.run.model.vocab_size,
+                             self.run.model_name or self.run.model_factory)
+                self.logits_checked = True
+            return cross_entropy(logits, self.targets)
+
+    def backward(self, loss: torch.Tensor) -> None:  # the scaler is a pass-through but for fp16
+        self.scaler.scale(loss).backward()
+
+    def optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> dict[str, float]:
+        return run_step(self)
+
+    def untimed_step(self, mark: Callable[[str], None] = lambda phase: None) -> None:
+        """run_step's phases with no synchronisation between them (the leaderboard's step, mem_profile's), calling
+        mark(phase) before each and mark("end") after."""
+        mark("forward")
+        loss = self.forward()
+        if self.run.mode != "forward":
+            mark("backward")
+            self.backward(loss)
+        if self.run.mode == "train":
+            mark("optimizer")
+            self.optimizer_step()
+        elif self.run.mode == "forward-backward":
+            self.model.zero_grad(set_to_none=True)
+        mark("end")
+
+
+def run_step(work: Workload) -> dict[str, float]:
+    """One step, timed: seconds per phase and for the whole step. SyncTimer synchronises, reads the clock, runs,
+    synchronises, reads: each phase is timed to its last kernel, the step timer holds the phases back to back.
+    Nothing else runs inside the timers: no data creation, no .item() (a hidden sync), no printing."""
+    times: dict[str, float] = {}
+    with SyncTimer(work.device) as step:
+        for name in PHASES_BY_MODE[work.run.mode]:  # forward[, backward[, optimizer]]
+            with annotate(name), SyncTimer(work.device) as timer:  # annotate: an NVTX / profiler range
+                if name == "forward":
+                    loss = work.forward()
+                elif name == "backward":
+                    work.backward(loss)
+                else:
+                    work.optimizer_step()
+            times[name] = timer.elapsed_s
+    times["step"] = step.elapsed_s
+    if work.run.mode == "forward-backward":
+        work.model.zero_grad(set_to_none=True)  # untimed: each step starts without gradients, as a train step does
+    return times
+
+
+def warm_up(work: Workload, of: str = "") -> tuple[dict[str, Any], float | None]:
+    """Untimed: the compile step (compile_s) and the warm-up steps -> (the record so far, the last warm-up step's s)."""
+    record: dict[str, Any] = {"environment": environment(work.device), "load": {"before": machine_load(work.device)},
+                              "model_num_params": sum(p.numel() for p in work.model.parameters())}  # as built
+    if work.run.compile:  # the first call compiles (forward, and backward on the first backward)
+        phase(f"compiling (first step){of}")
+        _, record["compile_s"] = SyncTimer(work.device).time(work.step)
+    last_s = None
+    with annotate("warmup"):
+        for i in range(work.run.warmup):
+            phase(f"warm-up {i + 1}/{work.run.warmup}{of}")
+            last_s = work.step()["step"]
+    return record, last_s
+
+
+def with_samples(work: Workload, record: dict[str, Any], samples: list[dict[str, float]]) -> dict[str, Any]:
+    """The record after the timed steps: `<phase>_ms` samples (ms, in step order), the load."""
+    record.update({f"{key}_ms": [s[key] * 1e3 for s in samples] for key in samples[0]})
+    record["load"]["after"] = machine_load(work.device)
+    return record
+
+
+def measure_steps(work: Workload) -> dict[str, Any]:
+    """One configuration: compile step and warm-up (untimed), the peak counter reset, the timed steps, the peaks."""
+    record, _ = warm_up(work)
+    reset_peak_memory(work.device)
+    samples = []
+    with work.profiler, annotate("measure"):
+        for i in range(work.run.steps):
+            with timed_phase(f"step {i + 1}/{work.run.steps}"):  # the progress heartbeat stays quiet inside
+                samples.append(work.step())
+    phase("after the timed steps")
+    return with_samples(work, {**record, **peak_memory_bytes(work.device)}, samples)
+
+
+def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
+    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU of a finished record."""
+    phases = PHASES_BY_MODE[run.mode] + ("step",)
+    out = {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
+    out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
+                    if out[f"{p}_ms_cv"] is not None and out[f"{p}_ms_cv"] > NOISY_CV]
+    if out["step_ms_n"] < 2:
+        out["note"] = "1 timed step: no std"
+    step_s = out["step_ms_mean"] / 1e3  # under --parallel: the slowest rank's step, what the global step costs
+    out["tokens_per_s"] = run.batch_size * run.context_length * run.world_size / step_s  # the global batch
+    # FLOPs of one global step: the formula for our architecture, FlopCounterMode's count, or none
+    flops = (results.step_flops(run.model, run.batch_size, run.context_length, run.mode) if run.flops == "formula"
+             else record["counted_step_flops"] if run.flops == "counted" else None)
+    flops = flops and flops * run.world_size
+    out.update(step_flops=flops, flops_source=run.flops, achieved_tflops=None, peak_tflops=None, peak_source=None,
+               mfu_precision=None, mfu=None)
+    if flops is None:  # no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
+        return out
+    env = record["environment"]
+    precision = matmul_precision_key(run.dtype, bool(env.get("tf32_matmul")))
+    peak, label = ((peak_override, "--peak-tflops") if peak_override is not None
+                   else peak_tflops(env["device_name"], precision) if env["device"].startswith("cuda")
+                   else (None, None))  # a CPU has no entry in the peak table: no MFU rather than a guess
+    achieved = flops / step_s / 1e12
+    out.update(achieved_tflops=achieved, peak_tflops=peak, peak_source=label, mfu_precision=precision,
+               mfu=achieved / (peak * run.world_size) if peak else None)  # N GPUs: N x the peak
+    return out
