@@ -102,7 +102,7 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         (args.world_size is not None and not args.parallel, "--world-size only applies to --parallel (with --dry-run)"),
         (args.world_size is not None and not args.dry_run,
          "--world-size only plans a --parallel run with --dry-run; a real run takes its world size from torchrun: "
-         "torchrun --nproc-per-node N bench_e2e.py --parallel ..."),
+         f"torchrun --nproc-per-node N {parser.prog} --parallel ..."),
         (args.world_size is not None and launch is not None,
          f"--world-size plans without torchrun; this is a torchrun launch (WORLD_SIZE={world})"),
         (not args.parallel and (world or 1) > 1,
@@ -122,9 +122,9 @@ def check_parallel_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         return args.world_size
     if "fsdp" in args.parallel and (reason := common.fsdp2_unsupported(device)):
         parser.error(f"--parallel fsdp: {reason}: use --parallel ddp, a GPU or a newer torch")
-    results.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets RANK "
-                                         "and WORLD_SIZE: torchrun --nproc-per-node N bench_e2e.py --parallel ... (to "
-                                         "plan without it: --dry-run --world-size N)")])
+    results.refuse(parser, [(launch is None, "--parallel needs torchrun, which starts one process per rank and sets "
+                                             f"RANK and WORLD_SIZE: torchrun --nproc-per-node N {parser.prog} "
+                                             "--parallel ... (to plan without it: --dry-run --world-size N)")])
     if device.type == "cuda" and torch.cuda.device_count() < launch.local_world_size:
         parser.error(f"--parallel on CUDA needs one GPU per process: {launch.local_world_size} processes on this "
                      f"node but {torch.cuda.device_count()} GPU(s) visible")

@@ -320,16 +320,16 @@ def test_predicted_need_and_free_memory(tmp_path, monkeypatch):
         assert ba.predicted_need_bytes(ba.AttentionRun(impl, 64, 1024, spec=spec)) == fused + linear
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   2048 kB\n")
-    assert ba.free_memory_bytes(torch.device("cpu"), str(meminfo)) == 2048 * 1024
-    assert ba.free_memory_bytes(torch.device("cpu"), str(tmp_path / "missing")) is None
+    assert common.free_memory_bytes(torch.device("cpu"), str(meminfo)) == 2048 * 1024
+    assert common.free_memory_bytes(torch.device("cpu"), str(tmp_path / "missing")) is None
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (5 * 2**30, 80 * 2**30))
-    assert ba.free_memory_bytes(torch.device("cuda:0")) == 5 * 2**30
+    assert common.free_memory_bytes(torch.device("cuda:0")) == 5 * 2**30
 
 
 def test_fit_guard_skips_what_cannot_fit_and_force_runs_it(tmp_path, monkeypatch):
     code, (record,), _ = run_main(tmp_path, "--seq-len", "1048576", "--impl", "naive")
     assert code == 0 and record["status"].startswith("skipped: needs 53249.")  # 52 TiB of scores
-    monkeypatch.setattr(ba, "free_memory_bytes", lambda device: 1)  # nothing fits...
+    monkeypatch.setattr(common, "free_memory_bytes", lambda device: 1)  # nothing fits...
     _, (skipped,), _ = run_main(tmp_path / "b", "--seq-len", "16", "--impl", "sdpa")
     _, (forced,), _ = run_main(tmp_path / "c", "--seq-len", "16", "--impl", "sdpa", "--force")
     assert skipped["status"].startswith("skipped") and forced["status"] == "ok"  # ...but --force
@@ -479,11 +479,3 @@ def test_leaderboard_2025_times_the_snippet_beside_naive_and_sdpa_and_flags_a_dr
     assert "bad (sync timer) WRONG" in stands and "| 2025 best" in stands and "5.364" in stands
     saved = next((tmp_path / "attention").glob("*.md")).read_text()  # the saved report has it too
     assert stands.split("\nwrote ")[0].strip() in saved
-
-
-def test_leaderboard_time_runs_the_counts_the_ranks_agreed_on():
-    """Under torchrun every rank must call the step (and its collectives) equally often: `agree` sets the counts."""
-    calls = []
-    timed = ba.leaderboard_time(lambda: calls.append(1), torch.device("cpu"), warmup_ms=1e6, rep_ms=1e6,
-                                agree=lambda n: 3)
-    assert timed["method"] == "sync timer" and timed["calls"] == 3 and len(calls) == 1 + 3 + 3

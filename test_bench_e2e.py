@@ -135,8 +135,8 @@ def test_each_mode_times_its_phases_and_they_add_up_to_the_step(tmp_path, capsys
 
 
 def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
-    run = bench_e2e.RunConfig(size="custom", model=results.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
-    work = bench_e2e.Workload(run)
+    run = runner.RunConfig(size="custom", model=results.ModelConfig(32, 64, 1, 2, 64, 8), steps=1, warmup=0)
+    work = runner.Workload(run)
     order = []
 
     @contextlib.contextmanager
@@ -146,8 +146,8 @@ def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
         order.append("/" + name)
 
     monkeypatch.setattr(common, "synchronize", lambda device: order.append("sync"))
-    monkeypatch.setattr(bench_e2e, "annotate", annotate)
-    times = bench_e2e.run_step(work)
+    monkeypatch.setattr(runner, "annotate", annotate)
+    times = runner.run_step(work)
     assert order == ["sync", "forward", "sync", "sync", "/forward", "backward", "sync", "sync", "/backward",
                      "optimizer", "sync", "sync", "/optimizer", "sync"]
     assert set(times) == {"forward", "backward", "optimizer", "step"}
@@ -167,28 +167,28 @@ def test_flops_formula_matches_flop_counter():
 
 
 def test_mfu_only_for_a_known_peak():
-    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", "2025"), handout="2025")  # context 128
+    run = runner.RunConfig(size="tiny", model=get_config("tiny", "2025"), handout="2025")  # context 128
     fake = {"step_ms": [100.0, 100.0], "forward_ms": [30.0, 30.0], "backward_ms": [60.0, 60.0],
             "optimizer_ms": [10.0, 10.0], "environment": {"device": "cpu", "device_name": "cpu"}}
-    assert bench_e2e.derive_figures(run, fake)["mfu"] is None  # a CPU has no peak: no MFU rather than a guess
+    assert runner.derive_figures(run, fake)["mfu"] is None  # a CPU has no peak: no MFU rather than a guess
     fake["environment"] = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}
     tflops = results.step_flops(run.model, 4, 128, "train") / 0.1 / 1e12
-    assert bench_e2e.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 67.0)  # fp32 without TF32
+    assert runner.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 67.0)  # fp32 without TF32
     fake["environment"]["tf32_matmul"] = True
-    assert bench_e2e.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 494.7)
+    assert runner.derive_figures(run, fake)["mfu"] == pytest.approx(tflops / 494.7)
     fake["environment"]["device_name"] = "Some Future GPU"
-    assert bench_e2e.derive_figures(run, fake)["mfu"] is None
-    assert bench_e2e.derive_figures(run, fake, peak_override=100.0)["mfu"] == pytest.approx(tflops / 100)
+    assert runner.derive_figures(run, fake)["mfu"] is None
+    assert runner.derive_figures(run, fake, peak_override=100.0)["mfu"] == pytest.approx(tflops / 100)
 
 
 def test_noisy_and_single_step_rows_say_so():
-    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny"), mode="forward")
+    run = runner.RunConfig(size="tiny", model=get_config("tiny"), mode="forward")
     jumpy = {"forward_ms": [10.0, 30.0, 10.0], "step_ms": [10.0, 30.0, 10.0], "environment": {"device": "cpu"}}
-    record = {**jumpy, **bench_e2e.derive_figures(run, jumpy), "status": "noisy", "config": dataclasses.asdict(run)}
+    record = {**jumpy, **runner.derive_figures(run, jumpy), "status": "noisy", "config": dataclasses.asdict(run)}
     assert record["noisy"] == ["forward 69%", "step 69%"]
     assert report.e2e_row(record)["status"] == "NOISY cv>10%: forward 69%, step 69%"
     one = {"forward_ms": [10.0], "step_ms": [10.0], "environment": {"device": "cpu"}}
-    figures = bench_e2e.derive_figures(run, one)
+    figures = runner.derive_figures(run, one)
     assert figures["step_ms_std"] is None and figures["note"] == "1 timed step: no std"
 
 
@@ -248,9 +248,8 @@ def fake_variant(name, calls, resident=0, transient=0, allocator=None, steps=12,
             if allocator is not None:
                 allocator["peak"] = max(allocator["peak"], allocator["now"] + transient)
             return {"forward": step_s / 2, "step": step_s}
-        run = SimpleNamespace(warmup=1, steps=steps, compile=False)
-        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, after=lambda record: {},
-                               model=torch.nn.Module())
+        run = SimpleNamespace(warmup=1, steps=steps, compile=False, profile_results_dir=None, flops="formula")
+        return SimpleNamespace(step=step, device=torch.device("cpu"), run=run, model=torch.nn.Module())
     return prepare
 
 
@@ -271,8 +270,8 @@ def test_each_interleaved_variant_keeps_its_own_peak_memory(monkeypatch):
     monkeypatch.setattr(bench_e2e, "allocated_bytes", lambda device: allocator["now"])
     monkeypatch.setattr(bench_e2e, "reset_peak_memory", lambda device: allocator.update(peak=allocator["now"]))
     monkeypatch.setattr(bench_e2e, "peak_memory_bytes", lambda device: {"peak_mem_allocated_bytes": allocator["peak"]})
-    monkeypatch.setattr(bench_e2e, "environment", lambda device: {"device": str(device)})
-    monkeypatch.setattr(bench_e2e, "machine_load", lambda device: {})
+    monkeypatch.setattr(runner, "environment", lambda device: {"device": str(device)})
+    monkeypatch.setattr(runner, "machine_load", lambda device: {})
     records = bench_e2e.measure_interleaved(torch.device("cuda"), [
         fake_variant("A", [], resident=100, transient=50, allocator=allocator),
         fake_variant("B", [], resident=300, transient=20, allocator=allocator)])
@@ -281,13 +280,13 @@ def test_each_interleaved_variant_keeps_its_own_peak_memory(monkeypatch):
 
 def synthetic_record(ctx, dtype, means=None, status="ok"):
     """A record as the sweep makes it with known phase times (ms, two equal samples); means None = failed."""
-    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", context_length=ctx), dtype=dtype, warmup=0)
+    run = runner.RunConfig(size="tiny", model=get_config("tiny", context_length=ctx), dtype=dtype, warmup=0)
     record = {"experiment": "bench_e2e", "config": dataclasses.asdict(run), "label": run.label(), "status": status,
               "environment": {"device": "cpu", "device_name": "cpu", "torch": torch.__version__, "threads": 2}}
     if means is not None:
         for phase, ms in zip(("forward", "backward", "optimizer", "step"), means):
             record[f"{phase}_ms"] = [ms, ms]
-        record.update(bench_e2e.derive_figures(run, record))
+        record.update(runner.derive_figures(run, record))
     return record
 
 
@@ -518,165 +517,3 @@ def test_columns_choose_and_order_the_results_table(tmp_path, capsys):
     header = [line for line in table_lines(capsys.readouterr().out) if "step ms" in line][0]
     assert code == 0 and [c.strip() for c in header.strip("|").split("|")] == ["ctx", "size", "step ms"]
     assert header in (tmp_path / "e2e" / "t.md").read_text()
-
-
-# ---- the 2026 leaderboard ----
-
-LEADERBOARD = ["--leaderboard", "--device", "cpu", "--num-layers", "1", "--d-model", "64", "--num-heads", "2",
-               "--d-ff", "128", "--vocab-size", "256", "--context-length", "32", "--steps", "2", "--warmup", "1",
-               "--rep-ms", "5", "--warmup-ms", "1"]
-
-
-def w2_scaled(**kw):
-    """Ours, but layer 0's w2 acts as 1.5 x its weight: one weight changed, behind the same names."""
-    m = tagged("w2", **kw)
-    w2 = m.layers[0].ffn.w2
-    w2.forward = lambda x: torch.nn.functional.linear(x, 1.5 * w2.weight)
-    return m
-
-
-def renamed(**kw):
-    m = tagged("renamed", **kw)
-    m.head = m.lm_head
-    del m.lm_head
-    m.forward = lambda tokens: m.head(m.ln_final(m._run_layers(m.token_embeddings(tokens), 0, len(m.layers))))
-    return m
-
-
-def renamed_map(m):
-    return {n: n.replace("head.", "lm_head.", 1) if n.startswith("head.") else n for n, _ in m.named_parameters()}
-
-
-def run_leaderboard(tmp_path, *extra):
-    code = bench_e2e.main([*LEADERBOARD, "--results-dir", str(tmp_path), "--out", "lb", *extra])
-    return code, read_records(tmp_path / "e2e" / "lb.jsonl")
-
-
-def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path, capsys):
-    code, (record,) = run_leaderboard(tmp_path)
-    out = capsys.readouterr().out
-    assert code == 0 and record["check"]["ok"] and record["check"]["reference"] == "ours"
-    assert record["check"]["max_error"] < bench_e2e.CHECK_TOLERANCE
-    lb = record["leaderboard"]
-    assert lb["method"] == "sync timer" and lb["ms"] > 0 and (lb["warmup_ms"], lb["rep_ms"]) == (1, 5)
-    assert all(len(record[f"{p}_ms"]) == 2 for p in ("forward", "backward", "optimizer", "step"))
-    assert record["config"]["dtype"] == "bf16" and record["config"]["batch_size"] == 2
-    assert record["wall_s"] > 0 and record["over_10_min"] is False and record["config"]["world_size"] == 1
-    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out and "3,837" in out
-    md = (tmp_path / "e2e" / "lb.md").read_text()  # the report again from the record alone, in any format
-    assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--results-dir", str(tmp_path / "again")]) == 0
-    assert md.strip() in capsys.readouterr().out and "## Where it stands" in md and "| 2026 best" in md
-    assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--fmt", "latex_booktabs", "--results-dir",
-                        str(tmp_path / "tex")]) == 0
-    tex = next((tmp_path / "tex").rglob("*.tex")).read_text()
-    assert "2026 best" in tex and "sync timer" in tex and "|" not in tex.split("Where it stands")[1]
-
-
-def test_the_staff_model_is_the_reference_when_cs336_basics_imports(tmp_path, monkeypatch):
-    package = tmp_path / "staff" / "cs336_basics"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "model.py").write_text(
-        "import model, results\n\n"
-        "def BasicsTransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):\n"
-        "    return model.TransformerLM(results.ModelConfig(d_model, d_ff, num_layers, num_heads, vocab_size,\n"
-        "                                                   context_length, rope_theta))\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "staff"))
-    check = bench_e2e.behaviour_check(None, None, torch.device("cpu"))
-    assert check["reference"] == bench_e2e.STAFF_MODEL and check["ok"], check
-    assert sys.modules["cs336_basics.model"].__file__.startswith(str(tmp_path))
-    for name in ("cs336_basics", "cs336_basics.model"):
-        monkeypatch.delitem(sys.modules, name)
-
-
-def test_one_changed_weight_is_wrong_with_the_tensor_named_and_not_timed(tmp_path, capsys):
-    code, (record,) = run_leaderboard(tmp_path, "--model", "w2=test_bench_e2e:w2_scaled")
-    assert code == 1 and "leaderboard" not in record and not record["check"]["ok"]
-    assert record["status"].startswith("WRONG: ") and record["check"]["worst"] in record["status"]
-    assert record["check"]["worst"] in ("logits", "loss") or "layers.0" in record["check"]["worst"]
-    assert "WRONG" in capsys.readouterr().out
-
-
-def exits(**kw):
-    sys.exit(3)
-
-
-def test_your_model_calling_sys_exit_is_an_error_row_and_exit_1(tmp_path):
-    code, (record,) = run_leaderboard(tmp_path, "--model", "test_bench_e2e:exits")
-    assert code == 1 and record["status"] == "error: SystemExit: 3"
-
-
-def test_other_parameter_names_need_the_mapping_hook():
-    cpu = torch.device("cpu")
-    unmapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", None, cpu)
-    assert not unmapped["ok"] and "head.weight match no reference parameter" in unmapped["problem"]
-    mapped = bench_e2e.behaviour_check("test_bench_e2e:renamed", "test_bench_e2e:renamed_map", cpu)
-    assert mapped["ok"], mapped
-
-
-class NoWeightDecay(torch.optim.AdamW):
-    def __init__(self, params, lr=1e-3):
-        super().__init__(params, lr=lr, weight_decay=0.0)
-
-
-class AlgorithmOne(torch.optim.Optimizer):  # assignment 1's AdamW, as the staff's: epsilon beside sqrt(v)
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
-
-    @torch.no_grad()
-    def step(self):
-        for group in self.param_groups:
-            (b1, b2), lr = group["betas"], group["lr"]
-            for p in group["params"]:
-                state = self.state[p]
-                t = state["t"] = state.get("t", 0) + 1
-                m = state["m"] = b1 * state.get("m", 0) + (1 - b1) * p.grad
-                v = state["v"] = b2 * state.get("v", 0) + (1 - b2) * p.grad ** 2
-                p.mul_(1 - lr * group["weight_decay"])
-                p.sub_(lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m / (v.sqrt() + group["eps"]))
-
-
-class OtherDefaults(torch.optim.AdamW):  # a correct AdamW whose defaults are not the staff's
-    def __init__(self, params, lr=1e-2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-
-
-def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_path):
-    code, (record,) = run_leaderboard(tmp_path, "--optimizer", "test_bench_e2e:NoWeightDecay")
-    assert code == 1 and "leaderboard" not in record and record["status"].startswith("WRONG: step of ")
-    assert "against AdamW(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01) as torch.optim.AdamW or as " \
-        "Algorithm 1 of assignment 1" in record["status"]
-    cpu = torch.device("cpu")
-    assert not bench_e2e.behaviour_check(None, None, cpu, optimizer="torch.optim:SGD")["ok"]  # a step, not AdamW's
-    assert bench_e2e.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
-    assert bench_e2e.behaviour_check(None, None, cpu, optimizer="test_bench_e2e:OtherDefaults")["ok"]
-    algorithm_one = bench_e2e.behaviour_check(None, None, cpu, optimizer="test_bench_e2e:AlgorithmOne")
-    assert algorithm_one["ok"] and algorithm_one["step_reference"] == "Algorithm 1 of assignment 1"
-
-
-@pytest.mark.parametrize("flags", [["--timeout", "5"], ["--in-process"], ["--no-skip"], ["--interleave", "runs"],
-                                   ["--profile"], ["--nvtx"], ["--plot"], ["--flops", "counted"], ["--no-grad"],
-                                   ["--tf32", "on"], ["--columns", "size"], ["--max-context", "64"]])
-def test_leaderboard_refuses_sweep_flags_it_does_not_use(capsys, flags):
-    assert f"drop {flags[0]}" in parse_error(capsys, "--leaderboard", *flags)
-
-
-def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
-    assert bench_e2e.main(["--leaderboard", "full", "--device", "cpu", "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    params = results.ModelConfig(4096, 11008, 34, 32, 151_936, 32_768).num_params
-    assert "the leaderboard's shape: d_model 4096" in out and f"model.TransformerLM's {params:,} parameters" in out
-    rows = {r["layout"]: float(r["state per device GiB"]) for r in cells(out, "layout")}
-    assert rows["one process"] == pytest.approx(16 * params / 2**30, rel=1e-3)
-    assert rows == {"one process": 121.08, "ddp x2": 121.08, "fsdp x2": 60.54}  # 7.8e9 params x 16 bytes (fp32 AdamW)
-    assert bench_e2e.main(["--leaderboard", "--device", "cpu", "--dry-run"]) == 0  # scaled: 658,048, not 0.00e9
-    assert f"model.TransformerLM's {bench_e2e.SCALED.num_params:,} parameters" in capsys.readouterr().out
-
-
-def test_the_full_shape_refuses_in_one_line_where_it_cannot_fit(capsys, monkeypatch):
-    monkeypatch.setattr(bench_e2e.bench_attention, "free_memory_bytes", lambda device: 80 * 2**30)
-    with pytest.raises(SystemExit) as exit_info:
-        bench_e2e.main(["--leaderboard", "full", "--device", "cpu"])
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
-    assert "needs 121.1 GiB per device" in err and "80.0 GiB free" in err

@@ -20,6 +20,7 @@ import bench_e2e
 import common
 import mem_profile
 import results
+import runner
 import kernel_tables as kt
 from model import STAFF_MODEL_KEYWORDS, build_model, build_optimizer
 import toy_autocast
@@ -62,12 +63,12 @@ def test_nvtx_ranges_through_torch_on_cuda(tmp_path):
 
 
 def test_fp16_training_steps_through_the_gradient_scaler():
-    run = bench_e2e.RunConfig(size="tiny", model=results.get_config("tiny", context_length=64), batch_size=2,
+    run = runner.RunConfig(size="tiny", model=results.get_config("tiny", context_length=64), batch_size=2,
                               dtype="fp16", device="cuda")
-    work = bench_e2e.Workload(run)
+    work = runner.Workload(run)
     assert work.scaler is not None and work.scaler.is_enabled()
     for _ in range(3):
-        times = bench_e2e.run_step(work)
+        times = runner.run_step(work)
     assert all(t > 0 for t in times.values())
     assert math.isfinite(work.scaler.get_scale()) and work.scaler.get_scale() > 0
     assert all(torch.isfinite(p).all() for p in work.model.parameters())  # fp32 master weights, updated
@@ -161,7 +162,7 @@ def test_flash_grid_on_cuda_checks_then_times_your_kernel(student, tmp_path):  #
 
 
 def test_cuda_events_time_real_kernels(monkeypatch):
-    monkeypatch.setattr(bench_attention, "triton_do_bench", lambda: None)  # as on a machine without triton
+    monkeypatch.setattr(common, "triton_do_bench", lambda: None)  # as on a machine without triton
     a = torch.randn(1024, 1024, device="cuda")
     samples = bench_attention.time_calls(lambda: a @ a, "mm", torch.device("cuda"), 2, 5, 5, 20)
     assert len(samples) == 5 and all(0 < ms < 1000 for ms in samples)

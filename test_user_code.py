@@ -14,6 +14,7 @@ import bench_e2e
 import common
 import mem_profile
 import results
+import runner
 from model import ADAMW_SETTINGS, STAFF_MODEL_KEYWORDS, build_model, build_optimizer
 from results import read_records
 
@@ -118,7 +119,7 @@ def tiny_lm_train_flops(cfg: results.ModelConfig, batch: int) -> int:
                                        ("flash-v2.1=flash:Outer.Inner", "flash-v2.1")])
 def test_spec_forms_accepted_and_named(text, name):
     assert common.named_or_spec(["ours"])(text) == text
-    given, spec = bench_e2e.named_model(text)  # what tables and records call it: NAME, else the value
+    given, spec = common.named_model(text)  # what tables and records call it: NAME, else the value
     assert (given or spec) == name
 
 
@@ -196,9 +197,9 @@ def test_build_optimizer_yours_beside_ours(student):
 
 
 def test_logits_of_the_wrong_shape_fail_the_first_forward(student):
-    run = bench_e2e.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
+    run = runner.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
                            model_factory="student_lm:LastPositionOnly")
-    work = bench_e2e.Workload(run)
+    work = runner.Workload(run)
     with pytest.raises(ValueError, match=r"student_lm:LastPositionOnly returned \(2, 64\) torch.float32 for token "
                                          r"ids \(2, 16\); expected floating-point logits \(batch, seq, vocab\) = "
                                          r"\(2, 16, 64\)"):

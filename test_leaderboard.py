@@ -1,0 +1,230 @@
+"""leaderboard.py: the behaviour check, do_bench's headline and the split on a scaled-down CPU step, the record that
+report.py renders again, the refusals; and the house rule that experiment scripts import shared modules only."""
+import ast
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bench_e2e
+import common
+import leaderboard
+import report
+import results
+from results import read_records
+from test_bench_e2e import cells, tagged
+
+HERE = Path(__file__).resolve().parent
+
+
+LEADERBOARD = ["--device", "cpu", "--num-layers", "1", "--d-model", "64", "--num-heads", "2", "--d-ff", "128",
+               "--vocab-size", "256", "--context-length", "32", "--steps", "2", "--warmup", "1", "--rep-ms", "5",
+               "--warmup-ms", "1"]
+
+
+def w2_scaled(**kw):
+    """Ours, but layer 0's w2 acts as 1.5 x its weight: one weight changed, behind the same names."""
+    m = tagged("w2", **kw)
+    w2 = m.layers[0].ffn.w2
+    w2.forward = lambda x: torch.nn.functional.linear(x, 1.5 * w2.weight)
+    return m
+
+
+def renamed(**kw):
+    m = tagged("renamed", **kw)
+    m.head = m.lm_head
+    del m.lm_head
+    m.forward = lambda tokens: m.head(m.ln_final(m._run_layers(m.token_embeddings(tokens), 0, len(m.layers))))
+    return m
+
+
+def renamed_map(m):
+    return {n: n.replace("head.", "lm_head.", 1) if n.startswith("head.") else n for n, _ in m.named_parameters()}
+
+
+def run_leaderboard(tmp_path, *extra):
+    code = leaderboard.main([*LEADERBOARD, "--results-dir", str(tmp_path), "--out", "lb", *extra])
+    return code, read_records(tmp_path / "e2e" / "lb.jsonl")
+
+
+def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path, capsys):
+    code, (record,) = run_leaderboard(tmp_path)
+    out = capsys.readouterr().out
+    assert code == 0 and record["check"]["ok"] and record["check"]["reference"] == "ours"
+    assert record["check"]["max_error"] < leaderboard.CHECK_TOLERANCE
+    lb = record["leaderboard"]
+    assert lb["method"] == "sync timer" and lb["ms"] > 0 and (lb["warmup_ms"], lb["rep_ms"]) == (1, 5)
+    assert all(len(record[f"{p}_ms"]) == 2 for p in ("forward", "backward", "optimizer", "step"))
+    assert record["config"]["dtype"] == "bf16" and record["config"]["batch_size"] == 2
+    assert record["wall_s"] > 0 and record["over_10_min"] is False and record["config"]["world_size"] == 1
+    assert "a scaled-down shape" in out and "| 2026 best" in out and "not comparable" in out and "3,837" in out
+    md = (tmp_path / "e2e" / "lb.md").read_text()  # the report again from the record alone, in any format
+    assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--results-dir", str(tmp_path / "again")]) == 0
+    assert md.strip() in capsys.readouterr().out and "## Where it stands" in md and "| 2026 best" in md
+    assert report.main([str(tmp_path / "e2e" / "lb.jsonl"), "--fmt", "latex_booktabs", "--results-dir",
+                        str(tmp_path / "tex")]) == 0
+    tex = next((tmp_path / "tex").rglob("*.tex")).read_text()
+    assert "2026 best" in tex and "sync timer" in tex and "|" not in tex.split("Where it stands")[1]
+
+
+def test_the_staff_model_is_the_reference_when_cs336_basics_imports(tmp_path, monkeypatch):
+    package = tmp_path / "staff" / "cs336_basics"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(
+        "import model, results\n\n"
+        "def BasicsTransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff, rope_theta):\n"
+        "    return model.TransformerLM(results.ModelConfig(d_model, d_ff, num_layers, num_heads, vocab_size,\n"
+        "                                                   context_length, rope_theta))\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "staff"))
+    check = leaderboard.behaviour_check(None, None, torch.device("cpu"))
+    assert check["reference"] == leaderboard.STAFF_MODEL and check["ok"], check
+    assert sys.modules["cs336_basics.model"].__file__.startswith(str(tmp_path))
+    for name in ("cs336_basics", "cs336_basics.model"):
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_one_changed_weight_is_wrong_with_the_tensor_named_and_not_timed(tmp_path, capsys):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "w2=test_leaderboard:w2_scaled")
+    assert code == 1 and "leaderboard" not in record and not record["check"]["ok"]
+    assert record["status"].startswith("WRONG: ") and record["check"]["worst"] in record["status"]
+    assert record["check"]["worst"] in ("logits", "loss") or "layers.0" in record["check"]["worst"]
+    assert "WRONG" in capsys.readouterr().out
+
+
+def exits(**kw):
+    sys.exit(3)
+
+
+def test_your_model_calling_sys_exit_is_an_error_row_and_exit_1(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "test_leaderboard:exits")
+    assert code == 1 and record["status"] == "error: SystemExit: 3"
+
+
+def test_other_parameter_names_need_the_mapping_hook():
+    cpu = torch.device("cpu")
+    unmapped = leaderboard.behaviour_check("test_leaderboard:renamed", None, cpu)
+    assert not unmapped["ok"] and "head.weight match no reference parameter" in unmapped["problem"]
+    mapped = leaderboard.behaviour_check("test_leaderboard:renamed", "test_leaderboard:renamed_map", cpu)
+    assert mapped["ok"], mapped
+
+
+class NoWeightDecay(torch.optim.AdamW):
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, lr=lr, weight_decay=0.0)
+
+
+class AlgorithmOne(torch.optim.Optimizer):  # assignment 1's AdamW, as the staff's: epsilon beside sqrt(v)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            (b1, b2), lr = group["betas"], group["lr"]
+            for p in group["params"]:
+                state = self.state[p]
+                t = state["t"] = state.get("t", 0) + 1
+                m = state["m"] = b1 * state.get("m", 0) + (1 - b1) * p.grad
+                v = state["v"] = b2 * state.get("v", 0) + (1 - b2) * p.grad ** 2
+                p.mul_(1 - lr * group["weight_decay"])
+                p.sub_(lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m / (v.sqrt() + group["eps"]))
+
+
+class OtherDefaults(torch.optim.AdamW):  # a correct AdamW whose defaults are not the staff's
+    def __init__(self, params, lr=1e-2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def test_an_optimizer_step_unlike_adamws_is_wrong_with_the_parameter_named(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--optimizer", "test_leaderboard:NoWeightDecay")
+    assert code == 1 and "leaderboard" not in record and record["status"].startswith("WRONG: step of ")
+    assert "against AdamW(lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01) as torch.optim.AdamW or as " \
+        "Algorithm 1 of assignment 1" in record["status"]
+    cpu = torch.device("cpu")
+    assert not leaderboard.behaviour_check(None, None, cpu, optimizer="torch.optim:SGD")["ok"]  # a step, not AdamW's
+    assert leaderboard.behaviour_check(None, None, cpu, optimizer="torch")["ok"]
+    assert leaderboard.behaviour_check(None, None, cpu, optimizer="test_leaderboard:OtherDefaults")["ok"]
+    algorithm_one = leaderboard.behaviour_check(None, None, cpu, optimizer="test_leaderboard:AlgorithmOne")
+    assert algorithm_one["ok"] and algorithm_one["step_reference"] == "Algorithm 1 of assignment 1"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--nvtx"], "unrecognized arguments: --nvtx"),  # a sweep's flags are bench_e2e.py's
+    (["--model", "ours", "test_leaderboard:renamed"], "give --model and --optimizer one value each"),
+    (["--parallel", "fsdp"], "--parallel needs torchrun"),
+    (["--context-length", "max"], "invalid int value: 'max'")])
+def test_leaderboard_refuses_in_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        leaderboard.parse_args(["--device", "cpu", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_bench_e2e_points_to_the_leaderboard_script(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench_e2e.parse_args(["--leaderboard", "full", "--model", "mine=my_lm:make_model", "--rep-ms", "5"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "python3 leaderboard.py" in err
+
+
+def test_leaderboard_dry_run_of_the_full_shape_predicts_the_state_per_device(capsys):
+    assert leaderboard.main(["full", "--device", "cpu", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    params = results.ModelConfig(4096, 11008, 34, 32, 151_936, 32_768).num_params
+    assert "the leaderboard's shape: d_model 4096" in out and f"model.TransformerLM's {params:,} parameters" in out
+    rows = {r["layout"]: float(r["state per device GiB"]) for r in cells(out, "layout")}
+    assert rows["one process"] == pytest.approx(16 * params / 2**30, rel=1e-3)
+    assert rows == {"one process": 121.08, "ddp x2": 121.08, "fsdp x2": 60.54}  # 7.8e9 params x 16 bytes (fp32 AdamW)
+    assert leaderboard.main(["--device", "cpu", "--dry-run"]) == 0  # scaled: 658,048, not 0.00e9
+    assert f"model.TransformerLM's {leaderboard.SCALED.num_params:,} parameters" in capsys.readouterr().out
+
+
+def test_the_full_shape_refuses_in_one_line_where_it_cannot_fit(capsys, monkeypatch):
+    monkeypatch.setattr(common, "free_memory_bytes", lambda device: 80 * 2**30)
+    with pytest.raises(SystemExit) as exit_info:
+        leaderboard.main(["full", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert "needs 121.1 GiB per device" in err and "80.0 GiB free" in err
+
+
+def test_leaderboard_time_runs_the_counts_the_ranks_agreed_on():
+    """Under torchrun every rank must call the step (and its collectives) equally often: `agree` sets the counts."""
+    calls = []
+    timed = common.leaderboard_time(lambda: calls.append(1), torch.device("cpu"), warmup_ms=1e6, rep_ms=1e6,
+                                    agree=lambda n: 3)
+    assert timed["method"] == "sync timer" and timed["calls"] == 3 and len(calls) == 1 + 3 + 3
+
+
+# ---- the house: experiment scripts stand on shared modules, never on each other ----
+
+EXPERIMENTS = {"bench_e2e", "bench_attention", "mem_profile", "precision_demo", "toy_autocast", "study", "leaderboard"}
+
+
+def project_imports() -> dict[str, set[str]]:
+    """Each root module (tests aside) -> the root modules it imports anywhere in its source, functions included."""
+    modules = {p.stem: p for p in HERE.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py"}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                found |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+        graph[name] = found & set(modules) - {name}
+    return graph
+
+
+def test_no_experiment_script_imports_another_and_the_house_is_at_most_eight_floors():
+    graph = project_imports()
+    experiments = {m for m in graph if m in EXPERIMENTS or m.startswith("bench_")}
+    assert EXPERIMENTS <= set(graph)
+    assert {(a, b) for a in experiments for b in graph[a] & experiments} == set()
+
+    def floor(name, seen=()):  # a module that imports none of ours is floor 1
+        return 0 if name in seen else 1 + max((floor(d, seen + (name,)) for d in graph[name]), default=0)
+    assert max(map(floor, graph)) <= 8
