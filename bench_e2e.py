@@ -14,14 +14,12 @@ optimizer buy, and the longest context that trains.
     python3 bench_e2e.py --size small --optimizer ours my_optim:AdamW             # your optimizer beside ours
     python3 bench_e2e.py --size 10B --parallel fsdp --world-size 8 --dry-run   # plan: the state per rank on 8 GPUs
     torchrun --nproc-per-node 8 bench_e2e.py --size xl --parallel ddp fsdp   # 8 GPUs: DDP vs FSDP2, batch per rank
-    python3 bench_e2e.py --leaderboard --model mine=my_lm:make_model   # the 2026 leaderboard's step, checked first
-    torchrun --nproc-per-node 2 bench_e2e.py --leaderboard --parallel fsdp   # ... spread over 2 GPUs
-    python3 bench_e2e.py --leaderboard full --dry-run --parallel fsdp --world-size 2   # the state per device
 
-Method (the `measure` section): the compile step (compile_s) and --warmup steps run untimed; the peak-memory
-counter is reset; then --steps timed steps, each phase (forward with the loss, backward, optimizer step) and the
-whole step between two device synchronisations. Variants are built in one process and timed A B | B A | ...; each
-configuration runs in a child process (runner.py), so an OOM is a row. Manual: docs/bench_e2e.md.
+Method (runner.run_step and runner.measure_steps, shared with leaderboard.py; the `measure` section): the compile
+step (compile_s) and --warmup steps run untimed; the peak-memory counter is reset; then --steps timed steps, each
+phase (forward with the loss, backward, optimizer step) and the whole step between two device synchronisations.
+Variants are built in one process and timed A B | B A | ... (measure_interleaved); each configuration runs in a
+child process (runner.py), so an OOM is a row. The 2026 leaderboard is leaderboard.py. Manual: docs/bench_e2e.md.
 """
 from __future__ import annotations
 

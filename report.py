@@ -824,7 +824,7 @@ def leaderboard_header(config: Record) -> str:
 
 
 def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """Each --leaderboard run: what ran, do_bench's figure, the split of the step, where it stands."""
+    """Each leaderboard.py run: what ran, do_bench's figure, the split of the step, where it stands."""
     sections = []
     for r in records:
         env, check = r["environment"], r.get("check")

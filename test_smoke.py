@@ -15,7 +15,7 @@ from optim import AdamW
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_e2e.py", "bench_attention.py", "mem_profile.py", "precision_demo.py", "toy_autocast.py",
-           "kernel_tables.py", "report.py"]
+           "kernel_tables.py", "report.py", "leaderboard.py"]
 
 
 @pytest.fixture(scope="module")
@@ -186,9 +186,9 @@ def test_every_command_of_the_readme_tables_runs_dry(capsys, tmp_path):
     import kernel_tables
     import report
     import study
-    import bench_e2e, bench_attention, mem_profile, precision_demo, toy_autocast  # noqa: E401
+    import bench_e2e, bench_attention, leaderboard, mem_profile, precision_demo, toy_autocast  # noqa: E401
     dry_run = {"bench_e2e.py": bench_e2e.main, "bench_attention.py": bench_attention.main,
-               "mem_profile.py": mem_profile.main, "study.py": study.main,
+               "leaderboard.py": leaderboard.main, "mem_profile.py": mem_profile.main, "study.py": study.main,
                "nsys_run.sh": lambda argv: kernel_tables.main(["--nsys-run", *argv])}
     parse_only = {"report.py": report.parse_args, "kernel_tables.py": kernel_tables.parse_args,
                   "precision_demo.py": precision_demo.parse_args, "toy_autocast.py": toy_autocast.parse_args,
