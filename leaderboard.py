@@ -3,7 +3,7 @@ leaderboard (2026): your model and optimizer checked against the staff model and
 leaderboard times it (triton.testing.do_bench), then split into its phases.
 
     python3 leaderboard.py --model mine=my_lm:make_model          # full shape on CUDA, scaled down elsewhere
-    python3 leaderboard.py --model mine=my_lm:make_model --optimizer my_optim:AdamW --param-map my_lm:names
+    python3 leaderboard.py --model mine=my_lm:make_model --optimizer my_optim:AdamW   # yours, both checked
     torchrun --nproc-per-node 2 leaderboard.py --parallel fsdp    # ... spread over 2 GPUs
     python3 leaderboard.py full --dry-run --parallel fsdp --world-size 2   # the state per device, nothing run
 

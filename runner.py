@@ -614,8 +614,8 @@ class RunConfig:
 
 
 class Workload:
-    """Model, optimizer and one random batch on the device, a step's three phases, and what runs untimed around
-    the timed steps. Under --parallel this process is one rank of a process group already joined: the model is in
+    """Model, optimizer and one random batch on the device, a step's three phases, and the profiler (--profile)
+    around the timed steps. Under --parallel this process is one rank of a process group already joined: the model is in
     DDP or FSDP2 and the batch is this rank's."""
 
     def __init__(self, run: RunConfig):
