@@ -183,7 +183,7 @@ def measure_on_rank(runs: list[CommRun], prefix: str, publish: Callable[[dict], 
     launch, index = parallel.torchrun_launch(), 0
     device = (torch.device("cuda", launch.local_rank) if runs[0].backend == "nccl" else torch.device("cpu"))
     try:
-        with parallel.configuration_group(prefix, device, runs[0].timeout_s):
+        with parallel.configuration_group(prefix, device, runs[0].timeout_s, "--timeout"):
             env = {**common.environment(device), "host": platform.node()}
             for index, run in enumerate(runs):
                 load = common.machine_load(device)

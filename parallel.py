@@ -191,9 +191,11 @@ PEER_TIMEOUT = "error: PeerTimeout: "  # how common.failure_status words it
 
 
 @contextlib.contextmanager
-def configuration_group(prefix: str, device: torch.device, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> Iterator[Launch]:
+def configuration_group(prefix: str, device: torch.device, timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+                        timeout_flag: str = "--pg-timeout") -> Iterator[Launch]:
     """Join the configuration's process group (every rank of the launch) for the block. A failure inside is
-    marked under `first_failure` (if no rank was first) before it propagates; a timeout becomes a PeerTimeout."""
+    marked under `first_failure` (if no rank was first) before it propagates; a timeout becomes a PeerTimeout
+    (naming the script's `timeout_flag`)."""
     launch = torchrun_launch()
     timeout, cuda = datetime.timedelta(seconds=timeout_s), device.type == "cuda"
     client = dist.TCPStore(launch.master_addr, launch.master_port, is_master=False, timeout=timeout)  # torchrun's
@@ -208,7 +210,7 @@ def configuration_group(prefix: str, device: torch.device, timeout_s: float = DE
         with contextlib.suppress(Exception):  # the store may be gone if the whole launch is going down
             store.compare_set(FIRST_FAILURE, "", str(launch.rank))
         if isinstance(exc, (RuntimeError, dist.DistError)) and re.search(r"timed? ?out|timeout", str(exc), re.I):
-            raise PeerTimeout(f"a collective waited more than {timeout_s:g} s for a peer (--pg-timeout)") from exc
+            raise PeerTimeout(f"a collective waited more than {timeout_s:g} s for a peer ({timeout_flag})") from exc
         raise  # no destroy_process_group: a collective may be stuck; the process exits and that frees it
     dist.destroy_process_group()
 

@@ -908,13 +908,11 @@ def comm_fits(records: list[Record]) -> list[Record]:
             groups.setdefault((run_of(r), c["backend"], c["op"], c["world_size"]), []).append(r)
     rows = []
     for (run, backend, op, ranks), group in groups.items():
-        fit = latency_bandwidth_fit([r["bytes"] for r in group], [r["ms_median"] / 1e3 for r in group])
-        row = {RUN_COLUMN: run, "backend": backend, "op": op, "ranks": ranks, "sizes": len(group)}
-        if fit is not None:
+        if fit := latency_bandwidth_fit([r["bytes"] for r in group], [r["ms_median"] / 1e3 for r in group]):
             beta = fit["beta_bytes_per_s"]
-            row.update({"alpha us": fit["alpha_s"] * 1e6, "beta GB/s": beta / 1e9 if beta else "—",
-                        "R^2": fit["r2"], "max resid %": 100 * fit["max_residual"]})
-        rows.append(row)
+            rows.append({RUN_COLUMN: run, "backend": backend, "op": op, "ranks": ranks, "sizes": len(group),
+                         "alpha us": fit["alpha_s"] * 1e6, "beta GB/s": beta / 1e9 if beta else "—",
+                         "R^2": fit["r2"], "max resid %": 100 * fit["max_residual"]})
     return rows
 
 
@@ -941,8 +939,9 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
               "synchronised at both clock reads); algbw = size / median time; busbw = algbw x 2(n-1)/n for "
               "all_reduce, x (n-1)/n for all_gather and reduce_scatter (nccl-tests' doc/PERFORMANCE.md): the "
               f"bytes each rank's link carries per second; {link_note}. The fit: least squares on relative "
-              "residuals over the sizes of a row group; alpha is the latency, beta the bandwidth the largest "
-              "sizes approach (an algbw); a negative alpha or a large residual: the sizes do not follow a line"]
+              "residuals over the finished sizes (two or more) of an op and world size; alpha is the latency, beta "
+              "the bandwidth the largest sizes approach (an algbw); a negative alpha, beta — (time fell as size "
+              "grew) or a large residual: the times do not follow a line"]
     lines += [f"note: {note}" for note in dict.fromkeys(n for r in records for n in r.get("notes") or [])]
     return "\n".join(lines)
 
