@@ -153,9 +153,12 @@ def collective(op: str, numel: int, device: torch.device) -> Callable[[], Any]:
     part = torch.ones(numel // world, dtype=torch.float32, device=device)
     if op == "all_reduce":
         return lambda: dist.all_reduce(full)
+    # torch 2.13 renamed both (the old names warn): the same collectives, the same arguments
     if op == "all_gather_into_tensor":
-        return lambda: dist.all_gather_into_tensor(full, part)
-    return lambda: dist.reduce_scatter_tensor(part, full)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: gather(full, part)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return lambda: scatter(part, full)
 
 
 # --- measure: on every rank ---
