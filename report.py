@@ -926,8 +926,10 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
     lines += ["", render_table(rows, picked, fmt, floatfmt=".3f")]
     if fits := comm_fits(records):
         fit_columns = with_run_column(COMM_FIT_COLUMNS, records)
+        digits = [{"alpha us": ".1f", "beta GB/s": ".3g", "R^2": ".3f", "max resid %": ".1f"}.get(c, "g")
+                  for c in fit_columns]
         lines += ["", "### latency and bandwidth: time = alpha + bytes / beta", "",
-                  render_table(fits, fit_columns, fmt, floatfmt=".3g")]
+                  render_table(fits, fit_columns, fmt, floatfmt=digits)]
     links = dict.fromkeys(f"{r['link']} {r['link_peak_gbps']:g} GB/s" for r in records if r.get("link"))
     link_note = (f"of link peak: busbw / the link's peak in one direction per GPU ({', '.join(links)}; "
                  "common.LINK_PEAK_GBPS gives the sources)" if links else
