@@ -20,6 +20,7 @@ import os
 import platform
 import statistics
 import sys
+import traceback
 import uuid
 from typing import Any, Callable
 
@@ -39,6 +40,7 @@ OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 BACKENDS = ("gloo", "nccl")  # gloo: CPU tensors; nccl: one GPU per rank
 MB = 10**6  # bytes: sizes and GB/s are decimal, as nccl-tests prints them
 FLOAT32_BYTES = 4
+WORLD_SIZES = (2, 4, 6)  # the handout's
 DEFAULT_TIMEOUT_S = 300.0
 START_GRACE_S = 60.0  # more for the first answer of started ranks: each imports torch
 
@@ -71,9 +73,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                         "(FSDP's); sizes are the full buffer, as nccl-tests counts them")
     p.add_argument("--sizes-mb", nargs="+", type=results.positive_float, default=[1.0, 10.0, 100.0, 1000.0],
                    metavar="MB", help="float32 buffer sizes in MB (10^6 bytes)")
-    p.add_argument("--world-sizes", nargs="+", type=results.positive_int, default=[2, 4, 6], metavar="N",
-                   help="processes per configuration (at least 2; on NCCL at most the GPUs seen: larger are "
-                        "dropped, with a note); under torchrun its WORLD_SIZE")
+    p.add_argument("--world-sizes", nargs="+", type=results.positive_int, default=None, metavar="N",
+                   help="processes per configuration, at least 2; on NCCL at most the GPUs seen: larger are "
+                        f"dropped, with a note (default: {' '.join(map(str, WORLD_SIZES))}; under torchrun its "
+                        "WORLD_SIZE)")
     p.add_argument("--backend", nargs="+", choices=BACKENDS, default=None,
                    help="gloo (CPU tensors) or nccl (one GPU per rank) (default: nccl when torch sees a GPU, "
                         "else gloo)")
@@ -91,18 +94,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     launch = parallel.torchrun_launch()
     cuda = torch.cuda.is_available()
     args.backend = list(dict.fromkeys(args.backend or ["nccl" if cuda else "gloo"]))
-    given = argv if argv is not None else sys.argv[1:]
     world = launch.world_size if launch else None
     results.refuse(p, [
-        (min(args.world_sizes) < 2, f"--world-sizes: a collective needs at least 2 ranks, got "
-                                    f"{min(args.world_sizes)}"),
+        (min(args.world_sizes or WORLD_SIZES) < 2, "--world-sizes: a collective needs at least 2 ranks, got "
+                                                   f"{min(args.world_sizes or WORLD_SIZES)}"),
         ("nccl" in args.backend and not cuda, "--backend nccl needs CUDA GPUs, and torch sees none: use gloo"),
         (launch is not None and len(args.backend) > 1, "under torchrun every rank runs one backend: pick one"),
         (world == 1, "under torchrun with 1 process: a collective needs at least 2 (--nproc-per-node 2)"),
-        (launch is not None and "--world-sizes" in given and args.world_sizes != [world],
+        (launch is not None and args.world_sizes not in (None, [world]),
          f"under torchrun the world is torchrun's ({world} ranks): drop --world-sizes, or run without torchrun "
-         "to have the script start the ranks")])
-    args.world_sizes = [launch.world_size] if launch else list(dict.fromkeys(args.world_sizes))
+         "to have the script start the ranks"),
+        (launch is not None and "nccl" in args.backend and torch.cuda.device_count() < launch.local_world_size,
+         f"NCCL needs a GPU per rank: {launch.local_world_size if launch else 0} processes on this node, "
+         f"{torch.cuda.device_count()} GPU(s) seen")])
+    args.world_sizes = [world] if launch else list(dict.fromkeys(args.world_sizes or WORLD_SIZES))
     args.sizes_mb = sorted(dict.fromkeys(args.sizes_mb))
     args.notes = []
     if "nccl" in args.backend and launch is None and (too_big := [n for n in args.world_sizes
@@ -199,7 +204,7 @@ def measure_on_rank(runs: list[CommRun], prefix: str, publish: Callable[[dict], 
                         "load": {"before": load, "after": common.machine_load(device)}}})
     except Exception as exc:  # noqa: BLE001 - a failure is a row; its status names the first rank that failed
         status = parallel.first_failure_status(prefix, failure_status(exc))
-        publish({"ok": False, "index": index, "status": status, "rank": launch.rank})
+        publish({"ok": False, "index": index, "status": status, "traceback": traceback.format_exc()})
 
 
 # --- the sweep: a configuration's ranks started here, or torchrun's ---
@@ -264,8 +269,8 @@ class Sweep:
                 self.add(runs[answer["index"]], answer)
                 failed.extend([] if answer["ok"] else [answer["index"]])
 
-        run_id = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}"
-        measure_on_rank(runs, f"comm/{run_id}/", publish)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # keys of a restarted launch start empty
+        measure_on_rank(runs, f"comm/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{attempt}/", publish)
         for run in runs[failed[0] + 1:] if failed and parallel.is_rank_zero() else []:
             self.add(run, {"status": "not run: an earlier row failed, and torchrun's ranks cannot start again "
                                      "(without torchrun the script starts them afresh)"})
@@ -292,18 +297,18 @@ def finish_record(run: CommRun, record: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, runs = parse_args(argv)
-    for note in args.notes:
+    rank0 = parallel.is_rank_zero()  # under torchrun, the one process that prints and writes
+    for note in args.notes if rank0 else []:
         progress(f"note: {note}")
     configurations = {key: list(group) for key, group in
                       itertools.groupby(runs, key=lambda run: (run.backend, run.world_size))}
     if args.dry_run:
-        return results.print_dry_run(
+        return 0 if not rank0 else results.print_dry_run(
             [f"{backend}, {n} ranks: " + ", ".join(run.label().removesuffix(f" x{n} {backend}") for run in group)
              for (backend, n), group in configurations.items()],
             preamble=f"settings: float32, {args.warmup} warm-up and {args.reps} timed calls per row, every rank's "
                      f"times gathered; process-group timeout {args.timeout:g} s", notes=args.notes)
     launch = parallel.torchrun_launch()
-    rank0 = parallel.is_rank_zero()
     files = ResultFiles(args.results_dir, "comm", args.out, "comm") if rank0 else None
     sweep = Sweep(args, files, len(runs))
     code = 0

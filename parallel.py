@@ -379,12 +379,14 @@ def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...])
 SPAWN_HOST = "127.0.0.1"
 
 
-def _spawned_rank(local_rank: int, fn: Callable[..., None], world_size: int, port: int, messages: Any,
+def _spawned_rank(local_rank: int, parent: int, fn: Callable[..., None], world_size: int, port: int, messages: Any,
                   args: tuple) -> None:
     """A started rank: torchrun's variables set (configuration_group and first_failure_status read them), then
-    fn(*args, publish). Ctrl-C is the parent's to act on; torch sends SIGINT when the parent dies: then exit."""
-    parent = os.getppid()
+    fn(*args, publish). Ctrl-C is the parent's to act on; torch sends SIGINT when the parent dies: then exit (and
+    at once if it died while this process started)."""
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(1) if os.getppid() != parent else None)
+    if os.getppid() != parent:
+        os._exit(1)
     os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=SPAWN_HOST, MASTER_PORT=str(port))
     fn(*args, messages.put)
@@ -398,7 +400,7 @@ class SpawnedRanks:
     def __init__(self, fn: Callable[..., None], args: tuple, world_size: int, store: dist.TCPStore):
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
-        self.messages, self.world_size = ctx.SimpleQueue(), world_size
+        self.messages = ctx.SimpleQueue()
         saved = dict(os.environ)
         # a started interpreter runs `python -c`, which would put the working directory first on its path (a
         # student's file there could replace ours) until the parent's path arrives: PYTHONSAFEPATH keeps it out;
@@ -406,8 +408,9 @@ class SpawnedRanks:
         os.environ["PYTHONSAFEPATH"] = "1"
         try:
             with results.handling_signal(signal.SIGINT, signal.SIG_IGN):
-                self.context = mp.start_processes(_spawned_rank, (fn, world_size, store.port, self.messages, args),
-                                                  nprocs=world_size, join=False, start_method="spawn")
+                self.context = mp.start_processes(
+                    _spawned_rank, (os.getpid(), fn, world_size, store.port, self.messages, args), nprocs=world_size,
+                    join=False, start_method="spawn")
         finally:
             os.environ.clear()
             os.environ.update(saved)

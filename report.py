@@ -918,7 +918,6 @@ def comm_fits(records: list[Record]) -> list[Record]:
 
 def render_comm(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The environment, a row per op, size and world size, the fit per op and world size, what the columns mean."""
-    c0 = records[0]["config"]
     lines = environment_lines(records, {"dtype": lambda r: "float32", "warm-up": "warmup", "timed calls": "reps",
                                         "process-group timeout s": "timeout_s"})
     rows = [comm_row(r) for r in records]
@@ -933,11 +932,11 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
     links = dict.fromkeys(f"{r['link']} {r['link_peak_gbps']:g} GB/s" for r in records if r.get("link"))
     link_note = (f"of link peak: busbw / the link's peak in one direction per GPU ({', '.join(links)}; "
                  "common.LINK_PEAK_GBPS gives the sources)" if links else
-                 "of link peak: — where the link has no datasheet figure (gloo between processes of one CPU: "
-                 "shared memory and loopback, no link to compare with; or a GPU not in common.LINK_PEAK_GBPS)")
+                 "of link peak: — where the link has no datasheet figure (gloo between processes of one machine: "
+                 "TCP over loopback, no link to compare with; or a GPU not in common.LINK_PEAK_GBPS)")
     lines += ["", f"size: the full buffer in MB (10^6 bytes) as nccl-tests counts it (all_reduce's tensor, "
               "all_gather's output, reduce_scatter's input); median ms and min-max ms: over every rank's every "
-              f"timed call ({c0['warmup']} warm-up calls first, a barrier before each timed call, the device "
+              f"timed call (after the warm-up calls, a barrier before each, the device "
               "synchronised at both clock reads); algbw = size / median time; busbw = algbw x 2(n-1)/n for "
               "all_reduce, x (n-1)/n for all_gather and reduce_scatter (nccl-tests' doc/PERFORMANCE.md): the "
               f"bytes each rank's link carries per second; {link_note}. The fit: least squares on relative "
