@@ -39,6 +39,7 @@ PARALLEL = ("ddp", "fsdp")
 DEFAULT_PG_TIMEOUT_S = 300.0  # a collective waiting this long for a peer fails (both backends)
 FIRST_FAILURE = "first_failure"  # store key (per configuration): the rank that failed first
 STOP_GRACE_S = 5.0  # after SIGTERM, how long a started rank has to exit before SIGKILL
+DEATH_GRACE_S = 0.5  # how long a started rank's death may take to show after its peers' failure
 
 
 # ---- the launch: what torchrun tells every process ----
@@ -417,20 +418,31 @@ class SpawnedRanks:
 
     def next_message(self, timeout_s: float) -> dict[str, Any]:
         """The next thing a rank published; {"ok": False, "status": ...} when a rank died without a word or
-        nothing came within `timeout_s`."""
+        nothing came within `timeout_s`. A rank's death reaches the others as a broken connection: a failure
+        that comes with a dead rank is that rank's."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.messages.empty():
-                return self.messages.get()
-            for rank, proc in enumerate(self.context.processes):
-                if proc.exitcode not in (None, 0) and self.messages.empty():
-                    time.sleep(0.2)  # a message it sent before dying is still on its way
-                    if self.messages.empty():
-                        code = proc.exitcode
-                        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-                        return {"ok": False, "status": on_rank(f"error: process died ({how})", rank)}
+                message = self.messages.get()
+                settle = time.monotonic() + DEATH_GRACE_S
+                while not message["ok"] and (died := self.died()) is None and time.monotonic() < settle:
+                    time.sleep(0.05)
+                return message if message["ok"] or died is None else {**died, "index": message["index"]}
+            if self.died() is not None:
+                time.sleep(DEATH_GRACE_S)  # what it, or a peer, sent before it died is still on its way
+                if self.messages.empty():
+                    return self.died()
+                continue
             time.sleep(0.02)
         return {"ok": False, "status": f"timeout after {timeout_s:g} s: no rank answered"}
+
+    def died(self) -> dict[str, Any] | None:
+        """The first rank that exited with an error (a published failure exits 0), as a failure."""
+        for rank, proc in enumerate(self.context.processes):
+            if (code := proc.exitcode) not in (None, 0):
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                return {"ok": False, "status": on_rank(f"error: process died ({how})", rank)}
+        return None
 
     def __enter__(self) -> SpawnedRanks:
         return self

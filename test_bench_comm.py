@@ -2,17 +2,20 @@
 by the script) in which rank 1 raises in one row, which becomes that row, while the other rows still run; the
 table, the fit, the figure and report.py's re-render from that run; bad flags."""
 import os
+import queue
 import signal
 import statistics
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
 
 import bench_comm
 import common
+import parallel
 import report
 from results import read_records
 
@@ -70,6 +73,28 @@ def test_link_peaks_per_direction():
     assert common.link_peak_gbps("NVIDIA A100-SXM4-80GB")[0] == 300.0
     assert common.link_peak_gbps("NVIDIA A100 80GB PCIe")[0] == 32.0
     assert common.link_peak_gbps("AMD EPYC 7B13") == (None, None)
+
+
+def spawned_ranks(exitcodes: list[int | None], messages: list[dict]) -> parallel.SpawnedRanks:
+    """A SpawnedRanks whose processes have these exit codes and whose queue holds these messages."""
+    ranks = object.__new__(parallel.SpawnedRanks)
+    ranks.context = types.SimpleNamespace(processes=[types.SimpleNamespace(exitcode=code) for code in exitcodes])
+    ranks.messages = queue.SimpleQueue()
+    for message in messages:
+        ranks.messages.put(message)
+    return ranks
+
+
+def test_a_rank_that_died_is_the_cause_of_its_peers_failure():
+    broken = {"ok": False, "index": 2, "status": "error on rank 0: RuntimeError: Connection closed by peer"}
+    assert spawned_ranks([None, -9], [broken]).next_message(5) == {
+        "ok": False, "index": 2, "status": "error on rank 1: process died (signal SIGKILL)"}
+    raised = {"ok": False, "index": 2, "status": "error on rank 1: RuntimeError: injected failure"}
+    assert spawned_ranks([None, 0], [raised]).next_message(5) == raised  # a rank that raised exits 0
+    assert spawned_ranks([None, 3], []).next_message(5)["status"] == "error on rank 1: process died (exit code 3)"
+    row = {"ok": True, "index": 0, "value": {}}
+    assert spawned_ranks([None, None], [row]).next_message(5) == row
+    assert spawned_ranks([None, None], []).next_message(0.1)["status"] == "timeout after 0.1 s: no rank answered"
 
 
 # ---- one run of 2 gloo ranks ----
@@ -140,6 +165,15 @@ def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
         bench_comm.main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+
+
+def test_under_torchrun_the_world_is_torchruns(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_info:
+        bench_comm.main(["--world-sizes", "4"])
+    assert exit_info.value.code == 2 and "under torchrun the world is torchrun's (2 ranks)" in capsys.readouterr().err
+    assert bench_comm.parse_args(["--backend", "gloo"])[0].world_sizes == [2]
 
 
 def test_dry_run_plans_a_configuration_per_world_size(capsys):
