@@ -82,10 +82,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                         "else gloo)")
     p.add_argument("--warmup", type=results.warmup_count, default=5,
                    help="untimed collectives before the timed ones (the handout asks for at least 5)")
-    p.add_argument("--reps", type=results.step_count, default=10, help="timed collectives per configuration")
+    p.add_argument("--reps", type=results.step_count, default=10, help="timed collectives per row (op, size, world size)")
     p.add_argument("--timeout", type=results.positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its row (the process-group "
-                        "timeout); a configuration whose ranks say nothing for this long is stopped")
+                        f"timeout); ranks that say nothing for this long plus {START_GRACE_S:g} s are stopped")
     results.add_output_args(p, default_stem="comm-<UTC time>")
     report.add_columns_and_plot_args(p, "bench_comm")
     results.add_dry_run_arg(p)
