@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                         "else gloo)")
     p.add_argument("--warmup", type=results.warmup_count, default=5,
                    help="untimed collectives before the timed ones (the handout asks for at least 5)")
-    p.add_argument("--reps", type=results.step_count, default=10, help="timed collectives per row (op, size, world size)")
+    p.add_argument("--reps", type=results.step_count, default=10,
+                   help="timed collectives per row (op, size, world size)")
     p.add_argument("--timeout", type=results.positive_float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its row (the process-group "
                         f"timeout); ranks that say nothing for this long plus {START_GRACE_S:g} s are stopped")
