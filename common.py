@@ -377,6 +377,34 @@ def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str | N
     return None, None
 
 
+# Peak link bandwidth per GPU, GB/s in one direction (10^9 bytes/s), for collectives between the GPUs of one node:
+# what nccl-tests' bus bandwidth is compared against (each byte it counts is sent by one GPU and received by
+# another; a GPU sends and receives at once, so one direction's figure is the bound). The datasheets quote both
+# directions together: NVLink 5 (B200, GB200) 1.8 TB/s, NVLink 4 (H100/H200 SXM) 900 GB/s, H800 400 GB/s, NVLink 3
+# (A100 SXM) 600 GB/s, H100 NVL's bridge 600 GB/s; PCIe 5.0 x16 128 GB/s, 4.0 x16 64 GB/s (NVIDIA's B200, H100,
+# H200 and A100 datasheets; PCI-SIG: 32 / 16 GT/s per lane). A PCIe card's peers may be joined by an NVLink bridge
+# instead, which nothing here detects: its figure is the PCIe slot's. First matching pattern wins, as PEAK_TFLOPS.
+LINK_PEAK_GBPS: list[tuple[str, str, float]] = [
+    (r"GB200", "NVLink 5 (GB200)", 900.0),
+    (r"\bB200\b", "NVLink 5 (B200)", 900.0),
+    (r"H200 NVL", "NVLink 4 bridge (H200 NVL)", 450.0),
+    (r"H100 NVL", "NVLink 4 bridge (H100 NVL)", 300.0),
+    (r"H100.*PCIe", "PCIe 5.0 x16 (H100 PCIe; a bridge would be 300)", 64.0),
+    (r"H800.*PCIe", "PCIe 5.0 x16 (H800 PCIe)", 64.0),
+    (r"H800", "NVLink 4 (H800 SXM)", 200.0),
+    (r"H100|H200|GH200", "NVLink 4 (H100/H200 SXM)", 450.0),
+    (r"A100.*PCIe", "PCIe 4.0 x16 (A100 PCIe; a bridge would be 300)", 32.0),
+    (r"A100", "NVLink 3 (A100 SXM)", 300.0),
+]
+
+
+def link_peak_gbps(device_name: str) -> tuple[float | None, str | None]:
+    """(GB/s per direction, the link's label) of the GPU-to-GPU link of a CUDA device name; (None, None) for an
+    unknown device or a CPU: no figure, never a guess."""
+    return next(((peak, label) for pattern, label, peak in LINK_PEAK_GBPS if re.search(pattern, device_name)),
+                (None, None))
+
+
 def matmul_precision_key(dtype: str, tf32: bool) -> str:
     """Which peak applies: autocast dtypes their tensor-core peak; fp32 TF32's when it is allowed."""
     return ("tf32" if tf32 else "fp32") if dtype == "fp32" else dtype

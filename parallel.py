@@ -20,7 +20,9 @@ import os
 import pickle
 import platform
 import re
+import signal
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -36,6 +38,8 @@ from results import ModelConfig, progress
 PARALLEL = ("ddp", "fsdp")
 DEFAULT_PG_TIMEOUT_S = 300.0  # a collective waiting this long for a peer fails (both backends)
 FIRST_FAILURE = "first_failure"  # store key (per configuration): the rank that failed first
+STOP_GRACE_S = 5.0  # after SIGTERM, how long a started rank has to exit before SIGKILL
+DEATH_GRACE_S = 0.5  # how long a started rank's death may take to show after its peers' failure
 
 
 # ---- the launch: what torchrun tells every process ----
@@ -188,9 +192,11 @@ PEER_TIMEOUT = "error: PeerTimeout: "  # how common.failure_status words it
 
 
 @contextlib.contextmanager
-def configuration_group(prefix: str, device: torch.device, timeout_s: float = DEFAULT_PG_TIMEOUT_S) -> Iterator[Launch]:
+def configuration_group(prefix: str, device: torch.device, timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+                        timeout_flag: str = "--pg-timeout") -> Iterator[Launch]:
     """Join the configuration's process group (every rank of the launch) for the block. A failure inside is
-    marked under `first_failure` (if no rank was first) before it propagates; a timeout becomes a PeerTimeout."""
+    marked under `first_failure` (if no rank was first) before it propagates; a timeout becomes a PeerTimeout
+    (naming the script's `timeout_flag`)."""
     launch = torchrun_launch()
     timeout, cuda = datetime.timedelta(seconds=timeout_s), device.type == "cuda"
     client = dist.TCPStore(launch.master_addr, launch.master_port, is_master=False, timeout=timeout)  # torchrun's
@@ -205,7 +211,7 @@ def configuration_group(prefix: str, device: torch.device, timeout_s: float = DE
         with contextlib.suppress(Exception):  # the store may be gone if the whole launch is going down
             store.compare_set(FIRST_FAILURE, "", str(launch.rank))
         if isinstance(exc, (RuntimeError, dist.DistError)) and re.search(r"timed? ?out|timeout", str(exc), re.I):
-            raise PeerTimeout(f"a collective waited more than {timeout_s:g} s for a peer (--pg-timeout)") from exc
+            raise PeerTimeout(f"a collective waited more than {timeout_s:g} s for a peer ({timeout_flag})") from exc
         raise  # no destroy_process_group: a collective may be stuck; the process exits and that frees it
     dist.destroy_process_group()
 
@@ -367,3 +373,87 @@ def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...])
         row["share"] = row["collective_ms"] / row["phase_ms"] if row["phase_ms"] else None
         rows.append(row)
     return rows
+
+
+# ---- ranks started here: torch.multiprocessing's spawn (the handout's mp.spawn), one process per rank ----
+
+SPAWN_HOST = "127.0.0.1"
+
+
+def _spawned_rank(local_rank: int, parent: int, fn: Callable[..., None], world_size: int, port: int, messages: Any,
+                  args: tuple) -> None:
+    """A started rank: torchrun's variables set (configuration_group and first_failure_status read them), then
+    fn(*args, publish). Ctrl-C is the parent's to act on; torch sends SIGINT when the parent dies: then exit (and
+    at once if it died while this process started)."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(1) if os.getppid() != parent else None)
+    if os.getppid() != parent:
+        os._exit(1)
+    os.environ.update(RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR=SPAWN_HOST, MASTER_PORT=str(port))
+    fn(*args, messages.put)
+
+
+class SpawnedRanks:
+    """`world_size` processes running fn(*args, publish) with a store hosted here (at MASTER_ADDR:MASTER_PORT for
+    them); what they publish comes back through next_message. Leaving the block stops every one still running
+    (SIGTERM, then SIGKILL): none outlives the script, after a failure, a timeout, Ctrl-C or SIGTERM."""
+
+    def __init__(self, fn: Callable[..., None], args: tuple, world_size: int, store: dist.TCPStore):
+        import torch.multiprocessing as mp
+        ctx = mp.get_context("spawn")
+        self.messages = ctx.SimpleQueue()
+        saved = dict(os.environ)
+        # a started interpreter runs `python -c`, which would put the working directory first on its path (a
+        # student's file there could replace ours) until the parent's path arrives: PYTHONSAFEPATH keeps it out;
+        # SIGINT ignored from the first instruction (spawn keeps an ignored signal), the parent stops them
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            with results.handling_signal(signal.SIGINT, signal.SIG_IGN):
+                self.context = mp.start_processes(
+                    _spawned_rank, (os.getpid(), fn, world_size, store.port, self.messages, args), nprocs=world_size,
+                    join=False, start_method="spawn")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def next_message(self, timeout_s: float) -> dict[str, Any]:
+        """The next thing a rank published; {"ok": False, "status": ...} when a rank died without a word or
+        nothing came within `timeout_s`. A rank's death reaches the others as a broken connection: a failure
+        that comes with a dead rank is that rank's."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.messages.empty():
+                message = self.messages.get()
+                settle = time.monotonic() + DEATH_GRACE_S
+                while not message["ok"] and (died := self.died()) is None and time.monotonic() < settle:
+                    time.sleep(0.05)
+                return message if message["ok"] or died is None else {**died, "index": message["index"]}
+            if self.died() is not None:
+                time.sleep(DEATH_GRACE_S)  # what it, or a peer, sent before it died is still on its way
+                if self.messages.empty():
+                    return self.died()
+                continue
+            time.sleep(0.02)
+        return {"ok": False, "status": f"timeout after {timeout_s:g} s: no rank answered"}
+
+    def died(self) -> dict[str, Any] | None:
+        """The first rank that exited with an error (a published failure exits 0), as a failure."""
+        for rank, proc in enumerate(self.context.processes):
+            if (code := proc.exitcode) not in (None, 0):
+                how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+                return {"ok": False, "status": on_rank(f"error: process died ({how})", rank)}
+        return None
+
+    def __enter__(self) -> SpawnedRanks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.context.processes:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.context.processes:
+            proc.join(STOP_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        self.messages.close()

@@ -855,12 +855,95 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
     return "\n\n".join(sections)
 
 
+# ---- bench_comm tables ----
+
+COMM_COLUMNS = ["op", "size", "ranks", "backend", "median ms", "min-max ms", "algbw GB/s", "busbw GB/s",
+                "of link peak", "status"]
+COMM_FIT_COLUMNS = ["backend", "op", "ranks", "sizes", "alpha us", "beta GB/s", "R^2", "max resid %"]
+
+
+def latency_bandwidth_fit(sizes_bytes: list[float], seconds: list[float]) -> Record | None:
+    """time = alpha + bytes / beta by least squares on relative residuals (numpy.polyfit weighted 1 / time: the
+    sizes span decades, and plain least squares would fit the largest alone); R^2 of the times and the largest
+    |residual| / time. None with fewer than two sizes."""
+    if len(set(sizes_bytes)) < 2:
+        return None
+    import numpy as np
+    x, t = np.asarray(sizes_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    slope, alpha = np.polyfit(x, t, 1, w=1 / t)
+    fitted = alpha + slope * x
+    spread = float(((t - t.mean()) ** 2).sum())
+    return {"alpha_s": float(alpha), "beta_bytes_per_s": float(1 / slope) if slope > 0 else None,
+            "r2": 1 - float(((t - fitted) ** 2).sum()) / spread if spread else None,
+            "max_residual": float((abs(t - fitted) / t).max())}
+
+
+def comm_row(record: Record) -> Record:
+    c = record["config"]
+    row = {"op": c["op"], "size": f"{c['size_mb']:g} MB", "ranks": c["world_size"], "backend": c["backend"],
+           "status": record["status"][:STATUS_CELL], RUN_COLUMN: run_of(record)}
+    if not finished(record):
+        return row
+    peak = f"{record['of_link_peak']:.0%}" if record.get("of_link_peak") is not None else "—"
+    return {**row, "median ms": record["ms_median"], "min-max ms": f"{record['ms_min']:.3f}-{record['ms_max']:.3f}",
+            "algbw GB/s": record["algbw_gbps"], "busbw GB/s": record["busbw_gbps"], "of link peak": peak}
+
+
+def comm_fits(records: list[Record]) -> list[Record]:
+    """A latency + bandwidth fit per (run, backend, op, world size) over its finished sizes."""
+    groups: dict[tuple, list[Record]] = {}
+    for r in records:
+        if finished(r):
+            c = r["config"]
+            groups.setdefault((run_of(r), c["backend"], c["op"], c["world_size"]), []).append(r)
+    rows = []
+    for (run, backend, op, ranks), group in groups.items():
+        if fit := latency_bandwidth_fit([r["bytes"] for r in group], [r["ms_median"] / 1e3 for r in group]):
+            beta = fit["beta_bytes_per_s"]
+            rows.append({RUN_COLUMN: run, "backend": backend, "op": op, "ranks": ranks, "sizes": len(group),
+                         "alpha us": fit["alpha_s"] * 1e6, "beta GB/s": beta / 1e9 if beta else "—",
+                         "R^2": fit["r2"], "max resid %": 100 * fit["max_residual"]})
+    return rows
+
+
+def render_comm(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The environment, a row per op, size and world size, the fit per op and world size, what the columns mean."""
+    lines = environment_lines(records, {"dtype": lambda r: "float32", "warm-up": "warmup", "timed calls": "reps",
+                                        "process-group timeout s": "timeout_s"})
+    rows = [comm_row(r) for r in records]
+    picked = pick_columns(with_run_column(COMM_COLUMNS, records), columns, fmt, COMM_COLUMNS)
+    lines += ["", render_table(rows, picked, fmt, floatfmt=".3f")]
+    if fits := comm_fits(records):
+        fit_columns = with_run_column(COMM_FIT_COLUMNS, records)
+        digits = [{"alpha us": ".1f", "beta GB/s": ".3g", "R^2": ".3f", "max resid %": ".1f"}.get(c, "g")
+                  for c in fit_columns]
+        lines += ["", "### latency and bandwidth: time = alpha + bytes / beta", "",
+                  render_table(fits, fit_columns, fmt, floatfmt=digits)]
+    links = dict.fromkeys(f"{r['link']} {r['link_peak_gbps']:g} GB/s" for r in records if r.get("link"))
+    link_note = (f"of link peak: busbw / the link's peak in one direction per GPU ({', '.join(links)}; "
+                 "common.LINK_PEAK_GBPS gives the sources)" if links else
+                 "of link peak: — where the link has no datasheet figure (gloo between processes of one machine: "
+                 "TCP over loopback, no link to compare with; or a GPU not in common.LINK_PEAK_GBPS)")
+    lines += ["", f"size: the full buffer in MB (10^6 bytes) as nccl-tests counts it (all_reduce's tensor, "
+              "all_gather's output, reduce_scatter's input); median ms and min-max ms: over every rank's every "
+              f"timed call (after the warm-up calls, a barrier before each, the device "
+              "synchronised at both clock reads); algbw = size / median time; busbw = algbw x 2(n-1)/n for "
+              "all_reduce, x (n-1)/n for all_gather and reduce_scatter (nccl-tests' doc/PERFORMANCE.md): the "
+              f"bytes each rank's link carries per second; {link_note}. The fit: least squares on relative "
+              "residuals over the finished sizes (two or more) of an op and world size; alpha is the latency, beta "
+              "the bandwidth the largest sizes approach (an algbw); a negative alpha, beta — (time fell as size "
+              "grew) or a large residual: the times do not follow a line"]
+    lines += [f"note: {note}" for note in dict.fromkeys(n for r in records for n in r.get("notes") or [])]
+    return "\n".join(lines)
+
+
 # ---- the experiments ----
 
 # experiment -> (render: (records, fmt, --columns) -> report, what --columns may name)
 RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str]]]] = {
     "bench_e2e": (render_e2e, lambda records: E2E_COLUMNS),
     "bench_attention": (render_attention, lambda records: ATTENTION_COLUMNS),
+    "bench_comm": (render_comm, lambda records: COMM_COLUMNS),
     "mem_profile": (render_memory, lambda records: MEMORY_PEAK_COLUMNS),
     "mem_profile-analyze": (render_snapshots, lambda records: []),
     "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
@@ -1212,12 +1295,36 @@ def plot_precision(records: list[Record]) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
+def plot_comm(records: list[Record]) -> Any | None:
+    """Median time against size, log-log, a line per world size (and backend), one panel per op."""
+    done = [r for r in records if finished(r) and number(r.get("ms_median"))]
+    ops = list(dict.fromkeys(r["config"]["op"] for r in done))
+    if not ops:
+        return None
+    fig, axes = new_figure(done, "Collective time against size", ncols=len(ops), width=5.2)
+    backends = len({r["config"]["backend"] for r in done}) > 1
+    for ax, op in zip(axes, ops):
+        lines: dict[str, list] = {}
+        for r in done:
+            if r["config"]["op"] == op:
+                name = f"{r['config']['world_size']} ranks" + f" {r['config']['backend']}" * backends
+                lines.setdefault(name + (f" ({run_of(r)})" if is_merged(records) else ""), []).append(
+                    (r["bytes"] / 1e6, r["ms_median"]))
+        for name, points in lines.items():
+            ax.plot(*zip(*sorted(points)), marker="o", label=name)
+        ax.set_title(op, fontsize=9)
+        log_axes(ax, "size (MB)", "median time (ms)", x_base=10)
+        ax.legend(fontsize=8)
+    return fig
+
+
 # experiment -> (what its figures need, its figures by name)
 FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
                   "the speed-ups)",
                   {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup}),
     "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
+    "bench_comm": ("at least one finished row", {"time": plot_comm}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
     "mem_profile-analyze": ("nothing: --analyze draws the snapshot's timeline itself", {}),

@@ -427,7 +427,8 @@ def as_report_file(text: str, fmt: str) -> str:
     return header + "\n".join(out) + "\n"
 
 
-def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str = ".2f") -> str:
+def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str | list[str] = ".2f"
+                 ) -> str:
     """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
     body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
             for row in rows]

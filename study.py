@@ -34,7 +34,7 @@ TOOLKIT = Path(__file__).resolve().parent
 HANDOUTS = tuple(results.HANDOUTS)
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
           "precision_demo.py": "precision", "toy_autocast.py": "precision", "report.py": "report",
-          "nsys_run.sh": "nsys"}
+          "nsys_run.sh": "nsys", "bench_comm.py": "comm"}
 DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest "
               "first), then the attention grids' largest head dimensions, then the warm-up study's sizes "
               "past the first")
@@ -85,18 +85,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def probe_machine(device: str, handout: str) -> dict:
     """CUDA or CPU (a child asks torch: this script stays torch-free), free GPU memory, nsys, predicted memory."""
-    machine = {"device": "cpu", "name": "cpu", "free_bytes": None, "nsys": shutil.which("nsys"), "states": {}}
+    machine = {"device": "cpu", "name": "cpu", "free_bytes": None, "nsys": shutil.which("nsys"), "states": {},
+               "gpus": 0}
     if device == "cpu":
         return machine
     code = ("import json, torch; ok = torch.cuda.is_available(); print(json.dumps({'cuda': ok, 'name': "
-            "torch.cuda.get_device_name() if ok else None, "
+            "torch.cuda.get_device_name() if ok else None, 'gpus': torch.cuda.device_count(), "
             "'free': torch.cuda.mem_get_info()[0] if ok else 0}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=TOOLKIT)
     found = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"cuda": False}
     if device == "cuda" and not found["cuda"]:
         sys.exit("study.py: error: --device cuda, but torch sees no CUDA device")
     if found["cuda"]:
-        machine.update(device="cuda", name=found["name"], free_bytes=found["free"],
+        machine.update(device="cuda", name=found["name"], free_bytes=found["free"], gpus=found["gpus"],
                        states=predicted_states(handout))
     return machine
 
@@ -188,6 +189,10 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they
     ("flash_benchmarking", "flash_benchmarking", "Your FlashAttention-2 against PyTorch attention, batch 1, "
      "causal, sequence 128-65536, d 16-128, bf16 and fp32: forward, backward, forward+backward.",
      HANDOUTS, "flash grid"),
+    ("distributed_communication_single_node", "distributed_communication_single_node", "All-reduce of float32 "
+     "tensors of 1 MB, 10 MB, 100 MB and 1 GB across 2, 4 and 6 processes (gloo on CPU, NCCL on GPUs), 5 warm-up "
+     "calls, synchronised timing, every rank's times gathered: a table or plot and a comment on the trends.",
+     ("2026",), "collectives"),
 ]
 
 
@@ -349,6 +354,20 @@ def build_plan(args, machine) -> list:
         "skipped: needs your kernel: pass --impl MODULE:CALLABLE")]
     plan["flash_backward"].show = ["flash_check"]
     plan["flash_backward"].note = "the check column of flash_forward's command covers the gradients of Q, K, V."
+    if "distributed_communication_single_node" in plan:  # NCCL with a GPU per rank; gloo on the CPU otherwise
+        d = plan["distributed_communication_single_node"]
+        nccl = machine.get("gpus", 0) >= 2
+        if nccl:  # the handout's sizes and world sizes are bench_comm.py's defaults
+            shape = ["--sizes-mb", "1", "10", "--world-sizes", "2", "--reps", "5"] if quick else []
+        else:
+            shape = (["--sizes-mb", "0.01", "0.1", "--world-sizes", "2", "--reps", "5"] if quick else
+                     ["--sizes-mb", "0.1", "1", "10", "--world-sizes", "2", "4"])
+        d.commands = [Command("comm", "bench_comm.py", ["--backend", "nccl" if nccl else "gloo", *shape, *plot],
+                              1, 10.0 if quick else 120.0)]
+        if not nccl:
+            d.note = (f"{'one GPU' if machine.get('gpus') == 1 else 'no GPU'}: NCCL needs a GPU per rank, so gloo "
+                      "between CPU processes stands in, at small sizes; on two or more GPUs the handout's sizes "
+                      "and world sizes run on NCCL.")
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
         for c in p.commands if not selected(p.key, args.only) else ():
@@ -577,6 +596,9 @@ def facts_for(key, records) -> list:
         facts += [f"case {r['case']} ({r['accumulator_dtype']} += {r['addend_dtype']}"
                   f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): "
                   f"{r['result']!r}, error {r['abs_error']!r}" for r in done if "case" in r]
+    elif key == "distributed_communication_single_node":
+        facts += [f"{r.get('label')}: median {r['ms_median']:.3f} ms, busbw {r['busbw_gbps']:.3f} GB/s"
+                  + (f" ({r['of_link_peak']:.0%} of {r['link']})" if r.get("of_link_peak") else "") for r in done]
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
         for i, r in enumerate(records):
             if found := memory_facts(key, r, first=i == 0):

@@ -18,7 +18,8 @@ import study
 HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "gradient_checkpointing", "pytorch_attention",
-                     "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking"],
+                     "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking",
+                     "distributed_communication_single_node"],
             "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
                      "flash_forward", "flash_backward", "flash_benchmarking"]}
@@ -135,7 +136,7 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
-    assert "[1/17] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert "[1/18] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
     assert not any(tmp_path.iterdir())
     for name in PROBLEMS["2026"]:
         assert f"] {name}" in out, name
@@ -375,3 +376,21 @@ def test_a_problem_of_one_command_draws_its_own_figures():
     for key in ("pytorch_attention", "benchmarking_script_a"):
         (command,) = plan[key].commands
         assert command.args.count("--plot") == 1, (key, command.args)
+
+
+def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
+    key = "distributed_communication_single_node"
+    for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10"),
+                                  (1, False, "--backend gloo --sizes-mb 0.1 1 10 --world-sizes 2 4"),
+                                  (0, True, "--backend gloo --sizes-mb 0.01 0.1 --world-sizes 2 --reps 5")):
+        machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
+                   "states": study.predicted_states("2026") if gpus else {}, "gpus": gpus}
+        plan = {p.key: p for p in study.build_plan(study.parse_args(["--quick"] * quick), machine)}
+        (command,) = plan[key].commands
+        assert command.script == "bench_comm.py" and " ".join(command.args).startswith(expected), command.args
+        assert ("stands in" in plan[key].note) == (gpus < 2)
+    assert key not in {p.key for p in study.build_plan(study.parse_args(["--handout", "2025"]), machine)}
+    record = {"label": "all_reduce 1 MB x2 nccl", "status": "ok", "ms_median": 0.0421, "busbw_gbps": 23.75,
+              "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
+    assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
+                                              "(3% of NVLink 5 (B200))"]

@@ -1,0 +1,182 @@
+"""bench_comm.py: nccl-tests' bandwidths and the latency + bandwidth fit by hand; one run of 2 gloo ranks (started
+by the script) in which rank 1 raises in one row, which becomes that row, while the other rows still run; the
+table, the fit, the figure and report.py's re-render from that run; bad flags."""
+import os
+import queue
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+import bench_comm
+import common
+import parallel
+import report
+from results import read_records
+
+HERE = Path(__file__).resolve().parent
+RUN_TIMEOUT_S = 180  # a hang fails the test instead of the CI job
+
+# The test aid: run as the main script, it makes rank 1's all_reduce of a buffer under 50 kB raise, then runs
+# bench_comm. Started ranks import the main script again (spawn), so the patch is in every rank.
+FAILING_RANK_DRIVER = textwrap.dedent(f"""
+    import sys
+    sys.path.insert(0, {str(HERE)!r})
+    import torch.distributed as dist
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):
+        if dist.get_rank() == 1 and tensor.numel() * 4 < 50_000:
+            raise RuntimeError("injected failure")
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = all_reduce
+    import bench_comm
+    if __name__ == "__main__":
+        sys.exit(bench_comm.main())
+""")
+
+
+# ---- the formulas, without processes ----
+
+
+def test_bus_bandwidth_is_nccl_tests_algbw_times_its_factor():
+    assert bench_comm.algbw_gbps(10**9, 0.5) == 2.0  # GB/s: 10^9 bytes
+    for n, all_reduce, gather in ((2, 1.0, 0.5), (4, 1.5, 0.75), (6, 10 / 6, 5 / 6)):
+        assert bench_comm.bus_factor("all_reduce", n) == pytest.approx(all_reduce)  # 2(n-1)/n
+        assert bench_comm.bus_factor("all_gather_into_tensor", n) == pytest.approx(gather)  # (n-1)/n
+        assert bench_comm.bus_factor("reduce_scatter_tensor", n) == pytest.approx(gather)
+        assert bench_comm.busbw_gbps("all_reduce", n, 10**9, 0.5) == pytest.approx(2.0 * all_reduce)
+    # the full buffer is a whole number of equal shards, at least one element per rank
+    assert bench_comm.CommRun("all_gather_into_tensor", 1.0, 6, "gloo").numel == 249_996
+    assert bench_comm.CommRun("reduce_scatter_tensor", 1e-7, 4, "gloo").numel == 4
+
+
+def test_latency_bandwidth_fit_recovers_a_line():
+    sizes = [1e6, 1e7, 1e8, 1e9]
+    fit = report.latency_bandwidth_fit(sizes, [50e-6 + b / 20e9 for b in sizes])  # 50 us, 20 GB/s
+    assert fit["alpha_s"] == pytest.approx(50e-6) and fit["beta_bytes_per_s"] == pytest.approx(20e9)
+    assert fit["r2"] == pytest.approx(1.0) and fit["max_residual"] < 1e-9
+    noisy = report.latency_bandwidth_fit(sizes, [(50e-6 + b / 20e9) * k for b, k in zip(sizes, (1, 1.2, 1, 1))])
+    assert 0.05 < noisy["max_residual"] < 0.2  # one point 20% above the line: the fit meets it part way
+    assert report.latency_bandwidth_fit([1e6, 1e6], [1e-3, 2e-3]) is None  # one size: no line
+
+
+def test_link_peaks_per_direction():
+    assert common.link_peak_gbps("NVIDIA H100 80GB HBM3") == (450.0, "NVLink 4 (H100/H200 SXM)")
+    assert common.link_peak_gbps("NVIDIA B200")[0] == 900.0
+    assert common.link_peak_gbps("NVIDIA A100-SXM4-80GB")[0] == 300.0
+    assert common.link_peak_gbps("NVIDIA A100 80GB PCIe")[0] == 32.0
+    assert common.link_peak_gbps("AMD EPYC 7B13") == (None, None)
+
+
+def spawned_ranks(exitcodes: list[int | None], messages: list[dict]) -> parallel.SpawnedRanks:
+    """A SpawnedRanks whose processes have these exit codes and whose queue holds these messages."""
+    ranks = object.__new__(parallel.SpawnedRanks)
+    ranks.context = types.SimpleNamespace(processes=[types.SimpleNamespace(exitcode=code) for code in exitcodes])
+    ranks.messages = queue.SimpleQueue()
+    for message in messages:
+        ranks.messages.put(message)
+    return ranks
+
+
+def test_a_rank_that_died_is_the_cause_of_its_peers_failure():
+    broken = {"ok": False, "index": 2, "status": "error on rank 0: RuntimeError: Connection closed by peer"}
+    assert spawned_ranks([None, -9], [broken]).next_message(5) == {
+        "ok": False, "index": 2, "status": "error on rank 1: process died (signal SIGKILL)"}
+    raised = {"ok": False, "index": 2, "status": "error on rank 1: RuntimeError: injected failure"}
+    assert spawned_ranks([None, 0], [raised]).next_message(5) == raised  # a rank that raised exits 0
+    assert spawned_ranks([None, 3], []).next_message(5)["status"] == "error on rank 1: process died (exit code 3)"
+    row = {"ok": True, "index": 0, "value": {}}
+    assert spawned_ranks([None, None], [row]).next_message(5) == row
+    assert spawned_ranks([None, None], []).next_message(0.1)["status"] == "timeout after 0.1 s: no rank answered"
+
+
+# ---- one run of 2 gloo ranks ----
+
+
+@pytest.fixture(scope="module")
+def failing_rank_run(tmp_path_factory):
+    """all_reduce and reduce_scatter_tensor at 0.01, 0.1, 0.2 MB on 2 ranks; rank 1 raises in the 0.01 MB
+    all_reduce, so that row fails and the rest run in ranks started afresh."""
+    tmp = tmp_path_factory.mktemp("comm")
+    (tmp / "driver.py").write_text(FAILING_RANK_DRIVER)
+    cmd = [sys.executable, "driver.py", "--op", "all_reduce", "reduce_scatter_tensor", "--sizes-mb", "0.01", "0.1",
+           "0.2", "--world-sizes", "2", "--warmup", "1", "--reps", "3", "--timeout", "60", "--out", "run",
+           "--plot"]
+    proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"bench_comm did not finish in {RUN_TIMEOUT_S} s:\n{err[-3000:]}")
+    return tmp, proc.returncode, out, err
+
+
+def test_a_failing_rank_is_its_row_and_the_others_run(failing_rank_run):
+    tmp, code, out, err = failing_rank_run
+    assert code == 0, err[-3000:]
+    records = read_records(tmp / "results" / "comm" / "run.jsonl")
+    assert [(r["config"]["op"], r["config"]["size_mb"]) for r in records] == [
+        (op, size) for op in ("all_reduce", "reduce_scatter_tensor") for size in (0.01, 0.1, 0.2)]
+    assert records[0]["status"] == "error on rank 1: RuntimeError: injected failure"
+    assert "error on rank 1: RuntimeError: injected failure" in out  # the row in the table
+    assert [r["status"] for r in records[1:]] == ["ok"] * 5
+    for r in records[1:]:
+        n, op = r["config"]["world_size"], r["config"]["op"]
+        assert len(r["rank_ms"]) == 2 and all(len(samples) == 3 for samples in r["rank_ms"])  # every rank's
+        median_s = statistics.median([ms for samples in r["rank_ms"] for ms in samples]) / 1e3
+        assert r["bytes"] == round(r["config"]["size_mb"] * 10**6)
+        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / median_s / 1e9)
+        factor = 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n  # 1 and 1/2 on 2 ranks
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor)
+        assert f"{r['busbw_gbps']:.3f}" in out and r["of_link_peak"] is None  # no link figure for gloo on a CPU
+    assert "alpha us" in out and "beta GB/s" in out
+    fits = {row["op"]: row for row in report.comm_fits(records)}
+    assert fits["all_reduce"]["sizes"] == 2 and fits["reduce_scatter_tensor"]["sizes"] == 3
+    assert (tmp / "results" / "comm" / "run_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_renders_the_run_again(failing_rank_run, tmp_path):
+    tmp = failing_rank_run[0]
+    assert report.main([str(tmp / "results" / "comm" / "run.jsonl"), "--results-dir", str(tmp_path),
+                        "--out", "again"]) == 0
+    assert (tmp_path / "report" / "again.md").read_text() == (tmp / "results" / "comm" / "run.md").read_text()
+
+
+# ---- the command line ----
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--world-sizes", "1"], "--world-sizes: a collective needs at least 2 ranks, got 1"),
+    (["--op", "broadcast"], "invalid choice: 'broadcast'"),
+    (["--sizes-mb", "0"], "must be a positive finite number"),
+    (["--columns", "nope"], "--columns"),
+])
+def test_bad_flags_are_one_line_and_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_comm.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+
+
+def test_under_torchrun_the_world_is_torchruns(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as exit_info:
+        bench_comm.main(["--world-sizes", "4"])
+    assert exit_info.value.code == 2 and "under torchrun the world is torchrun's (2 ranks)" in capsys.readouterr().err
+    assert bench_comm.parse_args(["--backend", "gloo"])[0].world_sizes == [2]
+
+
+def test_dry_run_plans_a_configuration_per_world_size(capsys):
+    assert bench_comm.main(["--backend", "gloo", "--sizes-mb", "1", "10", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1. gloo, 2 ranks: all_reduce 1 MB, all_reduce 10 MB" in out and "3. gloo, 6 ranks" in out
