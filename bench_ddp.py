@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=results.positive_int, default=2,
                    help="profiled steps per variant (the communication split comes from their traces)")
     p.add_argument("--link-gbps", type=results.positive_float, default=None, metavar="GB_PER_S",
-                   help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm.py and nccl-tests "
+                   help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm and nccl-tests "
                         "report it): the floor column is the gradient bytes a rank sends over it")
     p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its variant")
@@ -496,6 +496,8 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
         torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # the ranks share this machine's cores: each its part, not all of them each
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // (launch.local_world_size if launch else world)))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if args.adapters:
         adapters_module(args.adapters)
@@ -780,10 +782,12 @@ def spawn(args: argparse.Namespace) -> int:
     except mp.ProcessRaisedException as exc:
         progress(f"error on a rank: {str(exc).strip().splitlines()[-1]}")
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         for process in context.processes:
-            runner._stop(process) if process.is_alive() else None
-        return 130
+            if process.is_alive():
+                runner._stop(process)
+        progress("interrupted: the ranks were stopped; no table was written")
+        return 128 + results.signal_number(stop)
     return 0
 
 

@@ -954,7 +954,7 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
              f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
              + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
-                "bench_comm.py's bus bandwidth)")]
+                "bench_comm's bus bandwidth)")]
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
