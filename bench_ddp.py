@@ -106,6 +106,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its variant")
     p.add_argument("--traces", action="store_true", help="keep every rank's profiler trace beside the results")
+    p.add_argument("--plot", action="store_true", help="also draw each variant's profiled step as a timeline "
+                   "(compute and communication lanes per rank, from the traces) into <stem>_timeline.png")
     p.add_argument("--seed", type=results.seed_int, default=0)
     results.add_output_args(p, "ddp-<UTC time>")
     args = p.parse_args(argv)
@@ -435,14 +437,37 @@ def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, 
                 train_step(v, x, y, optimizer)
             common.synchronize(device)
         profiler.export_chrome_trace(str(path))
-        rows = kernel_tables.communication_rows(kernel_tables.load_torch_trace(path))
+        profile = kernel_tables.load_torch_trace(path)
+        rows = kernel_tables.communication_rows(profile)
     mean = {r["phase"]: r for r in rows if r["step"] == "mean"}
     step = mean.get(kernel_tables.WHOLE_STEP, {})
     return {"step_ms": step.get("phase_ms"), "comm_ms": step.get("comm_ms", 0.0),
             "hidden_ms": step.get("hidden_ms", 0.0), "exposed_ms": step.get("exposed_ms", 0.0),
             "by_phase": {phase: {k: r[k] for k in ("comm_ms", "hidden_ms", "exposed_ms")}
                          for phase, r in mean.items() if phase != kernel_tables.WHOLE_STEP},
+            "lanes": lanes(profile),
             **({"trace": str(keep)} if keep else {})}
+
+
+def lanes(profile: kernel_tables.Profile) -> dict[str, Any]:
+    """The first profiled step as the timeline figure draws it: ms from its start, when compute ran and when
+    communication did (each the union of its intervals), and where its phases began."""
+    step = min((r for r in profile.ranges if r.name == "step"), key=lambda r: r.start_ns, default=None)
+    if step is None:
+        return {}
+
+    def inside(union: list[tuple[float, float]]) -> list[list[float]]:
+        return [[(max(a, step.start_ns) - step.start_ns) / 1e6, (min(b, step.end_ns) - step.start_ns) / 1e6]
+                for a, b in union if b > step.start_ns and a < step.end_ns]
+
+    comm = [i for i in profile.intervals if kernel_tables.collective_kind(i.name)]
+    compute = [i for i in profile.intervals if not kernel_tables.collective_kind(i.name)]
+    return {"step_ms": step.duration_ns / 1e6,
+            "compute": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in compute)),
+            "comm": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in comm)),
+            "phases": {r.name: (r.start_ns - step.start_ns) / 1e6 for r in profile.ranges
+                       if r.name in ("forward", "backward", "gradient sync", "optimizer")
+                       and step.start_ns <= r.start_ns <= step.end_ns}}
 
 
 class Ranks:
@@ -725,7 +750,7 @@ def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: l
             "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
                        "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
                        "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
-                       "bucket_mb": spec.bucket_mb, "handout": args.handout},
+                       "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
             "environment": env, "load": answers[0]["load"],
             "grad_bytes": nbytes, "wire_bytes": 0 if spec.name == BASELINE else wire,
             "link_gbps": args.link_gbps}
@@ -759,7 +784,7 @@ def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: l
     files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp")
     for record in records:
         files.append_record(record)
-    files.publish(lambda fmt: report.render("bench_ddp", records, fmt), args.fmt)
+    report.publish("bench_ddp", records, files, args.fmt, plot=args.plot)
 
 
 # --------------------------------------------------------------------------------------------- launch
@@ -793,6 +818,7 @@ def spawn(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.command = ["bench_ddp.py", *(sys.argv[1:] if argv is None else argv)]
     args.trace_dir = str(Path(args.results_dir, "ddp", "traces"))
     if args.traces:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import textwrap
@@ -954,7 +955,10 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
              f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
              + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
-                "bench_comm's bus bandwidth)")]
+                "bench_comm's bus bandwidth)"),
+             "Nsight's view of the same steps (the screenshot deliverable; on GPUs): nsys profile -o ddp "
+             "--trace=cuda,nvtx torchrun --nproc-per-node "
+             f"{cfg['world_size']} {' '.join(shlex.quote(a) for a in cfg.get('command') or ['bench_ddp.py'])}"]
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
@@ -1319,6 +1323,34 @@ def plot_precision(records: list[Record]) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
+def plot_ddp_timeline(records: list[Record]) -> Any | None:
+    """Each variant's first profiled step, a lane per rank: compute below, communication above, as the trace
+    recorded them (the screenshot deliverable, drawn from the data)."""
+    shown = [r for r in records if r.get("kind") != "memory" and r.get("ranks")
+             and all((rank.get("communication") or {}).get("lanes") for rank in r["ranks"])]
+    if not shown:
+        return None
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(9, 0.9 * sum(len(r["ranks"]) for r in shown) + 1.2), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, sharex=True).flat
+    env = shown[0].get("environment") or {}
+    fig.suptitle(f"One profiled step per variant: compute (grey) and communication (orange) per rank\n"
+                 f"{env.get('device_name', '?')} ({env.get('device', '?')})", fontsize=10)
+    for ax, r in zip(axes, shown):
+        for y, rank in enumerate(r["ranks"]):
+            lane = rank["communication"]["lanes"]
+            ax.broken_barh([(a, b - a) for a, b in lane["compute"]], (y - 0.4, 0.35), color="0.6")
+            ax.broken_barh([(a, b - a) for a, b in lane["comm"]], (y + 0.05, 0.35), color="tab:orange")
+            for name, at in lane["phases"].items():
+                ax.axvline(at, color="black", linewidth=0.5, linestyle=":")
+                ax.text(at, y + 0.42, name, fontsize=6, va="bottom")
+        ax.set_yticks(range(len(r["ranks"])), [f"rank {rank['rank']}" for rank in r["ranks"]], fontsize=7)
+        ax.set_ylim(-0.5, len(r["ranks"]) - 0.5 + 0.3)
+        ax.set_title(r["variant"], fontsize=8, loc="left")
+    axes[-1].set_xlabel("ms from the start of the step")
+    return fig
+
+
 # experiment -> (what its figures need, its figures by name)
 FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
@@ -1331,6 +1363,7 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "precision_demo": ("records with partial sums", {"sums": plot_precision}),
     "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
     "leaderboard-2026": ("nothing: its answer is a table", {}),
+    "bench_ddp": ("variants that were profiled", {"timeline": plot_ddp_timeline}),
 }
 
 

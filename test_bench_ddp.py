@@ -175,7 +175,8 @@ def ddp_run(tmp_path_factory):
     (repo / "tests" / "__init__.py").write_text("")
     (repo / "tests" / "adapters.py").write_text(ADAPTERS)
     result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
-                             "--adapters", "tests.adapters", "--link-gbps", "10", "--results-dir", str(repo / "res")],
+                             "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
+                             str(repo / "res")],
                             cwd=repo, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (jsonl,) = (repo / "res" / "ddp").glob("*.jsonl")
@@ -183,7 +184,7 @@ def ddp_run(tmp_path_factory):
 
 
 def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_run):
-    result, records, _ = ddp_run
+    result, records, jsonl = ddp_run
     rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
     assert list(rows) == ["naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp",
                           "ddp_individual_parameters", "ddp_bucketed 1 MB"]
@@ -205,6 +206,12 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
     assert rows["flat"]["wire_bytes"] == rows["flat"]["grad_bytes"]
     assert rows["flat"]["floor_ms"] == pytest.approx(rows["flat"]["wire_bytes"] / 10e9 * 1e3)
     assert "| naive " in result.stdout and "vs nocomm ms" in result.stdout and "WRONG" in result.stdout
+    # the timeline figure: every rank's compute and communication lanes of a profiled step, from its trace
+    lanes = rows["naive"]["ranks"][0]["communication"]["lanes"]
+    assert lanes["comm"] and lanes["compute"] and 0 <= lanes["phases"]["backward"] < lanes["phases"]["optimizer"]
+    assert all(0 <= a <= b <= lanes["step_ms"] for a, b in lanes["comm"] + lanes["compute"])
+    assert jsonl.with_name(jsonl.stem + "_timeline.png").stat().st_size > 0
+    assert "nsys profile -o ddp" in result.stdout
 
 
 def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
@@ -244,3 +251,10 @@ def test_bad_flags_are_one_line_and_exit_2(argv, said, tmp_path, monkeypatch, ca
         bench_ddp.main(["--device", "cpu", *argv])
     error = capsys.readouterr().err
     assert exit_status.value.code == 2 and said in error and len(error.strip().splitlines()) == 1
+
+
+def test_an_nsys_export_gives_intervals_on_streams_and_no_communication_table_without_collectives():
+    profile = kt.load_nsys(realdata("rtx3070ti_train_nsys2025.1.3.sqlite"))
+    assert len(profile.intervals) == len(profile.activities) > 10_000
+    assert all(i.lane.startswith("stream ") and i.lane != "stream None" for i in profile.intervals[:100])
+    assert kt.communication_rows(profile) == []  # one GPU: nothing to split
