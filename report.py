@@ -951,18 +951,19 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
     notes = [f"step ms: median of {cfg['steps']} rounds (each the slowest rank's step; variants interleaved in "
              "rounds). vs nocomm ms: the median paired difference to the variant that communicates nothing (what "
              "communicating costs); step/nocomm: the ratio with its 95% interval. comm / exposed / hidden: from "
-             "each rank's profiler trace (mean of the ranks): the union of the collectives; exposed while nothing else ran, hidden while compute did. check: the "
+             "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
+             "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
              f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
              + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
-                "bench_comm's bus bandwidth)"),
-             "Nsight's view of the same steps (the screenshot deliverable; on GPUs): nsys profile -o ddp "
-             "--trace=cuda,nvtx torchrun --nproc-per-node "
-             f"{cfg['world_size']} {' '.join(shlex.quote(a) for a in cfg.get('command') or ['bench_ddp.py'])}"]
+                "bench_comm's bus bandwidth)")]
+    command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
+    nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
+            f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
-                       + [sharding] * bool(sharding))
+                       + [nsys] + [sharding] * bool(sharding))
 
 
 # ---- the experiments ----
