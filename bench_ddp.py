@@ -25,6 +25,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -149,7 +150,7 @@ class Spec:
     """A variant by name: a reference of this script, or yours (adapter functions by name, or a class)."""
     name: str
     kind: str  # a reference, "adapter" or "class"
-    make: str = ""  # the adapter function or MODULE:CALLABLE
+    make: str = ""  # MODULE:CALLABLE: the class, or the adapter function that wraps the model
     after_backward: str = ""
     batch_start: str = ""
     bucket_mb: float | None = None
@@ -174,8 +175,9 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
                     f"{', '.join(names[0] for names in ADAPTERS.values())}")
         for key, (make, after, start) in found:
             sizes = args.bucket_mb if key == "ddp_bucketed" else [None]
-            specs += [Spec(f"{key}" + (f" {mb:g} MB" if mb else ""), "adapter", make, after,
-                           start if callable(getattr(module, start or "", None)) else "", mb) for mb in sizes]
+            start = f"{args.adapters}:{start}" if callable(getattr(module, start or "", None)) else ""
+            specs += [Spec(key + (f" {mb:g} MB" if mb else ""), "adapter", f"{args.adapters}:{make}",
+                           f"{args.adapters}:{after}", start, mb) for mb in sizes]
     for spec in args.ddp:
         name, _, target = spec.rpartition("=")
         try:
@@ -336,23 +338,19 @@ def build_variant(spec: Spec, cfg: ModelConfig, device: torch.device, seed: int)
     with device:
         module = build_model(cfg)
     nothing = lambda wrapper, optimizer: None  # noqa: E731
-    if spec.kind in ("adapter", "class"):
-        if spec.kind == "class":
-            return Variant(spec, module, common.load(spec.make)(module), finish_sync)
-        adapters = sys.modules[ADAPTERS_MODULE[0]]
-        make = getattr(adapters, spec.make)
+    if spec.kind == "class":
+        return Variant(spec, module, common.load(spec.make)(module), finish_sync)
+    if spec.kind == "adapter":
+        make = common.load(spec.make)
         wrapper = make(module, spec.bucket_mb) if spec.bucket_mb else make(module)
-        start = getattr(adapters, spec.batch_start) if spec.batch_start else None
-        return Variant(spec, module, wrapper, getattr(adapters, spec.after_backward), start)
+        start = common.load(spec.batch_start) if spec.batch_start else None
+        return Variant(spec, module, wrapper, common.load(spec.after_backward), start)
     if spec.kind in ("torch", "nocomm"):
         return Variant(spec, module, torch_ddp(module, device, no_communication if spec.kind == "nocomm" else None),
                        nothing)
     make = {"naive": Naive, "flat": Flat, "overlap": Overlap}.get(spec.kind)
     wrapper = make(module) if make else Bucketed(module, spec.bucket_mb)
     return Variant(spec, module, wrapper, finish_sync)
-
-
-ADAPTERS_MODULE: list[str] = []  # the --adapters module's name, in every rank
 
 
 # --------------------------------------------------------------------------------------------- measure
@@ -511,7 +509,8 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
     """One rank: every variant built and checked, timed in rounds with the others, profiled; rank 0 reports."""
     launch = parallel.torchrun_launch()
     world = args.world_size
-    if launch is None:
+    if launch is None:  # Ctrl-C is the script's to act on: it stops the ranks
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     host, port = store_at or (launch.master_addr, launch.master_port)
     store = dist.PrefixStore("bench_ddp/", dist.TCPStore(host, port, is_master=False,
@@ -524,9 +523,6 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
     else:  # the ranks share this machine's cores: each its part, not all of them each
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // (launch.local_world_size if launch else world)))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if args.adapters:
-        adapters_module(args.adapters)
-        ADAPTERS_MODULE.append(args.adapters)
     cfg, local = args.model, args.batch_size // world
     env = common.environment(device) if rank == 0 else {}
     load_before = common.machine_load(device)

@@ -197,8 +197,8 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
     wrong = rows["ddp_individual_parameters"]
     assert wrong["status"].startswith("WRONG: ") and "differs from one process" in wrong["status"]
     assert wrong["status"].split()[1] in {"token_embeddings.weight", "lm_head.weight"} or "." in wrong["status"]
-    assert rows["ddp_bucketed 1 MB"]["status"] == "error on rank 0: not implemented: get_ddp_bucketed raises " \
-                                                  "NotImplementedError"
+    assert rows["ddp_bucketed 1 MB"]["status"] == ("error on rank 0: not implemented: "
+                                                   "tests.adapters:get_ddp_bucketed raises NotImplementedError")
     for name in ("naive", "flat", "torch", "ddp"):  # they communicate, the baseline does not
         assert rows[name]["comm_ms"] > 0 and rows[name]["wire_bytes"] > 0
     assert rows["nocomm"]["wire_bytes"] == 0
