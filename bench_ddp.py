@@ -57,7 +57,8 @@ REFERENCES = ("naive", "flat", "overlap", "bucketed", "torch", "nocomm")
 BASELINE = "nocomm"
 DEFAULT_BUCKETS_MB = (1.0, 10.0, 100.0, 1000.0)
 CHECK_LR = 0.1  # SGD for the check: AdamW's update is blind to a gradient's scale (a sum instead of a mean)
-ATOL, RTOL = 1e-6, 1e-4  # fp32 all-reduce sums in another order than one process does: ~1e-7 apart after 3 steps
+ATOL, RTOL = 1e-6, 1e-4
+ADAMW_CHECK_ATOL = 1e-4  # a tenth of AdamW's lr: a rank that skips its shard's update is off by ~lr a step  # fp32 all-reduce sums in another order than one process does: ~1e-7 apart after 3 steps
 # the course's adapter functions (tests/adapters.py): 2026 v26.1.1, then 2025's two classes
 ADAPTERS = {"ddp": ("get_ddp", "ddp_on_after_backward", None),
             "ddp_individual_parameters": ("get_ddp_individual_parameters",
@@ -386,13 +387,17 @@ def train_step(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: torch.op
             optimizer.step()
 
 
-def reference_weights(cfg: ModelConfig, tokens: list[torch.Tensor], device: torch.device,
-                      seed: int) -> dict[str, torch.Tensor]:
+def check_sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=CHECK_LR)
+
+
+def reference_weights(cfg: ModelConfig, tokens: list[torch.Tensor], device: torch.device, seed: int,
+                      make_optimizer: Callable[[Any], Any] = check_sgd) -> dict[str, torch.Tensor]:
     """One process, the whole batch, rank 0's initial weights, SGD: what every variant must end with."""
     torch.manual_seed(seed)
     with device:
         model = build_model(cfg)
-    optimizer = torch.optim.SGD(model.parameters(), lr=CHECK_LR)
+    optimizer = make_optimizer(model.parameters())
     for batch in tokens:
         batch = batch.to(device)
         optimizer.zero_grad()
@@ -401,14 +406,15 @@ def reference_weights(cfg: ModelConfig, tokens: list[torch.Tensor], device: torc
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Tensor], device: torch.device) -> str:
+def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Tensor], device: torch.device,
+          optimizer: Any = None, atol: float = ATOL) -> str:
     """"ok", or WRONG naming the first parameter (in the model's order) that differs from the reference."""
-    optimizer = torch.optim.SGD(v.wrapper.parameters(), lr=CHECK_LR)
+    optimizer = optimizer or check_sgd(v.wrapper.parameters())
     for batch in tokens:
         train_step(v, *my_rows(batch, device), optimizer)
     for name, p in v.module.named_parameters():
         diff = (p.detach() - reference[name]).abs()
-        if not torch.allclose(p.detach(), reference[name], rtol=RTOL, atol=ATOL):
+        if not torch.allclose(p.detach(), reference[name], rtol=RTOL, atol=atol):
             return (f"WRONG: {name} differs from one process on the whole batch by up to {diff.max().item():.2g} "
                     f"after {len(tokens)} steps")
     return "ok"
@@ -563,7 +569,7 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
         if rank == 0:
             progress("optimizer state sharding: memory and time, with and without")
         try:
-            sharding = sharding_run(args, cfg, device, x, y)
+            sharding = sharding_run(args, cfg, device, x, y, check_tokens)
         except _SharingBroken as exc:
             sharding = exc.rows
         except Exception as exc:  # noqa: BLE001 - the timing broke
@@ -675,10 +681,10 @@ def make_optimizer(spec: str | None, params: Any) -> Any:
 
 
 def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, x: torch.Tensor,
-                 y: torch.Tensor) -> dict[str, dict[str, Any]]:
+                 y: torch.Tensor, check_tokens: list[torch.Tensor]) -> dict[str, dict[str, Any]]:
     """AdamW and your sharded AdamW, each on a model kept in sync by the flat reference: the breakdown at the
-    three points of the second step (the first creates the state), each alone in the process; then time per
-    step, the two in rounds."""
+    three points of the second step (the first creates the state), each alone in the process; then yours checked
+    against AdamW in one process on the whole batch; then time per step, the two in rounds."""
     out: dict[str, dict[str, Any]] = {}
     optimizers = {"AdamW": None, "sharded AdamW": args.sharded_optimizer}
     for name, spec in optimizers.items():
@@ -710,6 +716,11 @@ def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.devic
     for name, spec in optimizers.items():
         variant = build_variant(Spec(name, "flat"), cfg, device, args.seed)
         live.append((name, variant, make_optimizer(spec, variant.wrapper.parameters())))
+    reference = reference_weights(cfg, check_tokens, device, args.seed, lambda params: make_optimizer(None, params))
+    # AdamW divides by sqrt(v): where a gradient nearly cancels, summation order moves a weight by up to ~1e-5
+    out["sharded AdamW"]["status"] = check(live[1][1], check_tokens, reference, device, live[1][2],
+                                           atol=ADAMW_CHECK_ATOL)
+    del reference
 
     def run_block(position: int, round_index: int) -> None:
         name, variant, optimizer = live[position]
@@ -765,8 +776,9 @@ def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: l
         records.append(record)
     for name in answers[0]["sharding"]:
         shard = [a["sharding"].get(name, {}) for a in answers]
-        status = next((parallel.on_rank(s["status"], r) for r, s in enumerate(shard)
-                       if s.get("status", "ok") != "ok"), "ok")
+        failed = [(r, s["status"]) for r, s in enumerate(shard) if s.get("status", "ok") != "ok"]
+        status = "ok" if not failed else failed[0][1] if failed[0][1].startswith("WRONG") else \
+            parallel.on_rank(failed[0][1], failed[0][0])
         state_bytes = 8 / (world if name != "AdamW" else 1)  # AdamW's two moments, fp32, split over the ranks
         record = {"experiment": "bench_ddp", "kind": "memory", "variant": name, "status": status,
                   "optimizer": args.sharded_optimizer if name != "AdamW" else "torch.optim.AdamW",

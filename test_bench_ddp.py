@@ -217,6 +217,7 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
 def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
     result, records, _ = ddp_run
     memory = {r["variant"]: r for r in records if r.get("kind") == "memory"}
+    # both trained: the sharded one checked against AdamW in one process on the whole batch
     assert set(memory) == {"AdamW", "sharded AdamW"} and all(r["status"] == "ok" for r in memory.values())
     n = memory["AdamW"]["num_params"]
     for rank in (0, 1):
