@@ -57,8 +57,8 @@ REFERENCES = ("naive", "flat", "overlap", "bucketed", "torch", "nocomm")
 BASELINE = "nocomm"
 DEFAULT_BUCKETS_MB = (1.0, 10.0, 100.0, 1000.0)
 CHECK_LR = 0.1  # SGD for the check: AdamW's update is blind to a gradient's scale (a sum instead of a mean)
-ATOL, RTOL = 1e-6, 1e-4
-ADAMW_CHECK_ATOL = 1e-4  # a tenth of AdamW's lr: a rank that skips its shard's update is off by ~lr a step  # fp32 all-reduce sums in another order than one process does: ~1e-7 apart after 3 steps
+ATOL, RTOL = 1e-6, 1e-4  # fp32 all-reduce sums in another order than one process does: ~1e-7 apart after 3 steps
+ADAMW_CHECK_ATOL = 1e-4  # a tenth of AdamW's lr: a rank that skips its shard's update is off by ~lr a step
 # the course's adapter functions (tests/adapters.py): 2026 v26.1.1, then 2025's two classes
 ADAPTERS = {"ddp": ("get_ddp", "ddp_on_after_backward", None),
             "ddp_individual_parameters": ("get_ddp_individual_parameters",
