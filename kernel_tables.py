@@ -57,6 +57,16 @@ class Range(NamedTuple):
         return self.end_ns - self.start_ns
 
 
+class Interval(NamedTuple):
+    """One stretch of work as it ran, for overlap: a GPU operation on its stream, or a CPU operator or
+    communication range on its thread (nested ones included: only unions of them are taken)."""
+    name: str
+    start_ns: float
+    end_ns: float
+    lane: str  # "stream 7", "thread 4242"
+    launch_ns: float  # when the host asked for it: phases are attributed by this
+
+
 @dataclass
 class Profile:
     activities: list[Activity]
@@ -64,6 +74,7 @@ class Profile:
     device: str  # "gpu" (kernel time) or "cpu" (operator self CPU time)
     source: str
     notes: list[str] = field(default_factory=list)
+    intervals: list[Interval] = field(default_factory=list)
 
 
 class ProfileFormatError(ValueError):
@@ -71,10 +82,12 @@ class ProfileFormatError(ValueError):
 
 
 def gpu_profile(work: list[tuple[str, float, float]], launches: list[float | None], ranges: list[Range],
-                source: str | Path) -> Profile:
+                source: str | Path, streams: list[Any] | None = None) -> Profile:
     """(name, start, end) of each GPU operation, attributed by its launch (by its own start when unknown)."""
     profile = Profile([Activity(name, end - start, start if at is None else at)
                        for (name, start, end), at in zip(work, launches)], ranges, "gpu", str(source))
+    profile.intervals = [Interval(name, start, end, f"stream {stream}", start if at is None else at)
+                         for (name, start, end), at, stream in zip(work, launches, streams or [None] * len(work))]
     if None in launches:
         profile.notes.append(f"{launches.count(None)} GPU operations had no launch record; attributed by "
                              "their GPU start")
@@ -104,12 +117,15 @@ def load_nsys(source: str | Path) -> Profile:
             launch_at = {(corr, pid): at for corr, pid, at in db.execute(
                 "SELECT correlationId, globalTid >> 24, start FROM CUPTI_ACTIVITY_KIND_RUNTIME")} \
                 if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables else {}
+            stream = lambda table: "g.streamId" if any(  # noqa: E731  (a column of every real export)
+                col == "streamId" for _, col, *_ in db.execute(f"PRAGMA table_info({table})")) else "NULL"
             work = [row for table, name in _GPU_WORK.items() if table in tables for row in db.execute(
-                f"SELECT {name}, start, end, correlationId, globalPid >> 24 FROM {table} g")]
+                f"SELECT {name}, start, end, correlationId, globalPid >> 24, {stream(table)} FROM {table} g")]
             ranges = [Range(*row) for row in db.execute(_NVTX_SQL)] if "NVTX_EVENTS" in tables else []
     except sqlite3.Error as exc:
         raise ProfileFormatError(f"{path}: not a readable SQLite export: {exc}") from None
-    return gpu_profile([row[:3] for row in work], [launch_at.get(row[3:]) for row in work], ranges, path)
+    return gpu_profile([row[:3] for row in work], [launch_at.get(row[3:5]) for row in work], ranges, path,
+                       [row[5] for row in work])
 
 
 def load_torch_trace(path: str | Path) -> Profile:
@@ -128,12 +144,17 @@ def load_torch_trace(path: str | Path) -> Profile:
     ranges = [Range(e["name"], e["ts"] * 1e3, (e["ts"] + e["dur"]) * 1e3)
               for e in events if e.get("cat") == "user_annotation"]
     gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if not gpu:
-        return Profile(cpu_self_times(events), ranges, "cpu", str(path))
+    if not gpu:  # a CPU run: operators, and the communication ranges of the backend's threads (gloo:all_reduce)
+        profile = Profile(cpu_self_times(events), ranges, "cpu", str(path))
+        profile.intervals = [Interval(e["name"], e["ts"] * 1e3, (e["ts"] + e["dur"]) * 1e3, f"thread {e.get('tid')}",
+                                      e["ts"] * 1e3) for e in events if e.get("cat") == "cpu_op" or
+                             (e.get("cat") == "user_annotation" and collective_kind(e["name"]))]
+        return profile
     launch_at = {e["args"]["correlation"]: e["ts"] * 1e3 for e in events
                  if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     return gpu_profile([(e["name"], e["ts"] * 1e3, (e["ts"] + e["dur"]) * 1e3) for e in gpu],
-                       [launch_at.get(e.get("args", {}).get("correlation")) for e in gpu], ranges, path)
+                       [launch_at.get(e.get("args", {}).get("correlation")) for e in gpu], ranges, path,
+                       [e.get("tid") for e in gpu])  # a kernel's tid in a torch trace is its stream
 
 
 def cpu_self_times(events: list[dict[str, Any]]) -> list[Activity]:
@@ -431,6 +452,106 @@ def attribute(activities: list[Activity], ranges: list[Range],
     return groups
 
 
+# ---- communication: how much of it the step waits for ----
+
+# NCCL kernels on a GPU (ncclDevKernel_AllReduce_Sum_f32_RING_LL, ncclKernel_AllReduce_RING_LL_Sum_float); on a CPU
+# gloo's "gloo:<op>" ranges on its own threads and the "c10d::<op>_" operators that hand it the work (gloo runs a
+# reduce-scatter as an all-reduce); matched case-insensitively
+COLLECTIVE_KINDS = {"all-reduce": r"all_?reduce", "all-gather": r"all_?gather", "reduce-scatter": r"reduce_?scatter",
+                    "broadcast": r"broadcast"}
+BETWEEN = "between phases"  # communication launched in a step outside its phase ranges (a sync after backward)
+WHOLE_STEP = "whole step"
+
+
+def collective_kind(name: str) -> str | None:
+    """The kind of an NCCL kernel, a gloo range or a c10d operator; None for anything that is not a collective."""
+    if not (name.startswith(("gloo:", "c10d::")) or "nccl" in name.lower()):
+        return None
+    return next((kind for kind, pattern in COLLECTIVE_KINDS.items() if re.search(pattern, name, re.I)),
+                "other collective")
+
+
+def merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of intervals as disjoint (start, end) pairs in order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def covered(union: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in union)
+
+
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """How long two unions (merged) run at the same time: one walk through both."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def communication_split(comm: list[Interval], compute: list[tuple[float, float]]) -> dict[str, Any]:
+    """ms of communication (the union of its intervals), hidden (while compute ran: `compute` is the union of all
+    other work) and exposed (the rest: nothing else ran), and how many collectives of each kind."""
+    union = merged((c.start_ns, c.end_ns) for c in comm)
+    total, hidden = covered(union), overlap(union, compute)
+    kinds = Counter(collective_kind(c.name) for c in comm)
+    return {"comm_ms": total / 1e6, "hidden_ms": hidden / 1e6, "exposed_ms": (total - hidden) / 1e6,
+            "hidden_share": hidden / total if total else None,
+            "collectives": ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common())}
+
+
+def communication_rows(profile: Profile, given: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Per measured step and phase (each collective in the phase whose range holds its launch; BETWEEN when
+    none does), then the mean over the steps: communication time, hidden behind compute, exposed. A step is a
+    step range (ProfilerStep#N where the run has none of its own); without any, the measured region is one.
+    Compute is every other GPU operation (on any stream), or on a CPU every other operator (on any thread)."""
+    comm = [i for i in profile.intervals if collective_kind(i.name)]
+    if not comm:
+        return []
+    compute = merged((i.start_ns, i.end_ns) for i in profile.intervals if not collective_kind(i.name))
+    chosen = select_measured(profile, given)
+    steps = sorted((r for r in chosen.ranges if r.name == STEP), key=lambda r: r.start_ns)
+    phase_ranges = [r for r in chosen.ranges if r.name in PHASES]
+    if not steps:
+        spans = phase_ranges or [Range(STEP, i.launch_ns, i.end_ns) for i in comm]
+        steps = [Range(STEP, min(r.start_ns for r in spans), max(r.end_ns for r in spans))]
+    phases = Windows(phase_ranges)
+    rows = []
+    for number, step in enumerate(steps, 1):
+        within = lambda t: step.start_ns <= t <= step.end_ns  # noqa: E731
+        groups: dict[str, list[Interval]] = {}
+        for c in (c for c in comm if within(c.launch_ns)):
+            window = phases.find(c.launch_ns)
+            groups.setdefault(window.name if window and within(window.start_ns) else BETWEEN, []).append(c)
+        phase_ms = {p: sum(r.duration_ns for r in phase_ranges if r.name == p and within(r.start_ns)) / 1e6
+                    for p in PHASES}
+        for phase in [p for p in PHASES if phase_ms[p] or p in groups] + [BETWEEN] * (BETWEEN in groups):
+            rows.append({"step": number, "phase": phase, "phase_ms": phase_ms.get(phase),
+                         **communication_split(groups.get(phase, []), compute)})
+        rows.append({"step": number, "phase": WHOLE_STEP, "phase_ms": step.duration_ns / 1e6,
+                     **communication_split([c for group in groups.values() for c in group], compute)})
+    means = []
+    for phase in dict.fromkeys(r["phase"] for r in rows):
+        same = [r for r in rows if r["phase"] == phase]
+        mean = {k: sum(r[k] or 0 for r in same) / len(steps) for k in ("comm_ms", "hidden_ms", "exposed_ms")}
+        phase_ms = [r["phase_ms"] for r in same if r["phase_ms"]]
+        means.append({"step": "mean", "phase": phase, "phase_ms": statistics.fmean(phase_ms) if phase_ms else None,
+                      **mean, "hidden_share": mean["hidden_ms"] / mean["comm_ms"] if mean["comm_ms"] else None})
+    for row in rows + means:
+        row["comm_share"] = row["comm_ms"] / row["phase_ms"] if row["phase_ms"] else None
+    return rows + means
+
+
 # ---- the four tables ----
 
 NO_PHASE = ("no phase range found: none named forward, backward, optimizer or step in any usual spelling "
@@ -560,7 +681,8 @@ def build_tables(profile: Profile, stopwatch: dict[str, float] | None = None,
               "ranges_used": ranges_used_line(chosen, steps, steps_from),
               "stopwatch_source": stopwatch_source if stopwatch else None,
               "phases": phase_rows(chosen, groups, phases, steps, stopwatch or {}, bool(profile.activities)),
-              "top": {}, "top_forward_backward": [], "categories": [], "attention": [], "notes": notes}
+              "top": {}, "top_forward_backward": [], "categories": [], "attention": [], "notes": notes,
+              "communication": communication_rows(profile, ranges)}
     if not profile.activities:
         notes.append(NO_KERNELS if profile.device == "gpu" else "no operator data in this trace")
         return tables
@@ -656,7 +778,26 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
                                               ("calls_per_step", "calls/step"), ("ms_per_call", "ms/call"),
                                               ("gflop_per_call", "GFLOP/call"), ("gflops", "GFLOP/s")],
                         fmt, ".4g")]
+    if tables.get("communication"):
+        out += ["", "", render_communication(tables["communication"], gpu, fmt)]
     return "\n".join(out + ([""] + [f"- {note}" for note in tables["notes"]] if tables["notes"] else []))
+
+
+COMMUNICATION_COLUMNS = [("step", "step"), ("phase", "phase"), ("phase_ms", "phase ms"), ("comm_ms", "comm ms"),
+                         ("hidden_ms", "hidden ms"), ("exposed_ms", "exposed ms"), ("comm_share", "comm % of phase"),
+                         ("hidden_share", "hidden % of comm"), ("collectives", "collectives")]
+
+
+def render_communication(rows: list[dict[str, Any]], gpu: bool, fmt: str = "github") -> str:
+    """Table 5: communication per step and phase, hidden behind compute or exposed."""
+    shown = [{**r, **{k: None if r.get(k) is None else f"{r[k]:.0%}" for k in ("comm_share", "hidden_share")}}
+             for r in rows]
+    where = ("NCCL kernels against every other GPU operation, on any stream" if gpu else
+             "gloo ranges and c10d operators against every other operator, on any thread")
+    return "\n".join([f"### 5. Communication: hidden behind compute or exposed ({where})", "",
+                      _render(shown, COMMUNICATION_COLUMNS, fmt, ".3f"), "",
+                      "comm ms: the union of the collectives' intervals (a collective counts for the phase whose "
+                      "range holds its launch); hidden: while compute ran; exposed: while nothing else did."])
 
 
 def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:

@@ -33,6 +33,7 @@ import torch.nn as nn
 import common
 import results
 from common import ddp_no_forward_buffer_sync, fsdp_root_reshard_after_forward, resolve_device
+from kernel_tables import COLLECTIVE_KINDS, collective_kind, covered, merged
 from results import ModelConfig, progress
 
 PARALLEL = ("ddp", "fsdp")
@@ -332,20 +333,6 @@ def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---- --profile: time in collectives per phase ----
 
-# NCCL kernels on a GPU (ncclDevKernel_AllReduce_Sum_f32_..), "gloo:<op>" ranges on a CPU (gloo runs a
-# reduce-scatter as an all-reduce); matched case-insensitively
-COLLECTIVE_KINDS = {"all-reduce": r"all_?reduce", "all-gather": r"all_?gather", "reduce-scatter": r"reduce_?scatter",
-                    "broadcast": r"broadcast"}
-
-
-def collective_kind(name: str) -> str | None:
-    """The kind of an NCCL kernel or a gloo range; None for anything that is not a collective."""
-    if not (name.startswith("gloo:") or "nccl" in name.lower()):
-        return None
-    return next((kind for kind, pattern in COLLECTIVE_KINDS.items() if re.search(pattern, name, re.I)),
-                "other collective")
-
-
 def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...]) -> list[dict[str, Any]]:
     """Per phase of the measured steps: ms per step in each kind of collective, the wall time any collective
     covers (their union: streams and threads overlap) and its share of the phase. A collective belongs to the
@@ -366,10 +353,7 @@ def collective_rows(trace_events: list[dict[str, Any]], phases: tuple[str, ...])
         for kind in [*COLLECTIVE_KINDS, "other collective"]:
             if ms := sum(t - s for k, s, t in inside if k == kind) * per_step_ms:
                 row[f"{kind}_ms"] = ms
-        covered, end = 0.0, -math.inf  # the union of the collectives' intervals
-        for s, t in sorted((s, t) for _, s, t in inside):
-            covered, end = (covered + t - max(s, end), t) if t > end else (covered, end)
-        row["collective_ms"] = covered * per_step_ms
+        row["collective_ms"] = covered(merged((s, t) for _, s, t in inside)) * per_step_ms
         row["share"] = row["collective_ms"] / row["phase_ms"] if row["phase_ms"] else None
         rows.append(row)
     return rows

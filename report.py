@@ -15,6 +15,8 @@ import importlib.util
 import json
 import math
 import os
+import shlex
+import statistics
 import sys
 import textwrap
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any, Callable
 import kernel_tables
 from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEADERBOARD_2025_SHAPE,
                      LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
-                     ModelConfig, PairedRatio, Record, ResultFiles, Setting,
+                     ModelConfig, PairedRatio, Record, ResultFiles, Setting, paired_ratio,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
                      emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number, parallel_label,
                      pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
@@ -937,6 +939,105 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
     return "\n".join(lines)
 
 
+# ---- bench_ddp tables ----
+
+DDP_BASELINE = "nocomm"  # bench_ddp's variant that communicates nothing: the others' cost is their difference
+
+
+def ddp_row(r: Record, baseline: Record | None) -> Record:
+    """One variant: its step (median over rounds, the slowest rank's each), what communicating costs it against
+    the baseline in the same rounds, the profiled split of its communication, the bytes and their floor."""
+    baseline_ok = r["variant"] == DDP_BASELINE and r["status"] == "ok"
+    row: Record = {"variant": r["variant"], "check": "baseline (not checked)" if baseline_ok else r["status"]}
+    steps = r.get("step_ms")
+    if steps:
+        row["step ms"] = statistics.median(steps)
+        row["spread ms"] = f"{min(steps):.1f}-{max(steps):.1f}"
+    if steps and baseline and baseline.get("step_ms") and r is not baseline and len(baseline["step_ms"]) == len(steps):
+        row["vs nocomm ms"] = statistics.median(v - b for v, b in zip(steps, baseline["step_ms"]))
+        paired = paired_ratio(baseline["step_ms"], steps)
+        row["step/nocomm"] = f"{1 / paired.ratio:.2f}x" + (
+            f" ({1 / paired.high:.2f}-{1 / paired.low:.2f})" if paired.low else " (too few rounds)")
+    if "comm_ms" in r:
+        row.update({"comm ms": r["comm_ms"], "exposed ms": r["exposed_ms"], "hidden ms": r["hidden_ms"]})
+        row["comm % of step"] = f"{r['comm_ms'] / r['profiled_step_ms']:.0%}" if r.get("profiled_step_ms") else None
+        row["hidden % of comm"] = f"{r['hidden_ms'] / r['comm_ms']:.0%}" if r["comm_ms"] else None
+    row["MB sent/rank"] = r["wire_bytes"] / 1e6
+    row["floor ms"] = r.get("floor_ms", "link unknown" if r["wire_bytes"] else 0.0)
+    return row
+
+
+DDP_COLUMNS = ["variant", "check", "step ms", "spread ms", "vs nocomm ms", "step/nocomm", "comm ms", "exposed ms",
+               "hidden ms", "comm % of step", "hidden % of comm", "MB sent/rank", "floor ms"]
+
+
+DDP_MEMORY_POINTS = ("after model init", "before optimizer step", "after optimizer step")
+
+
+def sharding_table(records: list[Record], fmt: str) -> str | None:
+    """Optimizer state sharding: the largest rank's tensors at three points of the second step, by part."""
+    rows = []
+    for r in records:
+        ranks = [points for points in r.get("ranks", []) if points]
+        if not ranks:
+            rows.append({"optimizer": r["variant"], "status": r["status"]})
+            continue
+        largest = max(ranks, key=lambda points: points[DDP_MEMORY_POINTS[2]]["total"])
+        for i, point in enumerate(DDP_MEMORY_POINTS):
+            parts = largest[point]
+            counted = parts["params"] + parts["grads"] + parts["optimizer_state"]
+            rows.append({"optimizer": r["variant"] if i == 0 else "", "point": point,
+                         **{f"{k.replace('_', ' ')} MB": parts[k] / 1e6 for k in ("params", "grads",
+                                                                                 "optimizer_state", "rest")},
+                         "total MB": parts["total"] / 1e6, "peak MB": parts.get("peak", 0) / 1e6 or None,
+                         "bytes/param": counted / r["num_params"],
+                         "expected": r["expected_bytes_per_param"][point],
+                         "step ms": statistics.median(r["step_ms"]) if i == 0 and r.get("step_ms") else None,
+                         "status": r["status"] if i == 0 else ""})
+    if not rows:
+        return None
+    columns = [c for c in ["optimizer", "point", "params MB", "grads MB", "optimizer state MB", "rest MB",
+                           "total MB", "peak MB", "bytes/param", "expected", "step ms", "status"]
+               if any(row.get(c) not in (None, "") for row in rows)]
+    return ("### Optimizer state sharding: memory per rank (the largest rank's) and time per step\n\n"
+            + render_table(rows, columns, fmt, ".1f") + "\n\n" + textwrap.fill(
+                "bytes/param: parameters + gradients + optimizer state over the model's parameters; expected: 4 + 4 "
+                "+ 8 (AdamW's two fp32 moments), the 8 split over the ranks when sharded. rest: every other tensor "
+                "(the batch, buffers; on CUDA the allocator's total less the parts). Measured in the second step: "
+                "the first creates the optimizer state.", 116))
+
+
+def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """bench_ddp: a row per variant, the setting and the machine above."""
+    steps = [r for r in records if r.get("kind") != "memory"]
+    baseline = next((r for r in steps if r["variant"] == DDP_BASELINE), None)
+    rows = [ddp_row(r, baseline) for r in steps]
+    cfg, env = steps[0]["config"], steps[0].get("environment") or {}
+    load = (steps[0].get("load") or {}).get("before", {}).get("loadavg_1m")
+    lines = [environment_lines(steps, {"size": "size", "ranks": "world_size", "backend": "backend",
+                                       "batch": "batch_size"})[0] if env.get("device_name") else "",
+             f"load average before: {load:.2f}" if load is not None else ""]
+    present = [c for c in DDP_COLUMNS if any(c in row for row in rows)]
+    chosen = pick_columns(present, columns, fmt, present)
+    link = steps[0].get("link_gbps")
+    notes = [f"step ms: median of {cfg['steps']} rounds (each the slowest rank's step; variants interleaved in "
+             "rounds). vs nocomm ms: the median paired difference to the variant that communicates nothing (what "
+             "communicating costs); step/nocomm: the ratio with its 95% interval. comm / exposed / hidden: from "
+             "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
+             "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
+             f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
+             f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
+             + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
+                "bench_comm's bus bandwidth)")]
+    command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
+    nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
+            f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
+    table = render_table(rows, chosen, fmt, ".1f")
+    sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
+    return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
+                       + [nsys] + [sharding] * bool(sharding))
+
+
 # ---- the experiments ----
 
 # experiment -> (render: (records, fmt, --columns) -> report, what --columns may name)
@@ -949,6 +1050,7 @@ RENDERERS: dict[str, tuple[Callable[..., str], Callable[[list[Record]], list[str
     "precision_demo": (render_precision, lambda records: PRECISION_COLUMNS),
     "toy_autocast": (render_toy, toy_columns),
     "leaderboard-2026": (render_leaderboard, lambda records: LEADERBOARD_COLUMNS),
+    "bench_ddp": (render_ddp, lambda records: DDP_COLUMNS),
 }
 
 
@@ -1315,6 +1417,33 @@ def plot_comm(records: list[Record]) -> Any | None:
         ax.set_title(op, fontsize=9)
         log_axes(ax, "size (MB)", "median time (ms)", x_base=10)
         ax.legend(fontsize=8)
+
+
+def plot_ddp_timeline(records: list[Record]) -> Any | None:
+    """Each variant's first profiled step, a lane per rank: compute below, communication above, as the trace
+    recorded them (the screenshot deliverable, drawn from the data)."""
+    shown = [r for r in records if r.get("kind") != "memory" and r.get("ranks")
+             and all((rank.get("communication") or {}).get("lanes") for rank in r["ranks"])]
+    if not shown:
+        return None
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(9, 0.9 * sum(len(r["ranks"]) for r in shown) + 1.2), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, sharex=True).flat
+    env = shown[0].get("environment") or {}
+    fig.suptitle(f"One profiled step per variant: compute (grey) and communication (orange) per rank\n"
+                 f"{env.get('device_name', '?')} ({env.get('device', '?')})", fontsize=10)
+    for ax, r in zip(axes, shown):
+        for y, rank in enumerate(r["ranks"]):
+            lane = rank["communication"]["lanes"]
+            ax.broken_barh([(a, b - a) for a, b in lane["compute"]], (y - 0.4, 0.35), color="0.6")
+            ax.broken_barh([(a, b - a) for a, b in lane["comm"]], (y + 0.05, 0.35), color="tab:orange")
+            for name, at in lane["phases"].items():
+                ax.axvline(at, color="black", linewidth=0.5, linestyle=":")
+                ax.text(at, y + 0.42, name, fontsize=6, va="bottom")
+        ax.set_yticks(range(len(r["ranks"])), [f"rank {rank['rank']}" for rank in r["ranks"]], fontsize=7)
+        ax.set_ylim(-0.5, len(r["ranks"]) - 0.5 + 0.3)
+        ax.set_title(r["variant"], fontsize=8, loc="left")
+    axes[-1].set_xlabel("ms from the start of the step")
     return fig
 
 
@@ -1331,6 +1460,7 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "precision_demo": ("records with partial sums", {"sums": plot_precision}),
     "toy_autocast": ("nothing: its answer is a table of dtypes", {}),
     "leaderboard-2026": ("nothing: its answer is a table", {}),
+    "bench_ddp": ("variants that were profiled", {"timeline": plot_ddp_timeline}),
 }
 
 

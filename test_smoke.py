@@ -74,7 +74,8 @@ def test_model_loss_and_adamw_learn_a_fixed_batch():
 
 DOCS = [HERE / "README.md", HERE / "results" / "README.md", *sorted((HERE / "docs").glob("*.md"))]
 # Files the docs name that are not ours: a student's own modules, given as examples, and the CI's nsys fetcher.
-NOT_OURS = {"my_lm.py", "my_factory.py", "my_flash.py", "my_optim.py", "flash_pytorch.py", "get-nsys.sh"}
+NOT_OURS = {"my_lm.py", "my_factory.py", "my_flash.py", "my_optim.py", "flash_pytorch.py", "get-nsys.sh",
+            "adapters.py"}
 # Modules this toolkit had before it was folded into a dozen files: a doc that names one is out of date.
 RETIRED = {"sweep", "isolation", "search", "stats", "cli", "model_config", "user_code", "attention_impls",
            "attention_check", "kernel_timing", "profile_readers", "profile_tables", "kernel_categories", "nsys_tool",
@@ -186,13 +187,13 @@ def test_every_command_of_the_readme_tables_runs_dry(capsys, tmp_path):
     import kernel_tables
     import report
     import study
-    import bench_e2e, bench_attention, leaderboard, mem_profile, precision_demo, toy_autocast  # noqa: E401
+    import bench_e2e, bench_attention, bench_ddp, leaderboard, mem_profile, precision_demo, toy_autocast  # noqa: E401
     dry_run = {"bench_e2e.py": bench_e2e.main, "bench_attention.py": bench_attention.main,
                "leaderboard.py": leaderboard.main, "mem_profile.py": mem_profile.main, "study.py": study.main,
                "nsys_run.sh": lambda argv: kernel_tables.main(["--nsys-run", *argv])}
     parse_only = {"report.py": report.parse_args, "kernel_tables.py": kernel_tables.parse_args,
                   "precision_demo.py": precision_demo.parse_args, "toy_autocast.py": toy_autocast.parse_args,
-                  "mem_profile.py --analyze": mem_profile.parse_args}
+                  "mem_profile.py --analyze": mem_profile.parse_args, "bench_ddp.py": bench_ddp.parse_args}
     commands = readme_table_commands()
     assert len(commands) >= 20  # the tables were found
     for placeholder in ("snapshot.pickle", "report.nsys-rep"):

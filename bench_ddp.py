@@ -1,0 +1,841 @@
+"""What does data parallelism cost, and is its communication hidden? Every variant trains the same model on the
+same batch split over the ranks; after --check-steps steps its weights must equal one process training on the
+whole batch (else the row is WRONG, naming the first parameter that differs); then the variants' steps are timed
+in rounds (A B C | C B A ...), each rank is profiled, and its communication is split into what the step waits for
+(exposed) and what runs behind compute (hidden).
+
+    python3 bench_ddp.py --size tiny --device cpu              # 2 gloo processes on this CPU, every reference
+    python3 bench_ddp.py --adapters tests.adapters             # your classes, through the course's adapter functions
+    python3 bench_ddp.py --ddp mine=my_ddp:DDP --variants torch nocomm   # one class of yours beside torch's
+    torchrun --nproc-per-node 2 bench_ddp.py --size xl --context-length 512 --link-gbps 150   # the handout's run
+
+The references, written plainly below: naive (an all-reduce per gradient after backward), flat (one all-reduce
+of all gradients flattened), overlap (an asynchronous all-reduce per parameter as its gradient is ready, waited
+for before the optimizer step), bucketed (--bucket-mb), torch (DistributedDataParallel) and nocomm (torch's DDP
+with a communication hook that sends nothing: the same step without communication, so each variant's cost of
+communicating is a difference measured in the same run). docs/bench_ddp.md says how to read the table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.profiler import record_function
+
+import common
+import kernel_tables
+import parallel
+import report
+import results
+import runner
+from model import build_model, build_optimizer
+from results import ModelConfig, progress
+
+REFERENCES = ("naive", "flat", "overlap", "bucketed", "torch", "nocomm")
+BASELINE = "nocomm"
+DEFAULT_BUCKETS_MB = (1.0, 10.0, 100.0, 1000.0)
+CHECK_LR = 0.1  # SGD for the check: AdamW's update is blind to a gradient's scale (a sum instead of a mean)
+ATOL, RTOL = 1e-6, 1e-4  # fp32 all-reduce sums in another order than one process does: ~1e-7 apart after 3 steps
+ADAMW_CHECK_ATOL = 1e-4  # a tenth of AdamW's lr: a rank that skips its shard's update is off by ~lr a step
+# the course's adapter functions (tests/adapters.py): 2026 v26.1.1, then 2025's two classes
+ADAPTERS = {"ddp": ("get_ddp", "ddp_on_after_backward", None),
+            "ddp_individual_parameters": ("get_ddp_individual_parameters",
+                                          "ddp_individual_parameters_on_after_backward", None),
+            "ddp_bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward",
+                             "ddp_bucketed_on_train_batch_start")}
+
+
+# --------------------------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = results.ArgParser(description=__doc__.split("\n\n")[0])
+    results.add_size_args(p, "tiny")
+    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
+                       ("--num-heads", "the number of heads"), ("--vocab-size", "the vocabulary")):
+        p.add_argument(flag, type=results.positive_int, default=None, help=f"override the preset's {what}")
+    p.add_argument("--context-length", type=results.positive_int, default=None, help="default: the preset's")
+    p.add_argument("--batch-size", type=results.positive_int, default=None,
+                   help="the whole batch, split over the ranks (default: 2 sequences per rank)")
+    results.add_device_args(p)
+    p.add_argument("--world-size", type=results.positive_int, default=2,
+                   help="processes this script starts (one per GPU on CUDA); under torchrun, its WORLD_SIZE")
+    p.add_argument("--variants", nargs="+", choices=REFERENCES, default=list(REFERENCES),
+                   help="the references to run (nocomm is the baseline the others' cost is measured against)")
+    p.add_argument("--bucket-mb", nargs="+", type=results.positive_float, default=list(DEFAULT_BUCKETS_MB),
+                   help="bucket sizes of the bucketed reference and of your get_ddp_bucketed")
+    p.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py as a module (tests.adapters), "
+                   "imported from the current directory: its get_ddp / ddp_on_after_backward (2026), "
+                   "get_ddp_individual_parameters, get_ddp_bucketed (2025) that are implemented")
+    p.add_argument("--ddp", nargs="+", default=[], metavar="NAME=MODULE:CALLABLE",
+                   type=common.named_or_spec([]), help="a DDP class of yours: CALLABLE(module) wraps the model; "
+                   "its finish_gradient_synchronization(), if any, runs after backward")
+    p.add_argument("--sharded-optimizer", metavar="[NAME=]MODULE:CALLABLE", type=common.named_or_spec([]),
+                   help="your optimizer state sharding, called as CALLABLE(params, torch.optim.AdamW, lr=...) "
+                        "(the course's get_sharded_optimizer; --adapters finds it there): memory at three points "
+                        "and time per step, with it and with AdamW")
+    p.add_argument("--check-steps", type=results.positive_int, default=3,
+                   help="steps of the correctness check (SGD, lr 0.1) against one process on the whole batch")
+    p.add_argument("--warmup", type=results.warmup_count, default=2, help="untimed steps per variant")
+    p.add_argument("--steps", type=results.step_count, default=8, help="timed steps per variant, one per round")
+    p.add_argument("--profile-steps", type=results.positive_int, default=2,
+                   help="profiled steps per variant (the communication split comes from their traces)")
+    p.add_argument("--link-gbps", type=results.positive_float, default=None, metavar="GB_PER_S",
+                   help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm and nccl-tests "
+                        "report it): the floor column is the gradient bytes a rank sends over it")
+    p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
+                   help="a collective waiting longer than this for a peer fails its variant")
+    p.add_argument("--traces", action="store_true", help="keep every rank's profiler trace beside the results")
+    p.add_argument("--plot", action="store_true", help="also draw each variant's profiled step as a timeline "
+                   "(compute and communication lanes per rank, from the traces) into <stem>_timeline.png")
+    p.add_argument("--seed", type=results.seed_int, default=0)
+    results.add_output_args(p, "ddp-<UTC time>")
+    args = p.parse_args(argv)
+    results.handout_or_exit(p, args)
+    size = results.sizes_or_exit(p, args, args.size or ["tiny"])
+    results.refuse(p, [(len(size) != 1, "one --size at a time")])
+    dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
+                                          "context_length") if getattr(args, k)}
+    try:
+        args.model = results.get_config(size[0], args.handout, **dims)
+    except results.ConfigError as exc:
+        p.error(str(exc))
+    args.size = size[0]
+    launch = parallel.torchrun_launch()
+    args.world_size = launch.world_size if launch else args.world_size
+    args.batch_size = args.batch_size or 2 * args.world_size
+    device = common.device_or_exit(p, args.device)
+    results.refuse(p, [
+        (args.world_size < 2, "data parallelism needs 2 or more ranks (--world-size, or torchrun's)"),
+        (args.batch_size % args.world_size, f"--batch-size {args.batch_size} does not split over "
+                                            f"{args.world_size} ranks"),
+        (device.type == "cuda" and torch.cuda.device_count() < (launch.local_world_size if launch else
+                                                                args.world_size),
+         f"{args.world_size} ranks need as many GPUs; {torch.cuda.device_count()} visible")])
+    args.device = device.type
+    args.variant_specs = variant_specs(p, args)
+    if args.sharded_optimizer:
+        try:
+            common.load(args.sharded_optimizer.rpartition("=")[2])
+        except common.LoadError as exc:
+            p.error(f"--sharded-optimizer: {exc}")
+    elif args.adapters and callable(getattr(sys.modules[args.adapters], "get_sharded_optimizer", None)):
+        args.sharded_optimizer = f"{args.adapters}:get_sharded_optimizer"
+    return args
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A variant by name: a reference of this script, or yours (adapter functions by name, or a class)."""
+    name: str
+    kind: str  # a reference, "adapter" or "class"
+    make: str = ""  # MODULE:CALLABLE: the class, or the adapter function that wraps the model
+    after_backward: str = ""
+    batch_start: str = ""
+    bucket_mb: float | None = None
+
+
+def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Spec]:
+    """The variants in the order they run: the references, then yours (the adapters that are there)."""
+    specs = []
+    for name in dict.fromkeys(args.variants):
+        if name == "bucketed":
+            specs += [Spec(f"bucketed {mb:g} MB", name, bucket_mb=mb) for mb in args.bucket_mb]
+        else:
+            specs.append(Spec(name, name))
+    if args.adapters:
+        try:
+            module = adapters_module(args.adapters)
+        except common.LoadError as exc:
+            p.error(f"--adapters: {exc}")
+        found = [(key, names) for key, names in ADAPTERS.items() if callable(getattr(module, names[0], None))]
+        if not found:
+            p.error(f"--adapters {args.adapters} ({module.__file__}) has none of "
+                    f"{', '.join(names[0] for names in ADAPTERS.values())}")
+        for key, (make, after, start) in found:
+            sizes = args.bucket_mb if key == "ddp_bucketed" else [None]
+            start = f"{args.adapters}:{start}" if callable(getattr(module, start or "", None)) else ""
+            specs += [Spec(key + (f" {mb:g} MB" if mb else ""), "adapter", f"{args.adapters}:{make}",
+                           f"{args.adapters}:{after}", start, mb) for mb in sizes]
+    for spec in args.ddp:
+        name, _, target = spec.rpartition("=")
+        try:
+            common.load(target)
+        except common.LoadError as exc:
+            p.error(f"--ddp: {exc}")
+        specs.append(Spec(name or target, "class", target))
+    if not any(s.name != BASELINE for s in specs):
+        p.error("nothing to measure besides the baseline: add --variants, --adapters or --ddp")
+    return specs
+
+
+def adapters_module(name: str) -> Any:
+    """The student's adapters module, imported as --model imports (the current directory first)."""
+    common.load(f"{name}:__name__")  # imports it, or a one-line LoadError
+    return sys.modules[name]
+
+
+# --------------------------------------------------------------------------------------------- build
+
+# The references: each wraps the model, makes every rank start from rank 0's weights, and leaves the mean of the
+# ranks' gradients in .grad once finish_gradient_synchronization() returns.
+
+
+class Replicated(nn.Module):
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module, self.world = module, dist.get_world_size()
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.module.parameters() if p.grad is not None]
+
+
+class Naive(Replicated):
+    """An all-reduce per gradient after backward: one collective per parameter, none overlapped."""
+
+    def finish_gradient_synchronization(self) -> None:
+        for grad in self.grads():
+            dist.all_reduce(grad)
+            grad.div_(self.world)
+
+
+class Flat(Replicated):
+    """One all-reduce of every gradient flattened into a buffer: one collective, none overlapped."""
+
+    def finish_gradient_synchronization(self) -> None:
+        grads = self.grads()
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat.div_(self.world)
+        for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            grad.copy_(reduced)
+
+
+class Overlap(Replicated):
+    """An asynchronous all-reduce per parameter as soon as autograd has accumulated its gradient: the
+    communication runs behind the rest of the backward pass; waited for before the optimizer step."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__(module)
+        self.pending: list[Any] = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._reduce)
+
+    def _reduce(self, p: torch.Tensor) -> None:
+        p.grad.div_(self.world)
+        self.pending.append(dist.all_reduce(p.grad, async_op=True))
+
+    def finish_gradient_synchronization(self) -> None:
+        for work in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+class Bucketed(Replicated):
+    """Parameters in reverse order (the order backward reaches them) grouped into buckets of at most bucket_mb;
+    a bucket's gradients are flattened and all-reduced asynchronously as soon as the last of them is ready."""
+
+    def __init__(self, module: nn.Module, bucket_mb: float):
+        super().__init__(module)
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in reversed([p for p in module.parameters() if p.requires_grad]):
+            nbytes = p.numel() * p.element_size()
+            if self.buckets[-1] and size + nbytes > bucket_mb * 2**20:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += nbytes
+        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
+        self.ready = [0] * len(self.buckets)
+        self.pending: list[tuple[Any, torch.Tensor, list[torch.Tensor]]] = []
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._ready)
+
+    def _ready(self, p: torch.Tensor) -> None:
+        i = self.bucket_of[id(p)]
+        self.ready[i] += 1
+        if self.ready[i] == len(self.buckets[i]):
+            self._launch(i)
+
+    def _launch(self, i: int) -> None:
+        grads = [p.grad for p in self.buckets[i]]
+        flat = _flatten_dense_tensors(grads).div_(self.world)
+        self.pending.append((dist.all_reduce(flat, async_op=True), flat, grads))
+
+    def finish_gradient_synchronization(self) -> None:
+        for i, bucket in enumerate(self.buckets):  # a bucket with a parameter that got no gradient: now
+            if 0 < self.ready[i] < len(bucket) and all(p.grad is not None for p in bucket):
+                self._launch(i)
+        for work, flat, grads in self.pending:
+            work.wait()
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                grad.copy_(reduced)
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+
+
+def no_communication(state, bucket):  # no annotations: DDP checks them, and this file's are strings
+    """A DDP communication hook that sends nothing: the bucket's own gradients, at once."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def torch_ddp(module: nn.Module, device: torch.device, hook: Callable | None = None) -> nn.Module:
+    ddp = parallel.shard_model(module, "ddp", device)
+    if hook is not None:
+        ddp.register_comm_hook(None, hook)
+    return ddp
+
+
+def finish_sync(wrapper: nn.Module, optimizer: Any) -> None:
+    """After backward, for a class without adapter functions: its finish_gradient_synchronization(), if any."""
+    if callable(finish := getattr(wrapper, "finish_gradient_synchronization", None)):
+        finish()
+
+
+@dataclass
+class Variant:
+    spec: Spec
+    module: nn.Module  # our model inside
+    wrapper: nn.Module
+    after_backward: Callable[[nn.Module, Any], None]
+    batch_start: Callable[[nn.Module, Any], None] | None = None
+
+
+def build_variant(spec: Spec, cfg: ModelConfig, device: torch.device, seed: int) -> Variant:
+    """Rank r's model starts from seed + r: a variant that skips the broadcast from rank 0 fails the check."""
+    torch.manual_seed(seed + dist.get_rank())
+    with device:
+        module = build_model(cfg)
+    nothing = lambda wrapper, optimizer: None  # noqa: E731
+    if spec.kind == "class":
+        return Variant(spec, module, common.load(spec.make)(module), finish_sync)
+    if spec.kind == "adapter":
+        make = common.load(spec.make)
+        wrapper = make(module, spec.bucket_mb) if spec.bucket_mb else make(module)
+        start = common.load(spec.batch_start) if spec.batch_start else None
+        return Variant(spec, module, wrapper, common.load(spec.after_backward), start)
+    if spec.kind in ("torch", "nocomm"):
+        return Variant(spec, module, torch_ddp(module, device, no_communication if spec.kind == "nocomm" else None),
+                       nothing)
+    make = {"naive": Naive, "flat": Flat, "overlap": Overlap}.get(spec.kind)
+    wrapper = make(module) if make else Bucketed(module, spec.bucket_mb)
+    return Variant(spec, module, wrapper, finish_sync)
+
+
+# --------------------------------------------------------------------------------------------- measure
+
+
+def batches(cfg: ModelConfig, batch_size: int, count: int, seed: int) -> list[torch.Tensor]:
+    """`count` whole batches of token ids (batch, context + 1), the same on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(cfg.vocab_size, (batch_size, cfg.context_length + 1), generator=generator)
+            for _ in range(count)]
+
+
+def my_rows(tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's rows of a whole batch: inputs and next-token targets."""
+    rows = tokens.chunk(dist.get_world_size())[dist.get_rank()].to(device)
+    return rows[:, :-1], rows[:, 1:]
+
+
+def train_step(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
+    """One step as the course's tests run one, each part in a range the trace's tables read."""
+    with record_function("step"):
+        if v.batch_start is not None:
+            v.batch_start(v.wrapper, optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        with record_function("forward"):
+            logits = v.wrapper(x)
+            loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        with record_function("backward"):
+            loss.backward()
+        with record_function("gradient sync"):
+            v.after_backward(v.wrapper, optimizer)
+        with record_function("optimizer"):
+            optimizer.step()
+
+
+def check_sgd(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=CHECK_LR)
+
+
+def reference_weights(cfg: ModelConfig, tokens: list[torch.Tensor], device: torch.device, seed: int,
+                      make_optimizer: Callable[[Any], Any] = check_sgd) -> dict[str, torch.Tensor]:
+    """One process, the whole batch, rank 0's initial weights, SGD: what every variant must end with."""
+    torch.manual_seed(seed)
+    with device:
+        model = build_model(cfg)
+    optimizer = make_optimizer(model.parameters())
+    for batch in tokens:
+        batch = batch.to(device)
+        optimizer.zero_grad()
+        F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten()).backward()
+        optimizer.step()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Tensor], device: torch.device,
+          optimizer: Any = None, atol: float = ATOL) -> str:
+    """"ok", or WRONG naming the first parameter (in the model's order) that differs from the reference."""
+    optimizer = optimizer or check_sgd(v.wrapper.parameters())
+    for batch in tokens:
+        train_step(v, *my_rows(batch, device), optimizer)
+    for name, p in v.module.named_parameters():
+        diff = (p.detach() - reference[name]).abs()
+        if not torch.allclose(p.detach(), reference[name], rtol=RTOL, atol=atol):
+            return (f"WRONG: {name} differs from one process on the whole batch by up to {diff.max().item():.2g} "
+                    f"after {len(tokens)} steps")
+    return "ok"
+
+
+def timed_step(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, device: torch.device) -> float:
+    """ms of one step, the ranks started together (a barrier, untimed) and the device synchronised."""
+    dist.barrier()
+    with common.SyncTimer(device) as timer:
+        train_step(v, x, y, optimizer)
+    return timer.elapsed_s * 1e3
+
+
+def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, device: torch.device,
+                  steps: int, keep: Path | None) -> dict[str, Any]:
+    """Profiled steps: from this rank's trace, the mean step's communication (kernel_tables' table 5)."""
+    activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (
+        device.type == "cuda")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = keep or Path(scratch, "trace.json")
+        with common.quiet_profiler(activities) as profiler:
+            for _ in range(steps):
+                dist.barrier()
+                train_step(v, x, y, optimizer)
+            common.synchronize(device)
+        profiler.export_chrome_trace(str(path))
+        profile = kernel_tables.load_torch_trace(path)
+        rows = kernel_tables.communication_rows(profile)
+    mean = {r["phase"]: r for r in rows if r["step"] == "mean"}
+    step = mean.get(kernel_tables.WHOLE_STEP, {})
+    return {"step_ms": step.get("phase_ms"), "comm_ms": step.get("comm_ms", 0.0),
+            "hidden_ms": step.get("hidden_ms", 0.0), "exposed_ms": step.get("exposed_ms", 0.0),
+            "by_phase": {phase: {k: r[k] for k in ("comm_ms", "hidden_ms", "exposed_ms")}
+                         for phase, r in mean.items() if phase != kernel_tables.WHOLE_STEP},
+            "lanes": lanes(profile),
+            **({"trace": str(keep)} if keep else {})}
+
+
+def lanes(profile: kernel_tables.Profile) -> dict[str, Any]:
+    """The first profiled step as the timeline figure draws it: ms from its start, when compute ran and when
+    communication did (each the union of its intervals), and where its phases began."""
+    step = min((r for r in profile.ranges if r.name == "step"), key=lambda r: r.start_ns, default=None)
+    if step is None:
+        return {}
+
+    def inside(union: list[tuple[float, float]]) -> list[list[float]]:
+        return [[(max(a, step.start_ns) - step.start_ns) / 1e6, (min(b, step.end_ns) - step.start_ns) / 1e6]
+                for a, b in union if b > step.start_ns and a < step.end_ns]
+
+    comm = [i for i in profile.intervals if kernel_tables.collective_kind(i.name)]
+    compute = [i for i in profile.intervals if not kernel_tables.collective_kind(i.name)]
+    return {"step_ms": step.duration_ns / 1e6,
+            "compute": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in compute)),
+            "comm": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in comm)),
+            "phases": {r.name: (r.start_ns - step.start_ns) / 1e6 for r in profile.ranges
+                       if r.name in ("forward", "backward", "gradient sync", "optimizer")
+                       and step.start_ns <= r.start_ns <= step.end_ns}}
+
+
+class Ranks:
+    """This rank's exchange with the others through the launch's store: never a collective, so a rank that
+    failed or hangs cannot make the others wait longer than the timeout."""
+
+    def __init__(self, store: dist.Store, rank: int, world: int, timeout_s: float):
+        self.store, self.rank, self.world = store, rank, world
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.groups = 0
+
+    def all_say(self, key: str, value: Any) -> list[Any]:
+        self.store.set(f"{key}/{self.rank}", json.dumps(value))
+        keys = [f"{key}/{r}" for r in range(self.world)]
+        self.store.wait(keys, self.timeout)
+        return [json.loads(self.store.get(k)) for k in keys]
+
+    def new_group(self, backend: str, timeout_s: float, device: torch.device) -> None:
+        """A fresh default process group (after a failure the old one may be stuck mid-collective)."""
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self.groups += 1
+        dist.init_process_group(backend, store=dist.PrefixStore(f"pg{self.groups}/", self.store), rank=self.rank,
+                                world_size=self.world, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+
+
+def agreed(statuses: list[str]) -> str:
+    """One row's status from every rank's: ok, the WRONG of rank 0 (all ranks hold the same weights), or the
+    first failure as a row says it ("error on rank 1: ...")."""
+    failed = [(r, s) for r, s in enumerate(statuses) if s != "ok" and not s.startswith("WRONG")]
+    if failed:
+        timeouts = [(r, s) for r, s in failed if "timeout" not in s.lower() and "timed out" not in s.lower()]
+        rank, status = (timeouts or failed)[0]  # the rank that raised, not the one left waiting for it
+        return parallel.on_rank(status, rank)
+    return next((s for s in statuses if s != "ok"), "ok")
+
+
+def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | None) -> None:
+    """One rank: every variant built and checked, timed in rounds with the others, profiled; rank 0 reports."""
+    launch = parallel.torchrun_launch()
+    world = args.world_size
+    if launch is None:  # Ctrl-C is the script's to act on: it stops the ranks
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    host, port = store_at or (launch.master_addr, launch.master_port)
+    store = dist.PrefixStore("bench_ddp/", dist.TCPStore(host, port, is_master=False,
+                                                          timeout=datetime.timedelta(seconds=args.pg_timeout)))
+    ranks = Ranks(store, rank, world, args.pg_timeout * 2 + 60)
+    device = torch.device("cuda", launch.local_rank if launch else rank) if args.device == "cuda" else \
+        torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:  # the ranks share this machine's cores: each its part, not all of them each
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // (launch.local_world_size if launch else world)))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    cfg, local = args.model, args.batch_size // world
+    env = common.environment(device) if rank == 0 else {}
+    load_before = common.machine_load(device)
+    ranks.new_group(backend, args.pg_timeout, device)
+    check_tokens = batches(cfg, args.batch_size, args.check_steps, args.seed)
+    x, y = my_rows(batches(cfg, args.batch_size, 1, args.seed + 1)[0], device)
+    reference = reference_weights(cfg, check_tokens, device, args.seed)
+    live: list[tuple[int, Variant, Any]] = []
+    statuses: dict[int, str] = {}
+    details: dict[int, dict[str, Any]] = {i: {} for i in range(len(args.variant_specs))}
+    for i, spec in enumerate(args.variant_specs):
+        if rank == 0:
+            progress(f"[{i + 1}/{len(args.variant_specs)}] {spec.name}: building and checking")
+        try:
+            variant = build_variant(spec, cfg, device, args.seed)
+            # the baseline sends nothing, so its ranks' weights part: nothing to check
+            status = "ok" if spec.name == BASELINE else check(variant, check_tokens, reference, device)
+        except Exception as exc:  # noqa: BLE001 - a failure is this variant's row
+            variant, status = None, common.failure_status(exc)
+            if isinstance(exc, NotImplementedError) and not str(exc):
+                status = f"not implemented: {spec.make or spec.name} raises NotImplementedError"
+            details[i]["traceback"] = traceback.format_exc()
+        statuses[i] = agreed(ranks.all_say(f"check/{i}", status))
+        if statuses[i] == "ok" or statuses[i].startswith("WRONG"):
+            live.append((i, variant, build_optimizer("torch", variant.wrapper.parameters(), device)))
+        else:  # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
+            variant = None
+            ranks.new_group(backend, args.pg_timeout, device)
+            rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
+            live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
+    if rank == 0:
+        progress(f"timing {len(live)} variants, {args.steps} rounds")
+    samples = time_variants(args, live, x, y, device, rank, details, statuses)
+    sharding: dict[str, Any] = {}
+    nbytes = grad_bytes(reference)
+    del live, reference, variant  # the memory breakdown counts every tensor this process holds
+    if args.sharded_optimizer:
+        if rank == 0:
+            progress("optimizer state sharding: memory and time, with and without")
+        try:
+            sharding = sharding_run(args, cfg, device, x, y, check_tokens)
+        except _SharingBroken as exc:
+            sharding = exc.rows
+        except Exception as exc:  # noqa: BLE001 - the timing broke
+            sharding = {"AdamW": {"status": common.failure_status(exc)}}
+    answers = ranks.all_say("answers", {"samples": samples, "details": details, "statuses": statuses,
+                                         "sharding": sharding,
+                                         "load": {"before": load_before, "after": common.machine_load(device)}})
+    if rank == 0:
+        report_run(args, env, cfg, answers, nbytes)
+    ranks.all_say("done", True)
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def time_variants(args: argparse.Namespace, live: list[tuple[int, Variant, Any]], x: torch.Tensor, y: torch.Tensor,
+                  device: torch.device, rank: int, details: dict[int, dict], statuses: dict[int, str]
+                  ) -> dict[int, list[float]]:
+    """Warm-up, then one timed step of each variant per round (runner.interleave: A B C | C B A ...), then the
+    profiled steps of each. A failure here fails every variant it left unfinished."""
+    samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
+    try:
+        for i, v, optimizer in live:
+            for _ in range(args.warmup):
+                timed_step(v, x, y, optimizer, device)
+
+        def run_block(position: int, round_index: int) -> None:
+            i, v, optimizer = live[position]
+            samples[i].append(timed_step(v, x, y, optimizer, device))
+
+        runner.interleave(len(live), args.steps, run_block)
+        for i, v, optimizer in live:
+            keep = None
+            if args.traces:
+                keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
+            details[i]["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
+    except Exception as exc:  # noqa: BLE001 - the rounds broke: every variant still timing says why
+        failure = common.failure_status(exc)
+        for i, _, _ in live:
+            if not samples[i] or "communication" not in details[i]:
+                statuses[i] = parallel.on_rank(failure, rank)
+    return samples
+
+
+def grad_bytes(weights: dict[str, torch.Tensor]) -> int:
+    return sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def exit_with_parent(parent: int) -> None:
+    """A rank this script started ends when the script does, even when killed (SIGKILL leaves no handler)."""
+    while os.getppid() == parent:
+        threading.Event().wait(1.0)
+    os._exit(runner.EXIT_PARENT_GONE)
+
+
+# ---- optimizer state sharding: memory at three points, with and without ----
+
+MEMORY_POINTS = ("after model init", "before optimizer step", "after optimizer step")
+PARTS = ("params", "grads", "optimizer_state", "rest")
+
+
+def tensors_in(obj: Any, seen: set[int] | None = None, depth: int = 8) -> list[torch.Tensor]:
+    """Every tensor an object holds through its attributes, dicts, lists and tuples: an optimizer's state, also
+    when it lives in an inner optimizer (a sharded optimizer wrapping AdamW)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth < 0:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        children = [*obj.keys(), *obj.values()]
+    elif isinstance(obj, (list, tuple, set)):
+        children = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (type, types.ModuleType, nn.Module)) and not callable(obj):
+        children = list(vars(obj).values())
+    else:
+        return []
+    return [t for child in children for t in tensors_in(child, seen, depth - 1)]
+
+
+def storages(tensors: Any) -> dict[int, int]:
+    """{storage: bytes}, each storage once however many views share it."""
+    return {common.storage_key(t): t.untyped_storage().nbytes() for t in tensors if t.device.type != "meta"}
+
+
+def memory_breakdown(module: nn.Module, optimizer: Any, device: torch.device) -> dict[str, int]:
+    """Bytes of parameters, gradients, optimizer state and the rest (every other tensor: the batch, buffers,
+    activations still alive). On CUDA the total is the allocator's; on a CPU, every tensor Python holds."""
+    params = storages(module.parameters())
+    grads = {k: v for k, v in storages(p.grad for p in module.parameters() if p.grad is not None).items()
+             if k not in params}
+    state = {k: v for k, v in storages(tensors_in(optimizer)).items() if k not in params and k not in grads}
+    if device.type == "cuda":
+        total = torch.cuda.memory_allocated(device)
+    else:
+        gc.collect()
+        total = sum(storages(o for o in gc.get_objects() if isinstance(o, torch.Tensor)).values())
+    counted = {"params": sum(params.values()), "grads": sum(grads.values()),
+               "optimizer_state": sum(state.values())}
+    return {**counted, "rest": max(total - sum(counted.values()), 0), "total": total}
+
+
+def make_optimizer(spec: str | None, params: Any) -> Any:
+    """torch.optim.AdamW, or yours sharding it: CALLABLE(params, torch.optim.AdamW, **AdamW's settings)."""
+    from model import ADAMW_SETTINGS
+    if spec is None:
+        return torch.optim.AdamW(params, **ADAMW_SETTINGS)
+    return common.load(spec.rpartition("=")[2])(params, torch.optim.AdamW, **ADAMW_SETTINGS)
+
+
+def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, x: torch.Tensor,
+                 y: torch.Tensor, check_tokens: list[torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """AdamW and your sharded AdamW, each on a model kept in sync by the flat reference: the breakdown at the
+    three points of the second step (the first creates the state), each alone in the process; then yours checked
+    against AdamW in one process on the whole batch; then time per step, the two in rounds."""
+    out: dict[str, dict[str, Any]] = {}
+    optimizers = {"AdamW": None, "sharded AdamW": args.sharded_optimizer}
+    for name, spec in optimizers.items():
+        variant = optimizer = None
+        gc.collect()
+        try:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            variant = build_variant(Spec(name, "flat"), cfg, device, args.seed)
+            optimizer = make_optimizer(spec, variant.wrapper.parameters())
+            points = {MEMORY_POINTS[0]: memory_breakdown(variant.module, optimizer, device)}
+            for step in range(2):
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(variant.wrapper(x).flatten(0, 1), y.flatten()).backward()
+                variant.wrapper.finish_gradient_synchronization()
+                if step:
+                    points[MEMORY_POINTS[1]] = memory_breakdown(variant.module, optimizer, device)
+                optimizer.step()
+            points[MEMORY_POINTS[2]] = memory_breakdown(variant.module, optimizer, device)
+            if device.type == "cuda":
+                points[MEMORY_POINTS[2]]["peak"] = torch.cuda.max_memory_allocated(device)
+            out[name] = {"status": "ok", "points": points, "step_ms": []}
+        except Exception as exc:  # noqa: BLE001 - a failure is this row
+            out[name] = {"status": common.failure_status(exc), "traceback": traceback.format_exc()}
+            raise _SharingBroken(out) from exc
+    del variant, optimizer
+    live = []
+    for name, spec in optimizers.items():
+        variant = build_variant(Spec(name, "flat"), cfg, device, args.seed)
+        live.append((name, variant, make_optimizer(spec, variant.wrapper.parameters())))
+    reference = reference_weights(cfg, check_tokens, device, args.seed, lambda params: make_optimizer(None, params))
+    # AdamW divides by sqrt(v): where a gradient nearly cancels, summation order moves a weight by up to ~1e-5
+    out["sharded AdamW"]["status"] = check(live[1][1], check_tokens, reference, device, live[1][2],
+                                           atol=ADAMW_CHECK_ATOL)
+    del reference
+
+    def run_block(position: int, round_index: int) -> None:
+        name, variant, optimizer = live[position]
+        out[name]["step_ms"].append(timed_step(variant, x, y, optimizer, device))
+
+    runner.interleave(len(live), args.steps, run_block)
+    return out
+
+
+class _SharingBroken(RuntimeError):
+    """The sharded run failed: the rows so far, with the failure."""
+
+    def __init__(self, rows: dict[str, dict[str, Any]]):
+        super().__init__("sharding run failed")
+        self.rows = rows
+
+
+# --------------------------------------------------------------------------------------------- report
+
+
+def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: list[dict], nbytes: int) -> None:
+    """Rank 0: one record per variant from every rank's answers, written and printed."""
+    world = args.world_size
+    wire = 2 * (world - 1) / world * nbytes  # what a ring all-reduce sends per rank (nccl-tests' bus bytes)
+    records = []
+    for i, spec in enumerate(args.variant_specs):
+        key = str(i)
+        statuses = [a["statuses"].get(key, "not run") for a in answers]
+        status = next((s for s in statuses if not s.startswith(("ok", "WRONG"))), statuses[0])
+        per_rank = [a["samples"].get(key, []) for a in answers]
+        comm = [a["details"][key].get("communication") for a in answers]
+        record: dict[str, Any] = {
+            "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
+            "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
+                       "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
+                       "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
+                       "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
+            "environment": env, "load": answers[0]["load"],
+            "grad_bytes": nbytes, "wire_bytes": 0 if spec.name == BASELINE else wire,
+            "link_gbps": args.link_gbps}
+        if all(len(s) == args.steps for s in per_rank) and args.steps:
+            record["step_ms"] = [max(step) for step in zip(*per_rank)]  # the slowest rank's: the step's time
+            record["ranks"] = [{"rank": r, "step_ms": s, "communication": c} for r, (s, c) in
+                               enumerate(zip(per_rank, comm))]
+        if all(comm):
+            for k in ("comm_ms", "hidden_ms", "exposed_ms"):
+                record[k] = statistics.fmean(c[k] for c in comm)
+            record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
+        if args.link_gbps and spec.name != BASELINE:
+            record["floor_ms"] = wire / (args.link_gbps * 1e9) * 1e3
+        if tb := answers[0]["details"][key].get("traceback"):
+            record["traceback"] = tb
+        records.append(record)
+    for name in answers[0]["sharding"]:
+        shard = [a["sharding"].get(name, {}) for a in answers]
+        failed = [(r, s["status"]) for r, s in enumerate(shard) if s.get("status", "ok") != "ok"]
+        status = "ok" if not failed else failed[0][1] if failed[0][1].startswith("WRONG") else \
+            parallel.on_rank(failed[0][1], failed[0][0])
+        state_bytes = 8 / (world if name != "AdamW" else 1)  # AdamW's two moments, fp32, split over the ranks
+        record = {"experiment": "bench_ddp", "kind": "memory", "variant": name, "status": status,
+                  "optimizer": args.sharded_optimizer if name != "AdamW" else "torch.optim.AdamW",
+                  "num_params": cfg.num_params, "world_size": world, "environment": env,
+                  "expected_bytes_per_param": {MEMORY_POINTS[0]: 4, MEMORY_POINTS[1]: 8 + state_bytes,
+                                               MEMORY_POINTS[2]: 8 + state_bytes},
+                  "ranks": [s.get("points") for s in shard]}
+        if all(len(s.get("step_ms", [])) == args.steps for s in shard):
+            record["step_ms"] = [max(step) for step in zip(*(s["step_ms"] for s in shard))]
+        records.append(record)
+    files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp")
+    for record in records:
+        files.append_record(record)
+    report.publish("bench_ddp", records, files, args.fmt, plot=args.plot)
+
+
+# --------------------------------------------------------------------------------------------- launch
+
+
+def spawn(args: argparse.Namespace) -> int:
+    """Start --world-size ranks here; they end with this script (Ctrl-C, SIGTERM, a rank dying)."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=args.pg_timeout))
+    context = mp.start_processes(rank_main, args=(args, ("127.0.0.1", store.port)), nprocs=args.world_size,
+                                 join=False, daemon=True, start_method="spawn")
+    try:
+        with results.sigterm_as_interrupt():
+            while not context.join(timeout=1.0):
+                pass
+    except mp.ProcessExitedException as exc:
+        progress(f"error: rank {exc.error_index} died (exit code {exc.exit_code}); the other ranks were stopped "
+                 "and no table was written")
+        return 1
+    except mp.ProcessRaisedException as exc:
+        progress(f"error on a rank: {str(exc).strip().splitlines()[-1]}")
+        return 1
+    except KeyboardInterrupt as stop:
+        for process in context.processes:
+            if process.is_alive():
+                runner._stop(process)
+        progress("interrupted: the ranks were stopped; no table was written")
+        return 128 + results.signal_number(stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.command = ["bench_ddp.py", *(sys.argv[1:] if argv is None else argv)]
+    args.trace_dir = str(Path(args.results_dir, "ddp", "traces"))
+    if args.traces:
+        Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
+    launch = parallel.torchrun_launch()
+    if launch is not None:
+        rank_main(launch.rank, args, None)
+        return 0
+    return spawn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

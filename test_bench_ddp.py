@@ -1,0 +1,261 @@
+"""bench_ddp.py and kernel_tables' communication table: the hidden/exposed split on the real 2-GPU NCCL DDP trace
+(../shared/realdata) against an independent count on a 0.1 µs boolean timeline; one bench_ddp.py run of 2 gloo
+processes (the references, torch's DDP, the baseline and a student's tests/adapters.py with a right class, a wrong
+one and a sharded optimizer) behind every other assertion; bad flags."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bench_ddp
+import kernel_tables as kt
+from results import read_records
+
+HERE = Path(__file__).resolve().parent
+# ../shared/realdata from the main checkout; a worktree sits one level deeper
+REALDATA = next((folder for folder in (HERE.parent / "shared" / "realdata", HERE.parent.parent / "shared" / "realdata")
+                 if folder.is_dir()), None)
+DDP_TRACE = "ddp_2xa100_nccl_rank0_torch_profiler.json.gz"
+
+
+def realdata(name: str) -> Path:
+    if REALDATA is None or not (REALDATA / name).is_file():
+        pytest.skip(f"no {name}: the real GPU material is read from ../shared/realdata, absent here")
+    return REALDATA / name
+
+
+# ---- the communication table on the real DDP trace ----
+
+
+def timeline_count(path: Path) -> dict[tuple[int, str], tuple[float, float]]:
+    """(step, phase) -> (comm ms, hidden ms), counted another way: every GPU operation painted onto a boolean
+    timeline of 0.1 µs cells; a collective belongs to the annotation range that holds its launch (its CUDA runtime
+    call, by correlation id); hidden = cells where a collective and any other GPU operation both run."""
+    events = [e for e in json.load(gzip.open(path, "rt"))["traceEvents"] if e.get("ph") == "X"]
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launch = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
+    t0, cell = min(e["ts"] for e in gpu), 0.1
+    cells = int((max(e["ts"] + e["dur"] for e in gpu) - t0) / cell) + 2
+
+    def paint(kernels):
+        mask = np.zeros(cells, dtype=bool)
+        for e in kernels:
+            mask[round((e["ts"] - t0) / cell):round((e["ts"] + e["dur"] - t0) / cell)] = True
+        return mask
+
+    compute = paint(e for e in gpu if "nccl" not in e["name"].lower())
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    steps = sorted((e for e in annotations if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    out = {}
+    for number, step in enumerate(steps, 1):
+        for name, phase in (("## forward ##", "forward"), ("## backward ##", "backward"),
+                            (step["name"], kt.WHOLE_STEP)):
+            window = next(e for e in annotations if e["name"] == name and step["ts"] <= e["ts"] <= step["ts"] +
+                          step["dur"])
+            comm = paint(e for e in gpu if "nccl" in e["name"].lower() and
+                         window["ts"] <= launch[e["args"]["correlation"]] <= window["ts"] + window["dur"])
+            out[number, phase] = (comm.sum() * cell / 1e3, (comm & compute).sum() * cell / 1e3)
+    return out
+
+
+def test_communication_table_on_the_real_ddp_trace_agrees_with_a_timeline_count():
+    trace = realdata(DDP_TRACE)
+    rows = kt.communication_rows(kt.load_torch_trace(trace))
+    counted = timeline_count(trace)
+    by = {(r["step"], r["phase"]): r for r in rows}
+    assert {k for k in by if k[0] != "mean"} >= set(counted) and len(counted) == 9  # 3 ProfilerSteps x 3
+    for key, (comm_ms, hidden_ms) in counted.items():
+        assert by[key]["comm_ms"] == pytest.approx(comm_ms, abs=0.005), key
+        assert by[key]["hidden_ms"] == pytest.approx(hidden_ms, abs=0.005), key
+        assert by[key]["exposed_ms"] == pytest.approx(comm_ms - hidden_ms, abs=0.01), key
+    backward = [by[s, "backward"] for s in (1, 2, 3)]
+    assert all(r["collectives"] == "all-reduce x5" and r["comm_ms"] > 10 for r in backward)  # DDP's 5 buckets
+    assert by["mean", kt.WHOLE_STEP]["comm_ms"] == pytest.approx(sum(counted[s, kt.WHOLE_STEP][0]
+                                                                     for s in (1, 2, 3)) / 3, abs=0.005)
+    assert 0 < by["mean", "backward"]["hidden_share"] < 1
+    text = kt.render_tables(kt.build_tables(kt.load_torch_trace(trace)))
+    assert "### 5. Communication" in text and "whole step" in text
+
+
+# ---- bench_ddp.py: one run of 2 gloo processes on this CPU, every assertion on it ----
+
+MICRO = ["--device", "cpu", "--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64",
+         "--vocab-size", "128", "--context-length", "8", "--check-steps", "2", "--warmup", "0", "--steps", "2",
+         "--profile-steps", "1", "--pg-timeout", "60"]
+
+# tests/adapters.py as a student writes it (the course's 2026 and 2025 adapter functions): get_ddp is right,
+# get_ddp_individual_parameters forgets to average, get_ddp_bucketed is not written yet; a sharded optimizer
+ADAPTERS = '''
+import torch
+import torch.distributed as dist
+
+
+class StudentDDP(torch.nn.Module):
+    def __init__(self, module, average=True):
+        super().__init__()
+        self.module, self.average, self.handles = module, average, []
+        for t in module.state_dict().values():
+            dist.broadcast(t, 0)
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(self._hook)
+
+    def _hook(self, p):
+        if self.average:
+            p.grad.div_(dist.get_world_size())
+        self.handles.append(dist.all_reduce(p.grad, async_op=True))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for handle in self.handles:
+            handle.wait()
+        self.handles.clear()
+
+
+def get_ddp(module):
+    return StudentDDP(module)
+
+
+def ddp_on_after_backward(ddp_model, optimizer):
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp_individual_parameters(module):
+    return StudentDDP(module, average=False)
+
+
+def ddp_individual_parameters_on_after_backward(ddp_model, optimizer):
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp_bucketed(module, bucket_size_mb):
+    raise NotImplementedError
+
+
+def ddp_bucketed_on_after_backward(ddp_model, optimizer):
+    ddp_model.finish_gradient_synchronization()
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.every = list(params)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.owner = [i % world for i in range(len(self.every))]
+        self.inner = optimizer_cls([p for p, o in zip(self.every, self.owner) if o == rank], **kwargs)
+        super().__init__(self.every, kwargs)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.every:
+            p.grad = None
+
+    def step(self, closure=None):
+        self.inner.step()
+        for p, owner in zip(self.every, self.owner):
+            dist.broadcast(p.data, owner)
+
+
+def get_sharded_optimizer(params, optimizer_cls, **kwargs):
+    return ShardedOptimizer(params, optimizer_cls, **kwargs)
+'''
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """bench_ddp.py as a student runs it from their repository: the references, torch DDP, the baseline and
+    their adapters, one spawn of 2 gloo ranks."""
+    repo = tmp_path_factory.mktemp("student")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "__init__.py").write_text("")
+    (repo / "tests" / "adapters.py").write_text(ADAPTERS)
+    result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
+                             "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
+                             str(repo / "res")],
+                            cwd=repo, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (jsonl,) = (repo / "res" / "ddp").glob("*.jsonl")
+    return result, read_records(jsonl), jsonl
+
+
+def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_run):
+    result, records, jsonl = ddp_run
+    rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
+    assert list(rows) == ["naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp",
+                          "ddp_individual_parameters", "ddp_bucketed 1 MB"]
+    for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp"):
+        assert rows[name]["status"] == "ok", (name, rows[name]["status"])
+        assert len(rows[name]["step_ms"]) == 2 and all(t > 0 for t in rows[name]["step_ms"])
+        split = rows[name]
+        assert split["hidden_ms"] + split["exposed_ms"] == pytest.approx(split["comm_ms"])
+    # the student's class that sums instead of averaging: WRONG, naming a parameter; still timed
+    wrong = rows["ddp_individual_parameters"]
+    assert wrong["status"].startswith("WRONG: ") and "differs from one process" in wrong["status"]
+    assert wrong["status"].split()[1] in {"token_embeddings.weight", "lm_head.weight"} or "." in wrong["status"]
+    assert rows["ddp_bucketed 1 MB"]["status"] == ("error on rank 0: not implemented: "
+                                                   "tests.adapters:get_ddp_bucketed raises NotImplementedError")
+    for name in ("naive", "flat", "torch", "ddp"):  # they communicate, the baseline does not
+        assert rows[name]["comm_ms"] > 0 and rows[name]["wire_bytes"] > 0
+    assert rows["nocomm"]["wire_bytes"] == 0
+    # gradients of fp32 parameters, of which a 2-rank ring all-reduce sends (n-1)/n x 2; over 10 GB/s
+    assert rows["flat"]["wire_bytes"] == rows["flat"]["grad_bytes"]
+    assert rows["flat"]["floor_ms"] == pytest.approx(rows["flat"]["wire_bytes"] / 10e9 * 1e3)
+    assert "| naive " in result.stdout and "vs nocomm ms" in result.stdout and "WRONG" in result.stdout
+    # the timeline figure: every rank's compute and communication lanes of a profiled step, from its trace
+    lanes = rows["naive"]["ranks"][0]["communication"]["lanes"]
+    assert lanes["comm"] and lanes["compute"] and 0 <= lanes["phases"]["backward"] < lanes["phases"]["optimizer"]
+    assert all(0 <= a <= b <= lanes["step_ms"] for a, b in lanes["comm"] + lanes["compute"])
+    assert jsonl.with_name(jsonl.stem + "_timeline.png").stat().st_size > 0
+    assert "nsys profile -o ddp" in result.stdout
+
+
+def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
+    result, records, _ = ddp_run
+    memory = {r["variant"]: r for r in records if r.get("kind") == "memory"}
+    # both trained: the sharded one checked against AdamW in one process on the whole batch
+    assert set(memory) == {"AdamW", "sharded AdamW"} and all(r["status"] == "ok" for r in memory.values())
+    n = memory["AdamW"]["num_params"]
+    for rank in (0, 1):
+        plain, sharded = memory["AdamW"]["ranks"][rank], memory["sharded AdamW"]["ranks"][rank]
+        assert plain["after model init"]["params"] == 4 * n and plain["after model init"]["grads"] == 0
+        assert plain["before optimizer step"]["grads"] == 4 * n
+        assert plain["after optimizer step"]["optimizer_state"] >= 8 * n  # two moments (and AdamW's step counts)
+        assert sharded["after optimizer step"]["optimizer_state"] < 0.75 * plain["after optimizer step"][
+            "optimizer_state"]  # each rank keeps the moments of about half the parameters
+        assert all(point["rest"] >= 0 and point["total"] >= point["params"] for point in sharded.values())
+    assert memory["sharded AdamW"]["expected_bytes_per_param"]["after optimizer step"] == 12
+    assert "### Optimizer state sharding" in result.stdout and "after optimizer step" in result.stdout
+
+
+def test_report_re_renders_the_run(ddp_run):
+    result, _, jsonl = ddp_run
+    again = subprocess.run([sys.executable, str(HERE / "report.py"), str(jsonl)], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    table = result.stdout[result.stdout.index("| variant"):result.stdout.index("\nwrote ")].strip()
+    assert table in again.stdout
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--world-size", "1"], "needs 2 or more ranks"),
+    (["--batch-size", "3"], "does not split over 2 ranks"),
+    (["--adapters", "no_such_module_here"], "--adapters: cannot import no_such_module_here"),
+    (["--variants", "nocomm"], "nothing to measure besides the baseline"),
+])
+def test_bad_flags_are_one_line_and_exit_2(argv, said, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_status:
+        bench_ddp.main(["--device", "cpu", *argv])
+    error = capsys.readouterr().err
+    assert exit_status.value.code == 2 and said in error and len(error.strip().splitlines()) == 1
+
+
+def test_an_nsys_export_gives_intervals_on_streams_and_no_communication_table_without_collectives():
+    profile = kt.load_nsys(realdata("rtx3070ti_train_nsys2025.1.3.sqlite"))
+    assert len(profile.intervals) == len(profile.activities) > 10_000
+    assert all(i.lane.startswith("stream ") and i.lane != "stream None" for i in profile.intervals[:100])
+    assert kt.communication_rows(profile) == []  # one GPU: nothing to split
