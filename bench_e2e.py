@@ -143,6 +143,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="--leaderboard: CALLABLE(your_model) returns {your parameter name: ours} for the behaviour "
                         "check, where your names differ from the reference's")
     results.add_device_args(p)
+    runner.add_recalibrate_arg(p)
     parallel.add_parallel_args(p)
     runner.add_sweep_args(p, compares=True)
     results.add_output_args(p, default_stem="e2e-<UTC time>")
@@ -553,8 +554,10 @@ def trace_tables(run: RunConfig, profiler: Any, record: dict[str, Any]) -> dict[
 # ---------------------------------------------------------------- report
 
 
-def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
-    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU of a finished record."""
+def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None,
+                   measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s, MFU and floors of a finished record;
+    `measured`: the machine's measured ceiling (runner.measured_ceiling), the floors' where no datasheet is."""
     phases = PHASES_BY_MODE[run.mode] + ("step",)
     out = {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
     out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
@@ -567,6 +570,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     flops = (results.step_flops(run.model, run.batch_size, run.context_length, run.mode) if run.flops == "formula"
              else record["counted_step_flops"] if run.flops == "counted" else None)
     flops = flops and flops * run.world_size
+    out["floors"] = phase_floors(run, {**record, **out}, peak_override, measured)
     out.update(step_flops=flops, flops_source=run.flops, achieved_tflops=None, peak_tflops=None, peak_source=None,
                mfu_precision=None, mfu=None)
     if flops is None:  # no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
@@ -582,12 +586,29 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     return out
 
 
+def phase_floors(run: RunConfig, record: dict[str, Any], peak_override: float | None,
+                 measured: dict[str, Any] | None) -> dict[str, Any]:
+    """results.step_floors per phase of one process's step beside its times: forward and backward for our
+    architecture (--flops formula), the optimizer step as AdamW's bytes for any model and optimizer."""
+    env = record["environment"]
+    roofs = common.roofs(env, matmul_precision_key(run.dtype, bool(env.get("tf32_matmul"))), measured, peak_override)
+    if run.parallel:  # per-rank bytes and the collectives' links are not modelled here
+        return {"phases": {}, "roofs": roofs}
+    floors = results.step_floors(run.model, run.batch_size, run.context_length, run.mode, DTYPES[run.dtype].itemsize,
+                                 run.attn, roofs["tflops"], roofs["gbs"], record.get("model_num_params"))
+    if run.flops != "formula":  # another model's FLOPs and bytes are not the formula's
+        floors = {k: v for k, v in floors.items() if k == "optimizer"}
+    if "optimizer" in floors and run.optimizer not in (common.OURS, "torch"):
+        floors["optimizer"]["note"] = "assumes AdamW's state: 28 bytes per parameter"
+    return results.beside_measured(floors, record, roofs)
+
+
 def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespace) -> None:
     """A row's derived figures and status; the predicted state per rank (--parallel); the search's settings."""
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if finished(record):
-        record.update(derive_figures(run, record, args.peak_tflops))
+        record.update(derive_figures(run, record, args.peak_tflops, getattr(args, "ceiling", None)))
         record["status"] = "noisy" if record["noisy"] else "ok"
     if args.context_search:
         record["context_search"] = {"max_context": args.max_context, "resolution": args.search_resolution,
@@ -859,6 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
     plan = runs if args.context_search else runner.comparisons(runs, RunConfig.comparison_key)
+    args.ceiling = runner.measured_ceiling(args, resolve_device(args.device))
     records, code = runner.run_configurations(
         run_config, plan, files, args, name="bench_e2e", device=resolve_device(args.device),
         finish=lambda run, record: finish_record(run, record, args), render=live,

@@ -50,6 +50,45 @@ def labelled(record: Record, records: list[Record]) -> str:
     return record["label"] + (f" ({run_of(record)})" if is_merged(records) else "")
 
 
+# ---- floors: each timed phase beside the least time the hardware allows (results.floor) ----
+
+FLOOR_COLUMNS = ["phase", "ms", "GFLOP", "MB moved", "floor ms", "of floor", "bound", "fused floor ms", "ceiling"]
+
+
+def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Record]:
+    """One row per phase of a record's floors (results.beside_measured), after the identifying `cells`."""
+    floors = record.get("floors") or {}
+    fused = floors.get("fused_floor_ms") or {}
+    return [{**cells, "phase": short.get(phase, phase), "ms": record.get(f"{phase}_ms_mean"),
+             "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
+             "of floor": f"{f['of_floor']:.0%}" if number(f.get("of_floor")) else None,
+             "bound": f["bound"] + (f" ({f['note']})" if f.get("note") else ""),
+             "fused floor ms": fused.get(phase), "ceiling": floors["roofs"]["ceiling"]}
+            for phase, f in floors.get("phases", {}).items()]
+
+
+def roof_line(roofs: Record) -> str:
+    """'bf16: datasheet H100 SXM 989 TFLOP/s, 3350 GB/s; measured 612 TFLOP/s, 2900 GB/s'."""
+    parts = [f"{name} {roof.get('label', '') + ' ' if roof.get('label') else ''}{roof['tflops'] or 0:.3g} TFLOP/s, "
+             f"{roof['gbs'] or 0:.4g} GB/s" for name, roof in (("datasheet", roofs["datasheet"]),
+                                                               ("measured", roofs["measured"])) if roof]
+    return f"{roofs['precision']}: " + ("; ".join(parts) or "none")
+
+
+def floors_section(records: list[Record], cells: Callable[[Record], Record], short: dict[str, str], fmt: str,
+                   what: str) -> str | None:
+    """The floors table of the records that have floors, with what it counts and the ceilings; None if none."""
+    rows = [row for r in records if finished(r) for row in floor_rows(r, cells(r), short)]
+    if not rows:
+        return None
+    columns = [c for c in keys_of(rows) if any(row.get(c) is not None for row in rows)]
+    roofs = dict.fromkeys(roof_line(r["floors"]["roofs"]) for r in records if r.get("floors"))
+    return (f"## Floors: how far from the hardware\n\n{render_table(rows, columns, fmt, '.4g')}\n\n"
+            "floor ms: max(GFLOP / peak FLOP/s, MB moved / memory bandwidth), the larger its bound; of floor: floor "
+            f"/ measured, the share of the hardware's limit reached. {what} Ceilings (datasheet when it names "
+            "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + ".")
+
+
 # ---- bench_e2e tables ----
 
 E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "mode", "dtype", "compile", "warmup", "attn",
@@ -174,6 +213,8 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    if floors := e2e_floors(records, rows, fmt):
+        lines += ["", floors]
     if spec := e2e_comparison(records):
         names, merged = variants([r["config"] for r in records]), is_merged(records)
         lines += ["", f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
@@ -184,6 +225,20 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
                   + " A configuration measured in several runs is compared within each run, never across." * merged]
     sections = [search_table(records, fmt), profile_report(records, fmt)]
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
+
+
+def e2e_floors(records: list[Record], rows: list[Record], fmt: str) -> str | None:
+    """floors_section for bench_e2e: a row per configuration and phase, named by the cells that vary."""
+    named = ["size", "ctx"] + [c for c in ("mode", "dtype", "compile", "warmup", "attn", "model", "optimizer",
+                                           "parallel") if len({str(row.get(c)) for row in rows}) > 1]
+    cells = {id(r): {c: row.get(c) for c in with_run_column(named, records)} for r, row in zip(records, rows)}
+    return floors_section(records, lambda r: cells[id(r)], E2E_PHASE_SHORT, fmt,
+                          "GFLOP: results.forward_flops, backward 2x; MB moved, a lower bound: every matmul weight "
+                          "read (fp32), the activations backward reads written by forward and read by backward "
+                          "(results.saved_activations: layer inputs of the matmuls, Q, K, V, W1x, W3x, logits; "
+                          "naive attention's probabilities), backward's fp32 gradients written; opt: AdamW's 28 "
+                          "bytes per parameter. Left out: activation gradients, intermediates, re-reads, autocast's "
+                          "weight copies (docs/bench_e2e.md#floors).")
 
 
 # comparisons: one configuration in several variants (--dtype, --compile, --attn, --model, ...)
@@ -473,6 +528,15 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs or returning "
                "NaN/inf; a WRONG kernel is still timed") if tolerances else ""
     lines += ["", ATTENTION_NOTE + checked + "."]
+    several = [k for k in ("dtype", "batch_size") if len({r["config"][k] for r in records}) > 1]
+    if floors := floors_section(records, lambda r: {
+            **({RUN_COLUMN: run_of(r)} if is_merged(records) else {}), "impl": r["config"]["impl"],
+            "d": r["config"]["d"], "seq": r["config"]["seq_len"], **{k: r["config"][k] for k in several}},
+            ATTENTION_PHASE_SHORT, fmt, "GFLOP: causal QK^T and PV, backward 2x. MB moved, a lower bound: Q, K, V "
+            "read and O written (fused, FlashAttention's O(seq x d)), backward reading Q, K, V, O, dO and writing "
+            "dQ, dK, dV; naive and compiled add the seq x seq scores and probabilities written and read (forward: 4 "
+            "passes, backward: 5), their fused floor ms beside (results.attention_phase_bytes)."):
+        lines += ["", floors]
     if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
                   + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r

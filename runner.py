@@ -27,7 +27,7 @@ import torch
 
 import parallel
 import results
-from common import environment, failure_status
+from common import CEILINGS_FILE, environment, failure_status, machine_ceiling
 from results import ResultFiles, Terminated, finished, is_oom_status, progress, round_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -248,6 +248,30 @@ def add_sweep_args(parser: argparse.ArgumentParser, compares: bool = False) -> N
                  "alternating. See docs/running.md")
         arg("--repeats", type=results.step_count, default=1, help="--interleave runs: whole runs of every "
             "variant, alternating A B B A (2 or more give the speed-up an interval)")
+
+
+def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure this machine's ceiling again (best matmul TFLOP/s per dtype, copy GB/s; a few "
+                             "seconds), the floors' ceiling where no datasheet names the device; else the one "
+                             f"saved in <results-dir>/{CEILINGS_FILE}")
+
+
+def measured_ceiling(args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
+    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here);
+    None on a torchrun rank but 0, or when it failed (said: the floors then use the datasheet only)."""
+    if not parallel.is_rank_zero():
+        return None
+    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate}
+    got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    if not got["ok"]:
+        progress(f"note: no measured ceiling ({got['status']}): floors only where a datasheet names the device")
+        return None
+    ceiling = got["value"]
+    if not ceiling["cached"]:
+        rates = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in ceiling["matmul_tflops"].items())
+        progress(f"measured in {ceiling['seconds']:.1f} s: {rates}, copy {ceiling['copy_gbs']:.3g} GB/s")
+    return ceiling
 
 
 def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
