@@ -381,6 +381,7 @@ def memory_bandwidth(device_name: str) -> tuple[float | None, str | None]:
 # ---- the measured ceiling: what this machine reaches, for a CPU or a GPU no datasheet row names ----
 
 CEILINGS_FILE = "ceilings.json"  # in the results folder: {"<host> | <device name> | torch <version>": ceiling}
+CEILINGS_ENV = "CS336_CEILINGS"  # a ceilings file to use instead: one machine's ceiling shared by result folders
 CALIBRATION = {"budget_s": 3.0, "max_matmul": {"cuda": 8192, "cpu": 2048}, "copy_bytes": {"cuda": 2**30, "cpu": 2**28}}
 CALIBRATED = ("fp32", "tf32", "bf16", "fp16")  # on a CPU without tf32: TF32 is a CUDA setting
 
@@ -443,10 +444,10 @@ def measure_ceiling(device: torch.device, budget_s: float, max_matmul: int, copy
 
 def machine_ceiling(device: torch.device, results_dir: str, recalibrate: bool = False,
                     calibration: dict[str, Any] | None = None) -> dict[str, Any]:
-    """This machine's measured ceiling from <results_dir>/ceilings.json, measured (a few seconds) and added to it
-    when absent or when `recalibrate`; `calibration`: CALIBRATION's settings (tests shrink them)."""
+    """This machine's measured ceiling from <results_dir>/ceilings.json (or $CS336_CEILINGS), measured (a few
+    seconds) and added to it when absent or when `recalibrate`; `calibration`: CALIBRATION's settings."""
     settings = {**CALIBRATION, **(calibration or {})}
-    path = Path(results_dir, CEILINGS_FILE)
+    path = Path(os.environ.get(CEILINGS_ENV) or Path(results_dir, CEILINGS_FILE))
     key = f"{socket.gethostname()} | {device_name(device)} | torch {torch.__version__}"
     cache: dict[str, Any] | None = {}
     if path.exists():

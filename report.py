@@ -1286,12 +1286,70 @@ def plot_precision(records: list[Record]) -> Any | None:
     return legend_outside(fig, ax_sum)
 
 
+def roofline_points(records: list[Record]) -> list[Record]:
+    """Each timed phase with FLOPs as a roofline point: x = FLOPs / bytes of its floor's byte model (FLOP per byte),
+    y = achieved TFLOP/s (the phase's FLOPs / its mean time); `series` groups them (e2e: the phase, attention:
+    the implementation and phase), `label` names the configuration. Sums (step, fwd+bwd) are left out."""
+    points = []
+    for r in records:
+        floors, c = r.get("floors") or {}, r.get("config") or {}
+        for phase, f in (floors.get("phases") or {}).items():
+            if phase in ("step", "forward_backward") or not f.get("flops") or not number(f.get("achieved_tflops")):
+                continue
+            attention = "impl" in c
+            label = (f"d {c['d']} seq {c['seq_len']}" if attention
+                     else f"{c['size']} ctx {c['model']['context_length']} {c['dtype']} {c.get('attn', '')}".strip())
+            points.append({"series": f"{c['impl']} {phase}" if attention else phase, "label": label,
+                           "intensity": f["flops"] / f["bytes"], "tflops": f["achieved_tflops"],
+                           "precision": floors["roofs"]["precision"]})
+    return points
+
+
+def roofline_roofs(records: list[Record]) -> dict[str, tuple[float, float, bool]]:
+    """Each distinct roof of the records: name -> (peak TFLOP/s, GB/s, from a datasheet)."""
+    roofs: dict[str, tuple[float, float, bool]] = {}
+    for r in records:
+        if not (found := (r.get("floors") or {}).get("roofs")):
+            continue
+        for source, roof in (("datasheet", found["datasheet"]), ("measured", found["measured"])):
+            if roof and number(roof.get("tflops")) and number(roof.get("gbs")):
+                name = f"{source} {roof.get('label') or ''} {found['precision']}".replace("  ", " ")
+                roofs[name] = (roof["tflops"], roof["gbs"], source == "datasheet")
+    return roofs
+
+
+def plot_roofline(records: list[Record]) -> Any | None:
+    """Achieved TFLOP/s against arithmetic intensity under the roofs min(peak, intensity x bandwidth)."""
+    points, roofs = roofline_points(records), roofline_roofs(records)
+    if not points or not roofs:
+        return None
+    fig, (ax,) = new_figure(records, "Roofline: each timed phase under the ceilings", width=9.0)
+    ridges = [t * 1e3 / g for t, g, _ in roofs.values()]  # where a roof's slope meets its peak
+    xs = [p["intensity"] for p in points] + ridges
+    x = sorted({min(xs) / 4, 4 * max(xs), *ridges})
+    for name, (tflops, gbs, datasheet) in roofs.items():
+        ax.plot(x, [min(tflops, i * gbs / 1e3) for i in x], "--" if datasheet else "-", color="0.3" if datasheet
+                else "0.6", linewidth=1.2, label=f"roof: {name} ({tflops:.3g} TFLOP/s, {gbs:.4g} GB/s)")
+    for series in dict.fromkeys(p["series"] for p in points):
+        mine = [p for p in points if p["series"] == series]
+        ax.scatter([p["intensity"] for p in mine], [p["tflops"] for p in mine], label=series, zorder=3)
+        if len(points) <= 8:  # a few points: each named
+            for p in mine:
+                ax.annotate(p["label"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte of the floor's byte model)",
+           ylabel="achieved TFLOP/s")
+    return legend_outside(fig, ax)
+
+
 # experiment -> (what its figures need, its figures by name)
 FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
                   "the speed-ups)",
-                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup}),
-    "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
+                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup,
+                   "roofline": plot_roofline}),
+    "bench_attention": ("at least one finished configuration",
+                        {"attention": plot_attention, "roofline": plot_roofline}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),
     "mem_profile-analyze": ("nothing: --analyze draws the snapshot's timeline itself", {}),

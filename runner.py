@@ -27,7 +27,7 @@ import torch
 
 import parallel
 import results
-from common import CEILINGS_FILE, environment, failure_status, machine_ceiling
+from common import CEILINGS_ENV, CEILINGS_FILE, environment, failure_status, machine_ceiling
 from results import ResultFiles, Terminated, finished, is_oom_status, progress, round_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -254,7 +254,7 @@ def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure this machine's ceiling again (best matmul TFLOP/s per dtype, copy GB/s; a few "
                              "seconds), the floors' ceiling where no datasheet names the device; else the one "
-                             f"saved in <results-dir>/{CEILINGS_FILE}")
+                             f"saved in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
 
 
 def measured_ceiling(args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
