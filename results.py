@@ -340,6 +340,27 @@ def beside_measured(floors: dict[str, dict], record: Record, roofs: dict[str, An
     return {"phases": floors, "roofs": roofs}
 
 
+def floor_facts(records: list[Record]) -> list[str]:
+    """study.py's line on the floors of a problem's records ([] when none has floors): each phase (each
+    implementation's, for attention) at what share of its floor, a range over the configurations."""
+    shares: dict[str, list[tuple[float, str]]] = {}
+    for r in records:
+        impl = (r.get("config") or {}).get("impl")
+        for phase, f in ((r.get("floors") or {}).get("phases") or {}).items():
+            if number(f.get("of_floor")) and phase != "step":
+                name = f"{impl + ' ' if impl else ''}{phase.replace('forward_backward', 'fwd+bwd')}"
+                shares.setdefault(name, []).append((f["of_floor"], f["bound"]))
+    if not shares:
+        return []
+    ceilings = "/".join(dict.fromkeys(r["floors"]["roofs"]["ceiling"] for r in records if r.get("floors")))
+    parts = []
+    for name, got in shares.items():
+        low, high = f"{min(v for v, _ in got):.0%}", f"{max(v for v, _ in got):.0%}"
+        parts.append(f"{name} at {low}{'-' + high if high != low else ''} of its "
+                     f"{'/'.join(sorted({b for _, b in got}))} floor")
+    return [f"floors ({ceilings} ceiling; floor / measured time): " + ", ".join(parts)]
+
+
 # ---- statistics of interleaved comparisons ----
 # Variants are timed in rounds, A B | B A | A B ..., so a drift of the machine falls on both sides alike. Each
 # round gives one ratio; the speed-up is the Hodges-Lehmann estimate of the per-round log-ratios (the median
