@@ -491,7 +491,7 @@ def roofs(environment: dict[str, Any], precision: str, measured: dict[str, Any] 
         if v), (None, None))
     gbs, memory_source = next(((v, source) for v, source in (
         (sheet_gbs, "datasheet"), ((own or {}).get("gbs"), "measured")) if v), (None, None))
-    ceiling = (compute_source if compute_source == memory_source
+    ceiling = ((compute_source or "none") if compute_source == memory_source
                else f"{compute_source or 'no'} FLOP/s, {memory_source or 'no'} GB/s")
     return {"precision": precision, "tflops": tflops, "gbs": gbs, "ceiling": ceiling, "datasheet": datasheet,
             "measured": own}

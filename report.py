@@ -62,7 +62,7 @@ def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Rec
     return [{**cells, "phase": short.get(phase, phase), "ms": record.get(f"{phase}_ms_mean"),
              "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
              "of floor": f"{f['of_floor']:.0%}" if number(f.get("of_floor")) else None,
-             "bound": f["bound"] + (f" ({f['note']})" if f.get("note") else ""),
+             "bound": (f["bound"] or "no ceiling") + (f" ({f['note']})" if f.get("note") else ""),
              "fused floor ms": fused.get(phase), "ceiling": floors["roofs"]["ceiling"]}
             for phase, f in floors.get("phases", {}).items()]
 

@@ -322,7 +322,7 @@ def step_floors(cfg: ModelConfig, batch: int, seq: int, mode: str, activation_by
                                 backward_bytes(cfg, batch, seq, activation_bytes, attn), tflops, gbs)
     if mode == "train":
         out["optimizer"] = floor(0, optimizer_bytes(num_params or cfg.num_params), tflops, gbs)
-    if all(f["floor_ms"] is not None for f in out.values()):
+    if len(out) > 1 and all(f["floor_ms"] is not None for f in out.values()):
         bounds = {f["bound"] for f in out.values()}
         out["step"] = {"flops": sum(f["flops"] for f in out.values()), "bytes": sum(f["bytes"] for f in out.values()),
                        "floor_ms": sum(f["floor_ms"] for f in out.values()),
