@@ -52,14 +52,15 @@ def labelled(record: Record, records: list[Record]) -> str:
 
 # ---- floors: each timed phase beside the least time the hardware allows (results.floor) ----
 
-FLOOR_COLUMNS = ["phase", "ms", "GFLOP", "MB moved", "floor ms", "of floor", "bound", "fused floor ms", "ceiling"]
+FLOOR_COLUMNS = ["phase", "measured ms", "GFLOP", "MB moved", "floor ms", "of floor", "bound", "fused floor ms",
+                 "ceiling"]
 
 
 def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Record]:
     """One row per phase of a record's floors (results.beside_measured), after the identifying `cells`."""
     floors = record.get("floors") or {}
     fused = floors.get("fused_floor_ms") or {}
-    return [{**cells, "phase": short.get(phase, phase), "ms": record.get(f"{phase}_ms_mean"),
+    return [{**cells, "phase": short.get(phase, phase), "measured ms": record.get(f"{phase}_ms_mean"),
              "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
              "of floor": f"{f['of_floor']:.0%}" if number(f.get("of_floor")) else None,
              "bound": (f["bound"] or "no ceiling") + (f" ({f['note']})" if f.get("note") else ""),
@@ -76,14 +77,17 @@ def roof_line(roofs: Record) -> str:
 
 
 def floors_section(records: list[Record], cells: Callable[[Record], Record], short: dict[str, str], fmt: str,
-                   what: str) -> str | None:
-    """The floors table of the records that have floors, with what it counts and the ceilings; None if none."""
+                   what: str, columns: list[str] | None = None) -> str | None:
+    """The floors table of the records that have floors, with what it counts and the ceilings; None if none.
+    --columns picks its columns when it names one only this table has."""
     rows = [row for r in records if finished(r) for row in floor_rows(r, cells(r), short)]
     if not rows:
         return None
-    columns = [c for c in keys_of(rows) if any(row.get(c) is not None for row in rows)]
+    shown = [c for c in keys_of(rows) if any(row.get(c) is not None for row in rows)]
+    if columns and set(columns) & set(FLOOR_COLUMNS) - {"phase"}:  # in this table's order, the phase always
+        shown = [c for c in shown if c in columns or c in ("phase", RUN_COLUMN)]
     roofs = dict.fromkeys(roof_line(r["floors"]["roofs"]) for r in records if r.get("floors"))
-    return (f"## Floors: how far from the hardware\n\n{render_table(rows, columns, fmt, '.4g')}\n\n"
+    return (f"## Floors: how far from the hardware\n\n{render_table(rows, shown, fmt, '.4g')}\n\n"
             "floor ms: max(GFLOP / peak FLOP/s, MB moved / memory bandwidth), the larger its bound; of floor: floor "
             f"/ measured, the share of the hardware's limit reached. {what} Ceilings (datasheet when it names "
             "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + ".")
@@ -94,7 +98,7 @@ def floors_section(records: list[Record], cells: Callable[[Record], Record], sho
 E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "mode", "dtype", "compile", "warmup", "attn",
                "model", "params", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
-               "peak mem GiB", "status"]
+               "peak mem GiB", "status"] + [c for c in FLOOR_COLUMNS if c != "fused floor ms"]  # the floors table's
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flops)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
@@ -207,13 +211,14 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     rows = [e2e_row(r) for r in records]
     always = E2E_COLUMNS[:6] + ["dtype", "warmup"]  # compile: only when on somewhere; mode: where runs differ
     shown = shown_columns(rows, E2E_COLUMNS, always, ("mode", "attn", "model", "optimizer"))
+    main = [c for c in E2E_COLUMNS if c not in FLOOR_COLUMNS]
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
-             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
+             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt, main), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
-    if floors := e2e_floors(records, rows, fmt):
+    if floors := e2e_floors(records, rows, fmt, columns):
         lines += ["", floors]
     if spec := e2e_comparison(records):
         names, merged = variants([r["config"] for r in records]), is_merged(records)
@@ -227,7 +232,7 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
 
 
-def e2e_floors(records: list[Record], rows: list[Record], fmt: str) -> str | None:
+def e2e_floors(records: list[Record], rows: list[Record], fmt: str, columns: list[str] | None) -> str | None:
     """floors_section for bench_e2e: a row per configuration and phase, named by the cells that vary."""
     named = ["size", "ctx"] + [c for c in ("mode", "dtype", "compile", "warmup", "attn", "model", "optimizer",
                                            "parallel") if len({str(row.get(c)) for row in rows}) > 1]
@@ -238,7 +243,7 @@ def e2e_floors(records: list[Record], rows: list[Record], fmt: str) -> str | Non
                           "(results.saved_activations: layer inputs of the matmuls, Q, K, V, W1x, W3x, logits; "
                           "naive attention's probabilities), backward's fp32 gradients written; opt: AdamW's 28 "
                           "bytes per parameter. Left out: activation gradients, intermediates, re-reads, autocast's "
-                          "weight copies (docs/bench_e2e.md#floors).")
+                          "weight copies (docs/bench_e2e.md#floors).", columns)
 
 
 # comparisons: one configuration in several variants (--dtype, --compile, --attn, --model, ...)
@@ -429,7 +434,7 @@ ATTENTION_IMPL_COLUMNS = [
     "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
     "compile s", "max err", "tol", "status"]
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
-                                              "check"]
+                                              "check"] + FLOOR_COLUMNS[1:]  # the floors table's
 ATTENTION_NOTE = (
     "fwd TFLOP/s: QK^T and PV, 4*B*S^2*d halved for the causal mask, as FlashAttention's benchmarks count; "
     "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
@@ -535,7 +540,7 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
             ATTENTION_PHASE_SHORT, fmt, "GFLOP: causal QK^T and PV, backward 2x. MB moved, a lower bound: Q, K, V "
             "read and O written (fused, FlashAttention's O(seq x d)), backward reading Q, K, V, O, dO and writing "
             "dQ, dK, dV; naive and compiled add the seq x seq scores and probabilities written and read (forward: 4 "
-            "passes, backward: 5), their fused floor ms beside (results.attention_phase_bytes)."):
+            "passes, backward: 5), their fused floor ms beside (results.attention_phase_bytes).", columns):
         lines += ["", floors]
     if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
