@@ -437,7 +437,11 @@ def measure_ceiling(device: torch.device, budget_s: float, max_matmul: int, copy
     src = torch.ones(copy_bytes // 4, device=device)
     dst = torch.empty_like(src)
     out["copy_gbs"] = best_rate(lambda: dst.copy_(src), 2 * src.nbytes, device, share) / 1e9
-    return {**out, "copy_bytes": src.nbytes, "budget_s": budget_s, "seconds": timeit.default_timer() - start,
+    out["copy_bytes"] = src.nbytes
+    del src, dst
+    if device.type == "cuda":  # --in-process: the sweep's configurations get the memory back
+        torch.cuda.empty_cache()
+    return {**out, "budget_s": budget_s, "seconds": timeit.default_timer() - start,
             "device_name": device_name(device), "hostname": socket.gethostname(), "torch": torch.__version__,
             "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 

@@ -301,6 +301,18 @@ def attention_phase_flops(batch: int, seq: int, d: int) -> dict[str, int]:
     return {"forward": forward, "backward": 2 * forward, "forward_backward": 3 * forward}
 
 
+# A ring collective over n ranks sends each rank's share of the message this many times over its link (NCCL's
+# "bus bandwidth" factors, nccl-tests' PERFORMANCE.md): an all-reduce is a reduce-scatter then an all-gather.
+RING_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+
+
+def collective_floor_ms(op: str, nbytes: int, world_size: int, link_gbs: float) -> float:
+    """The least time of a ring collective of an `nbytes` message (the full tensor, as torch.distributed is
+    given it) over links of `link_gbs` GB/s per direction; part 2's floor, bytes / the link's bandwidth."""
+    return RING_FACTORS[op](world_size) * nbytes / (link_gbs * 1e9) * 1e3
+
+
 def floor(flops: int, nbytes: int, tflops: float | None, gbs: float | None) -> dict[str, Any]:
     """max(FLOPs / peak, bytes / bandwidth) in ms and which term it was; a missing ceiling drops its term."""
     compute_ms = flops / (tflops * 1e12) * 1e3 if tflops else None

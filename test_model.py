@@ -89,6 +89,13 @@ def test_adamw_floor_is_28_bytes_per_parameter_over_the_bandwidth(make):
     assert floors["optimizer"]["bound"] == "memory" and floors["optimizer"]["flops"] == 0
 
 
+def test_a_collectives_floor_is_its_ring_bytes_over_the_link():
+    # 1 GB all-reduced over 8 ranks on 450 GB/s links: each rank sends and receives 2 x 7/8 GB
+    assert results.collective_floor_ms("all_reduce", 10**9, 8, 450.0) == pytest.approx(1.75 / 450 * 1e3)
+    assert results.collective_floor_ms("all_gather", 10**9, 2, 100.0) == pytest.approx(5.0)
+    assert results.collective_floor_ms("reduce_scatter", 10**9, 1, 100.0) == 0.0  # one rank: nothing moves
+
+
 def test_state_dict_keys_are_the_reference_names():
     model = TransformerLM(SMALL)
     expected = {"token_embeddings.weight", "ln_final.weight", "lm_head.weight"}
