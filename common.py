@@ -407,8 +407,9 @@ def matmul_tflops(device: torch.device, precision: str, max_n: int, budget_s: fl
     of the budget at the fastest n; (TFLOP/s, n)."""
     dtype = DTYPES["fp32" if precision == "tf32" else precision]
     deadline, rates = timeit.default_timer() + budget_s, {}
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    matmul, before = torch.backends.cuda.matmul, tf32_enabled()
+    if device.type == "cuda":  # the legacy flag, as bench_e2e's --tf32 sets it
+        matmul.allow_tf32 = precision == "tf32"
     try:
         for n in [n for n in (256 * 2**k for k in range(8)) if n <= max_n] or [max_n]:
             a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -419,7 +420,8 @@ def matmul_tflops(device: torch.device, precision: str, max_n: int, budget_s: fl
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
         rates[n] = max(rates[n], best_rate(lambda: a @ b, 2 * n**3, device, deadline - timeit.default_timer()))
     finally:
-        torch.set_float32_matmul_precision(before)
+        if device.type == "cuda":
+            matmul.allow_tf32 = before
     return rates[n] / 1e12, n
 
 

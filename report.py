@@ -87,7 +87,7 @@ def floors_section(records: list[Record], cells: Callable[[Record], Record], sho
     if columns and set(columns) & set(FLOOR_COLUMNS) - {"phase"}:  # in this table's order, the phase always
         shown = [c for c in shown if c in columns or c in ("phase", RUN_COLUMN)]
     roofs = dict.fromkeys(roof_line(r["floors"]["roofs"]) for r in records if r.get("floors"))
-    return (f"## Floors: how far from the hardware\n\n{render_table(rows, shown, fmt, '.4g')}\n\n"
+    return (f"## Floors: how far from the hardware\n\n{render_table(rows, shown, fmt, '.5g')}\n\n"
             "floor ms: max(GFLOP / peak FLOP/s, MB moved / memory bandwidth), the larger its bound; of floor: floor "
             f"/ measured, the share of the hardware's limit reached. {what} Ceilings (datasheet when it names "
             "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + ".")
