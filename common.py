@@ -473,8 +473,11 @@ def machine_ceiling(device: torch.device, results_dir: str, recalibrate: bool = 
     entry = measure_ceiling(device, settings["budget_s"], settings["max_matmul"][device.type],
                             settings["copy_bytes"][device.type])
     if cache is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        replace_text(path, json.dumps({**cache, key: entry}, indent=1) + "\n")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_text(path, json.dumps({**cache, key: entry}, indent=1) + "\n")
+        except OSError as exc:  # a read-only folder: this run still has its ceiling
+            progress(f"note: the measured ceiling is not saved: {path}: {exc.strerror or exc}")
     return {**entry, "cache": str(path), "cached": False}
 
 

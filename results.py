@@ -245,11 +245,11 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
 
 # ---- floors: the least time the hardware allows a phase ----
 # A phase's floor is max(FLOPs / peak FLOP/s, bytes / memory bandwidth); the larger term is its bound. The bytes
-# are a lower bound, each tensor named below moving once (the byte model); what they leave out makes a real
-# phase move more: activation gradients between layers, intermediates (attention scores under sdpa, SwiGLU's
-# and RMSNorm's temporaries, RoPE's copies), re-reads of an input by several kernels, autocast's bf16 copies
-# of the weights, the embedding's gather. So "of floor" (floor / measured) is an upper bound on how close a
-# phase came to the hardware's limit, never below it.
+# are a lower bound, each tensor named below moving once (the byte model); a real phase moves more: activation
+# gradients between layers, intermediates (naive attention's scores before the softmax, SwiGLU's and RMSNorm's
+# temporaries, RoPE's copies), re-reads of an input by several kernels, autocast's bf16 copies of the weights,
+# the embedding's gather. So "of floor" (floor / measured) understates how close a phase came to what it could
+# reach, unless a measured ceiling (a few seconds of matmuls and copies) fell short of the machine's real one.
 
 ADAMW_BYTES_PER_PARAM = 28  # AdamW reads parameter, gradient, m, v and writes parameter, m, v: 7 x 4 bytes (fp32)
 LSE_BYTES = 4  # a fused kernel's fp32 log-sum-exp per query row, kept for backward
