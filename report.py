@@ -26,7 +26,7 @@ from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEAD
                      ModelConfig, PairedRatio, Record, ResultFiles, Setting,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
                      emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number,
-                     pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
+                     pick_columns, progress, render_table, run_of, share, sizes_from, stem_from, to_json_line,
                      unknown_column, with_run_column)
 
 
@@ -62,7 +62,7 @@ def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Rec
     fused = floors.get("fused_floor_ms") or {}
     return [{**cells, "phase": short.get(phase, phase), "measured ms": record.get(f"{phase}_ms_mean"),
              "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
-             "of floor": f"{f['of_floor']:.0%}" if number(f.get("of_floor")) else None,
+             "of floor": share(f["of_floor"]) if number(f.get("of_floor")) else None,
              "bound": (f["bound"] or "no ceiling") + (f" ({f['note']})" if f.get("note") else ""),
              "fused floor ms": fused.get(phase), "ceiling": floors["roofs"]["ceiling"]}
             for phase, f in floors.get("phases", {}).items()]

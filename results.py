@@ -352,6 +352,11 @@ def beside_measured(floors: dict[str, dict], record: Record, roofs: dict[str, An
     return {"phases": floors, "roofs": roofs}
 
 
+def share(value: float) -> str:
+    """A share of a floor as a percentage: whole percents, one significant digit below 1% (launch-bound phases)."""
+    return f"{value:.0%}" if value >= 0.01 else f"{100 * value:.1g}%"
+
+
 def floor_facts(records: list[Record]) -> list[str]:
     """study.py's line on the floors of a problem's records ([] when none has floors): each phase (each
     implementation's, for attention) at what share of its floor, a range over the configurations."""
@@ -367,7 +372,7 @@ def floor_facts(records: list[Record]) -> list[str]:
     ceilings = "/".join(dict.fromkeys(r["floors"]["roofs"]["ceiling"] for r in records if r.get("floors")))
     parts = []
     for name, got in shares.items():
-        low, high = f"{min(v for v, _ in got):.0%}", f"{max(v for v, _ in got):.0%}"
+        low, high = share(min(v for v, _ in got)), share(max(v for v, _ in got))
         parts.append(f"{name} at {low}{'-' + high if high != low else ''} of its "
                      f"{'/'.join(sorted({b for _, b in got}))} floor")
     return [f"floors ({ceilings} ceiling; floor / measured time): " + ", ".join(parts)]
