@@ -122,6 +122,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--force", action="store_true",
                    help="run configurations predicted not to fit in free memory (else skipped)")
     results.add_device_args(p)
+    runner.add_recalibrate_arg(p)
     runner.add_sweep_args(p, compares=True)
     results.add_output_args(p, default_stem="attention-<UTC time>")
     report.add_columns_and_plot_args(p, "bench_attention")
@@ -458,8 +459,9 @@ def measure(run: AttentionRun) -> dict[str, Any]:
     return measure_together([run])[0]
 
 
-def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
-    """In the parent: the predictions; on a timed row each phase's statistics, TFLOP/s, the check's status."""
+def finish_record(run: AttentionRun, record: dict[str, Any], ceiling: dict[str, Any] | None = None) -> None:
+    """In the parent: the predictions; on a timed row each phase's statistics, TFLOP/s, floors (`ceiling`: the
+    measured one, runner.measured_ceiling), the check's status."""
     e = DTYPES[run.dtype].itemsize
     record["predicted_naive_saved_bytes"] = naive_saved_bytes(run.batch_size, run.seq_len, run.d, e)
     record["predicted_need_bytes"] = predicted_need_bytes(run)
@@ -476,8 +478,28 @@ def finish_record(run: AttentionRun, record: dict[str, Any]) -> None:
     # causal: half of QK^T and PV, as FlashAttention's benchmarks count (the masked half is no useful work)
     record["forward_flops"] = results.attention_matmul_flops(run.batch_size, run.seq_len, run.d) // 2
     record["forward_tflops"] = record["forward_flops"] / record["forward_ms_mean"] / 1e9
+    record["floors"] = attention_floors(run, record, ceiling)
     if not record["check"]["ok"]:  # still timed: you see what you are debugging
         record["status"] = check_summary(record["check"])
+
+
+def attention_floors(run: AttentionRun, record: dict[str, Any], ceiling: dict[str, Any] | None) -> dict[str, Any]:
+    """Each phase's floor (results.attention_phase_bytes, _flops): naive, compiled and SDPA's math backend write
+    and read the seq x seq scores (their floors come with the fused kernel's beside), the others O(seq x d)."""
+    env, (b, s, d, e) = record["environment"], (run.batch_size, run.seq_len, run.d, DTYPES[run.dtype].itemsize)
+    roofs = common.roofs(env, common.matmul_precision_key(run.dtype, bool(env.get("tf32_matmul"))), ceiling)
+    materialized = (run.spec is None and run.impl in ("naive", "compiled")) or record.get("sdpa_backend") == "math"
+    flops = results.attention_phase_flops(b, s, d)
+
+    def floors(quadratic: bool) -> dict[str, dict]:
+        nbytes = results.attention_phase_bytes(b, s, d, e, quadratic)
+        return {p: results.floor(flops[p], nbytes[p], roofs["tflops"], roofs["gbs"]) for p in ATTENTION_PHASE_SHORT}
+
+    out = {**results.beside_measured(floors(materialized), record, roofs),
+           "bytes": "seq x seq materialized" if materialized else "fused"}
+    if materialized:
+        out["fused_floor_ms"] = {p: f["floor_ms"] for p, f in floors(False).items()}
+    return out
 
 
 # --- the grid and the report ---
@@ -502,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in ATTENTION_PHASE_SHORT)
 
     plan = runner.comparisons(runs, AttentionRun.comparison_key)  # a shape's implementations, interleaved
+    ceiling = runner.measured_ceiling(args, resolve_device(args.device))
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_attention",
-                                              device=resolve_device(args.device), finish=finish_record,
+                                              device=resolve_device(args.device),
+                                              finish=functools.partial(finish_record, ceiling=ceiling),
                                               render=live, summary=said, measure_variants=measure_together)
     if not records:
         return code

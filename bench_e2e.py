@@ -111,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     p.add_argument("--leaderboard", nargs="?", const="", help="moved: python3 leaderboard.py (docs/leaderboard.md)")
     results.add_device_args(p)
+    runner.add_recalibrate_arg(p)
     parallel.add_parallel_args(p)
     runner.add_sweep_args(p, compares=True)
     results.add_output_args(p, default_stem="e2e-<UTC time>")
@@ -344,7 +345,7 @@ def finish_record(run: RunConfig, record: dict[str, Any], args: argparse.Namespa
     if run.parallel:
         record["predicted"] = parallel.state_bytes_per_rank(run.model, run.parallel, run.world_size, run.mode)
     if finished(record):
-        record.update(derive_figures(run, record, args.peak_tflops))
+        record.update(derive_figures(run, record, args.peak_tflops, getattr(args, "ceiling", None)))
         record["status"] = "noisy" if record["noisy"] else "ok"
     if args.context_search:
         record["context_search"] = {"max_context": args.max_context, "resolution": args.search_resolution,
@@ -387,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
     plan = runs if args.context_search else runner.comparisons(runs, RunConfig.comparison_key)
+    args.ceiling = runner.measured_ceiling(args, resolve_device(args.device))
     records, code = runner.run_configurations(
         run_config, plan, files, args, name="bench_e2e", device=resolve_device(args.device),
         finish=lambda run, record: finish_record(run, record, args), render=live,

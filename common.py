@@ -9,19 +9,22 @@ import datetime
 import functools
 import importlib
 import importlib.machinery
+import json
 import math
 import os
 import platform
 import re
+import socket
 import statistics
 import sys
 import threading
 import timeit
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from results import OURS, ConfigError
+from results import OURS, ConfigError, progress, replace_text
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -408,6 +411,178 @@ def link_peak_gbps(device_name: str) -> tuple[float | None, str | None]:
 def matmul_precision_key(dtype: str, tf32: bool) -> str:
     """Which peak applies: autocast dtypes their tensor-core peak; fp32 TF32's when it is allowed."""
     return ("tf32" if tf32 else "fp32") if dtype == "fp32" else dtype
+
+
+# Memory bandwidth (GB/s, 10^9 bytes/s) of the GPUs of PEAK_TFLOPS, from the same vendors' datasheets; split where
+# one compute figure covers memories of several speeds. None: no figure (then the measured copy bandwidth).
+MEMORY_BANDWIDTH_GBS: list[tuple[str, str, float | None]] = [
+    (r"Laptop", "laptop GPU", None),
+    (r"GB200", "GB200", 8000.0),  # GB200 NVL72: 576 TB/s / 72 GPUs
+    (r"\bB200\b", "B200", 8000.0),  # HGX B200: 64 TB/s / 8 GPUs
+    (r"RTX PRO 6000 Blackwell", "RTX PRO 6000 Blackwell", 1792.0),
+    (r"GH200", "GH200 (96 GB HBM3 at 4.0 TB/s or 144 GB HBM3e at 4.9 TB/s: no single figure)", None),
+    (r"H200", "H200", 4800.0),  # SXM and NVL alike
+    (r"H20\b", "H20", 4000.0),
+    (r"H100 NVL", "H100 NVL", 3900.0),
+    (r"H100.*PCIe", "H100 PCIe", 2000.0),
+    (r"H100", "H100 SXM", 3350.0),
+    (r"H800.*PCIe", "H800 PCIe", 2000.0),
+    (r"H800", "H800 SXM", 3350.0),
+    (r"A[18]00.*80GB.*PCIe", "A100 / A800 80GB PCIe", 1935.0),
+    (r"A[18]00.*80GB", "A100 / A800 80GB SXM", 2039.0),
+    (r"A[18]00", "A100 / A800 40GB", 1555.0),
+    (r"L40S|\bL40\b", "L40S / L40", 864.0),
+    (r"\bL4\b", "L4", 300.0),
+    (r"\bA40\b", "A40", 696.0),
+    (r"\bA10\b", "A10", 600.0),
+    (r"\bA10G\b", "A10G (AWS: no NVIDIA datasheet)", None),
+    (r"RTX 6000 Ada", "RTX 6000 Ada", 960.0),
+    (r"RTX A6000", "RTX A6000", 768.0),
+    (r"RTX (5090|4090) D", "RTX 5090 D / 4090 D", None),
+    (r"RTX 5090", "RTX 5090", 1792.0),
+    (r"RTX 4090", "RTX 4090", 1008.0),
+    (r"RTX 3090 Ti", "RTX 3090 Ti", 1008.0),
+    (r"RTX 3090", "RTX 3090", 936.0),
+    (r"V100S", "V100S PCIe", 1134.0),
+    (r"V100", "V100", 900.0),
+    (r"\bT4\b", "T4", 320.0),
+    (r"P100.*12GB", "P100 12GB", 549.0),
+    (r"P100", "P100 16GB", 732.0),
+]
+
+
+def memory_bandwidth(device_name: str) -> tuple[float | None, str | None]:
+    """(datasheet GB/s, matched label) for a CUDA device name; (None, None) for an unknown device."""
+    return next(((gbs, label) for pattern, label, gbs in MEMORY_BANDWIDTH_GBS if re.search(pattern, device_name)),
+                (None, None))
+
+
+# ---- the measured ceiling: what this machine reaches, for a CPU or a GPU no datasheet row names ----
+
+CEILINGS_FILE = "ceilings.json"  # in the results folder: {"<host> | <device name> | torch <version>": ceiling}
+CEILINGS_ENV = "CS336_CEILINGS"  # a ceilings file to use instead: one machine's ceiling shared by result folders
+CALIBRATION = {"budget_s": 3.0, "max_matmul": {"cuda": 8192, "cpu": 2048}, "copy_bytes": {"cuda": 2**30, "cpu": 2**28}}
+CALIBRATED = ("fp32", "tf32", "bf16", "fp16")  # on a CPU without tf32: TF32 is a CUDA setting
+
+
+def best_rate(fn: Callable[[], Any], work: float, device: torch.device, budget_s: float) -> float:
+    """The best work per second of `fn` over blocks of calls within budget_s; the first call untimed, blocks
+    doubled until one lasts 10 ms (a CUDA launch and sync cost microseconds)."""
+    fn()
+    deadline, calls, best = timeit.default_timer() + budget_s, 1, 0.0
+    while True:
+        with SyncTimer(device) as timer:
+            for _ in range(calls):
+                fn()
+        best = max(best, work * calls / timer.elapsed_s)
+        if timeit.default_timer() + timer.elapsed_s > deadline:
+            return best
+        calls *= 2 if timer.elapsed_s < 0.01 else 1
+
+
+def matmul_tflops(device: torch.device, precision: str, max_n: int, budget_s: float) -> tuple[float, int]:
+    """Best TFLOP/s of an n x n matmul: n = 256, 512, ... max_n, the best of a few calls each while the next size's
+    call (8x the FLOPs, at twice the rate: larger matmuls run faster) fits half the budget left, then the rest
+    of the budget at the fastest n; (TFLOP/s, n)."""
+    dtype = DTYPES["fp32" if precision == "tf32" else precision]
+    deadline, rates = timeit.default_timer() + budget_s, {}
+    matmul, before = torch.backends.cuda.matmul, tf32_enabled()
+    if device.type == "cuda":  # the legacy flag, as bench_e2e's --tf32 sets it
+        matmul.allow_tf32 = precision == "tf32"
+    try:
+        for n in [n for n in (256 * 2**k for k in range(8)) if n <= max_n] or [max_n]:
+            a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+            rates[n] = best_rate(lambda: a @ b, 2 * n**3, device, budget_s / 20)
+            if 4 * 2 * n**3 / rates[n] > (deadline - timeit.default_timer()) / 2:  # 8x the work, 2x the rate
+                break
+        n = max(rates, key=rates.get)
+        a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+        rates[n] = max(rates[n], best_rate(lambda: a @ b, 2 * n**3, device, deadline - timeit.default_timer()))
+    finally:
+        if device.type == "cuda":
+            matmul.allow_tf32 = before
+    return rates[n] / 1e12, n
+
+
+def measure_ceiling(device: torch.device, budget_s: float, max_matmul: int, copy_bytes: int) -> dict[str, Any]:
+    """Best matmul TFLOP/s per precision and copy bandwidth (bytes read + written / s of a copy_bytes tensor copy),
+    each in its share of budget_s."""
+    start, precisions = timeit.default_timer(), CALIBRATED if device.type == "cuda" else ("fp32", "bf16", "fp16")
+    share = budget_s / (len(precisions) + 1)
+    out: dict[str, Any] = {"matmul_tflops": {}, "matmul_n": {}}
+    for precision in precisions:
+        out["matmul_tflops"][precision], out["matmul_n"][precision] = matmul_tflops(device, precision, max_matmul,
+                                                                                     share)
+    if device.type == "cuda":  # two tensors in at most half the free memory
+        copy_bytes = min(copy_bytes, torch.cuda.mem_get_info(device)[0] // 4)
+    src = torch.ones(copy_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    out["copy_gbs"] = best_rate(lambda: dst.copy_(src), 2 * src.nbytes, device, share) / 1e9
+    out["copy_bytes"] = src.nbytes
+    del src, dst
+    if device.type == "cuda":  # --in-process: the sweep's configurations get the memory back
+        torch.cuda.empty_cache()
+    return {**out, "budget_s": budget_s, "seconds": timeit.default_timer() - start,
+            "device_name": device_name(device), "hostname": socket.gethostname(), "torch": torch.__version__,
+            "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def machine_ceiling(device: torch.device, results_dir: str, recalibrate: bool = False,
+                    calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+    """This machine's measured ceiling from <results_dir>/ceilings.json (or $CS336_CEILINGS), measured (a few
+    seconds) and added to it when absent or when `recalibrate`; `calibration`: CALIBRATION's settings."""
+    settings = {**CALIBRATION, **(calibration or {})}
+    path = Path(os.environ.get(CEILINGS_ENV) or Path(results_dir, CEILINGS_FILE))
+    key = f"{socket.gethostname()} | {device_name(device)} | torch {torch.__version__}"
+    cache: dict[str, Any] | None = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = None
+        if not isinstance(cache, dict):  # not ours, or damaged: measured, and the file left as it is
+            progress(f"note: {path} is not a ceilings file: the ceiling is measured and not saved")
+            cache = None
+    entry = (cache or {}).get(key)
+    if not recalibrate and isinstance(entry, dict) and isinstance(entry.get("copy_gbs"), (int, float)) \
+            and isinstance(entry.get("matmul_tflops"), dict):
+        return {**entry, "cache": str(path), "cached": True}
+    progress(f"measuring this machine's ceiling on {key.split(' | ')[1]}: best matmul TFLOP/s per dtype and copy "
+             f"bandwidth, ~{settings['budget_s']:g} s (saved in {path}; --recalibrate measures again)")
+    entry = measure_ceiling(device, settings["budget_s"], settings["max_matmul"][device.type],
+                            settings["copy_bytes"][device.type])
+    if cache is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            replace_text(path, json.dumps({**cache, key: entry}, indent=1) + "\n")
+        except OSError as exc:  # a read-only folder: this run still has its ceiling
+            progress(f"note: the measured ceiling is not saved: {path}: {exc.strerror or exc}")
+    return {**entry, "cache": str(path), "cached": False}
+
+
+def roofs(environment: dict[str, Any], precision: str, measured: dict[str, Any] | None,
+          peak_override: float | None = None) -> dict[str, Any]:
+    """The ceilings a floor divides by: the datasheet's for a GPU it names (--peak-tflops over its FLOP/s), else
+    the measured ones; both kept for the roofline. `ceiling` says which a floor used."""
+    name, cuda = environment.get("device_name") or "", str(environment.get("device")).startswith("cuda")
+    sheet_tflops, label = peak_tflops(name, precision) if cuda else (None, None)
+    sheet_gbs, bandwidth_label = memory_bandwidth(name) if cuda else (None, None)
+    datasheet = ({"tflops": sheet_tflops, "gbs": sheet_gbs, "label": label or bandwidth_label}
+                 if sheet_tflops or sheet_gbs else None)
+    own = None
+    if measured and isinstance(measured.get("matmul_tflops"), dict):
+        tflops = measured["matmul_tflops"]
+        own = {"tflops": tflops.get(precision) or (tflops.get("fp32") if precision == "tf32" else None),
+               "gbs": measured.get("copy_gbs")}
+    tflops, compute_source = next(((v, source) for v, source in (
+        (peak_override, "--peak-tflops"), (sheet_tflops, "datasheet"), ((own or {}).get("tflops"), "measured"))
+        if v), (None, None))
+    gbs, memory_source = next(((v, source) for v, source in (
+        (sheet_gbs, "datasheet"), ((own or {}).get("gbs"), "measured")) if v), (None, None))
+    ceiling = ((compute_source or "none") if compute_source == memory_source
+               else f"{compute_source or 'no'} FLOP/s, {memory_source or 'no'} GB/s")
+    return {"precision": precision, "tflops": tflops, "gbs": gbs, "ceiling": ceiling, "datasheet": datasheet,
+            "measured": own}
 
 
 # ---- environment record ----

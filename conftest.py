@@ -1,8 +1,32 @@
 """Shared pytest set-up: the tests see the scripts' own defaults, whatever the developer's shell exports."""
-import pytest
+import os
 
+import pytest
+import torch
+
+import common
 import results
+
+TINY_CALIBRATION = {"budget_s": 0.05, "max_matmul": {"cpu": 64, "cuda": 256},
+                    "copy_bytes": {"cpu": 2**20, "cuda": 2**20}}
+
+
 @pytest.fixture(autouse=True)
 def no_handout_from_the_shell(monkeypatch):
     """CS336_HANDOUT picks the default handout; a test that wants it sets it (child processes inherit this)."""
     monkeypatch.delenv(results.HANDOUT_ENV, raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def seeded_ceilings(tmp_path_factory):
+    """Every script the tests run (in this process or a child) reads this machine's ceiling from one file, measured
+    once at a tiny size: no test pays for a calibration but those of the calibration itself."""
+    path = tmp_path_factory.mktemp("ceilings") / common.CEILINGS_FILE
+    before = os.environ.get(common.CEILINGS_ENV)
+    os.environ[common.CEILINGS_ENV] = str(path)
+    common.machine_ceiling(torch.device("cpu"), str(path.parent), calibration=TINY_CALIBRATION)
+    yield path
+    if before is None:
+        os.environ.pop(common.CEILINGS_ENV, None)
+    else:
+        os.environ[common.CEILINGS_ENV] = before

@@ -28,7 +28,7 @@ from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEAD
                      ModelConfig, PairedRatio, Record, ResultFiles, Setting, paired_ratio,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
                      emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number, parallel_label,
-                     pick_columns, progress, render_table, run_of, sizes_from, stem_from, to_json_line,
+                     pick_columns, progress, render_table, run_of, share, sizes_from, stem_from, to_json_line,
                      unknown_column, with_run_column)
 
 
@@ -52,12 +52,55 @@ def labelled(record: Record, records: list[Record]) -> str:
     return record["label"] + (f" ({run_of(record)})" if is_merged(records) else "")
 
 
+# ---- floors: each timed phase beside the least time the hardware allows (results.floor) ----
+
+FLOOR_COLUMNS = ["phase", "measured ms", "GFLOP", "MB moved", "floor ms", "of floor", "bound", "fused floor ms",
+                 "ceiling"]
+
+
+def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Record]:
+    """One row per phase of a record's floors (results.beside_measured), after the identifying `cells`."""
+    floors = record.get("floors") or {}
+    fused = floors.get("fused_floor_ms") or {}
+    return [{**cells, "phase": short.get(phase, phase), "measured ms": record.get(f"{phase}_ms_mean"),
+             "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
+             "of floor": share(f["of_floor"]) if number(f.get("of_floor")) else None,
+             "bound": (f["bound"] or "no ceiling") + (f" ({f['note']})" if f.get("note") else ""),
+             "fused floor ms": fused.get(phase), "ceiling": floors["roofs"]["ceiling"]}
+            for phase, f in floors.get("phases", {}).items()]
+
+
+def roof_line(roofs: Record) -> str:
+    """'bf16: datasheet H100 SXM 989 TFLOP/s, 3350 GB/s; measured 612 TFLOP/s, 2900 GB/s'."""
+    parts = [f"{name} {roof.get('label', '') + ' ' if roof.get('label') else ''}{roof['tflops'] or 0:.3g} TFLOP/s, "
+             f"{roof['gbs'] or 0:.4g} GB/s" for name, roof in (("datasheet", roofs["datasheet"]),
+                                                               ("measured", roofs["measured"])) if roof]
+    return f"{roofs['precision']}: " + ("; ".join(parts) or "none")
+
+
+def floors_section(records: list[Record], cells: Callable[[Record], Record], short: dict[str, str], fmt: str,
+                   what: str, columns: list[str] | None = None) -> str | None:
+    """The floors table of the records that have floors, with what it counts and the ceilings; None if none.
+    --columns picks its columns when it names one only this table has."""
+    rows = [row for r in records if finished(r) for row in floor_rows(r, cells(r), short)]
+    if not rows:
+        return None
+    shown = [c for c in keys_of(rows) if any(row.get(c) is not None for row in rows)]
+    if columns and set(columns) & set(FLOOR_COLUMNS) - {"phase"}:  # in this table's order, the phase always
+        shown = [c for c in shown if c in columns or c in ("phase", RUN_COLUMN)]
+    roofs = dict.fromkeys(roof_line(r["floors"]["roofs"]) for r in records if r.get("floors"))
+    return (f"## Floors: how far from the hardware\n\n{render_table(rows, shown, fmt, '.5g')}\n\n"
+            "floor ms: max(GFLOP / peak FLOP/s, MB moved / memory bandwidth), the larger its bound; of floor: floor "
+            f"/ measured, the share of the hardware's limit reached. {what} Ceilings (datasheet when it names "
+            "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + ".")
+
+
 # ---- bench_e2e tables ----
 
 E2E_COLUMNS = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "mode", "dtype", "compile", "warmup", "attn",
                "model", "params", "optimizer", "parallel", "fwd ms", "fwd std", "bwd ms", "bwd std", "opt ms",
                "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "MFU", "state GiB/rank",
-               "peak mem GiB", "status"]
+               "peak mem GiB", "status"] + [c for c in FLOOR_COLUMNS if c != "fused floor ms"]  # the floors table's
 E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "step": "step"}
 FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flops)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
@@ -160,12 +203,15 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
     rows = [e2e_row(r) for r in records]
     always = E2E_COLUMNS[:6] + ["dtype", "warmup"]  # compile: only when on somewhere; mode: where runs differ
     shown = shown_columns(rows, E2E_COLUMNS, always, ("mode", "attn", "model", "optimizer"))
+    main = [c for c in E2E_COLUMNS if c not in FLOOR_COLUMNS]
     lines = [sizes_section(records, fmt), "", *environment_lines(records, e2e_settings(records)), "",
-             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt), fmt)]
+             render_table(rows, pick_columns(with_run_column(shown, records), columns, fmt, main), fmt)]
     compile_times = [f"{run_of(r) + ': ' if is_merged(records) else ''}{r['label']}: {r['compile_s']:.1f} s"
                      for r in records if "compile_s" in r]
     if compile_times:
         lines += ["", "compile time (first step, not in the timings): " + "; ".join(compile_times)]
+    if floors := e2e_floors(records, rows, fmt, columns):
+        lines += ["", floors]
     if spec := e2e_comparison(records):
         names, merged = variants([r["config"] for r in records]), is_merged(records)
         lines += ["", f"## Comparison: {' vs '.join(names)} (speed-ups over {names[0]}"
@@ -176,6 +222,20 @@ def render_e2e(records: list[Record], fmt: str, columns: list[str] | None = None
                   + " A configuration measured in several runs is compared within each run, never across." * merged]
     sections = [search_table(records, fmt), profile_report(records, fmt)]
     return "\n".join(lines + [t for section in sections if section for t in ("", section)])
+
+
+def e2e_floors(records: list[Record], rows: list[Record], fmt: str, columns: list[str] | None) -> str | None:
+    """floors_section for bench_e2e: a row per configuration and phase, named by the cells that vary."""
+    named = ["size", "ctx"] + [c for c in ("mode", "dtype", "compile", "warmup", "attn", "model", "optimizer",
+                                           "parallel") if len({str(row.get(c)) for row in rows}) > 1]
+    cells = {id(r): {c: row.get(c) for c in with_run_column(named, records)} for r, row in zip(records, rows)}
+    return floors_section(records, lambda r: cells[id(r)], E2E_PHASE_SHORT, fmt,
+                          "GFLOP: results.forward_flops, backward 2x; MB moved, a lower bound: every matmul weight "
+                          "read (fp32), the activations backward reads written by forward and read by backward "
+                          "(results.saved_activations: layer inputs of the matmuls, Q, K, V, W1x, W3x, logits; "
+                          "naive attention's probabilities), backward's fp32 gradients written; opt: AdamW's 28 "
+                          "bytes per parameter. Left out: activation gradients, intermediates, re-reads, autocast's "
+                          "weight copies (docs/bench_e2e.md#floors).", columns)
 
 
 # comparisons: one configuration in several variants (--dtype, --compile, --attn, --model, ...)
@@ -366,7 +426,7 @@ ATTENTION_IMPL_COLUMNS = [
     "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
     "compile s", "max err", "tol", "status"]
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
-                                              "check"]
+                                              "check"] + FLOOR_COLUMNS[1:]  # the floors table's
 ATTENTION_NOTE = (
     "fwd TFLOP/s: QK^T and PV, 4*B*S^2*d halved for the causal mask, as FlashAttention's benchmarks count; "
     "mem before bwd, peak mem: torch.cuda.memory_allocated after the forward, graph alive, and the peak with "
@@ -465,6 +525,15 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                f"inputs; WRONG above tol ({tolerances}), or for a kernel writing into its inputs or returning "
                "NaN/inf; a WRONG kernel is still timed") if tolerances else ""
     lines += ["", ATTENTION_NOTE + checked + "."]
+    several = [k for k in ("dtype", "batch_size") if len({r["config"][k] for r in records}) > 1]
+    if floors := floors_section(records, lambda r: {
+            **({RUN_COLUMN: run_of(r)} if is_merged(records) else {}), "impl": r["config"]["impl"],
+            "d": r["config"]["d"], "seq": r["config"]["seq_len"], **{k: r["config"][k] for k in several}},
+            ATTENTION_PHASE_SHORT, fmt, "GFLOP: causal QK^T and PV, backward 2x. MB moved, a lower bound: Q, K, V "
+            "read and O written (fused, FlashAttention's O(seq x d)), backward reading Q, K, V, O, dO and writing "
+            "dQ, dK, dV; naive and compiled add the seq x seq scores and probabilities written and read (forward: 4 "
+            "passes, backward: 5), their fused floor ms beside (results.attention_phase_bytes).", columns):
+        lines += ["", floors]
     if timed := [r for r in records if r["config"].get("leaderboard")]:  # leaderboard-2025: beside the published
         yours = [(f"{r['config']['impl']} ({r['leaderboard']['method']})"
                   + " WRONG" * r["status"].startswith("WRONG"), r["leaderboard"]["ms"]) if "leaderboard" in r
@@ -1447,12 +1516,70 @@ def plot_ddp_timeline(records: list[Record]) -> Any | None:
     return fig
 
 
+def roofline_points(records: list[Record]) -> list[Record]:
+    """Each timed phase with FLOPs as a roofline point: x = FLOPs / bytes of its floor's byte model (FLOP per byte),
+    y = achieved TFLOP/s (the phase's FLOPs / its mean time); `series` groups them (e2e: the phase, attention:
+    the implementation and phase), `label` names the configuration. Sums (step, fwd+bwd) are left out."""
+    points = []
+    for r in records:
+        floors, c = r.get("floors") or {}, r.get("config") or {}
+        for phase, f in (floors.get("phases") or {}).items():
+            if phase in ("step", "forward_backward") or not f.get("flops") or not number(f.get("achieved_tflops")):
+                continue
+            attention = "impl" in c
+            label = (f"d {c['d']} seq {c['seq_len']}" if attention
+                     else f"{c['size']} ctx {c['model']['context_length']} {c['dtype']} {c.get('attn', '')}".strip())
+            points.append({"series": f"{c['impl']} {phase}" if attention else phase, "label": label,
+                           "intensity": f["flops"] / f["bytes"], "tflops": f["achieved_tflops"],
+                           "precision": floors["roofs"]["precision"]})
+    return points
+
+
+def roofline_roofs(records: list[Record]) -> dict[str, tuple[float, float, bool]]:
+    """Each distinct roof of the records: name -> (peak TFLOP/s, GB/s, from a datasheet)."""
+    roofs: dict[str, tuple[float, float, bool]] = {}
+    for r in records:
+        if not (found := (r.get("floors") or {}).get("roofs")):
+            continue
+        for source, roof in (("datasheet", found["datasheet"]), ("measured", found["measured"])):
+            if roof and number(roof.get("tflops")) and number(roof.get("gbs")):
+                name = f"{source} {roof.get('label') or ''} {found['precision']}".replace("  ", " ")
+                roofs[name] = (roof["tflops"], roof["gbs"], source == "datasheet")
+    return roofs
+
+
+def plot_roofline(records: list[Record]) -> Any | None:
+    """Achieved TFLOP/s against arithmetic intensity under the roofs min(peak, intensity x bandwidth)."""
+    points, roofs = roofline_points(records), roofline_roofs(records)
+    if not points or not roofs:
+        return None
+    fig, (ax,) = new_figure(records, "Roofline: each timed phase under the ceilings", width=9.0)
+    ridges = [t * 1e3 / g for t, g, _ in roofs.values()]  # where a roof's slope meets its peak
+    xs = [p["intensity"] for p in points] + ridges
+    x = sorted({min(xs) / 4, 4 * max(xs), *ridges})
+    for name, (tflops, gbs, datasheet) in roofs.items():
+        ax.plot(x, [min(tflops, i * gbs / 1e3) for i in x], "--" if datasheet else "-", color="0.3" if datasheet
+                else "0.6", linewidth=1.2, label=f"roof: {name} ({tflops:.3g} TFLOP/s, {gbs:.4g} GB/s)")
+    for series in dict.fromkeys(p["series"] for p in points):
+        mine = [p for p in points if p["series"] == series]
+        ax.scatter([p["intensity"] for p in mine], [p["tflops"] for p in mine], label=series, zorder=3)
+        if len(points) <= 8:  # a few points: each named
+            for p in mine:
+                ax.annotate(p["label"], (p["intensity"], p["tflops"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte of the floor's byte model)",
+           ylabel="achieved TFLOP/s")
+    return legend_outside(fig, ax)
+
+
 # experiment -> (what its figures need, its figures by name)
 FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
     "bench_e2e": ("finished configurations (several --warmup values for the warm-up figure, several variants for "
                   "the speed-ups)",
-                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup}),
-    "bench_attention": ("at least one finished configuration", {"attention": plot_attention}),
+                  {"phases": plot_e2e_phases, "speedup": plot_e2e_speedups, "warmup": plot_e2e_warmup,
+                   "roofline": plot_roofline}),
+    "bench_attention": ("at least one finished configuration",
+                        {"attention": plot_attention, "roofline": plot_roofline}),
     "bench_comm": ("at least one finished row", {"time": plot_comm}),
     "mem_profile": ("two or more context lengths, or two or more --checkpoint values",
                     {"memory_context": plot_memory, "memory_checkpoint": functools.partial(plot_memory, by="K")}),

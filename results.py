@@ -243,6 +243,141 @@ def step_flops(cfg: ModelConfig, batch: int, seq: int, mode: str) -> int:
     return forward_flops(cfg, batch, seq) * (1 if mode == "forward" else 3)
 
 
+# ---- floors: the least time the hardware allows a phase ----
+# A phase's floor is max(FLOPs / peak FLOP/s, bytes / memory bandwidth); the larger term is its bound. The bytes
+# are a lower bound, each tensor named below moving once (the byte model); a real phase moves more: activation
+# gradients between layers, intermediates (naive attention's scores before the softmax, SwiGLU's and RMSNorm's
+# temporaries, RoPE's copies), re-reads of an input by several kernels, autocast's bf16 copies of the weights,
+# the embedding's gather. So "of floor" (floor / measured) understates how close a phase came to what it could
+# reach, unless a measured ceiling (a few seconds of matmuls and copies) fell short of the machine's real one.
+
+ADAMW_BYTES_PER_PARAM = 28  # AdamW reads parameter, gradient, m, v and writes parameter, m, v: 7 x 4 bytes (fp32)
+LSE_BYTES = 4  # a fused kernel's fp32 log-sum-exp per query row, kept for backward
+
+
+def saved_activations(cfg: ModelConfig, batch: int, seq: int, attn: str) -> int:
+    """Elements of model.TransformerLM's forward outputs that its backward reads: per layer and token the
+    attention norm's output (the Q, K, V projections' input), Q, K, V, the attention output (output_proj's
+    input), the feed-forward norm's output (W1's and W3's input), W1x and W3x (SwiGLU's gate and the W2 input's
+    factors); then the final norm's output and the logits (the model returns them). Naive attention adds its
+    seq x seq probabilities per head (PV's input); a fused kernel keeps O(seq) statistics instead."""
+    per_token = cfg.num_layers * (6 * cfg.d_model + 2 * cfg.d_ff) + cfg.d_model + cfg.vocab_size
+    probabilities = cfg.num_layers * cfg.num_heads * seq * seq if attn == "naive" else 0
+    return batch * (seq * per_token + probabilities)
+
+
+def forward_bytes(cfg: ModelConfig, batch: int, seq: int, activation_bytes: int, attn: str = "naive") -> int:
+    """Every matmul weight read once (fp32 master weights, 4 bytes, under autocast too) and the activations of
+    saved_activations written once, `activation_bytes` each (4 fp32, 2 under bf16 autocast)."""
+    return 4 * cfg.matmul_params + activation_bytes * saved_activations(cfg, batch, seq, attn)
+
+
+def backward_bytes(cfg: ModelConfig, batch: int, seq: int, activation_bytes: int, attn: str = "naive") -> int:
+    """The matmul weights read again, every parameter's gradient written once (fp32), the saved activations
+    read once."""
+    return 4 * cfg.matmul_params + 4 * cfg.num_params + activation_bytes * saved_activations(cfg, batch, seq, attn)
+
+
+def optimizer_bytes(num_params: int) -> int:
+    return ADAMW_BYTES_PER_PARAM * num_params
+
+
+def attention_phase_bytes(batch: int, seq: int, d: int, element_bytes: int, materialized: bool) -> dict[str, int]:
+    """Bytes of one causal attention call on (batch, seq, d) inputs. Fused (FlashAttention): forward reads Q, K,
+    V and writes O and the log-sum-exp; backward reads Q, K, V, O, dO and the log-sum-exp, writes dQ, dK, dV:
+    O(seq x d). Materialized (naive, torch.compile of it, SDPA's math backend) adds seq x seq tensors: forward
+    writes the scores and reads them into the softmax, writes the probabilities and reads them into PV (4 passes);
+    backward reads the probabilities, writes and reads dP and dS (5 passes)."""
+    e, rows, square = element_bytes, batch * seq, batch * seq * seq * element_bytes
+    forward = 4 * rows * d * e + rows * LSE_BYTES + (4 * square if materialized else 0)
+    backward = 8 * rows * d * e + rows * LSE_BYTES + (5 * square if materialized else 0)
+    return {"forward": forward, "backward": backward, "forward_backward": forward + backward}
+
+
+def attention_phase_flops(batch: int, seq: int, d: int) -> dict[str, int]:
+    """The useful work of causal attention: half of QK^T and PV forward (as FlashAttention counts); backward
+    twice that (dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), a fused kernel's recomputation not counted."""
+    forward = attention_matmul_flops(batch, seq, d) // 2
+    return {"forward": forward, "backward": 2 * forward, "forward_backward": 3 * forward}
+
+
+# A ring collective over n ranks sends each rank's share of the message this many times over its link (NCCL's
+# "bus bandwidth" factors, nccl-tests' PERFORMANCE.md): an all-reduce is a reduce-scatter then an all-gather.
+RING_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+                "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0}
+
+
+def collective_floor_ms(op: str, nbytes: int, world_size: int, link_gbs: float) -> float:
+    """The least time of a ring collective of an `nbytes` message (the full tensor, as torch.distributed is
+    given it) over links of `link_gbs` GB/s per direction; part 2's floor, bytes / the link's bandwidth."""
+    return RING_FACTORS[op](world_size) * nbytes / (link_gbs * 1e9) * 1e3
+
+
+def floor(flops: int, nbytes: int, tflops: float | None, gbs: float | None) -> dict[str, Any]:
+    """max(FLOPs / peak, bytes / bandwidth) in ms and which term it was; a missing ceiling drops its term."""
+    compute_ms = flops / (tflops * 1e12) * 1e3 if tflops else None
+    memory_ms = nbytes / (gbs * 1e9) * 1e3 if gbs else None
+    terms = {"compute": compute_ms, "memory": memory_ms}
+    bound = max((k for k, v in terms.items() if v is not None), key=terms.get, default=None)
+    return {"flops": flops, "bytes": nbytes, "compute_ms": compute_ms, "memory_ms": memory_ms,
+            "floor_ms": terms[bound] if bound else None, "bound": bound}
+
+
+def step_floors(cfg: ModelConfig, batch: int, seq: int, mode: str, activation_bytes: int, attn: str,
+                tflops: float | None, gbs: float | None, num_params: int | None = None) -> dict[str, dict]:
+    """The floor of each phase of `mode` and of the whole step (their sum) for model.TransformerLM; train mode's
+    optimizer step is AdamW's bytes (num_params: the model's parameters, ours when None)."""
+    out = {"forward": floor(forward_flops(cfg, batch, seq), forward_bytes(cfg, batch, seq, activation_bytes, attn),
+                            tflops, gbs)}
+    if mode != "forward":
+        out["backward"] = floor(2 * forward_flops(cfg, batch, seq),
+                                backward_bytes(cfg, batch, seq, activation_bytes, attn), tflops, gbs)
+    if mode == "train":
+        out["optimizer"] = floor(0, optimizer_bytes(num_params or cfg.num_params), tflops, gbs)
+    if len(out) > 1 and all(f["floor_ms"] is not None for f in out.values()):
+        bounds = {f["bound"] for f in out.values()}
+        out["step"] = {"flops": sum(f["flops"] for f in out.values()), "bytes": sum(f["bytes"] for f in out.values()),
+                       "floor_ms": sum(f["floor_ms"] for f in out.values()),
+                       "bound": bounds.pop() if len(bounds) == 1 else "mixed"}
+    return out
+
+
+def beside_measured(floors: dict[str, dict], record: Record, roofs: dict[str, Any]) -> dict[str, Any]:
+    """Each phase's floor beside its measured mean (`<phase>_ms_mean`): `of_floor` = floor / measured (1.0 would
+    be the hardware's limit), achieved TFLOP/s; with the roofs it divided by."""
+    for phase, f in floors.items():
+        ms = record.get(f"{phase}_ms_mean")
+        f["of_floor"] = f["floor_ms"] / ms if ms and f.get("floor_ms") else None
+        f["achieved_tflops"] = f["flops"] / ms / 1e9 if ms and f["flops"] else None
+    return {"phases": floors, "roofs": roofs}
+
+
+def share(value: float) -> str:
+    """A share of a floor as a percentage: whole percents, one significant digit below 1% (launch-bound phases)."""
+    return f"{value:.0%}" if value >= 0.01 else f"{100 * value:.1g}%"
+
+
+def floor_facts(records: list[Record]) -> list[str]:
+    """study.py's line on the floors of a problem's records ([] when none has floors): each phase (each
+    implementation's, for attention) at what share of its floor, a range over the configurations."""
+    shares: dict[str, list[tuple[float, str]]] = {}
+    for r in records:
+        impl = (r.get("config") or {}).get("impl")
+        for phase, f in ((r.get("floors") or {}).get("phases") or {}).items():
+            if number(f.get("of_floor")) and phase != "step":
+                name = f"{impl + ' ' if impl else ''}{phase.replace('forward_backward', 'fwd+bwd')}"
+                shares.setdefault(name, []).append((f["of_floor"], f["bound"]))
+    if not shares:
+        return []
+    ceilings = "/".join(dict.fromkeys(r["floors"]["roofs"]["ceiling"] for r in records if r.get("floors")))
+    parts = []
+    for name, got in shares.items():
+        low, high = share(min(v for v, _ in got)), share(max(v for v, _ in got))
+        parts.append(f"{name} at {low}{'-' + high if high != low else ''} of its "
+                     f"{'/'.join(sorted({b for _, b in got}))} floor")
+    return [f"floors ({ceilings} ceiling; floor / measured time): " + ", ".join(parts)]
+
+
 # ---- statistics of interleaved comparisons ----
 # Variants are timed in rounds, A B | B A | A B ..., so a drift of the machine falls on both sides alike. Each
 # round gives one ratio; the speed-up is the Hodges-Lehmann estimate of the per-round log-ratios (the median

@@ -27,10 +27,11 @@ from typing import Any, Callable
 
 import torch
 
+import common
 import parallel
 import results
-from common import (SyncTimer, annotate, environment, failure_status, machine_load, matmul_precision_key,
-                    peak_memory_bytes, peak_tflops, precision_context, quiet_profiler, reset_peak_memory,
+from common import (CEILINGS_ENV, CEILINGS_FILE, DTYPES, SyncTimer, annotate, environment, failure_status,
+                    machine_ceiling, machine_load, matmul_precision_key, peak_memory_bytes, peak_tflops, precision_context, quiet_profiler, reset_peak_memory,
                     resolve_device, set_ranges)
 from model import build_model, build_optimizer, check_logits, cross_entropy
 from parallel import DEFAULT_PG_TIMEOUT_S
@@ -255,6 +256,30 @@ def add_sweep_args(parser: argparse.ArgumentParser, compares: bool = False) -> N
                  "alternating. See docs/running.md")
         arg("--repeats", type=results.step_count, default=1, help="--interleave runs: whole runs of every "
             "variant, alternating A B B A (2 or more give the speed-up an interval)")
+
+
+def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure this machine's ceiling again (best matmul TFLOP/s per dtype, copy GB/s; a few "
+                             "seconds), the floors' ceiling where no datasheet names the device; else the one "
+                             f"saved in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
+
+
+def measured_ceiling(args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
+    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here);
+    None on a torchrun rank but 0, or when it failed (said: the floors then use the datasheet only)."""
+    if not parallel.is_rank_zero():
+        return None
+    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate}
+    got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    if not got["ok"]:
+        progress(f"note: no measured ceiling ({got['status']}): floors only where a datasheet names the device")
+        return None
+    ceiling = got["value"]
+    if not ceiling["cached"]:
+        rates = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in ceiling["matmul_tflops"].items())
+        progress(f"measured in {ceiling['seconds']:.1f} s: {rates}, copy {ceiling['copy_gbs']:.3g} GB/s")
+    return ceiling
 
 
 def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -741,8 +766,10 @@ def measure_steps(work: Workload) -> dict[str, Any]:
     return with_samples(work, {**record, **peak_memory_bytes(work.device)}, samples)
 
 
-def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None) -> dict[str, Any]:
-    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s and MFU of a finished record."""
+def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float | None = None,
+                   measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Statistics per phase, noisy flags, tokens/s, FLOPs, achieved TFLOP/s, MFU and floors of a finished record;
+    `measured`: the machine's measured ceiling (measured_ceiling), the floors' where no datasheet is."""
     phases = PHASES_BY_MODE[run.mode] + ("step",)
     out = {f"{p}_ms_{stat}": value for p in phases for stat, value in summarize(record[f"{p}_ms"]).items()}
     out["noisy"] = [f"{p} {out[f'{p}_ms_cv']:.0%}" for p in phases
@@ -755,6 +782,7 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     flops = (results.step_flops(run.model, run.batch_size, run.context_length, run.mode) if run.flops == "formula"
              else record["counted_step_flops"] if run.flops == "counted" else None)
     flops = flops and flops * run.world_size
+    out["floors"] = phase_floors(run, {**record, **out}, peak_override, measured)
     out.update(step_flops=flops, flops_source=run.flops, achieved_tflops=None, peak_tflops=None, peak_source=None,
                mfu_precision=None, mfu=None)
     if flops is None:  # no FLOPs, so no TFLOP/s and no MFU rather than a formula for another model
@@ -768,3 +796,20 @@ def derive_figures(run: RunConfig, record: dict[str, Any], peak_override: float 
     out.update(achieved_tflops=achieved, peak_tflops=peak, peak_source=label, mfu_precision=precision,
                mfu=achieved / (peak * run.world_size) if peak else None)  # N GPUs: N x the peak
     return out
+
+
+def phase_floors(run: RunConfig, record: dict[str, Any], peak_override: float | None,
+                 measured: dict[str, Any] | None) -> dict[str, Any]:
+    """results.step_floors per phase of one process's step beside its times: forward and backward for our
+    architecture (--flops formula), the optimizer step as AdamW's bytes for any model and optimizer."""
+    env = record["environment"]
+    roofs = common.roofs(env, matmul_precision_key(run.dtype, bool(env.get("tf32_matmul"))), measured, peak_override)
+    if run.parallel:  # per-rank bytes and the collectives' links are not modelled here
+        return {"phases": {}, "roofs": roofs}
+    floors = results.step_floors(run.model, run.batch_size, run.context_length, run.mode, DTYPES[run.dtype].itemsize,
+                                 run.attn, roofs["tflops"], roofs["gbs"], record.get("model_num_params"))
+    if run.flops != "formula":  # another model's FLOPs and bytes are not the formula's
+        floors = {k: v for k, v in floors.items() if k == "optimizer"}
+    if "optimizer" in floors and run.optimizer not in (common.OURS, "torch"):
+        floors["optimizer"]["note"] = "assumes AdamW's state: 28 bytes per parameter"
+    return results.beside_measured(floors, record, roofs)

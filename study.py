@@ -611,7 +611,7 @@ def facts_for(key, records) -> list:
             facts.append(f"{r.get('label')}: forward {ms(r, 'forward', 3)}, backward {ms(r, 'backward', 3)}"
                          + "".join(memory)
                          + (f", max error {error:.2e}" if error is not None else ""))
-    return facts
+    return facts + results.floor_facts(done)
 
 
 # ---- the writeup: markdown, and the same in LaTeX ----

@@ -361,8 +361,20 @@ def test_tables_records_and_the_sdpa_backend(tmp_path, capsys):
     assert {r["sdpa_backend"] for r in records if r["config"]["impl"] == "sdpa"} == {"flash"}
     assert ba.sdpa_backend(ba.sdpa_attention, random_inputs(dtype=torch.float32)) == "math"  # 3-D
     out = capsys.readouterr().out
-    assert out.index("### naive") < out.index("### sdpa") < out.index("### comparison")
+    assert out.index("### naive") < out.index("### sdpa") < out.index("### comparison") < out.index("## Floors")
     assert "4*B*S^2*d halved for the causal mask" in out
+    # the floors: the same FLOPs, naive's seq x seq scores and probabilities (4 passes forward, 5 backward) more bytes
+    by = {(r["config"]["impl"], r["config"]["seq_len"]): r["floors"] for r in records}
+    for seq in (16, 32):
+        naive, sdpa = by["naive", seq], by["sdpa", seq]
+        assert (naive["bytes"], sdpa["bytes"]) == ("seq x seq materialized", "fused")
+        for phase, passes in (("forward", 4), ("backward", 5), ("forward_backward", 9)):
+            assert naive["phases"][phase]["flops"] == sdpa["phases"][phase]["flops"]
+            assert naive["phases"][phase]["bytes"] - sdpa["phases"][phase]["bytes"] == passes * 2 * seq * seq * 4
+        assert naive["fused_floor_ms"]["forward"] == sdpa["phases"]["forward"]["floor_ms"]
+        assert sdpa["phases"]["forward"]["bytes"] == 4 * 2 * seq * 8 * 4 + 2 * seq * 4  # Q, K, V, O; log-sum-exp
+    rows = [row for row in out[out.index("## Floors"):].splitlines() if row.startswith("| ")][1:]
+    assert len(rows) == 2 * 2 * 3 and all("%" in row and "measured" in row for row in rows)
 
 
 def test_your_kernels_and_failures_are_rows_in_child_processes(student, tmp_path, capsys):
@@ -433,13 +445,15 @@ def test_flash_grid_plan_and_its_table_fits_160_characters(student, tmp_path, ca
 
 def test_columns_apply_to_every_table_and_plot(tmp_path, capsys):
     code, records, _ = run_main(tmp_path, "--seq-len", "16", "32", "--impl", "naive", "sdpa",
-                                "--columns", "impl", "seq", "fwd ms", "check", "--plot")
+                                "--columns", "impl", "seq", "fwd ms", "check", "of floor", "--plot")
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("| impl")]
     cells = [[c.strip() for c in h.strip("|").split("|")] for h in headers]
-    assert cells == [["impl", "seq", "fwd ms"]] * 2 + [["impl", "seq", "fwd ms", "check"]]
-    (png,) = (tmp_path / "attention").glob("*_attention.png")
-    assert png.stat().st_size > 10_000 and str(png) in out
+    assert cells == [["impl", "seq", "fwd ms"]] * 2 + [["impl", "seq", "fwd ms", "check"],
+                                                       ["impl", "seq", "phase", "of floor"]]
+    for figure in ("attention", "roofline"):
+        (png,) = (tmp_path / "attention").glob(f"*_{figure}.png")
+        assert png.stat().st_size > 10_000 and str(png) in out
 
 
 @pytest.mark.parametrize("argv,message", [

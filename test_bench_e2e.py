@@ -130,8 +130,13 @@ def test_each_mode_times_its_phases_and_they_add_up_to_the_step(tmp_path, capsys
     gaps = [record["step_ms"][i] - sum(record[f"{p}_ms"][i] for p in phases) for i in range(steps)]
     assert all(gap >= -1e-4 * step for gap, step in zip(gaps, record["step_ms"]))
     assert min(gap / step for gap, step in zip(gaps, record["step_ms"])) <= 0.1
-    (row,) = cells(capsys.readouterr().out, "step ms")
+    out = capsys.readouterr().out
+    (row,) = cells(out, "step ms")
     assert row["dtype"] == "fp32" and "compile" not in row and ("opt ms" in row) == (mode == "train")
+    floors = cells(out, "floor ms")  # a CPU: the measured ceiling (the tests' seeded file), every phase and the step
+    assert [f["phase"] for f in floors] == [report.E2E_PHASE_SHORT[p] for p in phases] + ["step"] * (len(phases) > 1)
+    assert all(f["of floor"].endswith("%") and f["bound"] in ("compute", "memory", "mixed") and
+               f["ceiling"] == "measured" for f in floors)
 
 
 def test_run_step_times_each_phase_between_two_synchronisations(monkeypatch):
@@ -179,6 +184,38 @@ def test_mfu_only_for_a_known_peak():
     fake["environment"]["device_name"] = "Some Future GPU"
     assert runner.derive_figures(run, fake)["mfu"] is None
     assert runner.derive_figures(run, fake, peak_override=100.0)["mfu"] == pytest.approx(tflops / 100)
+
+
+def test_each_phase_floor_is_flops_over_peak_or_bytes_over_bandwidth_whichever_is_larger():
+    run = bench_e2e.RunConfig(size="tiny", model=get_config("tiny", "2025"), handout="2025", dtype="bf16")
+    cfg, fake = run.model, {"step_ms": [100.0], "forward_ms": [30.0], "backward_ms": [60.0], "optimizer_ms": [10.0],
+                            "environment": {"device": "cpu", "device_name": "cpu"}, "model_num_params": 1000}
+    measured = {"matmul_tflops": {"fp32": 0.05, "bf16": 0.01}, "copy_gbs": 20.0}
+    floors = bench_e2e.derive_figures(run, fake, measured=measured)["floors"]
+    assert floors["roofs"]["ceiling"] == "measured" and floors["roofs"]["tflops"] == 0.01  # bf16's own peak
+    phases = floors["phases"]
+    forward_bytes = 4 * cfg.matmul_params + 2 * results.saved_activations(cfg, 4, 128, "naive")  # bf16: 2 bytes
+    assert phases["forward"]["bytes"] == forward_bytes and phases["forward"]["flops"] == forward_flops(cfg, 4, 128)
+    assert phases["forward"]["compute_ms"] == pytest.approx(forward_flops(cfg, 4, 128) / 0.01e12 * 1e3)
+    assert phases["forward"]["memory_ms"] == pytest.approx(forward_bytes / 20e9 * 1e3)
+    assert phases["backward"]["compute_ms"] == pytest.approx(2 * phases["forward"]["compute_ms"])
+    assert phases["backward"]["bytes"] == forward_bytes + 4 * cfg.num_params  # + every fp32 gradient written
+    for f in (phases[p] for p in results.PHASES_BY_MODE["train"]):
+        assert f["floor_ms"] == max(f["compute_ms"] or 0, f["memory_ms"])
+        assert f["bound"] == ("compute" if (f["compute_ms"] or 0) > f["memory_ms"] else "memory")
+    # the optimizer: AdamW's 28 bytes per parameter of the model as built (yours: its own count) over the bandwidth
+    assert phases["optimizer"]["memory_ms"] == pytest.approx(28 * 1000 / 20e9 * 1e3)
+    assert phases["optimizer"]["of_floor"] == pytest.approx(phases["optimizer"]["floor_ms"] / 10.0)
+    assert phases["step"]["floor_ms"] == pytest.approx(sum(phases[p]["floor_ms"] for p in results.PHASES_BY_MODE["train"]))
+    # a GPU the datasheets name: their figures, the measured ones kept for the roofline
+    fake["environment"] = {"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "tf32_matmul": False}
+    floors = bench_e2e.derive_figures(run, fake, measured=measured)["floors"]
+    assert (floors["roofs"]["tflops"], floors["roofs"]["gbs"], floors["roofs"]["ceiling"]) == (989.4, 3350.0,
+                                                                                               "datasheet")
+    assert floors["phases"]["optimizer"]["memory_ms"] == pytest.approx(28 * 1000 / 3350e9 * 1e3)
+    # naive attention's probabilities: bytes that SDPA does not move
+    sdpa = bench_e2e.derive_figures(dataclasses.replace(run, attn="sdpa"), fake)["floors"]["phases"]
+    assert forward_bytes - sdpa["forward"]["bytes"] == 2 * cfg.num_layers * cfg.num_heads * 4 * 128 * 128
 
 
 def test_noisy_and_single_step_rows_say_so():

@@ -253,6 +253,65 @@ def test_peak_table_variants_and_never_guesses():
     assert matmul_precision_key("bf16", tf32=False) == "bf16"
 
 
+# datasheet memory bandwidth, GB/s (None: no single figure, or a laptop's)
+REAL_BANDWIDTHS = {
+    "NVIDIA B200": 8000.0, "NVIDIA GB200": 8000.0, "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": 1792.0,
+    "NVIDIA GH200 480GB": None, "NVIDIA H200": 4800.0, "NVIDIA H200 NVL": 4800.0, "NVIDIA H20": 4000.0,
+    "NVIDIA H100 80GB HBM3": 3350.0, "NVIDIA H100 PCIe": 2000.0, "NVIDIA H100 NVL": 3900.0, "NVIDIA H800": 3350.0,
+    "NVIDIA H800 PCIe": 2000.0, "NVIDIA A100-SXM4-80GB": 2039.0, "NVIDIA A100-SXM4-40GB": 1555.0,
+    "NVIDIA A100-PCIE-40GB": 1555.0, "NVIDIA A100 80GB PCIe": 1935.0, "NVIDIA A800 80GB PCIe": 1935.0,
+    "NVIDIA L40S": 864.0, "NVIDIA L40": 864.0, "NVIDIA L4": 300.0, "NVIDIA A40": 696.0, "NVIDIA A10": 600.0,
+    "NVIDIA A10G": None, "NVIDIA RTX 6000 Ada Generation": 960.0, "NVIDIA RTX A6000": 768.0,
+    "NVIDIA GeForce RTX 5090": 1792.0, "NVIDIA GeForce RTX 4090": 1008.0, "NVIDIA GeForce RTX 4090 Laptop GPU": None,
+    "NVIDIA GeForce RTX 3090": 936.0, "NVIDIA GeForce RTX 3090 Ti": 1008.0, "Tesla V100-SXM2-32GB": 900.0,
+    "Tesla V100S-PCIE-32GB": 1134.0, "Tesla T4": 320.0, "Tesla P100-PCIE-12GB": 549.0, "Tesla P100-SXM2-16GB": 732.0,
+}
+
+
+def test_memory_bandwidth_matches_real_device_names_and_covers_the_peak_table():
+    assert {name: common.memory_bandwidth(name)[0] for name in REAL_BANDWIDTHS} == REAL_BANDWIDTHS
+    assert all(common.memory_bandwidth(name)[1] for name in REAL_DEVICE_NAMES)  # every GPU of PEAK_TFLOPS
+    assert common.memory_bandwidth("AMD EPYC 7B13") == (None, None)
+
+
+def test_roofs_are_the_datasheets_where_they_name_the_gpu_else_measured():
+    measured = {"matmul_tflops": {"fp32": 0.05, "bf16": 0.01}, "copy_gbs": 20.0}
+    cpu = common.roofs({"device": "cpu", "device_name": "AMD EPYC"}, "bf16", measured)
+    assert (cpu["tflops"], cpu["gbs"], cpu["ceiling"], cpu["datasheet"]) == (0.01, 20.0, "measured", None)
+    h100 = common.roofs({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"}, "bf16", measured)
+    assert (h100["tflops"], h100["gbs"], h100["ceiling"]) == (989.4, 3350.0, "datasheet")
+    assert h100["measured"] == {"tflops": 0.01, "gbs": 20.0}  # kept: the roofline draws both
+    gh200 = common.roofs({"device": "cuda:0", "device_name": "NVIDIA GH200 480GB"}, "tf32", measured, 100.0)
+    assert (gh200["tflops"], gh200["gbs"]) == (100.0, 20.0)  # --peak-tflops; no single bandwidth figure
+    assert gh200["ceiling"] == "--peak-tflops FLOP/s, measured GB/s"
+    assert common.roofs({"device": "cpu"}, "fp32", None)["ceiling"] == "none"  # the calibration failed
+
+
+def test_measured_ceiling_runs_in_seconds_then_comes_from_its_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(common.CEILINGS_ENV)  # the tests' seeded file aside: this folder's own
+    tiny = {"budget_s": 0.2, "max_matmul": {"cpu": 128}, "copy_bytes": {"cpu": 2**22}}
+    started = time.perf_counter()
+    first = common.machine_ceiling(torch.device("cpu"), str(tmp_path), calibration=tiny)
+    assert time.perf_counter() - started < 5 and not first["cached"]
+    assert set(first["matmul_tflops"]) == {"fp32", "bf16", "fp16"} and all(first["matmul_tflops"].values())
+    assert first["copy_gbs"] > 0 and first["copy_bytes"] == 2**22 and first["matmul_n"]["fp32"] <= 128
+    saved = json.loads((tmp_path / common.CEILINGS_FILE).read_text())
+    (key,) = saved
+    assert key == f"{first['hostname']} | {first['device_name']} | torch {torch.__version__}"
+    monkeypatch.setattr(common, "measure_ceiling", lambda *a: pytest.fail("measured again"))
+    again = common.machine_ceiling(torch.device("cpu"), str(tmp_path))
+    assert again["cached"] and again["matmul_tflops"] == first["matmul_tflops"]
+    monkeypatch.undo()
+    monkeypatch.delenv(common.CEILINGS_ENV)
+    redone = common.machine_ceiling(torch.device("cpu"), str(tmp_path), recalibrate=True, calibration=tiny)
+    assert not redone["cached"] and redone["utc_time"] >= first["utc_time"]
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    (other / common.CEILINGS_FILE).write_text("[1, 2]")  # not a ceilings file: measured, left as it was
+    assert not common.machine_ceiling(torch.device("cpu"), str(other), calibration=tiny)["cached"]
+    assert (other / common.CEILINGS_FILE).read_text() == "[1, 2]"
+
+
 def test_result_files_never_overwrite(tmp_path):
     first = ResultFiles(tmp_path, "e2e", "run", "e2e")
     first.append_record({"a": 1})

@@ -8,8 +8,11 @@ from einops import einsum, rearrange
 
 from torch.utils.flop_counter import FlopCounterMode
 
+import common
+import results
 from model import (HANDOUTS, ModelConfig, RotaryEmbedding, TransformerLM, cross_entropy, get_config, naive_attention,
                    sdpa_attention, step_flops)
+from optim import AdamW
 
 # (handout, size) -> parameters, worked out by hand from the handouts' Table 1 (vocab 10,000, untied lm_head)
 EXPECTED_PARAMS = {("2026", "tiny"): 22_696_448, ("2026", "small"): 128_625_408, ("2026", "medium"): 423_183_360,
@@ -47,6 +50,50 @@ def test_flops_formula_equals_torchs_flop_counter(mode):
         if mode == "train":
             cross_entropy(logits, tokens).backward()
     assert counter.get_total_flops() == step_flops(SMALL, 2, 24, mode)
+
+
+@pytest.mark.parametrize("attn", ["naive", "sdpa"])
+def test_byte_model_is_a_lower_bound_on_what_autograd_keeps(attn):
+    """The floors' activations (results.saved_activations, written by forward, read by backward) are no more than
+    what autograd saves for the step's backward, weights aside; naive's probabilities are what SDPA saves less."""
+    model, tokens = TransformerLM(SMALL, attn=attn), torch.randint(0, SMALL.vocab_size, (2, 32))
+    weights = {common.storage_key(p) for p in model.parameters()}
+    with common.saved_tensors(exclude=weights) as saved:
+        loss = cross_entropy(model(tokens), tokens)
+        kept = sum(saved.values())
+    counted = 4 * results.saved_activations(SMALL, 2, 32, attn)
+    assert counted <= kept < 4 * counted  # a bound, and not a loose one
+    assert results.forward_bytes(SMALL, 2, 32, 4, attn) == 4 * SMALL.matmul_params + counted
+    loss.backward()
+    assert results.backward_bytes(SMALL, 2, 32, 4, attn) - results.forward_bytes(SMALL, 2, 32, 4, attn) == sum(
+        p.grad.nbytes for p in model.parameters())  # every fp32 gradient written once
+    probabilities = 4 * 2 * SMALL.num_layers * SMALL.num_heads * 32 * 32
+    assert results.saved_activations(SMALL, 2, 32, "naive") * 4 - counted == (probabilities if attn == "sdpa" else 0)
+
+
+@pytest.mark.parametrize("make", [AdamW, torch.optim.AdamW])
+def test_adamw_floor_is_28_bytes_per_parameter_over_the_bandwidth(make):
+    """The tensors one AdamW step reads (parameters, gradients, both moments) and writes (parameters, moments), as
+    the optimizer keeps them, against the floor's 28 bytes per fp32 parameter."""
+    model, tokens = TransformerLM(SMALL), torch.randint(0, SMALL.vocab_size, (2, 8))
+    optimizer = make(model.parameters())
+    cross_entropy(model(tokens), tokens).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    moments = [optimizer.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
+    read = sum(p.nbytes + p.grad.nbytes for p in params) + sum(m.nbytes for m in moments)
+    written = sum(p.nbytes for p in params) + sum(m.nbytes for m in moments)
+    assert results.optimizer_bytes(SMALL.num_params) == read + written == 28 * SMALL.num_params
+    floors = results.step_floors(SMALL, 2, 8, "train", 4, "naive", tflops=1.0, gbs=100.0)
+    assert floors["optimizer"]["floor_ms"] == pytest.approx((read + written) / 100e9 * 1e3)
+    assert floors["optimizer"]["bound"] == "memory" and floors["optimizer"]["flops"] == 0
+
+
+def test_a_collectives_floor_is_its_ring_bytes_over_the_link():
+    # 1 GB all-reduced over 8 ranks on 450 GB/s links: each rank sends and receives 2 x 7/8 GB
+    assert results.collective_floor_ms("all_reduce", 10**9, 8, 450.0) == pytest.approx(1.75 / 450 * 1e3)
+    assert results.collective_floor_ms("all_gather", 10**9, 2, 100.0) == pytest.approx(5.0)
+    assert results.collective_floor_ms("reduce_scatter", 10**9, 1, 100.0) == 0.0  # one rank: nothing moves
 
 
 def test_state_dict_keys_are_the_reference_names():

@@ -186,6 +186,44 @@ def test_e2e_figures_from_records():
     assert {label.get_rotation() for label in speedup.get_xticklabels()} == {0.0}  # two bars: room to stand
 
 
+def test_the_roofline_draws_each_phase_of_the_run_at_its_intensity_under_both_roofs(tmp_path):
+    cfg = results.ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256, context_length=16)
+    roofs = {"precision": "bf16", "tflops": 989.4, "gbs": 3350.0, "ceiling": "datasheet",
+             "datasheet": {"tflops": 989.4, "gbs": 3350.0, "label": "H100 SXM"},
+             "measured": {"tflops": 600, "gbs": 2900}}
+    records = []
+    for ctx, ms in ((16, 0.5), (32, 0.8)):
+        record = e2e("bf16", 0, [3 * ms], ctx=ctx)
+        floors = results.step_floors(cfg, 4, ctx, "train", 2, "naive", roofs["tflops"], roofs["gbs"])
+        records.append({**record, "floors": results.beside_measured(floors, record, roofs)})
+    points = report.roofline_points(records)
+    assert [(p["series"], p["label"]) for p in points] == [  # the optimizer has no FLOPs: no point
+        (phase, f"tiny ctx {ctx} bf16 naive") for ctx in (16, 32) for phase in ("forward", "backward")]
+    for p, (ctx, phase) in zip(points, [(c, ph) for c in (16, 32) for ph in ("forward", "backward")]):
+        flops = results.forward_flops(cfg, 4, ctx) * (1 if phase == "forward" else 2)
+        nbytes = (results.forward_bytes if phase == "forward" else results.backward_bytes)(cfg, 4, ctx, 2, "naive")
+        ms = next(r for r in records if r["config"]["model"]["context_length"] == ctx)[f"{phase}_ms_mean"]
+        assert p["intensity"] == pytest.approx(flops / nbytes) and p["tflops"] == pytest.approx(flops / ms / 1e9)
+    fig = report.plot_roofline(records)
+    (ax,) = fig.axes
+    drawn = [tuple(xy) for c in ax.collections for xy in c.get_offsets()]
+    assert drawn == [(p["intensity"], p["tflops"]) for p in sorted(points, key=lambda p: p["series"] != "forward")]
+    roofs_drawn = {line.get_label(): line for line in ax.get_lines()}
+    assert set(roofs_drawn) == {"roof: datasheet H100 SXM bf16 (989 TFLOP/s, 3350 GB/s)",
+                                "roof: measured bf16 (600 TFLOP/s, 2900 GB/s)"}
+    datasheet = roofs_drawn["roof: datasheet H100 SXM bf16 (989 TFLOP/s, 3350 GB/s)"]
+    assert max(datasheet.get_ydata()) == 989.4 and datasheet.get_linestyle() == "--"
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    (line,) = results.floor_facts(records)  # the study's writeup reads them in one line
+    low, high = map(results.share, sorted(r["floors"]["phases"]["optimizer"]["of_floor"] for r in records))
+    assert line.startswith("floors (datasheet ceiling; floor / measured time): forward at ")
+    assert f"optimizer at {low}-{high} of its memory floor" in line
+    assert [results.share(v) for v in (1.0, 0.714, 0.01, 0.0034)] == ["100%", "71%", "1%", "0.3%"]
+    files = results.ResultFiles(tmp_path, "e2e", "run", "e2e")
+    drawn_paths, failed = report.draw("bench_e2e", records, files)
+    assert not failed and tmp_path / "e2e" / "run_roofline.png" in drawn_paths
+
+
 def test_the_warmup_figure_of_repeated_runs_shows_each_step_index_once():
     """--repeats 2: each run's 3 steps in turn; the first step of each run is cold."""
     records = [{**e2e("fp32", 0, [500.0, 20.0, 10.0, 300.0, 20.0, 12.0]), "repeats": 2},
