@@ -117,8 +117,10 @@ def load_torch_trace(path: str | Path) -> Profile:
     else every operator's self CPU time; the record_function labels as ranges."""
     path = Path(path)
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-            trace = json.load(f)
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            trace = json.loads(results.read_bounded(f, path, "the trace" + " expanded" * (path.suffix == ".gz")))
+    except results.TooLarge as exc:
+        raise ProfileFormatError(str(exc)) from None
     except (OSError, EOFError, ValueError, RecursionError) as exc:  # unreadable, not gzip, not JSON, too deep
         raise ProfileFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None

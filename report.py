@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kernel_tables
+import results
 from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEADERBOARD_2025_SHAPE,
                      LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
                      ModelConfig, PairedRatio, Record, ResultFiles, Setting,
@@ -914,19 +915,22 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
 # ---- reading saved runs ----
 
 MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is not a results file
-MAX_FILE_BYTES = 4 * MAX_LINE_BYTES
 
 
 def read_run(path: str) -> dict[int, Record]:
     """A file's records by line number; lines bounded (endless input is one error), a bad last line skipped."""
     found, lines, total = {}, [], 0
+    limit, why = results.read_limit_bytes()
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
                 total += len(line)
-                if len(line) > MAX_LINE_BYTES or total > MAX_FILE_BYTES:
+                if len(line) > MAX_LINE_BYTES:
                     raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
                                       "end; is this a results .jsonl file?")
+                if total > limit:
+                    raise ReportError(f"{path}: more than {limit // MIB} MiB of records ({why}): refused, its rows "
+                                      "would not fit in memory")
                 lines += [(n, line)] if line.strip() else []
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None

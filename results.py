@@ -673,9 +673,37 @@ def to_json_line(record: Record) -> str:
     return json.dumps(json.loads(loose, parse_constant=lambda token: None), allow_nan=False)
 
 
+READ_LIMIT_ENV = "CS336_READ_LIMIT_MB"  # how much one record file or expanded trace may hold
+
+
+class TooLarge(ValueError):
+    """A file whose contents would not fit in memory as Python objects: refused in one line."""
+
+
+def read_limit_bytes() -> tuple[int, str]:
+    """(bytes, where the limit comes from): $CS336_READ_LIMIT_MB, else a tenth of the machine's memory (parsed
+    JSON takes several times its text)."""
+    given = os.environ.get(READ_LIMIT_ENV, "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given) * MIB, f"{READ_LIMIT_ENV}={given}"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return memory // 10, f"a tenth of this machine's memory; {READ_LIMIT_ENV}=MB sets it"
+
+
+def read_bounded(f: Any, path: str | os.PathLike, what: str) -> bytes:
+    """All of the binary file `f` (a gzip file: as it expands) up to the read limit; past it, TooLarge."""
+    limit, why = read_limit_bytes()
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"{path}: {what} holds more than {limit // MIB} MiB ({why}): refused, its rows would not "
+                       "fit in memory")
+    return data
+
+
 def read_records(path: str | os.PathLike) -> list[Record]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A .jsonl file's records (TooLarge past the read limit)."""
+    with open(path, "rb") as f:
+        return [json.loads(line) for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
 
 
 def exit_usage_error(message: str) -> NoReturn:

@@ -4,6 +4,7 @@ anyone's range names; the four tables; the command line, what it exports and nev
 nsys_run.sh itself: test_nsys.py."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sqlite3
@@ -883,3 +884,17 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     assert kt.build_tables(kt.load_torch_trace(trace))["steps"] == 2  # the saved trace, read again
     out = capsys.readouterr().out
     assert "### 1. Phase times" in out and "### 4. Inside attention" in out and str(trace) in out
+
+
+def test_a_trace_that_expands_past_the_read_limit_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch):
+    """A 2 KiB .json.gz that expands to 2 MiB, read under a 1 MiB limit (a tenth of the memory by default)."""
+    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")
+    bomb = tmp_path / "t.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2 << 20) + b"]}"))
+    assert bomb.stat().st_size < 10_000 and kt.main([str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert "holds more than 1 MiB (CS336_READ_LIMIT_MB=1)" in err and len(err.strip().splitlines()) == 1
+    record = tmp_path / "e2e.jsonl"
+    record.write_text('{"status": "ok"}\n' * 100_000)  # 1.7 MB of rows
+    assert kt.main([str(torch_gpu_trace(tmp_path / "t.json")), "--e2e-jsonl", str(record)]) == 2
+    assert "the record file holds more than 1 MiB" in capsys.readouterr().err

@@ -84,6 +84,15 @@ def test_endless_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert code == 2 and "without a record's end" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_record_file_past_the_read_limit_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")  # MB; by default a tenth of the machine's memory
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"experiment": "precision_demo"}\n' * 50_000)  # 1.6 MB of rows
+    code, out, err = run([str(big), "--results-dir", str(tmp_path)], capsys)
+    assert code == 2 and "more than 1 MiB of records (CS336_READ_LIMIT_MB=1)" in err and not out
+    assert len(err.strip().splitlines()) == 1
+
+
 def test_an_interrupted_runs_last_line_is_skipped_with_a_note(precision_run, tmp_path, capsys):
     cut = tmp_path / "cut.jsonl"
     text = (precision_run / "run.jsonl").read_text()
