@@ -974,12 +974,23 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
 # ---- output and signals ----
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # kill's default, and a closed terminal: both stop as Ctrl-C does
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the run is, so that it stops as Ctrl-C does."""
+    """SIGTERM or SIGHUP, raised where the run is, so that it stops as Ctrl-C does."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def signal_number(stop: KeyboardInterrupt) -> int:
-    return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    return stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+
+
+def signal_name(stop: KeyboardInterrupt) -> str:
+    return signal.Signals(signal_number(stop)).name if isinstance(stop, Terminated) else "Ctrl-C"
 
 
 def stop_process_group(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: float = 30) -> None:
@@ -1011,12 +1022,60 @@ def handling_signal(signum: int, handler: Any) -> Iterator[None]:
 
 
 def _raise_terminated(signum: int, frame: Any) -> NoReturn:
-    raise Terminated()
+    raise Terminated(signum)
 
 
-def sigterm_as_interrupt() -> contextlib.AbstractContextManager:
-    """SIGTERM raises Terminated while the block runs."""
-    return handling_signal(signal.SIGTERM, _raise_terminated)
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while the block runs."""
+    with handling_signal(signal.SIGTERM, _raise_terminated), handling_signal(signal.SIGHUP, _raise_terminated):
+        yield
+
+
+# What a watchdog runs: it reads a pipe whose other end only the parent holds. A "done" from the parent: its
+# child ended; end of file unsaid: the parent is gone (kill -9, its terminal closed), so the child's process group
+# is stopped, SIGTERM, then SIGKILL after the grace. -I -S: no site, no working directory on its path.
+WATCHDOG = """import os, signal, sys, time
+group, grace = int(sys.argv[1]), float(sys.argv[2])
+if os.read(0, 4):
+    sys.exit()
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    deadline = time.monotonic() + grace
+    try:
+        os.killpg(group, sig)
+        while time.monotonic() < deadline:
+            os.killpg(group, 0)
+            time.sleep(0.05)
+    except ProcessLookupError:
+        sys.exit()
+"""
+
+
+@contextlib.contextmanager
+def process_group(argv: list[str], grace_s: float = 30, **popen: Any) -> Iterator[subprocess.Popen]:
+    """`argv` started in a process group of its own (start_new_session: Ctrl-C reaches only this process, which
+    stops it), watched: if this process dies (even by kill -9) a watchdog stops the whole group, so nothing it
+    started measures beside the next run. Still running at the block's end: stopped (stop_process_group)."""
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    read, write = os.pipe()
+    try:
+        watchdog = subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG, str(proc.pid), str(grace_s)],
+                                    stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+    except BaseException:
+        stop_process_group(proc, grace_s=grace_s)
+        raise
+    finally:
+        os.close(read)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            stop_process_group(proc, grace_s=grace_s)
+        with contextlib.suppress(OSError):
+            os.write(write, b"done")
+        os.close(write)
+        watchdog.wait()
 
 
 def progress(message: str) -> None:

@@ -28,7 +28,7 @@ import torch
 import parallel
 import results
 from common import environment, failure_status
-from results import ResultFiles, Terminated, finished, is_oom_status, progress, round_order
+from results import ResultFiles, finished, is_oom_status, progress, round_order
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -302,7 +302,7 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
     """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
     variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
-    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM | 129 after SIGHUP)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -320,7 +320,7 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
             if ranks is not None:
                 ranks.finish()
         except KeyboardInterrupt as exc:
-            how, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+            how, code = results.signal_name(exc), 128 + results.signal_number(exc)
             done = len(sweep.records)
             kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if done and files else ""
             if parallel.is_rank_zero():  # said even under --quiet: where the finished rows are

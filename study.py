@@ -448,9 +448,8 @@ class Study:
             stem = next(s for s in (cmd.name if n == 1 else f"{cmd.name}-{n}" for n in range(1, 10 ** 6))
                         if not (self.root / "logs" / f"{s}.log").exists())
             argv, log, started = self.argv(cmd, stem), self.root / "logs" / f"{stem}.log", time.time()
-            with open(log, "w") as out:
-                child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,  # from here: your code
-                                         start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
+            with open(log, "w") as out, results.process_group(  # from here: your code
+                    argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHON": sys.executable}) as child:
                 try:
                     rc = child.wait()
                 except KeyboardInterrupt as stop:
@@ -826,8 +825,8 @@ def conduct(args, machine, settings, root) -> int:
                     print(f"    {c.name}: {state}{took}{cause}", flush=True)
                     failed += [c.name] if entry["status"] == "failed" else []
         except KeyboardInterrupt as stop:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in (signal.SIGINT, *results.STOP_SIGNALS):  # a second signal does not cut the writeup short
+                signal.signal(signum, signal.SIG_IGN)
             path = write_writeup(study, plan, machine, args)
             print(f"stopped by signal {results.signal_number(stop)}: finished commands kept; run the same command "
                   f"to continue ({rel(path)} has what is done)", file=sys.stderr)

@@ -375,3 +375,28 @@ def test_a_problem_of_one_command_draws_its_own_figures():
     for key in ("pytorch_attention", "benchmarking_script_a"):
         (command,) = plan[key].commands
         assert command.args.count("--plot") == 1, (key, command.args)
+
+
+PARENT = """import pathlib, sys, study
+ledger = study.Study(pathlib.Path(sys.argv[1]))
+ledger.argv = lambda cmd, stem: [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(300)"]
+ledger.run(study.Command("sleeper", "bench_e2e.py", []))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_killed_study_takes_its_running_command_with_it(sig, tmp_path):
+    """kill -9, or the terminal closed: the command it was running (in a session of its own, out of reach of
+    the terminal's signals) ends too, never measuring beside the next run."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=HERE, stderr=subprocess.PIPE)
+    log, deadline = tmp_path / "logs" / "sleeper.log", time.time() + 60
+    while not (log.is_file() and log.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    child = int(log.read_text())
+    parent.send_signal(sig)
+    parent.wait(timeout=60)
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2] \
+            and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
+    assert b"Traceback" not in parent.stderr.read()
