@@ -729,6 +729,14 @@ def test_a_report_is_exported_once_beside_it_then_read_there(with_fake_nsys: Pat
     assert "### 2. Top kernels by GPU time: backward" in capsys.readouterr().out
 
 
+def test_a_report_named_like_an_option_is_a_file_to_nsys(with_fake_nsys: Path, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("-g.nsys-rep").write_bytes(REPORT_BYTES)
+    assert kt.main(["--", "-g.nsys-rep"]) == 0
+    assert calls(with_fake_nsys)[0][-1] == "./-g.nsys-rep" and Path("-g.sqlite").is_file()
+    assert "### 2. Top kernels by GPU time: backward" in capsys.readouterr().out
+
+
 def test_a_students_older_export_and_csvs_are_left_as_they_are(with_fake_nsys: Path, tmp_path: Path, capsys):
     student = tmp_path / "student"
     student.mkdir()
