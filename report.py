@@ -886,8 +886,13 @@ class ReportError(Exception):
 
 def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
-    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte."""
-    return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
+    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte; every
+    text in them one line (a hand-edited record's newline never starts a line of markdown)."""
+    def text_on_one_line(obj: Any) -> Any:
+        return {k: text_on_one_line(v) for k, v in obj.items()} if isinstance(obj, dict) else \
+            [text_on_one_line(v) for v in obj] if isinstance(obj, list) else \
+            results.one_line(obj) if isinstance(obj, str) else obj
+    return RENDERERS[experiment][0]([text_on_one_line(json.loads(to_json_line(r))) for r in records], fmt, columns)
 
 
 def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:

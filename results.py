@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import html
 import itertools
 import json
 import math
@@ -417,11 +418,73 @@ def as_report_file(text: str, fmt: str) -> str:
     return header + "\n".join(out) + "\n"
 
 
+# ---- text from records is text: one escape per place it lands ----
+# A record is data anyone can edit: what it says reaches a table, a writeup or LaTeX as the characters it holds,
+# never as a new line, a table cell, a code fence, a command or text that reads backwards.
+
+LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+HIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")  # control, bidi
+
+
+def one_line(text: Any) -> str:
+    """`text` on one line: line breaks as spaces, control and bidi (right-to-left override) characters as U+FFFD."""
+    return HIDDEN.sub("\ufffd", LINE_BREAKS.sub(" ", str(text).expandtabs(1)))
+
+
+def md_text(text: Any) -> str:
+    """`text` inside a line of markdown: one line, '\\' and '`' escaped (no code span or fence can open)."""
+    return re.sub(r"([\\`])", r"\\\1", one_line(text))
+
+
+def md_cell(text: Any) -> str:
+    """`text` as a markdown table cell: md_text with '|' escaped (a '|' would start another cell)."""
+    return md_text(text).replace("|", "\\|")
+
+
+def md_unescape(text: str) -> str:
+    """What md_text and md_cell escaped, as it was (the writeup's LaTeX reads the markdown back)."""
+    return re.sub(r"\\([\\`|])", r"\1", text)
+
+
+ASCII = {"×": "x", "±": "+/-", "≈": "~", "—": "--", "–": "-", "µ": "u", "μ": "u", "≤": "<=", "≥": ">=",
+         "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2",
+         "§": "sec. "}
+TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+              "_": r"\_\allowbreak{}", "/": r"/\allowbreak{}",  # a long path may break there, not run off the page
+              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}",
+              ">": r"\textgreater{}"}
+
+
+def ascii_fold(text: str) -> str:
+    """pdflatex's input: ASCII, the few symbols the tables use spelled out, anything else '?'."""
+    return "".join(ASCII.get(ch, ch if ord(ch) < 128 else "?") for ch in one_line(text))
+
+
+def latex_text(text: Any) -> str:
+    """`text` as LaTeX text: one ASCII line, every special character escaped, '--' as two hyphens."""
+    return two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
+
+
+# A writeup's compile (docs/study.md; the tests run the same): no shell escape, no file written outside its folder,
+# and an error stops it instead of waiting for an answer.
+PDFLATEX = "openout_any=p pdflatex -no-shell-escape -interaction=nonstopmode -halt-on-error"
+
+
+def cell_for(fmt: str) -> Callable[[Any], Any]:
+    """How a table of `fmt` holds a text cell: markdown escaped, latex_raw and unsafehtml escaped here (their
+    formats leave text raw), any other one line (tabulate escapes latex and html itself)."""
+    escape = {"github": md_cell, "pipe": md_cell, "latex_raw": latex_text,
+              "unsafehtml": lambda text: html.escape(one_line(text))}.get(fmt, one_line)
+    return lambda v: escape(v) if isinstance(v, str) else v
+
+
 def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str = ".2f") -> str:
-    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
-    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
+    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''; text
+    escaped for the format (cell_for)."""
+    cell = cell_for(fmt)
+    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else cell(v) for c in columns]
             for row in rows]
-    text = tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
+    text = tabulate(body, headers=[cell(str(c)) for c in columns], tablefmt=fmt, floatfmt=floatfmt, missingval="")
     return latex_rows(text) if fmt in LATEX_FORMATS else text
 
 

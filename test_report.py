@@ -55,6 +55,25 @@ def test_a_saved_run_renders_again_byte_for_byte_in_its_format_and_others(precis
     assert (tmp_path / "report" / "run-2.md").is_file()
 
 
+@pytest.mark.parametrize("fmt", ["github", "latex_booktabs", "latex_raw"])
+def test_a_hand_edited_record_is_text_in_every_table_format(fmt, precision_run):
+    """A field with '|', a newline, a fence, LaTeX and a right-to-left override: one row, the same cells."""
+    records = results.read_records(precision_run / "run.jsonl")
+    hostile = "fp|32\n```\n\\input{/etc/passwd}\u202e"
+    records[0]["accumulator_dtype"] = hostile
+    text = report.render("precision_demo", records, fmt)
+    clean = report.render("precision_demo", [dict(records[0], accumulator_dtype="x")] + records[1:], fmt)
+    assert len(text.splitlines()) == len(clean.splitlines()) and "\u202e" not in text
+    assert not any(line.lstrip().startswith("```") for line in text.splitlines())  # no fence opens
+    if fmt == "github":
+        row = next(line for line in text.splitlines() if "input" in line)
+        assert "fp\\|32" in row and row.count("|") - row.count("\\|") == clean.splitlines()[
+            text.splitlines().index(row)].count("|")  # no cell forged
+    else:
+        live = [line for line in results.as_report_file(text, fmt).splitlines() if not line.startswith("%")]
+        assert "\\input{" not in "".join(live) and "\\textbackslash{}input\\{" in "".join(live)  # as its .tex
+
+
 def test_a_merge_has_a_run_column_and_columns_are_checked(precision_run, tmp_path, capsys):
     other = tmp_path / "tuesday.jsonl"
     other.write_text((precision_run / "run.jsonl").read_text())
