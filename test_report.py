@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import platform
 import re
 import shutil
@@ -147,8 +148,9 @@ def test_a_latex_table_of_memcpy_rows_and_flags_compiles(tmp_path):
     table = results.render_table(rows, ["kernel", "ms", "note"], "latex_booktabs")
     (tmp_path / "t.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"
                                     f"{table}\n\\end{{document}}\n")
-    done = subprocess.run(["timeout", "60", "pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
-                          cwd=tmp_path, capture_output=True, text=True)
+    env, *command = results.PDFLATEX.split()
+    done = subprocess.run(["timeout", "60", *command, "t.tex"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
     assert "-{}-steps" in table
 

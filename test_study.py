@@ -113,8 +113,9 @@ def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     assert "\\begin{document}" in tex and "\\toprule" in tex and tex.isascii()
     if not shutil.which("pdflatex"):
         pytest.skip("pdflatex is not installed")
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-output-directory",
-                           str(tmp_path), "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120)
+    env, *command = shlex.split(results.PDFLATEX)
+    done = subprocess.run([*command, "-output-directory", str(tmp_path), "writeup.tex"], cwd=root, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
 
 
@@ -310,8 +311,9 @@ def pdf_text(latex: str, folder: Path) -> str:
     if not (shutil.which("pdflatex") and shutil.which("pdftotext")):
         pytest.skip("pdflatex or pdftotext is not installed")
     (folder / "w.tex").write_text(latex)
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "w.tex"], cwd=folder,
-                          capture_output=True, text=True, timeout=120)
+    env, *command = shlex.split(results.PDFLATEX)
+    done = subprocess.run([*command, "w.tex"], cwd=folder, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
     return subprocess.run(["pdftotext", "-layout", "w.pdf", "-"], cwd=folder, capture_output=True, text=True).stdout
 
@@ -324,6 +326,14 @@ def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
                           "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
     text = pdf_text(document, tmp_path)
     assert "Run it with --quick." in text and "--steps 2" in text and "[CUDA memcpy Host-to-Device]" in text, text
+
+
+def test_a_verbatim_line_that_would_end_the_verbatim_is_printed_as_text(tmp_path):
+    latex = study.md_to_tex("# Study\n\n```\n# \\end{verbatim}\\input{/etc/hostname}\n```\n")
+    document = "\n".join(["\\documentclass{article}\\usepackage[T1]{fontenc}\\begin{document}", latex,
+                          "\\end{document}"])
+    text = pdf_text(document, tmp_path)
+    assert "input{/etc/hostname}" in text and socket.gethostname() not in text.replace("etc/hostname", "")
 
 
 def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path):
