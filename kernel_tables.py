@@ -816,9 +816,11 @@ SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
 CS336_HANDOUT = the handout when --handout is not given.
 A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
-and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of that size and mode are skipped.
+and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
+that size and mode are skipped.
 Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
-usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run stopped, also when this dies)."""
+usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
+stopped, also when this process is killed)."""
 DEFAULT_PLANS = {"2025": (["all"], [128, 256, 512, 1024]),  # every size of Table 1 x four contexts
                  "2026": (["small", "medium"], [256, 512, 1024])}  # two sizes x three contexts > 128
 ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two: bench_e2e sweeps

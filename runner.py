@@ -302,7 +302,8 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
     """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
     variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
-    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM | 129 after SIGHUP)."""
+    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 128 + the signal after
+    SIGTERM or SIGHUP)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None

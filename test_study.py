@@ -393,7 +393,8 @@ def test_a_problem_of_one_command_draws_its_own_figures():
 
 PARENT = """import pathlib, sys, study
 ledger = study.Study(pathlib.Path(sys.argv[1]))
-ledger.argv = lambda cmd, stem: [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(300)"]
+ledger.argv = lambda cmd, stem: [sys.executable, "-c",
+                                 "import os, time; print(os.getpid(), flush=True); time.sleep(300)"]
 ledger.run(study.Command("sleeper", "bench_e2e.py", []))
 """
 
