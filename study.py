@@ -418,7 +418,8 @@ class Study:
         optional = {"cause": str, "estimate_s": (int, float), "stem": str, "log": str, "inputs": (list, type(None))}
         for key, kind in [*kinds.items(), *((k, v) for k, v in optional.items() if k in entry)]:
             if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
-                return f"{key} is {str(entry.get(key))[:40]!r}, not a {getattr(kind, '__name__', 'number')}"
+                kinds_said = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+                return f"{key} is {str(entry.get(key))[:40]!r}, not {kinds_said}"
         if entry["status"] not in ("ok", "failed") or not math.isfinite(entry["seconds"]):
             return f"status {entry['status'][:40]!r} / seconds {entry['seconds']}: not a finished command's"
         inside = self.root.resolve()
