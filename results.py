@@ -1090,8 +1090,11 @@ def _raise_terminated(signum: int, frame: Any) -> NoReturn:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Terminated while the block runs."""
-    with handling_signal(signal.SIGTERM, _raise_terminated), handling_signal(signal.SIGHUP, _raise_terminated):
+    """SIGTERM and SIGHUP raise Terminated while the block runs (SIGHUP not under nohup, which ignores it)."""
+    with contextlib.ExitStack() as stack:
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN or signum == signal.SIGTERM:
+                stack.enter_context(handling_signal(signum, _raise_terminated))
         yield
 
 
