@@ -406,6 +406,11 @@ def live_processes_naming(marker: str) -> list[str]:
     return found
 
 
+def hangup_as_in_a_terminal() -> None:
+    """SIGHUP's default action in the child, also when the tests run under nohup (which ignores it)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def nsys() -> Path:
     path, reason = find_real_nsys()
@@ -431,7 +436,7 @@ def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_fold
     env = {**env, "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen(["bash", str(SCRIPT), "--results-dir", str(tmp_path / "results"), "tiny", "16", "--",
                              *APP_ARGS, "--steps", "1000000"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=hangup_as_in_a_terminal)
     deadline = time.monotonic() + 120
     while not [c for c in live_processes_naming(str(tmp_path / "tmp")) if "bench_e2e.py" in c]:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"

@@ -18,6 +18,7 @@ import pytest
 
 import results
 import study
+from test_nsys import hangup_as_in_a_terminal
 
 HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
@@ -403,7 +404,8 @@ ledger.run(study.Command("sleeper", "bench_e2e.py", []))
 def test_a_killed_study_takes_its_running_command_with_it(sig, tmp_path):
     """kill -9, or the terminal closed: the command it was running (in a session of its own, out of reach of
     the terminal's signals) ends too, never measuring beside the next run."""
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=HERE, stderr=subprocess.PIPE)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=HERE, stderr=subprocess.PIPE,
+                              preexec_fn=hangup_as_in_a_terminal)
     log, deadline = tmp_path / "logs" / "sleeper.log", time.time() + 60
     while not (log.is_file() and log.read_text().strip()) and time.time() < deadline:
         time.sleep(0.05)
