@@ -32,7 +32,7 @@ import parallel
 import report
 import results
 from common import SyncTimer, failure_status
-from results import ResultFiles, Terminated, finished, is_oom_status, progress
+from results import ResultFiles, finished, is_oom_status, progress
 
 # --- arguments ---
 
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                 for group in configurations.values():
                     sweep.spawned(group, store)
         except KeyboardInterrupt as exc:
-            how, code = ("SIGTERM", 143) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+            how, code = results.signal_name(exc), 128 + results.signal_number(exc)
             kept = f"; finished rows are in {files.jsonl}" if sweep.records and files else ""
             progress(f"interrupted by {how} after {len(sweep.records)} of {len(runs)} rows{kept}")
     if files is None:

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
@@ -133,8 +134,10 @@ def load_torch_trace(path: str | Path) -> Profile:
     else every operator's self CPU time; the record_function labels as ranges."""
     path = Path(path)
     try:
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt") as f:
-            trace = json.load(f)
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            trace = json.loads(results.read_bounded(f, path, "the trace" + " expanded" * (path.suffix == ".gz")))
+    except results.TooLarge as exc:
+        raise ProfileFormatError(str(exc)) from None
     except (OSError, EOFError, ValueError, RecursionError) as exc:  # unreadable, not gzip, not JSON, too deep
         raise ProfileFormatError(f"{path}: not a readable JSON trace: {exc}") from None
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
@@ -222,6 +225,11 @@ def report_file(source: str | Path) -> Path:
                 Path(f"{path}.nsys-rep"))
 
 
+def as_operand(path: Path) -> str:
+    """A path on another program's command line: ./-g.nsys-rep is a file, where -g.nsys-rep would be an option."""
+    return str(path) if path.is_absolute() else os.path.join(".", path)
+
+
 def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     """An nsys export, or a .nsys-rep through its export X.sqlite in `folder` (default: the report's) unless
     that is older; else a fresh export into X.sqlite when there is none, else into a temporary folder."""
@@ -247,7 +255,7 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
     with tempfile.TemporaryDirectory(prefix=".kernel_tables-", dir=folder if keep else None) as work:
         made = Path(work) / export.name
         result = subprocess.run([nsys, "export", "--type=sqlite", "--quiet=true", f"--output={made}",
-                                 str(report)], capture_output=True, text=True, errors="replace")
+                                 as_operand(report)], capture_output=True, text=True, errors="replace")
         if result.returncode or not made.is_file():
             raise ProfileFormatError(export_failure(report, nsys, result))
         profile = load_nsys(made.rename(export) if keep else made)
@@ -948,10 +956,12 @@ def write_summary(prefixes: list[Path], results_dir: str, out: str | None = None
 SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
 CS336_HANDOUT = the handout when --handout is not given.
-A report made with the same arguments (<report>.args) is reused, one made with others kept and that
-configuration fails (--force replaces it); after an OOM the larger contexts of that size and mode are skipped.
+A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
+and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
+that size and mode are skipped.
 Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
-usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143 (nsys and the run stopped)."""
+usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
+stopped, also when this process is killed)."""
 DEFAULT_PLANS = {"2025": (["all"], [128, 256, 512, 1024]),  # every size of Table 1 x four contexts
                  "2026": (["small", "medium"], [256, 512, 1024])}  # two sizes x three contexts > 128
 ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two: bench_e2e sweeps
@@ -1070,12 +1080,19 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+def completion_marker(config: Config) -> str:
+    """<report>.args, written last, once the report, its export and tables are in place: the nsys command line
+    and the report's size. A report whose profile was cut short (its wrapper killed), or replaced since, has none
+    that matches: it is never reused."""
+    return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
+
+
 def action(config: Config, args: argparse.Namespace) -> str:
-    """profile; reuse (a report made with these arguments); kept (a report made with others)."""
+    """profile; reuse (a complete report made with these arguments); kept (another report)."""
     if args.force or not config.file(".nsys-rep").is_file():
         return "profile"
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        if config.file(".args").read_text().strip() == config.made_with:
+        if config.file(".args").read_text() == completion_marker(config):
             return "reuse"
     return "kept"
 
@@ -1107,77 +1124,81 @@ def dry_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def remove_files(config: Config) -> None:
-    """A configuration's files (the toolkit's names): none may outlive a new, refused or interrupted run."""
-    for suffix in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl", "_e2e.md"):
-        config.file(suffix).unlink(missing_ok=True)
-
-
-def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str) -> int:
-    """`nsys profile` of bench_e2e.py in its own process group (SIGTERM, SIGKILL after 30 s on an interrupt);
-    bench_e2e's record is kept as <report>_e2e.*."""
+def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str, staging: Path) -> int:
+    """`nsys profile` of bench_e2e.py in its own process group (SIGTERM, SIGKILL after 30 s on an interrupt, or
+    when this process dies), its report and bench_e2e's record (<report>_e2e.*) written into `staging`."""
+    staged = staging / Path(config.report).name
     with tempfile.TemporaryDirectory(prefix="nsys_run-") as tmp:
         app = [sys.executable, BENCH_E2E, *config.app, "--results-dir", tmp, "--out", "e2e"]
         say(f"profiling {config.label()}: bench_e2e.py {' '.join(config.app)}")
-        proc = subprocess.Popen([nsys, "profile", *args.nsys_options, f"--output={config.report}", *app],
-                                stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"},
-                                start_new_session=True)
-        try:
+        with results.process_group([nsys, "profile", *args.nsys_options, f"--output={staged}", *app],
+                                   stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"}) as proc:
             for line in proc.stdout:  # its "wrote" lines name the files kept
                 results.emit(line.decode(errors="replace").replace(f"{tmp}/e2e/e2e", f"{config.report}_e2e")
                              .rstrip("\n"))
             proc.wait()
-        finally:
-            if proc.poll() is None:
-                results.stop_process_group(proc)
         for made in Path(tmp, "e2e").glob("e2e*"):
-            shutil.copyfile(made, f"{config.report}_{made.name}")
+            shutil.copyfile(made, f"{staged}_{made.name}")
     return proc.returncode
+
+
+PROFILE_FILES = (".nsys-rep", ".sqlite", "_e2e.jsonl", "_e2e.md", ".md")  # a profile's files; .args comes last
 
 
 def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
     """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
     record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
-    todo, jsonl, report = action(run, args), run.file("_e2e.jsonl"), run.file(".nsys-rep")
+    todo, report = action(run, args), run.file(".nsys-rep")
     if todo == "kept":
-        say(f"error: {report} exists, made with other arguments than these ({run.report}.args); it is "
+        say(f"error: {report} exists, not made by a complete run with these arguments ({run.report}.args); it is "
             "kept: --force profiles this configuration again, replacing it")
         return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
-    status = 0
     if todo == "reuse":
         say(f"reusing {report}, made with the same arguments (--force profiles it again)")
-    else:
-        remove_files(run)
-        run.file(".args").parent.mkdir(parents=True, exist_ok=True)
-        run.file(".args").write_text(run.made_with + "\n")
-        status = None
-        try:  # what nsys wrote of an interrupted or refused run is no report to reuse
-            status = run_under_nsys(run, args, nsys)
-        finally:
-            if status in (None, 2):
-                remove_files(run)
+        return tables_of(run, run, 0)
+    # the new profile is made beside, under a temporary name: the earlier files are replaced only once the new
+    # ones exist, and an interrupted or refused run leaves them as they were
+    Path(run.report).parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{Path(run.report).name}.partial-", dir=Path(run.report).parent))
+    try:
+        status = run_under_nsys(run, args, nsys, staging)
         if status == 2:  # bench_e2e's usage error (a sweep's plan is checked before it starts)
             say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
                 "kept")
             return {"status": "refused: bench_e2e.py's usage error (exit status 2)", "exit_status": 2}
+        return tables_of(run, dataclasses.replace(run, report=str(staging / Path(run.report).name)), status)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def tables_of(run: Config, made: Config, status: int) -> dict[str, Any]:
+    """The tables of the profile `made` (the reused one, or a new one beside), printed; a new one's files then
+    replace `run`'s, the completion marker last."""
+    jsonl, report = made.file("_e2e.jsonl"), run.file(".nsys-rep")
     said = ""  # the status the profiled run recorded
     with contextlib.suppress(ProfileFormatError):
         said = str(last_e2e_record(jsonl).get("status", ""))
     if status:
         say(f"the profiled run failed with exit status {status}")
         return {"status": said or f"failed: the profiled run's exit status was {status}", "exit_status": status}
-    if not report.is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 for a failed configuration
+    if not made.file(".nsys-rep").is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 when it failed
         say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
         return {"status": said, "exit_status": 1}
-    if not report.is_file():
+    if not made.file(".nsys-rep").is_file():
         say(f"nsys wrote no {report}: the 'measure' range never started (no NVTX range of bench_e2e reached nsys)")
         return {"status": "failed: nsys wrote no report (the measure range never started)", "exit_status": 1}
-    value = profiled(run.report)
+    value = profiled(made.report)
     if "tables" not in value:
         say(f"no tables for {report}: {value['status']}")
         return {**value, "exit_status": 1}
     text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
-    results.replace_text(run.file(".md"), text + "\n")
+    results.replace_text(made.file(".md"), text + "\n")
+    if made is not run:
+        run.file(".args").unlink(missing_ok=True)  # the earlier set's marker: it no longer names these files
+        for suffix in PROFILE_FILES:
+            if made.file(suffix).exists():
+                os.replace(made.file(suffix), run.file(suffix))
+        results.replace_text(run.file(".args"), completion_marker(run))
     if results.emit(text):
         results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
     return {**value, "exit_status": 0}

@@ -515,8 +515,20 @@ def load_snapshot(path: str | Path) -> dict[str, Any]:
                              (s.get("total_size", 0) for s in segments),
                              (b.get(k, 0) for s in segments for b in s.get("blocks", [])
                               for k in ("size", "requested_size"))):
-        if type(n) is not int or n < 0:  # NaN, a string, a negative: the tables would be nonsense or fail
-            raise ValueError(f"a size of {n!r}; a snapshot's sizes are whole numbers of bytes, 0 or more")
+        if type(n) is not int or not 0 <= n <= results.INT64_MAX:  # NaN, a string, a negative, past int64
+            raise ValueError(f"a size of {n!r}; a snapshot's sizes are whole numbers of bytes, 0 to 2**63 - 1")
+    checked: dict[int, list] = {}  # a list of frames shared by many entries is checked once
+    for e in (e for trace in snapshot["device_traces"] for e in trace):
+        if not isinstance(e, dict) or not isinstance(e.get("action"), str):
+            raise ValueError(f"a trace entry {str(e)[:80]}; each is a dict with an 'action'")
+        if "time_us" in e and not results.number(e["time_us"]):
+            raise ValueError(f"a time_us of {e['time_us']!r}; a snapshot's times are numbers (µs)")
+        frames = e.get("frames", NO_FRAMES)
+        if id(frames) not in checked and not (isinstance(frames, (list, tuple)) and all(
+                isinstance(f, dict) and isinstance(f.get("filename"), str) and type(f.get("line")) is int
+                and isinstance(f.get("name"), str) for f in frames)):
+            raise ValueError(f"frames {str(frames)[:80]}; each frame has a filename, a line and a name")
+        checked[id(frames)] = frames
     return snapshot
 
 
@@ -601,6 +613,7 @@ _CPP_NOISE = re.compile(r"unwind|CapturedTraceback|gather_with_cpp|CachingAlloca
                         r"wrap_kernel_functor|c10::impl::|c10::Dispatcher|boxed|redispatch|^\?\?$|^$")
 
 
+@functools.lru_cache(maxsize=65536)  # a few files hold every frame
 def own_file(filename: str, root: PurePosixPath) -> str | None:
     """`filename` relative to `root` when it is the user's own Python file under it (compared as text: a
     snapshot is often read on another machine than the one that recorded it)."""
@@ -610,12 +623,25 @@ def own_file(filename: str, root: PurePosixPath) -> str | None:
     return str(path.relative_to(root)) if path.is_relative_to(root) else None
 
 
+def stacks(snapshot: dict[str, Any]) -> dict[int, tuple[list, int]]:
+    """The allocations' distinct stacks with how many allocations have each: a pickle keeps one list for the
+    allocations that share a stack, so each is read once (the time stays linear in the snapshot's size)."""
+    found: dict[int, tuple[list, int]] = {}
+    for e in device_trace(snapshot)[1]:
+        if e.get("action") == "alloc":
+            frames = e.get("frames", NO_FRAMES)
+            found[id(frames)] = (frames, found.get(id(frames), (None, 0))[1] + 1)
+    return found
+
+
 def code_root(snapshot: dict[str, Any], near_all: float = 0.9) -> PurePosixPath | None:
     """The source root of the snapshot's own Python frames: the deepest folder below '/' that holds nearly all
     (near_all) of them; None when there is none, or no frame is anyone's own code."""
-    files = Counter(PurePosixPath(f["filename"]).parts for e in device_trace(snapshot)[1]
-                    if e.get("action") == "alloc"
-                    for f in e.get("frames", []) if own_file(f["filename"], PurePosixPath("/")))
+    files: Counter = Counter()
+    for frames, n in stacks(snapshot).values():
+        for f in frames:
+            if own_file(f["filename"], PurePosixPath("/")):
+                files[PurePosixPath(f["filename"]).parts] += n
     held: Counter = Counter()  # frames under each folder, '/' left out
     for parts, n in files.items():
         for i in range(2, len(parts)):
@@ -657,14 +683,30 @@ def allocation_site(frames: list[dict[str, Any]], root: PurePosixPath) -> str:
     return _site(tuple((f["filename"], f["line"], f["name"]) for f in frames), root)
 
 
+NO_FRAMES: tuple = ()
+
+
+def site_namer(root: PurePosixPath) -> Callable[[dict[str, Any]], str]:
+    """allocation_site of an entry's frames, each list of frames (shared by many allocations) named once."""
+    named: dict[int, tuple[Any, str]] = {}  # id -> (the frames, kept alive so the id stays theirs; the site)
+
+    def name(entry: dict[str, Any]) -> str:
+        frames = entry.get("frames", NO_FRAMES)
+        if id(frames) not in named:
+            named[id(frames)] = (frames, allocation_site(frames, root))
+        return named[id(frames)][1]
+    return name
+
+
 def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
                         spans: list[tuple[str, float, float]] = ()) -> list[dict[str, Any]]:
     """The `top` largest allocation sizes: how many allocations of each, the sites and the phases."""
     by_size: dict[int, tuple[Counter, Counter]] = {}
+    site = site_namer(root)
     for e in device_trace(snapshot)[1]:
         if e["action"] == "alloc":
             sites, phases = by_size.setdefault(e["size"], (Counter(), Counter()))
-            sites[allocation_site(e.get("frames", []), root)] += 1
+            sites[site(e)] += 1
             phases.update(name for name, begin, end in spans if begin <= e.get("time_us", -1) < end)
     rows = []
     for size in sorted(by_size, reverse=True)[:top]:
@@ -680,9 +722,9 @@ def largest_allocations(snapshot: dict[str, Any], top: int, root: PurePosixPath,
 def live_at_peak(snapshot: dict[str, Any], timeline: Timeline, top: int, root: PurePosixPath) -> list[dict]:
     """The bytes live at the peak by site, largest first, after a row for what was allocated before recording."""
     live = replay(device_trace(snapshot)[1][: timeline.peak_index + 1])[2]
-    sizes, counts = Counter(), Counter()  # by site: bytes, allocations
+    sizes, counts, site_of = Counter(), Counter(), site_namer(root)  # by site: bytes, allocations
     for entry in live.values():
-        site = allocation_site(entry.get("frames", []), root)
+        site = site_of(entry)
         sizes[site] += entry["size"]
         counts[site] += 1
     rows = [{"site": BEFORE_RECORDING, "count": None, "bytes": timeline.peak_bytes - sum(sizes.values())}]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import kernel_tables
+import results
 from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEADERBOARD_2025_SHAPE,
                      LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
                      ModelConfig, PairedRatio, Record, ResultFiles, Setting, paired_ratio,
@@ -1129,8 +1130,13 @@ class ReportError(Exception):
 
 def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
-    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte."""
-    return RENDERERS[experiment][0]([json.loads(to_json_line(r)) for r in records], fmt, columns)
+    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte; every
+    text in them one line (a hand-edited record's newline never starts a line of markdown)."""
+    def text_on_one_line(obj: Any) -> Any:
+        return {k: text_on_one_line(v) for k, v in obj.items()} if isinstance(obj, dict) else \
+            [text_on_one_line(v) for v in obj] if isinstance(obj, list) else \
+            results.one_line(obj) if isinstance(obj, str) else obj
+    return RENDERERS[experiment][0]([text_on_one_line(json.loads(to_json_line(r))) for r in records], fmt, columns)
 
 
 def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:
@@ -1158,19 +1164,22 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
 # ---- reading saved runs ----
 
 MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is not a results file
-MAX_FILE_BYTES = 4 * MAX_LINE_BYTES
 
 
 def read_run(path: str) -> dict[int, Record]:
     """A file's records by line number; lines bounded (endless input is one error), a bad last line skipped."""
     found, lines, total = {}, [], 0
+    limit, why = results.read_limit_bytes()
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
                 total += len(line)
-                if len(line) > MAX_LINE_BYTES or total > MAX_FILE_BYTES:
+                if len(line) > MAX_LINE_BYTES:
                     raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
                                       "end; is this a results .jsonl file?")
+                if total > limit:
+                    raise ReportError(f"{path}: more than {limit // MIB} MiB of records ({why}): refused, its rows "
+                                      "would not fit in memory")
                 lines += [(n, line)] if line.strip() else []
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import html
 import itertools
 import json
 import math
@@ -562,12 +563,74 @@ def as_report_file(text: str, fmt: str) -> str:
     return header + "\n".join(out) + "\n"
 
 
+# ---- text from records is text: one escape per place it lands ----
+# A record is data anyone can edit: what it says reaches a table, a writeup or LaTeX as the characters it holds,
+# never as a new line, a table cell, a code fence, a command or text that reads backwards.
+
+LINE_BREAKS = re.compile(r"\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
+HIDDEN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")  # control, bidi
+
+
+def one_line(text: Any) -> str:
+    """`text` on one line: line breaks as spaces, control and bidi (right-to-left override) characters as U+FFFD."""
+    return HIDDEN.sub("\ufffd", LINE_BREAKS.sub(" ", str(text).expandtabs(1)))
+
+
+def md_text(text: Any) -> str:
+    """`text` inside a line of markdown: one line, '\\' and '`' escaped (no code span or fence can open)."""
+    return re.sub(r"([\\`])", r"\\\1", one_line(text))
+
+
+def md_cell(text: Any) -> str:
+    """`text` as a markdown table cell: md_text with '|' escaped (a '|' would start another cell)."""
+    return md_text(text).replace("|", "\\|")
+
+
+def md_unescape(text: str) -> str:
+    """What md_text and md_cell escaped, as it was (the writeup's LaTeX reads the markdown back)."""
+    return re.sub(r"\\([\\`|])", r"\1", text)
+
+
+ASCII = {"×": "x", "±": "+/-", "≈": "~", "—": "--", "–": "-", "µ": "u", "μ": "u", "≤": "<=", "≥": ">=",
+         "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2",
+         "§": "sec. "}
+TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+              "_": r"\_\allowbreak{}", "/": r"/\allowbreak{}",  # a long path may break there, not run off the page
+              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}",
+              ">": r"\textgreater{}"}
+
+
+def ascii_fold(text: str) -> str:
+    """pdflatex's input: ASCII, the few symbols the tables use spelled out, anything else '?'."""
+    return "".join(ASCII.get(ch, ch if ord(ch) < 128 else "?") for ch in one_line(text))
+
+
+def latex_text(text: Any) -> str:
+    """`text` as LaTeX text: one ASCII line, every special character escaped, '--' as two hyphens."""
+    return two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
+
+
+# A writeup's compile (docs/study.md; the tests run the same): no shell escape, no file written outside its folder,
+# and an error stops it instead of waiting for an answer.
+PDFLATEX = "openout_any=p pdflatex -no-shell-escape -interaction=nonstopmode -halt-on-error"
+
+
+def cell_for(fmt: str) -> Callable[[Any], Any]:
+    """How a table of `fmt` holds a text cell: markdown escaped, latex_raw and unsafehtml escaped here (their
+    formats leave text raw), any other one line (tabulate escapes latex and html itself)."""
+    escape = {"github": md_cell, "pipe": md_cell, "latex_raw": latex_text,
+              "unsafehtml": lambda text: html.escape(one_line(text))}.get(fmt, one_line)
+    return lambda v: escape(v) if isinstance(v, str) else v
+
+
 def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str | list[str] = ".2f"
                  ) -> str:
-    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''."""
-    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else v for c in columns]
+    """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''; text
+    escaped for the format (cell_for)."""
+    cell = cell_for(fmt)
+    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else cell(v) for c in columns]
             for row in rows]
-    text = tabulate(body, headers=columns, tablefmt=fmt, floatfmt=floatfmt, missingval="")
+    text = tabulate(body, headers=[cell(str(c)) for c in columns], tablefmt=fmt, floatfmt=floatfmt, missingval="")
     return latex_rows(text) if fmt in LATEX_FORMATS else text
 
 
@@ -819,9 +882,37 @@ def to_json_line(record: Record) -> str:
     return json.dumps(json.loads(loose, parse_constant=lambda token: None), allow_nan=False)
 
 
+READ_LIMIT_ENV = "CS336_READ_LIMIT_MB"  # how much one record file or expanded trace may hold
+
+
+class TooLarge(ValueError):
+    """A file whose contents would not fit in memory as Python objects: refused in one line."""
+
+
+def read_limit_bytes() -> tuple[int, str]:
+    """(bytes, where the limit comes from): $CS336_READ_LIMIT_MB, else a tenth of the machine's memory (parsed
+    JSON takes several times its text)."""
+    given = os.environ.get(READ_LIMIT_ENV, "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given) * MIB, f"{READ_LIMIT_ENV}={given}"
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return memory // 10, f"a tenth of this machine's memory; {READ_LIMIT_ENV}=MB sets it"
+
+
+def read_bounded(f: Any, path: str | os.PathLike, what: str) -> bytes:
+    """All of the binary file `f` (a gzip file: as it expands) up to the read limit; past it, TooLarge."""
+    limit, why = read_limit_bytes()
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"{path}: {what} holds more than {limit // MIB} MiB ({why}): refused, its rows would not "
+                       "fit in memory")
+    return data
+
+
 def read_records(path: str | os.PathLike) -> list[Record]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A .jsonl file's records (TooLarge past the read limit)."""
+    with open(path, "rb") as f:
+        return [json.loads(line) for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
 
 
 def exit_usage_error(message: str) -> NoReturn:
@@ -1092,12 +1183,23 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
 # ---- output and signals ----
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # kill's default, and a closed terminal: both stop as Ctrl-C does
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the run is, so that it stops as Ctrl-C does."""
+    """SIGTERM or SIGHUP, raised where the run is, so that it stops as Ctrl-C does."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def signal_number(stop: KeyboardInterrupt) -> int:
-    return signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    return stop.signum if isinstance(stop, Terminated) else signal.SIGINT
+
+
+def signal_name(stop: KeyboardInterrupt) -> str:
+    return signal.Signals(signal_number(stop)).name if isinstance(stop, Terminated) else "Ctrl-C"
 
 
 def stop_process_group(proc: subprocess.Popen, signum: int = signal.SIGTERM, grace_s: float = 30) -> None:
@@ -1129,12 +1231,63 @@ def handling_signal(signum: int, handler: Any) -> Iterator[None]:
 
 
 def _raise_terminated(signum: int, frame: Any) -> NoReturn:
-    raise Terminated()
+    raise Terminated(signum)
 
 
-def sigterm_as_interrupt() -> contextlib.AbstractContextManager:
-    """SIGTERM raises Terminated while the block runs."""
-    return handling_signal(signal.SIGTERM, _raise_terminated)
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Terminated while the block runs (SIGHUP not under nohup, which ignores it)."""
+    with contextlib.ExitStack() as stack:
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN or signum == signal.SIGTERM:
+                stack.enter_context(handling_signal(signum, _raise_terminated))
+        yield
+
+
+# What a watchdog runs: it reads a pipe whose other end only the parent holds. A "done" from the parent: its
+# child ended; end of file unsaid: the parent is gone (kill -9, its terminal closed), so the child's process group
+# is stopped, SIGTERM, then SIGKILL after the grace. -I -S: no site, no working directory on its path.
+WATCHDOG = """import os, signal, sys, time
+group, grace = int(sys.argv[1]), float(sys.argv[2])
+if os.read(0, 4):
+    sys.exit()
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    deadline = time.monotonic() + grace
+    try:
+        os.killpg(group, sig)
+        while time.monotonic() < deadline:
+            os.killpg(group, 0)
+            time.sleep(0.05)
+    except ProcessLookupError:
+        sys.exit()
+"""
+
+
+@contextlib.contextmanager
+def process_group(argv: list[str], grace_s: float = 30, **popen: Any) -> Iterator[subprocess.Popen]:
+    """`argv` started in a process group of its own (start_new_session: Ctrl-C reaches only this process, which
+    stops it), watched: if this process dies (even by kill -9) a watchdog stops the whole group, so nothing it
+    started measures beside the next run. Still running at the block's end: stopped (stop_process_group)."""
+    proc = subprocess.Popen(argv, start_new_session=True, **popen)
+    read, write = os.pipe()
+    try:
+        watchdog = subprocess.Popen([sys.executable, "-I", "-S", "-c", WATCHDOG, str(proc.pid), str(grace_s)],
+                                    stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    start_new_session=True)
+    except BaseException:
+        stop_process_group(proc, grace_s=grace_s)
+        raise
+    finally:
+        os.close(read)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            stop_process_group(proc, grace_s=grace_s)
+        with contextlib.suppress(OSError):
+            os.write(write, b"done")
+        os.close(write)
+        watchdog.wait()
 
 
 def progress(message: str) -> None:

@@ -31,11 +31,12 @@ import common
 import parallel
 import results
 from common import (CEILINGS_ENV, CEILINGS_FILE, DTYPES, SyncTimer, annotate, environment, failure_status,
-                    machine_ceiling, machine_load, matmul_precision_key, peak_memory_bytes, peak_tflops, precision_context, quiet_profiler, reset_peak_memory,
+                    machine_ceiling, machine_load, matmul_precision_key, peak_memory_bytes, peak_tflops,
+                    precision_context, quiet_profiler, reset_peak_memory,
                     resolve_device, set_ranges)
 from model import build_model, build_optimizer, check_logits, cross_entropy
 from parallel import DEFAULT_PG_TIMEOUT_S
-from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig, ResultFiles, Terminated,
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig, ResultFiles,
                      finished, is_oom_status, parallel_label, progress, round_order, summarize)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -334,7 +335,8 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
     """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
     variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
-    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 143 after SIGTERM)."""
+    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 128 + the signal after
+    SIGTERM or SIGHUP)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
@@ -352,7 +354,7 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
             if ranks is not None:
                 ranks.finish()
         except KeyboardInterrupt as exc:
-            how, code = ("SIGTERM", 128 + signal.SIGTERM) if isinstance(exc, Terminated) else ("Ctrl-C", 130)
+            how, code = results.signal_name(exc), 128 + results.signal_number(exc)
             done = len(sweep.records)
             kept = f"; finished rows are in {files.markdown} and {files.jsonl}" if done and files else ""
             if parallel.is_rank_zero():  # said even under --quiet: where the finished rows are

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import importlib.util
 import json
+import math
 import os
 import re
 import shlex
@@ -412,10 +413,40 @@ class Study:
     def __init__(self, root: Path):
         self.root, self.ledger = root, {}
         path = root / "study.jsonl"
-        for line in path.read_text().splitlines() if path.is_file() else []:
-            with contextlib.suppress(ValueError):  # a line cut short by a kill: not a finished command
+        try:
+            lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        except OSError as exc:
+            results.exit_usage_error(f"cannot read {rel(path)}: {exc.strerror or exc}")
+        for n, line in enumerate(lines, 1):
+            try:
                 entry = json.loads(line)
+                problem = self.malformed(entry)
+            except (ValueError, RecursionError):  # a line cut short by a kill, or not JSON
+                entry, problem = None, "not a JSON line"
+            if problem:  # never trusted, never copied into the writeup: its command runs again
+                print(f"study: {rel(path)}:{n}: {problem}: ignored (its command runs again)", file=sys.stderr)
+            else:
                 self.ledger[entry["name"]] = entry
+
+    def malformed(self, entry) -> str | None:
+        """Why a ledger line is not one study.py wrote: a field of another type, or a file outside the study's
+        folder (absolute, '..', a link that leaves it)."""
+        if not isinstance(entry, dict):
+            return "not an object"
+        kinds = {"name": str, "command": str, "status": str, "seconds": (int, float), "files": dict}
+        optional = {"cause": str, "estimate_s": (int, float), "stem": str, "log": str, "inputs": (list, type(None))}
+        for key, kind in [*kinds.items(), *((k, v) for k, v in optional.items() if k in entry)]:
+            if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
+                kinds_said = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+                return f"{key} is {str(entry.get(key))[:40]!r}, not {kinds_said}"
+        if entry["status"] not in ("ok", "failed") or not math.isfinite(entry["seconds"]):
+            return f"status {entry['status'][:40]!r} / seconds {entry['seconds']}: not a finished command's"
+        inside = self.root.resolve()
+        for key, name in entry["files"].items():
+            if not (isinstance(key, str) and isinstance(name, str) and name and not Path(name).is_absolute()
+                    and ".." not in Path(name).parts and (inside / name).resolve().is_relative_to(inside)):
+                return f"the file {str(name)[:80]!r} is not inside the study folder {rel(inside)}"
+        return None
 
     def scale(self) -> float:
         """How much longer than estimated the commands measured so far took (1 before any)."""
@@ -435,7 +466,13 @@ class Study:
 
     def records(self, name) -> list:
         path = self.files(name).get("jsonl")
-        return results.read_records(path) if path and path.is_file() else []
+        try:
+            found = results.read_records(path) if path and path.is_file() else []
+        except (OSError, ValueError, RecursionError) as exc:  # edited by hand, cut short, too large
+            print(f"study: {rel(path)}: not readable as records ({str(exc)[:200]}): its facts are left out",
+                  file=sys.stderr)
+            return []
+        return [r for r in found if isinstance(r, dict)]
 
     def argv(self, cmd, stem) -> list:
         if cmd.script == "nsys_run.sh":  # --results-dir before its --
@@ -467,9 +504,8 @@ class Study:
             stem = next(s for s in (cmd.name if n == 1 else f"{cmd.name}-{n}" for n in range(1, 10 ** 6))
                         if not (self.root / "logs" / f"{s}.log").exists())
             argv, log, started = self.argv(cmd, stem), self.root / "logs" / f"{stem}.log", time.time()
-            with open(log, "w") as out:
-                child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,  # from here: your code
-                                         start_new_session=True, env={**os.environ, "PYTHON": sys.executable})
+            with open(log, "w") as out, results.process_group(  # from here: your code
+                    argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHON": sys.executable}) as child:
                 try:
                     rc = child.wait()
                 except KeyboardInterrupt as stop:
@@ -616,32 +652,29 @@ def facts_for(key, records) -> list:
 
 # ---- the writeup: markdown, and the same in LaTeX ----
 
-ASCII = {"×": "x", "±": "+/-", "≈": "~", "—": "--", "–": "-", "µ": "u", "μ": "u", "≤": "<=", "≥": ">=",
-         "→": "->", "…": "...", "’": "'", "‘": "'", "“": '"', "”": '"', "√": "sqrt", "·": "*", "²": "^2",
-         "§": "sec. "}
-TEX_ESCAPE = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-              "_": r"\_\allowbreak{}", "/": r"/\allowbreak{}",  # a long path may break there, not run off the page
-              "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}", "<": r"\textless{}",
-              ">": r"\textgreater{}"}
-
-
 CODE_WIDTH = 86  # characters of a verbatim line at most, its " \" included: the page holds ~95 at 10 pt
 
 
 def wrap_code(line: str) -> str:
     """A command continued with ' \\'; a comment as more comment lines: after a '\\' its rest would run."""
     comment = line.startswith("#")
-    parts = textwrap.wrap(ascii_fold(line), CODE_WIDTH - 2, subsequent_indent="#   " if comment else " " * 6,
+    line = results.ascii_fold(line).replace("\\end{verbatim}", "\\end {verbatim}")  # it would end the verbatim
+    parts = textwrap.wrap(line, CODE_WIDTH - 2, subsequent_indent="#   " if comment else " " * 6,
                           break_long_words=False, break_on_hyphens=False)
     return ("\n" if comment else " \\\n").join(parts or [""])
 
 
-def ascii_fold(text: str) -> str:
-    return "".join(ASCII.get(ch, ch if ord(ch) < 128 else "?") for ch in text)
+def tex(markdown: str) -> str:
+    return results.latex_text(results.md_unescape(markdown))
 
 
-def tex(text: str) -> str:
-    return results.two_hyphens("".join(TEX_ESCAPE.get(ch, ch) for ch in ascii_fold(text)))
+def md_cells(row: str) -> list:
+    """The cells of a markdown table row, what md_cell escaped as it was ('\\|' is a '|' inside a cell)."""
+    cells = re.findall(r"((?:\\.|[^|\\])*)\|", row.strip().removeprefix("|"))
+    return [results.md_unescape(c.strip()) for c in cells]
+
+
+FIGURE = re.compile(r"!\[[^\]]*\]\(((?!/)(?!.*\.\.)[\w./-]+\.png)\)")  # the study's own: relative, no '..'
 
 
 def md_to_tex(markdown: str) -> str:
@@ -653,23 +686,28 @@ def md_to_tex(markdown: str) -> str:
         if line.startswith("|"):
             rows = []
             while i < len(lines) and lines[i].lstrip().startswith("|"):
-                cells = [ascii_fold(c.strip()) for c in lines[i].strip().strip("|").split("|")]
+                cells = [results.ascii_fold(c) for c in md_cells(lines[i])]
                 if not all(re.fullmatch(r":?-+:?", c) for c in cells):
                     rows.append(cells)
                 i += 1
-            table = results.latex_rows(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
+            if not any(rows):  # '|' opening a line of text: text
+                out += [tex(x.strip()) + "\n" for x in lines[start:i]]
+                continue
+            body, head = (rows[1:], rows[0]) if len(rows) > 1 else (rows, ())  # a lone row: a row, not a header
+            table = results.latex_rows(tabulate(body, head, tablefmt="latex_booktabs", disable_numparse=True))
             shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
             out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
-        if line == "```":
-            i = lines.index("```", i + 1)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None) if line == "```" else None
+        if end is not None:  # an unmatched fence is text
+            i = end
             out.append("\\begin{verbatim}\n" + "\n".join(map(wrap_code, lines[start + 1:i])) + "\n\\end{verbatim}")
         elif line.startswith("- "):
             while i + 1 < len(lines) and lines[i + 1].startswith("- "):
                 i += 1
             out.append("\\begin{itemize}\n" + "".join(f"\\item {tex(x[2:])}\n" for x in lines[start:i + 1])
                        + "\\end{itemize}")
-        elif figure := re.fullmatch(r"!\[.*\]\((.+)\)", line):
+        elif figure := FIGURE.fullmatch(line):
             out.append(f"\\includegraphics[width=\\linewidth]{{{figure[1]}}}")
         elif line.startswith("#"):
             command = "section*" if i == 0 else "subsection*" if re.match(r"## \d+\. ", line) else "paragraph"
@@ -681,8 +719,13 @@ def md_to_tex(markdown: str) -> str:
 
 
 def demoted(markdown: str) -> str:
-    """A script's report inside a problem's section: its headings one level down, the rest as written."""
-    return re.sub(r"^(#{1,5}) ", r"#\1 ", markdown, flags=re.MULTILINE)
+    """A script's report inside a problem's section: its headings one level down, the rest as written, a code
+    fence it leaves open escaped (it would swallow the writeup after it)."""
+    lines = re.sub(r"^(#{1,5}) ", r"#\1 ", markdown, flags=re.MULTILINE).split("\n")
+    fences = [i for i, line in enumerate(lines) if line.strip() == "```"]
+    if len(fences) % 2:
+        lines[fences[-1]] = results.md_text(lines[fences[-1]])
+    return "\n".join(lines)
 
 
 def writeup(study, plan, machine, args) -> str:
@@ -696,8 +739,8 @@ def writeup(study, plan, machine, args) -> str:
            f"- model: {args.model or 'ours (model.TransformerLM)'}; optimizer: "
            f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
            f"{args.impl or 'none (PyTorch SDPA stands in)'}",
-           f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
-           f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/", ""]
+           results.md_text(f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)"),
+           results.md_text(f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/"), ""]
     if verdicts := study.checks(plan):
         out += ["Checks: " + "; ".join(f"{p.title} ({p.path}) {v}" for p, v in verdicts), ""]
     for n, p in enumerate(plan, 1):
@@ -708,7 +751,8 @@ def writeup(study, plan, machine, args) -> str:
             entry = study.ledger.get(c.name)
             cause = f": {entry['cause']}" if entry and entry.get("cause") else ""
             lines += ([f"# {c.name}: {c.skipped or 'not run yet'}"] if c.skipped or not entry else
-                      [f"# {entry['status']}, {entry['seconds']:.0f} s{cause}", entry["command"]])  # copied whole
+                      [results.one_line(f"# {entry['status']}, {entry['seconds']:.0f} s{cause}"),
+                       results.one_line(entry["command"])])  # copied whole
         out += ["```", *lines, "```", ""]
         merges = {c.name: c.merge for c in p.commands if c.merge}
         covered = {m for name, runs in merges.items() if study.done(name) for m in runs}
@@ -719,7 +763,7 @@ def writeup(study, plan, machine, args) -> str:
             sources += runs  # the facts come from the runs' own records
         for name in dict.fromkeys(tables):
             files = study.files(name)
-            out += [demoted(files[k].read_text().rstrip("\n")) + "\n" for k in sorted(files)
+            out += [demoted(files[k].read_text(errors="replace").rstrip("\n")) + "\n" for k in sorted(files)
                     if k.startswith("md")]
             out += [f"![{files[k].name}]({os.path.relpath(files[k], study.root)})\n" for k in sorted(files)
                     if k.endswith(".png")]
@@ -728,7 +772,7 @@ def writeup(study, plan, machine, args) -> str:
         except (KeyError, TypeError, ZeroDivisionError):  # a record without a field: its table stands alone
             facts = []
         facts = facts or ["(the tables above)" if tables else "(not run)"]
-        out += ["Measured:", "", *(f"- {x}" for x in facts), "", "Answer:", ""]
+        out += ["Measured:", "", *(f"- {results.md_text(x)}" for x in facts), "", "Answer:", ""]
     return "\n".join(out)
 
 
@@ -773,24 +817,32 @@ def print_plan(plan, study, scale):
 @contextlib.contextmanager
 def study_lock(root: Path):
     """study.lock holds the running study's pid and host: a second run in the folder would run every command
-    again, each timed under the other's load. A lock whose process is gone (killed) is taken over."""
-    root.mkdir(parents=True, exist_ok=True)
+    again, each timed under the other's load. It is written whole beside and linked into place, so a full disk
+    never leaves an empty one; one whose process is gone (killed), or that names none, is taken over."""
     lock, mine = root / "study.lock", f"{os.getpid()} {socket.gethostname()}"
-    for attempt in (1, 2):
-        try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            break
-        except FileExistsError:
-            pid, host = "?", "?"  # as when the holder has not written it yet
-            with contextlib.suppress(OSError, ValueError):
-                pid, host = lock.read_text().split()
-            if attempt == 1 and host == socket.gethostname() and pid.isdigit() and not alive(int(pid)):
-                lock.unlink(missing_ok=True)
-                continue
-            results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
-                                     f"delete {rel(lock)})")
-    os.write(fd, mine.encode())
-    os.close(fd)
+    claim = root / f".study.lock.{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        claim.write_text(mine)
+        for attempt in (1, 2):
+            try:
+                os.link(claim, lock)
+                break
+            except FileExistsError:
+                pid, host = "?", "?"
+                with contextlib.suppress(OSError, ValueError):
+                    pid, host = lock.read_text().split()
+                if attempt == 1 and (not pid.isdigit() or host == socket.gethostname() and not alive(int(pid))):
+                    lock.unlink(missing_ok=True)
+                    continue
+                results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
+                                         f"delete {rel(lock)})")
+    except OSError as exc:  # a read-only folder, a full disk
+        results.exit_usage_error(f"cannot write the lock in {rel(root)}: {exc.strerror or exc} (choose another "
+                                 "--results-dir, or free some space)")
+    finally:
+        with contextlib.suppress(OSError):
+            claim.unlink()
     try:
         yield
     finally:
@@ -830,7 +882,7 @@ def conduct(args, machine, settings, root) -> int:
         print_plan(plan, study, scale)
         return 0
     if not (root / "settings.json").exists():
-        (root / "settings.json").write_text(json.dumps(settings) + "\n")
+        results.replace_text(root / "settings.json", json.dumps(settings) + "\n")
     failed = []
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     with results.sigterm_as_interrupt():
@@ -848,8 +900,8 @@ def conduct(args, machine, settings, root) -> int:
                     print(f"    {c.name}: {state}{took}{cause}", flush=True)
                     failed += [c.name] if entry["status"] == "failed" else []
         except KeyboardInterrupt as stop:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal does not cut the writeup short
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in (signal.SIGINT, *results.STOP_SIGNALS):  # a second signal does not cut the writeup short
+                signal.signal(signum, signal.SIG_IGN)
             path = write_writeup(study, plan, machine, args)
             print(f"stopped by signal {results.signal_number(stop)}: finished commands kept; run the same command "
                   f"to continue ({rel(path)} has what is done)", file=sys.stderr)
@@ -863,7 +915,8 @@ def conduct(args, machine, settings, root) -> int:
         print(f"{verdict}: {', '.join(names) or 'none'}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
-    print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))}")
+    print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))} (its PDF: cd {shlex.quote(rel(root))} && "
+          f"{results.PDFLATEX} writeup.tex)")
     return 1 if failed else 0
 
 
@@ -878,8 +931,14 @@ def main(argv=None) -> int:
             differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
             results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
                                      "--out, or add --fresh to start a new study beside it")
-    with contextlib.nullcontext() if args.dry_run else study_lock(root):
-        return conduct(args, machine, settings, root)
+    try:
+        with contextlib.nullcontext() if args.dry_run else study_lock(root):
+            return conduct(args, machine, settings, root)
+    except OSError as exc:  # a full disk, a read-only folder: what is recorded stays, and the same command resumes
+        print(f"study.py: error: cannot write {exc.filename or rel(root)}: {exc.strerror or exc}; the finished "
+              f"commands stay recorded in {rel(root / 'study.jsonl')}: run the same command again to continue",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             return measure(args)
     except KeyboardInterrupt as stop:  # the load is already killed; the finished runs are on disk
         results.progress("test_bench_noise.py: interrupted; the runs that finished are in its .jsonl")
-        return 128 + (signal.SIGTERM if isinstance(stop, results.Terminated) else signal.SIGINT)
+        return 128 + results.signal_number(stop)
 
 
 def measure(args: argparse.Namespace) -> int:

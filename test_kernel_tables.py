@@ -4,6 +4,7 @@ anyone's range names; the four tables; the command line, what it exports and nev
 nsys_run.sh itself: test_nsys.py."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sqlite3
@@ -728,6 +729,14 @@ def test_a_report_is_exported_once_beside_it_then_read_there(with_fake_nsys: Pat
     assert "### 2. Top kernels by GPU time: backward" in capsys.readouterr().out
 
 
+def test_a_report_named_like_an_option_is_a_file_to_nsys(with_fake_nsys: Path, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("-g.nsys-rep").write_bytes(REPORT_BYTES)
+    assert kt.main(["--", "-g.nsys-rep"]) == 0
+    assert calls(with_fake_nsys)[0][-1] == "./-g.nsys-rep" and Path("-g.sqlite").is_file()
+    assert "### 2. Top kernels by GPU time: backward" in capsys.readouterr().out
+
+
 def test_a_students_older_export_and_csvs_are_left_as_they_are(with_fake_nsys: Path, tmp_path: Path, capsys):
     student = tmp_path / "student"
     student.mkdir()
@@ -883,3 +892,17 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     assert kt.build_tables(kt.load_torch_trace(trace))["steps"] == 2  # the saved trace, read again
     out = capsys.readouterr().out
     assert "### 1. Phase times" in out and "### 4. Inside attention" in out and str(trace) in out
+
+
+def test_a_trace_that_expands_past_the_read_limit_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch):
+    """A 2 KiB .json.gz that expands to 2 MiB, read under a 1 MiB limit (a tenth of the memory by default)."""
+    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")
+    bomb = tmp_path / "t.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2 << 20) + b"]}"))
+    assert bomb.stat().st_size < 10_000 and kt.main([str(bomb)]) == 2
+    err = capsys.readouterr().err
+    assert "holds more than 1 MiB (CS336_READ_LIMIT_MB=1)" in err and len(err.strip().splitlines()) == 1
+    record = tmp_path / "e2e.jsonl"
+    record.write_text('{"status": "ok"}\n' * 100_000)  # 1.7 MB of rows
+    assert kt.main([str(torch_gpu_trace(tmp_path / "t.json")), "--e2e-jsonl", str(record)]) == 2
+    assert "the record file holds more than 1 MiB" in capsys.readouterr().err

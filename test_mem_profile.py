@@ -12,6 +12,7 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -505,7 +506,12 @@ def test_a_code_running_pickle_is_refused_and_nothing_runs(hidden: bool, tmp_pat
     b"",
     *(pickle.dumps({"device_traces": [[{"action": "alloc", "addr": 1, "size": size, "stream": 0, "time_us": 0,
                                          "frames": []}]], "segments": []}) for size in (float("nan"), -5)),
-], ids=["list", "traces-not-a-list", "entry-without-fields", "truncated", "text", "empty", "nan-size", "neg-size"])
+    *(pickle.dumps({"device_traces": [[{"action": "alloc", "addr": 1, "size": 512, "stream": 0, **fields}]],
+                    "segments": []}) for fields in ({"time_us": "late", "frames": []}, {"time_us": 0, "frames": [
+                        MODEL_FRAME, {"filename": 5, "line": "x", "name": None}]})),
+    pickle.dumps({"device_traces": [[{"action": "alloc", "addr": 1, "size": 2**64, "stream": 0, "frames": []}]]}),
+], ids=["list", "traces-not-a-list", "entry-without-fields", "truncated", "text", "empty", "nan-size", "neg-size",
+        "text-time", "mistyped-frame", "past-int64-size"])
 def test_analyze_on_anything_but_a_snapshot_is_one_line_exit_2(content: bytes, tmp_path, capsys):
     path = tmp_path / "x.pickle"
     path.write_bytes(content)
@@ -513,6 +519,20 @@ def test_analyze_on_anything_but_a_snapshot_is_one_line_exit_2(content: bytes, t
     err = capsys.readouterr().err
     assert err.startswith("error: cannot analyse") and len(err.strip().splitlines()) == 1
     assert not list((tmp_path / "memory").iterdir())  # no empty result file left behind
+
+
+def test_a_2000_frame_stack_shared_by_2000_allocations_is_read_in_linear_time(tmp_path):
+    """A pickle keeps one list for a stack many allocations share: 150 KiB here, 4 million frames if each were
+    read per allocation (over a minute); each distinct stack is read once."""
+    frames = [{"filename": f"/home/student/a2/m{i % 50}.py", "line": i, "name": f"f{i}"} for i in range(2000)]
+    trace = [event("alloc", 4096 * i, 1, 1000 + i) | {"frames": frames} for i in range(2000)]
+    path = write_snapshot(tmp_path, None, {"segments": [], "device_traces": [trace]})
+    assert path.stat().st_size < 200_000
+    started = time.perf_counter()
+    fields = mem_profile.analyze_snapshot(mem_profile.load_snapshot(path), {}, 10)[0]
+    assert time.perf_counter() - started < 10  # 0.2 s idle
+    assert fields["snapshot_code_root"] == "/home/student/a2" and fields["snapshot_largest"][0]["count"] == 2000
+    assert fields["snapshot_largest"][0]["sites"] == "m0.py:0 f0 (x2000)"
 
 
 def test_analyze_on_a_full_disk_keeps_the_tables_and_says_so_in_one_line(tmp_path):

@@ -133,14 +133,15 @@ def test_profile_and_export_command_lines_and_the_files_beside_the_report(fake: 
     assert status == 0, err
     (profile,), (export,) = calls(fake, "profile"), calls(fake, "export")
     report = fake["folder"] / "tiny_ctx64_train"
-    app = profile.index(sys.executable)
+    app, staged = profile.index(sys.executable), Path(next(a for a in profile if a.startswith("--output="))[9:])
+    assert staged.name == report.name and staged.parent.parent == report.parent  # made beside, moved in when done
     assert set(profile[1:app]) == {"--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure",
                                    "--capture-range-end=stop", "--env-var=NSYS_NVTX_PROFILER_REGISTER_ONLY=0",
-                                   "--force-overwrite=true", f"--output={report}"}  # no backtraces unless asked
+                                   "--force-overwrite=true", f"--output={staged}"}  # no backtraces unless asked
     assert profile[app + 1:app + 11] == [str(HERE / "bench_e2e.py"), "--size", "tiny", "--context-length", "64",
                                          "--mode", "train", "--nvtx", "--in-process", "--quiet"]
     assert profile[-4] == "--results-dir" and profile[-2:] == ["--out", "e2e"]
-    assert export[-1] == f"{report}.nsys-rep" and "--type=sqlite" in export
+    assert export[-1] == f"{staged}.nsys-rep" and "--type=sqlite" in export
     assert json.loads(fake["log"].read_text().splitlines()[0])["register_only"] == "0"
     assert {p.name for p in fake["folder"].iterdir()} == {f"tiny_ctx64_train{s}" for s in (
         ".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl")}
@@ -303,13 +304,45 @@ def test_a_failing_configuration_loses_none_of_the_others_and_a_refusal_leaves_n
     assert profiled_reports(fake) == ["tiny_ctx32_train", "tiny_ctx64_train"]
     (rows,) = summaries(fake)
     assert [row["runs"]["train"] for row in rows] == ["failed: the profiled run's exit status was 7", "ok"]
-    # bench_e2e's usage error (exit 2): nothing of a refused configuration is left (no .args that would make its
-    # next run "kept"), and the summary says so
+    # bench_e2e's usage error (exit 2): nothing of a refused configuration is kept, the earlier profile stays as it
+    # was, and the summary says so
+    earlier = {p.name: p.read_bytes() for p in fake["folder"].glob("tiny_ctx*_train*")}
     status, _, err = fake["run"]("--force", *args, FAKE_NSYS_APP_STATUS="2")
     assert status == 2 and "refused its arguments" in err and len(profiled_reports(fake)) == 4
-    assert not list(fake["folder"].glob("tiny_ctx*_train*"))
+    assert {p.name: p.read_bytes() for p in fake["folder"].glob("*_train*")} == earlier and ".tiny_ctx64" not in str(
+        list(fake["folder"].iterdir())) and "tiny_ctx64_train.nsys-rep" in earlier
     assert [row["runs"]["train"] for row in summaries(fake)[1]] == ["refused: bench_e2e.py's usage error (exit "
                                                                     "status 2)"] * 2
+
+
+def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orphan_is_never_reused(
+        fake: dict, monkeypatch):
+    """The student's earlier report, export and tables stay as they were through a profile interrupted in nsys,
+    one that failed, and one whose wrapper was killed (its report left where nsys wrote it, no marker)."""
+    assert fake["run"]("tiny", "64")[0] == 0
+    earlier = {p.name: p.read_bytes() for p in fake["folder"].iterdir()}
+    assert set(earlier) == {f"tiny_ctx64_train{s}" for s in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl")}
+    profile = kt.run_under_nsys
+
+    def interrupted(config, args, nsys, staging) -> int:
+        profile(config, args, nsys, staging)  # nsys has written the new report beside
+        assert (staging / "tiny_ctx64_train.nsys-rep").is_file()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kt, "run_under_nsys", interrupted)
+    assert fake["run"]("--force", "tiny", "64")[0] == 130
+    monkeypatch.setattr(kt, "run_under_nsys", profile)
+    assert fake["run"]("--force", "tiny", "64", FAKE_NSYS_APP_STATUS="7")[0] == 7
+    assert {p.name: p.read_bytes() for p in fake["folder"].iterdir()} == earlier  # no staging folder left either
+    # a wrapper killed with -9 after nsys wrote the report: the .args of an older layout, or a marker for another
+    # report, never makes it "made with the same arguments"
+    report, args = fake["folder"] / "tiny_ctx64_train.nsys-rep", fake["folder"] / "tiny_ctx64_train.args"
+    args.write_text(args.read_text().splitlines()[0] + "\n")
+    status, _, err = fake["run"]("tiny", "64")
+    assert status == 1 and "not made by a complete run with these arguments" in err
+    args.write_bytes(earlier["tiny_ctx64_train.args"])
+    report.write_bytes(report.read_bytes() + b"more than the complete one held")
+    assert fake["run"]("tiny", "64")[0] == 1 and len(profiled_reports(fake)) == 3
 
 
 def test_an_interrupted_sweep_keeps_the_summary_of_the_reports_made(fake: dict, monkeypatch):
@@ -373,6 +406,11 @@ def live_processes_naming(marker: str) -> list[str]:
     return found
 
 
+def hangup_as_in_a_terminal() -> None:
+    """SIGHUP's default action in the child, also when the tests run under nohup (which ignores it)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def nsys() -> Path:
     path, reason = find_real_nsys()
@@ -388,7 +426,7 @@ def real_env(nsys: Path, tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable, **nvtx}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL])
 def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_folder(sig, tmp_path: Path, request):
     if find_real_nsys()[0] is not None:
         env = request.getfixturevalue("real_env")
@@ -398,7 +436,7 @@ def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_fold
     env = {**env, "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.Popen(["bash", str(SCRIPT), "--results-dir", str(tmp_path / "results"), "tiny", "16", "--",
                              *APP_ARGS, "--steps", "1000000"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=hangup_as_in_a_terminal)
     deadline = time.monotonic() + 120
     while not [c for c in live_processes_naming(str(tmp_path / "tmp")) if "bench_e2e.py" in c]:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
@@ -406,7 +444,14 @@ def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_fold
     time.sleep(1)  # the profiled run is under way
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == (143 if sig == signal.SIGTERM else 130), err
+    if sig == signal.SIGKILL:  # nothing of it runs on: its watchdog stops nsys's process group
+        deadline = time.monotonic() + 60
+        while live_processes_naming(str(tmp_path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert live_processes_naming(str(tmp_path)) == []
+        assert not list((tmp_path / "results" / "nsys").glob("tiny*"))  # no report, no marker to reuse
+        return
+    assert proc.returncode == 128 + (signal.SIGINT if sig == signal.SIGINT else sig), err
     assert "nsys and the profiled run stopped" in err
     time.sleep(0.5)
     assert live_processes_naming(str(tmp_path)) == []  # nsys, bench_e2e and their children

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import platform
 import re
 import shutil
@@ -55,6 +56,25 @@ def test_a_saved_run_renders_again_byte_for_byte_in_its_format_and_others(precis
     assert (tmp_path / "report" / "run-2.md").is_file()
 
 
+@pytest.mark.parametrize("fmt", ["github", "latex_booktabs", "latex_raw"])
+def test_a_hand_edited_record_is_text_in_every_table_format(fmt, precision_run):
+    """A field with '|', a newline, a fence, LaTeX and a right-to-left override: one row, the same cells."""
+    records = results.read_records(precision_run / "run.jsonl")
+    hostile = "fp|32\n```\n\\input{/etc/passwd}\u202e"
+    records[0]["accumulator_dtype"] = hostile
+    text = report.render("precision_demo", records, fmt)
+    clean = report.render("precision_demo", [dict(records[0], accumulator_dtype="x")] + records[1:], fmt)
+    assert len(text.splitlines()) == len(clean.splitlines()) and "\u202e" not in text
+    assert not any(line.lstrip().startswith("```") for line in text.splitlines())  # no fence opens
+    if fmt == "github":
+        row = next(line for line in text.splitlines() if "input" in line)
+        assert "fp\\|32" in row and row.count("|") - row.count("\\|") == clean.splitlines()[
+            text.splitlines().index(row)].count("|")  # no cell forged
+    else:
+        live = [line for line in results.as_report_file(text, fmt).splitlines() if not line.startswith("%")]
+        assert "\\input{" not in "".join(live) and "\\textbackslash{}input\\{" in "".join(live)  # as its .tex
+
+
 def test_a_merge_has_a_run_column_and_columns_are_checked(precision_run, tmp_path, capsys):
     other = tmp_path / "tuesday.jsonl"
     other.write_text((precision_run / "run.jsonl").read_text())
@@ -82,6 +102,15 @@ def test_endless_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(report, "MAX_LINE_BYTES", 1 << 20)  # the same rule at 1 MiB: quick
     code, _, err = run(["/dev/zero", "--results-dir", str(tmp_path)], capsys)
     assert code == 2 and "without a record's end" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_record_file_past_the_read_limit_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")  # MB; by default a tenth of the machine's memory
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"experiment": "precision_demo"}\n' * 50_000)  # 1.6 MB of rows
+    code, out, err = run([str(big), "--results-dir", str(tmp_path)], capsys)
+    assert code == 2 and "more than 1 MiB of records (CS336_READ_LIMIT_MB=1)" in err and not out
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_an_interrupted_runs_last_line_is_skipped_with_a_note(precision_run, tmp_path, capsys):
@@ -119,8 +148,9 @@ def test_a_latex_table_of_memcpy_rows_and_flags_compiles(tmp_path):
     table = results.render_table(rows, ["kernel", "ms", "note"], "latex_booktabs")
     (tmp_path / "t.tex").write_text("\\documentclass{article}\\usepackage{booktabs}\\begin{document}\n"
                                     f"{table}\n\\end{{document}}\n")
-    done = subprocess.run(["timeout", "60", "pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
-                          cwd=tmp_path, capture_output=True, text=True)
+    env, *command = results.PDFLATEX.split()
+    done = subprocess.run(["timeout", "60", *command, "t.tex"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
     assert "-{}-steps" in table
 

@@ -439,3 +439,18 @@ def test_stopping_a_process_group_outlives_no_member_of_it():
     while subprocess.run(["pgrep", "-g", str(leader.pid)], capture_output=True).returncode == 0:
         assert time.monotonic() < gone, "a member of the group outlived it"
         time.sleep(0.1)
+
+
+def test_sighup_stops_a_run_as_sigterm_does_except_under_nohup():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal, also when the tests run under nohup
+    with results.sigterm_as_interrupt():
+        with pytest.raises(results.Terminated) as stop:
+            signal.raise_signal(signal.SIGHUP)
+    assert results.signal_number(stop.value) == signal.SIGHUP and results.signal_name(stop.value) == "SIGHUP"
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+    try:
+        with results.sigterm_as_interrupt():
+            signal.raise_signal(signal.SIGHUP)  # ignored: the run goes on
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

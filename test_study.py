@@ -1,8 +1,11 @@
 """study.py: the plan and its estimate, the budget's drop order, bad input, and one short study (two problems,
 killed after its first command, then run again) whose writeup is checked: a section per problem, the script's own
 table, the LaTeX."""
+import errno
 import json
+import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -13,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+import results
 import study
+from test_nsys import hangup_as_in_a_terminal
 
 HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
@@ -110,8 +115,9 @@ def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     assert "\\begin{document}" in tex and "\\toprule" in tex and tex.isascii()
     if not shutil.which("pdflatex"):
         pytest.skip("pdflatex is not installed")
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-output-directory",
-                           str(tmp_path), "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120)
+    env, *command = shlex.split(results.PDFLATEX)
+    done = subprocess.run([*command, "-output-directory", str(tmp_path), "writeup.tex"], cwd=root, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
 
 
@@ -307,8 +313,9 @@ def pdf_text(latex: str, folder: Path) -> str:
     if not (shutil.which("pdflatex") and shutil.which("pdftotext")):
         pytest.skip("pdflatex or pdftotext is not installed")
     (folder / "w.tex").write_text(latex)
-    done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "w.tex"], cwd=folder,
-                          capture_output=True, text=True, timeout=120)
+    env, *command = shlex.split(results.PDFLATEX)
+    done = subprocess.run([*command, "w.tex"], cwd=folder, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
     return subprocess.run(["pdftotext", "-layout", "w.pdf", "-"], cwd=folder, capture_output=True, text=True).stdout
 
@@ -321,6 +328,14 @@ def test_latex_keeps_double_hyphens_of_flags_in_text_and_tables(tmp_path):
                           "\\usepackage[T1]{fontenc}\\begin{document}", latex, "\\end{document}"])
     text = pdf_text(document, tmp_path)
     assert "Run it with --quick." in text and "--steps 2" in text and "[CUDA memcpy Host-to-Device]" in text, text
+
+
+def test_a_verbatim_line_that_would_end_the_verbatim_is_printed_as_text(tmp_path):
+    latex = study.md_to_tex("# Study\n\n```\n# \\end{verbatim}\\input{/etc/hostname}\n```\n")
+    document = "\n".join(["\\documentclass{article}\\usepackage[T1]{fontenc}\\begin{document}", latex,
+                          "\\end{document}"])
+    text = pdf_text(document, tmp_path)
+    assert "input{/etc/hostname}" in text and socket.gethostname() not in text.replace("etc/hostname", "")
 
 
 def test_latex_shrinks_a_wide_table_and_leaves_a_narrow_one_at_its_size(tmp_path):
@@ -394,3 +409,128 @@ def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherw
               "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
     assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
                                               "(3% of NVLink 5 (B200))"]
+
+
+PARENT = """import pathlib, sys, study
+ledger = study.Study(pathlib.Path(sys.argv[1]))
+ledger.argv = lambda cmd, stem: [sys.executable, "-c",
+                                 "import os, time; print(os.getpid(), flush=True); time.sleep(300)"]
+ledger.run(study.Command("sleeper", "bench_e2e.py", []))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP])
+def test_a_killed_study_takes_its_running_command_with_it(sig, tmp_path):
+    """kill -9, or the terminal closed: the command it was running (in a session of its own, out of reach of
+    the terminal's signals) ends too, never measuring beside the next run."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], cwd=HERE, stderr=subprocess.PIPE,
+                              preexec_fn=hangup_as_in_a_terminal)
+    log, deadline = tmp_path / "logs" / "sleeper.log", time.time() + 60
+    while not (log.is_file() and log.read_text().strip()) and time.time() < deadline:
+        time.sleep(0.05)
+    child = int(log.read_text())
+    parent.send_signal(sig)
+    parent.wait(timeout=60)
+    while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2] \
+            and time.time() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
+    assert b"Traceback" not in parent.stderr.read()
+
+
+HOSTILE = "float32 | forged cell\n```\n\\input{/etc/passwd}\\end{verbatim}\\write18{touch pwned}{\u202eevil\x00"
+
+
+def compiled(root: Path) -> subprocess.CompletedProcess:
+    """writeup.tex compiled as docs/study.md says (results.PDFLATEX)."""
+    env, *command = shlex.split(results.PDFLATEX)
+    return subprocess.run([*command, "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **dict([env.split("=")])})
+
+
+def test_a_hand_edited_record_and_table_are_text_in_the_writeup_never_markup(killed_and_resumed, tmp_path, capsys):
+    root = tmp_path / "study" / "s"
+    shutil.copytree(killed_and_resumed["root"], root)
+    (root / "study.lock").unlink(missing_ok=True)
+    record = root / "precision" / "precision_demo.jsonl"
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    rows[0]["accumulator_dtype"] = HOSTILE  # a dtype: it reaches the measured facts
+    record.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = root / "precision" / "precision_demo.md"  # and the script's table, edited: a row, a stray fence, a figure
+    md.write_text(md.read_text() + "\n| " + results.md_cell(HOSTILE) + " | 2 |\n\n```\n"
+                  "![x](/etc/passwd)\n![y](../../escape.png)\n")
+    argv = ["--quick", "--device", "cpu", "--only", *ONLY, "--results-dir", str(tmp_path), "--out", "s"]
+    assert study.main(argv) == 0, capsys.readouterr()
+    text = (root / "writeup.md").read_text()
+    assert "\u202e" not in text and "\x00" not in text
+    (row,) = [line for line in text.splitlines() if line.startswith("|") and "forged" in line]
+    assert len(re.findall(r"(?<!\\)\|", row.replace("\\\\", ""))) == 3  # the row's own: 2 cells, not 3
+    assert "float32 | forged cell \\`\\`\\` \\\\input{/etc/passwd}" in text  # the fact: one line, escaped
+    tex = (root / "writeup.tex").read_text()
+    assert "\\input{" not in tex and "\\write18" not in tex and "\\includegraphics[width=\\linewidth]{/" not in tex
+    assert "{../" not in tex and tex.isascii()
+    if not shutil.which("pdflatex"):
+        pytest.skip("pdflatex is not installed")
+    done = compiled(root)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert "root:" not in done.stdout and not (root / "pwned").exists()
+
+
+def write_ledger(root: Path, *entries) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "settings.json").write_text(json.dumps({"handout": "2026", "quick": True, "device": "cpu", "model": None,
+                                                    "optimizer": None, "impl": None}))
+    (root / "study.jsonl").write_text("".join(e if isinstance(e, str) else json.dumps(e) + "\n" for e in entries))
+
+
+def entry(name: str, **fields) -> dict:
+    return {"name": name, "stem": name, "command": "python3 x.py", "rc": 0, "seconds": 1.0, "status": "ok",
+            "files": {"md": f"precision/{name}.md"}, **fields}
+
+
+def test_a_ledger_naming_files_outside_the_study_or_of_another_type_is_reported_and_the_good_lines_kept(
+        tmp_path, capsys):
+    root = tmp_path / "study" / "s"
+    (root / "precision").mkdir(parents=True)
+    (root / "precision" / "good.md").write_text("| a |\n|---|\n| 1 |\n")
+    (root / "precision" / "link.md").symlink_to("/etc/passwd")
+    lines = [entry("good"), entry("up", files={"md": "../../x.md"}), entry("absolute", files={"md": "/etc/passwd"}),
+             entry("link", files={"md": "precision/link.md"}), entry("flash_check", files={"md": "/etc/passwd"}),
+             entry("typed", seconds="fast"), entry("status", status=5), "[1, 2]\n", "{not json\n",
+             entry("cut", files={"md": "precision/good.md"})]
+    write_ledger(root, *lines)
+    before = (root / "study.jsonl").read_text()
+    assert study.main(["--quick", "--device", "cpu", "--only", "flash_forward", "--results-dir", str(tmp_path),
+                       "--out", "s"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    refused = [line for line in err if "ignored (its command runs again)" in line]
+    assert len(refused) == 8 and sum("not inside the study folder" in line for line in refused) == 4
+    assert study.Study(root).ledger.keys() == {"good", "cut"}
+    assert (root / "study.jsonl").read_text() == before  # nothing recorded is lost
+    assert "root:" not in (root / "writeup.md").read_text() + (root / "writeup.tex").read_text()
+
+
+def test_a_full_disk_or_read_only_folder_is_one_line_and_the_study_resumes(tmp_path, capsys, monkeypatch):
+    argv = ["--quick", "--device", "cpu", "--only", "flash_forward", "--results-dir", str(tmp_path), "--out", "s"]
+    root, write_text, replace_text = tmp_path / "study" / "s", Path.write_text, results.replace_text
+
+    def full(path, *args, **kwargs):
+        if Path(path).name.startswith((".study.lock", "writeup")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return (write_text if isinstance(path, Path) and args else replace_text)(path, *args, **kwargs)
+
+    def read_only(*_):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    for patch, failing, code in ((Path, "write_text", 2), (study.os, "link", 2), (results, "replace_text", 1)):
+        with monkeypatch.context() as m:
+            m.setattr(patch, failing, read_only if failing == "link" else full)
+            try:
+                status = study.main(argv)
+            except SystemExit as exc:
+                status = exc.code
+        err = capsys.readouterr().err
+        assert status == code and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert ("No space left" if failing != "link" else "Read-only") in err
+        assert not (root / "study.lock").exists() and not list(root.glob(".study.lock*"))  # no lock left behind
+    assert study.main(argv) == 0 and (root / "writeup.tex").is_file()
