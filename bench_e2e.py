@@ -867,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot,
                                    append=context_searches(records))
-        return code or published  # an interrupted sweep says so first
+        return code or published or runner.all_failed(records)  # an interrupted sweep says so first
     return code
 
 

@@ -60,7 +60,16 @@ E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "ste
 FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flops)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
                  "none": "none (no TFLOP/s, no MFU)"}
-STATUS_CELL = 100  # characters of a status in a table; the record and stderr keep the whole of it
+STATUS_CELL = 120  # characters of a status in a table; the record and stderr keep the whole of it
+
+
+def status_cell(status: str) -> str:
+    """A status within STATUS_CELL characters: a long one loses its middle, since its start says what failed and
+    its end how to fix it (where a module is looked for, which names exist)."""
+    if len(status) <= STATUS_CELL:
+        return status
+    head = STATUS_CELL // 3  # "error: Type: what failed", then the rest from its end
+    return status[:head] + "…" + status[len(status) - (STATUS_CELL - head - 1):]
 
 
 def parallel_label(config: Record) -> str | None:
@@ -90,7 +99,7 @@ def e2e_row(record: Record) -> Record:
                    "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
                    "mode": c["mode"] + " no-grad" * bool(c.get("no_grad")),
                    "compile": "on" if c["compile"] else None, "warmup": c["warmup"],
-                   "status": status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…",
+                   "status": status_cell(status),
                    "parallel": parallel_label(c), "attn": c["attn"], "model": model_label(c),
                    "optimizer": optimizer_label(c), RUN_COLUMN: run_of(record)}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row: the state alone may not fit

@@ -236,6 +236,12 @@ def test_what_cannot_be_loaded_is_a_load_error(student, spec, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_a_grid_whose_every_configuration_fails_exits_1(tmp_path, capsys):
+    code, records, _ = run_main(tmp_path, "--impl", "no_such_module:f", "--seq-len", "16")
+    assert code == 1 and records and all(r["status"].startswith("error") for r in records)
+    assert "every configuration failed" in capsys.readouterr().err
+
+
 # ---- timing ----
 
 
