@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from results import OURS, ConfigError
+from results import OURS, ConfigError, progress
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -507,10 +507,19 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                                  "no MFU")
 
 
+def once_each(flag: str, values: list, shown: Callable[[Any], str] = str) -> list:
+    """A list flag's values in the order given, each once; a repeat is said (it would be the same configuration
+    again: it runs once), from rank 0 only under torchrun."""
+    unique = list(dict.fromkeys(values))
+    for value in (v for v in unique if values.count(v) > 1 and os.environ.get("RANK", "0") == "0"):
+        progress(f"note: {flag} {shown(value)} is given {values.count(value)} times: it runs once")
+    return unique
+
+
 def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
                    ours_only: dict[str, bool]) -> None:
     """--model without repeats; a flag of our model only (`ours_only`: flag -> given) without ours: exit 2."""
-    args.model = list(dict.fromkeys(args.model))
+    args.model = once_each("--model", args.model)
     if OURS not in args.model:
         for flag, given in ours_only.items():
             if given:

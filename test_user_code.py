@@ -195,6 +195,13 @@ def test_build_optimizer_yours_beside_ours(student):
     assert type(build_optimizer("torch.optim:SGD", params, torch.device("cpu"))) is torch.optim.SGD
 
 
+@pytest.mark.parametrize("script", [bench_e2e, mem_profile])
+def test_a_model_given_twice_runs_once_and_says_so(script, capsys):
+    args = script.parse_args(["--model", "ours", "mine=student_lm:TinyLM", "ours", "--device", "cpu"])[0]
+    assert len(args.model) == 2  # ours, then yours
+    assert "note: --model ours is given 2 times: it runs once" in capsys.readouterr().err
+
+
 def test_logits_of_the_wrong_shape_fail_the_first_forward(student):
     run = bench_e2e.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
                            model_factory="student_lm:LastPositionOnly")
