@@ -141,6 +141,7 @@ class Problem:
     show: list = field(default_factory=list)     # commands whose tables the section shows (default: its own)
     note: str = ""
     path: str = ""                               # what it exercises, for --quick's verdict
+    unmeasured: str = ""                         # what its deliverable asks that this machine cannot measure
 
 
 PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they differ), handouts, what it exercises
@@ -269,6 +270,7 @@ def build_plan(args, machine) -> list:
         n.note = ("nsys was not found on PATH" if machine["nsys"] is None else "on a CPU nsys has no GPU "
                   "kernels to trace") + (": the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
                                          "instead.")
+        n.unmeasured = "Nsight Systems profiles (need nsys and a GPU)"
         n.commands = [Command(f"profile_{mode}", "bench_e2e.py", [
             "--size", two[0], *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
             *lm], 1, 20.0 if cpu else 40.0) for mode in ("forward", "train")]
@@ -289,6 +291,8 @@ def build_plan(args, machine) -> list:
     if cpu:
         ae.note = ("--snapshot needs CUDA: on a CPU the accounting and saved-for-backward tables of (b)-(d) "
                    "stand in.")
+        ae.unmeasured, bcd.unmeasured = "memory timelines (need CUDA)", "peak memory (needs CUDA)"
+        bcd.path = "saved-tensor accounting"
         ae.show = [f"memory_{mem_ctxs[0]}"]
     else:
         ae.commands = [Command(f"snapshot_{c}", "mem_profile.py", [
@@ -312,15 +316,18 @@ def build_plan(args, machine) -> list:
         else:
             f.note = ("the Nsight memory view needs nsys and a GPU: the saved-for-backward tables (per "
                       "block, and the compiled block's) are the check.")
+            f.path, f.unmeasured = "compiled block", "Nsight memory tracking (needs nsys and a GPU)"
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
         g = plan["gradient_checkpointing"]  # mem_profile.py refuses your model with it, not your optimizer
         ours = ["--handout", h, *dev, *(["--optimizer", args.optimizer] if args.optimizer else [])]
         if args.model:
             g.note = "--checkpoint changes model.TransformerLM only: these commands run our model."
-        if small:
+        if cpu:
+            g.path, g.unmeasured = "predicted peaks", "the peak memory of each K (needs CUDA)"
+        if small:  # at context 256 the activations outweigh the optimizer step's state: K changes the peak
             g.commands = [Command("checkpoint", "mem_profile.py", [
-                *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",
+                *mem_size, "--mode", "train", "--context-length", "256", "--checkpoint", "0", "1", "2",
                 *steps, *ours, *plot], 3, 15.0)]
         else:  # the handout's setup, also for K = 0
             size, batch, context = handout.checkpoint_setup
@@ -491,7 +498,15 @@ class Study:
                 bad = any(str(r.get("status", "")).startswith(("error", "timeout", "WRONG"))
                           for n in names for r in self.records(n))
                 verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
+            elif p.unmeasured and not p.commands:
+                verdicts.append((p, "not measured"))
         return verdicts
+
+
+def verdict_text(p, verdict) -> str:
+    """'memory_profiling (b)-(d) (saved-tensor accounting) passed, not measured: peak memory (needs CUDA)'."""
+    ran = "" if verdict == "not measured" else f" ({p.path}) {verdict}"
+    return p.title + ran + (f", not measured: {p.unmeasured}" if p.unmeasured else "")
 
 
 def rel(path) -> str:
@@ -527,16 +542,20 @@ def size_of(r) -> str:
     return str(r.get("config", {}).get("size") or r.get("label", "?").split()[0])
 
 
+class NotMeasured(str):
+    """A fact computed from the configuration or predicted: the writeup lists it apart from what was measured."""
+
+
 def memory_facts(key, r, first: bool) -> list:
     facts = [f"{name} {r[k] / results.GIB:.3f} GiB" for k, name in (("peak_mem_allocated_bytes", "peak allocated"),
              ("peak_mem_reserved_bytes", "peak reserved")) if isinstance(r.get(k), (int, float))]  # the table's
     best = (r.get("checkpoint_prediction") or {}).get("best_k")
     if key == "gradient_checkpointing" and first and best is not None:
         peak = r["checkpoint_prediction"].get("best_predicted_peak_bytes", 0)
-        facts.append(f"predicted best K {best} at {peak / results.GIB:.3f} GiB")
+        facts.append(NotMeasured(f"predicted best K {best} at {peak / results.GIB:.3f} GiB"))
     if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
-        facts.append(f"one residual-stream activation {r['residual_stream_bytes']} B "
-                     f"({r.get('residual_stream_formula')})")
+        facts.append(NotMeasured(f"one residual-stream activation {r['residual_stream_bytes']} B "
+                                 f"({r.get('residual_stream_formula')})"))
     if key == "memory_profiling_f" and "saved_block_bytes_mean" in r:
         facts.append(f"saved for backward per block {r['saved_block_bytes_mean'] / results.MIB:.2f} MiB")
     if key == "memory_profiling_f" and "block_compiled_saved_bytes" in r:
@@ -578,9 +597,14 @@ def facts_for(key, records) -> list:
                   f"{' converted to float32' if r.get('addend_converted_to_float32') else ''}): "
                   f"{r['result']!r}, error {r['abs_error']!r}" for r in done if "case" in r]
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
+        computed = set()  # the same residual stream for every mode and dtype: said once
         for i, r in enumerate(records):
-            if found := memory_facts(key, r, first=i == 0):
-                facts.append(f"{r.get('label')}: " + ", ".join(found))
+            found = memory_facts(key, r, first=i == 0)
+            for kind in (str, NotMeasured):  # each kind on a line of its own
+                of_kind = [f for f in found if type(f) is kind and f not in computed]
+                computed.update(f for f in of_kind if kind is NotMeasured)
+                if of_kind:
+                    facts.append(kind(f"{r.get('label')}: " + ", ".join(of_kind)))
     elif key.startswith(("pytorch_attention", "torch_compile_a", "flash")):
         for r in done:
             error = (r.get("check") or {}).get("max_error")
@@ -666,7 +690,9 @@ def demoted(markdown: str) -> str:
 def writeup(study, plan, machine, args) -> str:
     """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
-             f"{'64' if args.quick else '128'}, attention d 16 at sequences 64-128, batch 1)"
+             f"{'64' if args.quick else '128'} at batch {results.DEFAULT_BATCH_SIZE}"
+             + ", checkpointing at context 256" * any(p.key == "gradient_checkpointing" for p in plan)
+             + "; attention d 16 at sequences 64-128, batch 1)"
              if machine["device"] == "cpu" else
              f"on {machine['name']} ({machine['free_bytes'] / results.GIB:.1f} GiB free), sized to its memory")
     out = [f"# CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
@@ -675,9 +701,15 @@ def writeup(study, plan, machine, args) -> str:
            f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
            f"{args.impl or 'none (PyTorch SDPA stands in)'}",
            f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)",
-           f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/", ""]
+           f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/"]
+    if not importlib.util.find_spec("matplotlib"):
+        out += ["- no figures: matplotlib is not installed (pip install matplotlib); then `python3 report.py "
+                "FILE.jsonl --plot` draws a command's figures from its records, or a study with --fresh has them"]
+    out += [""]
     if verdicts := study.checks(plan):
-        out += ["Checks: " + "; ".join(f"{p.title} ({p.path}) {v}" for p, v in verdicts), ""]
+        out += ["Checks: " + "; ".join(verdict_text(p, v) for p, v in verdicts), ""]
+    owner = {c.name: (n, p.title) for n, p in enumerate(plan, 1) for c in p.commands}  # where a table is shown
+    said = {}  # fact -> the section that listed it first
     for n, p in enumerate(plan, 1):
         out += [f"## {n}. {p.title}", "", f"Deliverable: {p.deliverable}", ""]
         out += [f"Note: {p.note}", ""] if p.note else []
@@ -695,7 +727,11 @@ def writeup(study, plan, machine, args) -> str:
             runs = [m for m in merges.get(name, [name]) if study.done(m)]
             tables += [name] if name in merges and study.done(name) else runs
             sources += runs  # the facts come from the runs' own records
+        elsewhere = [name for name in tables if owner.get(name, (n,))[0] != n]
         for name in dict.fromkeys(tables):
+            if name in elsewhere:  # each table once: in the section of the command that made it
+                out += [f"(The tables of {name} are in section {owner[name][0]}, {owner[name][1]}.)\n"]
+                continue
             files = study.files(name)
             out += [demoted(files[k].read_text().rstrip("\n")) + "\n" for k in sorted(files)
                     if k.startswith("md")]
@@ -705,8 +741,17 @@ def writeup(study, plan, machine, args) -> str:
             facts = facts_for(p.key, [r for name in dict.fromkeys(sources) for r in study.records(name)])
         except (KeyError, TypeError, ZeroDivisionError):  # a record without a field: its table stands alone
             facts = []
-        facts = facts or ["(the tables above)" if tables else "(not run)"]
-        out += ["Measured:", "", *(f"- {x}" for x in facts), "", "Answer:", ""]
+        earlier = sorted({said[x] for x in facts if x in said})
+        facts = [x for x in facts if said.setdefault(x, n) == n]
+        computed = [x for x in facts if isinstance(x, NotMeasured)]
+        measured = [x for x in facts if not isinstance(x, NotMeasured)]
+        measured += [f"the facts of section {m} ({plan[m - 1].title})" for m in earlier]
+        measured = measured or ["(not run)" if not tables else "(the tables above)" if set(tables) - set(elsewhere)
+                                else f"(the tables of section {', '.join(str(owner[t][0]) for t in elsewhere)})"]
+        measured += [f"not measured on this machine: {p.unmeasured}"] if p.unmeasured else []
+        out += ["Measured:", "", *(f"- {x}" for x in measured), ""]
+        out += ["Computed or predicted (not measured):", "", *(f"- {x}" for x in computed), ""] if computed else []
+        out += ["Answer:", ""]
     return "\n".join(out)
 
 
@@ -839,6 +884,8 @@ def conduct(args, machine, settings, root) -> int:
     for verdict in ("passed", "failed"):
         names = [f"{p.title} ({p.path})" for p, v in checks if v == verdict]
         print(f"{verdict}: {', '.join(names) or 'none'}")
+    if unmeasured := [f"{p.title}: {p.unmeasured}" for p in plan if p.unmeasured]:
+        print(f"not measured on this machine: {'; '.join(unmeasured)}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))}")
