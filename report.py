@@ -382,6 +382,8 @@ ATTENTION_IMPL_COLUMNS = [
     "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
     "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
     "compile s", "max err", "tol", "status"]
+ATTENTION_TIME_COLUMNS = ["fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std", "fwd TFLOP/s",
+                          "status"]
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
                                               "check"]
 ATTENTION_NOTE = (
@@ -470,7 +472,12 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
         always = ["d", "seq", "status", "naive predicted"]
         default = shown_columns(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
         picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
-        lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
+        ids = [c for c in picked if c in (RUN_COLUMN, "impl", "d", "seq", "dtype")]
+        parts = ([picked] if columns else  # times, then memory and check: each table narrow enough to paste
+                 [ids + [c for c in picked if c in ATTENTION_TIME_COLUMNS],
+                  ids + [c for c in picked if c not in ids and c not in ATTENTION_TIME_COLUMNS]])
+        lines += ["", f"### {impl}", *(line for part in parts if len(part) > len(ids)
+                                        for line in ("", render_table(rows, part, fmt, floatfmt=".3f")))]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
         lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s "

@@ -659,9 +659,12 @@ def md_to_tex(markdown: str) -> str:
                 if not all(re.fullmatch(r":?-+:?", c) for c in cells):
                     rows.append(cells)
                 i += 1
-            table = results.latex_rows(tabulate(rows[1:], rows[0], tablefmt="latex_booktabs", disable_numparse=True))
             shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
-            out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
+            for group in column_groups(rows[0]):
+                part = [[row[c] for c in group] for row in rows]
+                table = results.latex_rows(tabulate(part[1:], part[0], tablefmt="latex_booktabs",
+                                                    disable_numparse=True))
+                out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
         if line == "```":
             i = lines.index("```", i + 1)
@@ -680,6 +683,22 @@ def md_to_tex(markdown: str) -> str:
             out.append(tex(line) + "\n")
         i += 1
     return "\n".join(out)
+
+
+TEX_COLUMNS = 10  # a wider table is split: at 19 columns on one page its text was 3-4 pt
+TEX_KEYS = ("run", "size", "ctx", "seq", "d", "dtype", "mode", "impl", "K", "warmup", "compile", "case")
+
+
+def column_groups(header: list) -> list:
+    """The column indices of each LaTeX table a markdown table becomes: all of them when it has at most
+    TEX_COLUMNS, else parts of at most TEX_COLUMNS, each with the columns that name a row (size, ctx, ...)."""
+    if len(header) <= TEX_COLUMNS:
+        return [list(range(len(header)))]
+    keys = [i for i, name in enumerate(header) if name in TEX_KEYS][:TEX_COLUMNS // 2]
+    rest = [i for i in range(len(header)) if i not in keys]
+    parts = -(-len(rest) // (TEX_COLUMNS - len(keys)))
+    step = -(-len(rest) // parts)  # parts of even width: no column left alone in a part of its own
+    return [sorted(keys + rest[k:k + step]) for k in range(0, len(rest), step)]
 
 
 def demoted(markdown: str) -> str:
@@ -757,8 +776,10 @@ def writeup(study, plan, machine, args) -> str:
 
 def write_writeup(study, plan, machine, args) -> Path:
     markdown = writeup(study, plan, machine, args)
+    fonts = ("\\IfFileExists{cmap.sty}{\\usepackage{cmap}}{}\n\\usepackage[T1]{fontenc}\n"  # "fi" copies as f, i
+             "\\IfFileExists{lmodern.sty}{\\usepackage{lmodern}}{}\n")  # outline fonts, not bitmaps
     latex = ("\\documentclass[10pt]{article}\n\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
-             "\\usepackage{graphicx}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n" + md_to_tex(markdown)
+             "\\usepackage{graphicx}\n" + fonts + "\\begin{document}\n" + md_to_tex(markdown)
              + "\n\\end{document}\n")
     for name, text in (("writeup.md", markdown), ("writeup.tex", latex)):  # whole files, even when killed
         results.replace_text(study.root / name, text)

@@ -141,6 +141,18 @@ def test_a_cpu_writeup_claims_no_measurement_that_did_not_run(killed_and_resumed
     assert "- no figures: matplotlib is not installed" in study.writeup(study.Study(root), plan, machine, args)
 
 
+def test_latex_splits_a_wide_table_into_parts_that_each_name_the_row():
+    header = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "fwd ms", "fwd std", "bwd ms",
+              "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "status"]
+    markdown = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n| " + " | ".join(
+        str(i) for i in range(len(header))) + " |"
+    tex = study.md_to_tex(markdown)
+    parts = tex.split("\\begin{tabular}")[1:]
+    assert len(parts) > 1 and all(part.split("\\midrule")[0].count("&") < study.TEX_COLUMNS for part in parts)
+    assert all("size" in part and "ctx" in part and "warmup" in part for part in parts)
+    assert all(name.replace("_", "\\_") in tex for name in header)
+
+
 def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     root = killed_and_resumed["root"]
     tex = (root / "writeup.tex").read_text()
@@ -150,6 +162,9 @@ def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-output-directory",
                            str(tmp_path), "writeup.tex"], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:]
+    if shutil.which("pdftotext"):  # outline fonts: a ligature (fl, fi) copies and searches as its letters
+        text = subprocess.run(["pdftotext", str(tmp_path / "writeup.pdf"), "-"], capture_output=True, text=True).stdout
+        assert "causal flag" in text
 
 
 def test_from_the_students_folder_their_kernel_runs_and_a_wrong_one_fails_the_check(tmp_path):
