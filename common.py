@@ -497,7 +497,9 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                              "(docs/your_code.md)")
     parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
                         metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built "
-                        "as CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
+                        "as CLASS(params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01) "
+                        "(model.ADAMW_SETTINGS) passing only the keywords its signature names (CLASS(params) "
+                        "when it names none of them)")
     if flops:
         parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
                             help="the FLOPs behind TFLOP/s and MFU: formula = results.step_flops, for our "
