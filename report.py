@@ -913,7 +913,9 @@ def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[l
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
             columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
             append: list[Record] = ()) -> int:
-    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C."""
+    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C
+    (the table of what finished printed all the same, as its file holds it)."""
+    printed = None
     try:
         for record in append:
             files.append_record(record)
@@ -923,6 +925,11 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
             files.say_written(fmt, [*extra_paths, *drawn])
         return 1 if failed else 0
     except KeyboardInterrupt:
+        try:  # a sweep's live report (or an earlier write) left the finished rows' tables in the .md
+            if printed is None and (held := files.markdown.read_text().strip()):
+                emit(held)
+        except (OSError, KeyboardInterrupt):
+            pass
         progress(f"interrupted by Ctrl-C while the report was written: {files.kept()}")
         return 130
 
