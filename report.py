@@ -983,19 +983,22 @@ def renderable(experiment: str, records: list[Record], where: list[str], fmt: st
     try:
         return render(experiment, records, fmt, columns), records
     except Exception:  # noqa: BLE001 - data of any shape: find the records that break it
-        kept = []
+        kept, left_out = [], {}  # place -> why
         for record, place in zip(records, where):
             try:
                 render(experiment, [record], fmt, columns)
                 kept.append(record)
             except Exception as exc:  # noqa: BLE001
-                reason = (f"no field {exc.args[0]!r}" if isinstance(exc, KeyError)
-                          else f"{type(exc).__name__}: {exc}")
-                progress(f"note: {place}: left out, not a {experiment} record as its script writes it: "
-                         + reason[:200])
-        if not kept:
-            file = where[0].rsplit(":", 1)[0]
-            raise ReportError(f"{file}: no record a {experiment} report can use") from None
+                left_out[place] = (f"no field {exc.args[0]!r}" if isinstance(exc, KeyError)
+                                   else f"{type(exc).__name__}: {exc}")[:200]
+        if not kept:  # one refusal, one line
+            reasons = set(left_out.values())
+            why = (f"none of its {len(left_out)} records: {reasons.pop()}" if len(reasons) == 1 else
+                   "the first, " + ": ".join(next(iter(left_out.items()))) + f"; {len(left_out)} in all")
+            raise ReportError(f"{where[0].rsplit(':', 1)[0]}: no record a {experiment} report can use ({why})"
+                              ) from None
+        for place, reason in left_out.items():
+            progress(f"note: {place}: left out, not a {experiment} record as its script writes it: {reason}")
         try:
             return render(experiment, kept, fmt, columns), kept
         except Exception as exc:  # noqa: BLE001 - each renders alone, together they do not

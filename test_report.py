@@ -113,6 +113,15 @@ def test_a_record_a_table_cannot_use_is_left_out_and_the_others_render(precision
     assert out.count("float32") > 2  # the other cases are in the table
 
 
+def test_a_file_of_unusable_records_is_refused_in_one_line(precision_run, tmp_path, capsys):
+    records = [json.loads(line) for line in (precision_run / "run.jsonl").read_text().splitlines()]
+    (tmp_path / "b.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "accumulator_dtype"}) + "\n" for r in records))
+    code, out, err = run([str(tmp_path / "b.jsonl"), "--results-dir", str(tmp_path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"none of its {len(records)} records: no field 'accumulator_dtype'" in err
+
+
 def test_ctrl_c_while_the_report_is_written_still_prints_the_finished_rows(precision_run, tmp_path, capsys,
                                                                          monkeypatch):
     files = results.ResultFiles(tmp_path, "precision", "c", "precision")
