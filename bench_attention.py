@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         return code
     published = report.publish("bench_attention", records, files, args.fmt, args.columns, plot=args.plot)
-    return code or published  # an interrupted sweep's code comes first
+    return code or published or runner.all_failed(records)  # an interrupted sweep's code comes first
 
 
 if __name__ == "__main__":

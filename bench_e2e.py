@@ -131,9 +131,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     default = "custom" if None not in dims.values() else "tiny"
     args.size = results.sizes_or_exit(p, args, args.size) if args.size else [default]
     # sweep values in the order given (the first is the comparison's baseline); --compile alone means on
-    args.optimizer = list(dict.fromkeys(args.optimizer))
+    args.optimizer = common.once_each("--optimizer", args.optimizer)
     args.compile = [v == "on" for v in dict.fromkeys(args.compile or ["on"])]
-    given = list(dict.fromkeys(args.model))  # (NAME or None, model)
+    given = common.once_each("--model", args.model, lambda m: "=".join(filter(None, m)))  # (NAME or None, model)
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
     results.refuse(p, [
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot,
                                    append=context_searches(records))
-        return code or published  # an interrupted sweep says so first
+        return code or published or runner.all_failed(records)  # an interrupted sweep says so first
     return code
 
 

@@ -759,7 +759,9 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                              "(docs/your_code.md)")
     parser.add_argument("--optimizer", nargs="+", type=named_or_spec([OURS, "torch"]), default=[OURS],
                         metavar="OPTIMIZER", help=optimizer_help + "; or yours as [NAME=]MODULE:CLASS, built "
-                        "as CLASS(params, lr=1e-3) (CLASS(params) when it takes no lr)")
+                        "as CLASS(params, lr=0.001, betas=(0.9, 0.999), eps=1e-08, weight_decay=0.01) "
+                        "(model.ADAMW_SETTINGS) passing only the keywords its signature names (CLASS(params) "
+                        "when it names none of them)")
     if flops:
         parser.add_argument("--flops", choices=["formula", "counted", "none"], default=None,
                             help="the FLOPs behind TFLOP/s and MFU: formula = results.step_flops, for our "
@@ -769,10 +771,19 @@ def add_model_args(parser: argparse.ArgumentParser, optimizer_help: str, flops: 
                                  "no MFU")
 
 
+def once_each(flag: str, values: list, shown: Callable[[Any], str] = str) -> list:
+    """A list flag's values in the order given, each once; a repeat is said (it would be the same configuration
+    again: it runs once), from rank 0 only under torchrun."""
+    unique = list(dict.fromkeys(values))
+    for value in (v for v in unique if values.count(v) > 1 and os.environ.get("RANK", "0") == "0"):
+        progress(f"note: {flag} {shown(value)} is given {values.count(value)} times: it runs once")
+    return unique
+
+
 def models_or_exit(parser: argparse.ArgumentParser, args: argparse.Namespace,
                    ours_only: dict[str, bool]) -> None:
     """--model without repeats; a flag of our model only (`ours_only`: flag -> given) without ours: exit 2."""
-    args.model = list(dict.fromkeys(args.model))
+    args.model = once_each("--model", args.model)
     if OURS not in args.model:
         for flag, given in ours_only.items():
             if given:

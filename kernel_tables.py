@@ -1162,7 +1162,7 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
     staging = Path(tempfile.mkdtemp(prefix=f".{Path(run.report).name}.partial-", dir=Path(run.report).parent))
     try:
         status = run_under_nsys(run, args, nsys, staging)
-        if status == 2:  # bench_e2e's usage error (a sweep's plan is checked before it starts)
+        if status == 2:  # bench_e2e's usage error (its arguments are checked before nsys starts: a later mode)
             say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
                 "kept")
             return {"status": "refused: bench_e2e.py's usage error (exit status 2)", "exit_status": 2}
@@ -1206,7 +1206,7 @@ def tables_of(run: Config, made: Config, status: int) -> dict[str, Any]:
 
 def sweep_main(argv: list[str]) -> int:
     args = parse_sweep_args(argv)
-    if (args.dry_run or len(args.plan) > 1) and (status := check_with_bench_e2e(args)):
+    if status := check_with_bench_e2e(args):  # bench_e2e's one line, not nsys's start and end around it
         return status  # a mistyped option fails in seconds, not after the first hour of a sweep
     if args.dry_run:
         return dry_run(args)
@@ -1228,7 +1228,8 @@ def sweep_main(argv: list[str]) -> int:
     folder = Path(args.results_dir, "nsys")
     created = [f for f in (folder, *folder.parents) if not f.exists()]
     # nsys runs each profile in a process of its own: the sweep measures in this one (no child, no time limit)
-    args.in_process, args.timeout, args.quiet, args.fmt = True, None, False, "github"
+    # one configuration: its refusal or failure in its own line, without the sweep's progress lines around it
+    args.in_process, args.timeout, args.quiet, args.fmt = True, None, len(args.plan) == 1, "github"
     files = results.ResultFiles(args.results_dir, "nsys", None, "summary") if len(args.plan) > 1 else None
     records, code = runner.run_configurations(functools.partial(profile_one, args=args, nsys=nsys), args.plan,
                                               files, args, name="nsys_run", device=None, render=render_summary)

@@ -916,8 +916,9 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         return code
     extra = [r[k] for r in records for k in ("snapshot_path", "snapshot_png", "snapshot_html") if k in r]
-    return code or report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot,
-                                  extra_paths=extra)
+    published = report.publish("mem_profile", records, files, args.fmt, args.columns, plot=args.plot,
+                               extra_paths=extra)  # also after Ctrl-C: the finished rows and their figures
+    return code or published or runner.all_failed(records, counted=lambda r: r.get("saved_status") == "ok")
 
 
 if __name__ == "__main__":

@@ -106,7 +106,16 @@ E2E_PHASE_SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt", "ste
 FLOPS_SOURCES = {"formula": "the formula for our architecture (results.step_flops)",
                  "counted": "torch.utils.flop_counter.FlopCounterMode, one untimed step",
                  "none": "none (no TFLOP/s, no MFU)"}
-STATUS_CELL = 100  # characters of a status in a table; the record and stderr keep the whole of it
+STATUS_CELL = 120  # characters of a status in a table; the record and stderr keep the whole of it
+
+
+def status_cell(status: str) -> str:
+    """A status within STATUS_CELL characters: a long one loses its middle, since its start says what failed and
+    its end how to fix it (where a module is looked for, which names exist)."""
+    if len(status) <= STATUS_CELL:
+        return status
+    head = STATUS_CELL // 3  # "error: Type: what failed", then the rest from its end
+    return status[:head] + "…" + status[len(status) - (STATUS_CELL - head - 1):]
 
 
 def model_label(config: Record) -> str:
@@ -126,7 +135,7 @@ def e2e_row(record: Record) -> Record:
                    "heads": m["num_heads"], "ctx": m["context_length"], "dtype": c["dtype"],
                    "mode": c["mode"] + " no-grad" * bool(c.get("no_grad")),
                    "compile": "on" if c["compile"] else None, "warmup": c["warmup"],
-                   "status": status if len(status) <= STATUS_CELL else status[:STATUS_CELL - 1] + "…",
+                   "status": status_cell(status),
                    "parallel": parallel_label(c), "attn": c["attn"], "model": model_label(c),
                    "optimizer": optimizer_label(c), RUN_COLUMN: run_of(record)}
     if record.get("predicted"):  # beside the measured peak, and on an OOM row: the state alone may not fit
@@ -426,6 +435,8 @@ ATTENTION_IMPL_COLUMNS = [
     "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
     "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
     "compile s", "max err", "tol", "status"]
+ATTENTION_TIME_COLUMNS = ["fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std", "fwd TFLOP/s",
+                          "status"]
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
                                               "check"] + FLOOR_COLUMNS[1:]  # the floors table's
 ATTENTION_NOTE = (
@@ -514,7 +525,12 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
         always = ["d", "seq", "status", "naive predicted"]
         default = shown_columns(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
         picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
-        lines += ["", f"### {impl}", "", render_table(rows, picked, fmt, floatfmt=".3f")]
+        ids = [c for c in picked if c in (RUN_COLUMN, "impl", "d", "seq", "dtype")]
+        parts = ([picked] if columns else  # times, then memory and check: each table narrow enough to paste
+                 [ids + [c for c in picked if c in ATTENTION_TIME_COLUMNS],
+                  ids + [c for c in picked if c not in ids and c not in ATTENTION_TIME_COLUMNS]])
+        lines += ["", f"### {impl}", *(line for part in parts if len(part) > len(ids)
+                                        for line in ("", render_table(rows, part, fmt, floatfmt=".3f")))]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
         lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s "
@@ -1147,7 +1163,9 @@ def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[l
 def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str,
             columns: list[str] | None = None, plot: bool = False, extra_paths: list[Any] = (), *,
             append: list[Record] = ()) -> int:
-    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C."""
+    """Append `append`, save and print the report, draw the figures: 0, 1 when a figure failed, 130 on Ctrl-C
+    (the table of what finished printed all the same, as its file holds it)."""
+    printed = None
     try:
         for record in append:
             files.append_record(record)
@@ -1157,6 +1175,11 @@ def publish(experiment: str, records: list[Record], files: ResultFiles, fmt: str
             files.say_written(fmt, [*extra_paths, *drawn])
         return 1 if failed else 0
     except KeyboardInterrupt:
+        try:  # a sweep's live report (or an earlier write) left the finished rows' tables in the .md
+            if printed is None and (held := files.markdown.read_text().strip()):
+                emit(held)
+        except (OSError, KeyboardInterrupt):
+            pass
         progress(f"interrupted by Ctrl-C while the report was written: {files.kept()}")
         return 130
 
@@ -1213,19 +1236,22 @@ def renderable(experiment: str, records: list[Record], where: list[str], fmt: st
     try:
         return render(experiment, records, fmt, columns), records
     except Exception:  # noqa: BLE001 - data of any shape: find the records that break it
-        kept = []
+        kept, left_out = [], {}  # place -> why
         for record, place in zip(records, where):
             try:
                 render(experiment, [record], fmt, columns)
                 kept.append(record)
             except Exception as exc:  # noqa: BLE001
-                reason = (f"no field {exc.args[0]!r}" if isinstance(exc, KeyError)
-                          else f"{type(exc).__name__}: {exc}")
-                progress(f"note: {place}: left out, not a {experiment} record as its script writes it: "
-                         + reason[:200])
-        if not kept:
-            file = where[0].rsplit(":", 1)[0]
-            raise ReportError(f"{file}: no record a {experiment} report can use") from None
+                left_out[place] = (f"no field {exc.args[0]!r}" if isinstance(exc, KeyError)
+                                   else f"{type(exc).__name__}: {exc}")[:200]
+        if not kept:  # one refusal, one line
+            reasons = set(left_out.values())
+            why = (f"none of its {len(left_out)} records: {reasons.pop()}" if len(reasons) == 1 else
+                   "the first, " + ": ".join(next(iter(left_out.items()))) + f"; {len(left_out)} in all")
+            raise ReportError(f"{where[0].rsplit(':', 1)[0]}: no record a {experiment} report can use ({why})"
+                              ) from None
+        for place, reason in left_out.items():
+            progress(f"note: {place}: left out, not a {experiment} record as its script writes it: {reason}")
         try:
             return render(experiment, kept, fmt, columns), kept
         except Exception as exc:  # noqa: BLE001 - each renders alone, together they do not

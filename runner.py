@@ -363,6 +363,20 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
     return sweep.records, 0
 
 
+def all_failed(records: list[dict], counted: Callable[[dict], bool] = lambda record: False) -> int:
+    """1, said in one line, when configurations ran and none was measured (a misspelt --model or --impl fails
+    them all): a script's exit status says so, after its table of causes. `counted`: a record that measured what
+    its script could on this machine, though its status is not ok (mem_profile's accounting, peaks skipped)."""
+    measured = [r for r in records if finished(r) or str(r.get("status")).startswith("WRONG")  # timed all the same
+                or counted(r)]
+    failed = [r for r in records if r not in measured and not str(r.get("status")).startswith("skipped")]
+    if not failed or measured or not parallel.is_rank_zero():
+        return 0
+    progress(f"error: every configuration failed ({len(failed)} of {len(records)}; the status column says why): "
+             "nothing was measured")
+    return 1
+
+
 # ---- --context-length max: after the first OOM, bisect between it and the longest context that ran ----
 
 RESOLUTION = 64  # the bisection's default step: the answer is a multiple of it (kernels like multiples of 64)

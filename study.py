@@ -143,6 +143,7 @@ class Problem:
     show: list = field(default_factory=list)     # commands whose tables the section shows (default: its own)
     note: str = ""
     path: str = ""                               # what it exercises, for --quick's verdict
+    unmeasured: str = ""                         # what its deliverable asks that this machine cannot measure
 
 
 PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they differ), handouts, what it exercises
@@ -275,6 +276,7 @@ def build_plan(args, machine) -> list:
         n.note = ("nsys was not found on PATH" if machine["nsys"] is None else "on a CPU nsys has no GPU "
                   "kernels to trace") + (": the torch.profiler path (bench_e2e.py --profile) answers (a)-(e) "
                                          "instead.")
+        n.unmeasured = "Nsight Systems profiles (need nsys and a GPU)"
         n.commands = [Command(f"profile_{mode}", "bench_e2e.py", [
             "--size", two[0], *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
             *lm], 1, 20.0 if cpu else 40.0) for mode in ("forward", "train")]
@@ -295,6 +297,8 @@ def build_plan(args, machine) -> list:
     if cpu:
         ae.note = ("--snapshot needs CUDA: on a CPU the accounting and saved-for-backward tables of (b)-(d) "
                    "stand in.")
+        ae.unmeasured, bcd.unmeasured = "memory timelines (need CUDA)", "peak memory (needs CUDA)"
+        bcd.path = "saved-tensor accounting"
         ae.show = [f"memory_{mem_ctxs[0]}"]
     else:
         ae.commands = [Command(f"snapshot_{c}", "mem_profile.py", [
@@ -318,15 +322,18 @@ def build_plan(args, machine) -> list:
         else:
             f.note = ("the Nsight memory view needs nsys and a GPU: the saved-for-backward tables (per "
                       "block, and the compiled block's) are the check.")
+            f.path, f.unmeasured = "compiled block", "Nsight memory tracking (needs nsys and a GPU)"
         f.show = [bcd.commands[0].name, *(c.name for c in f.commands)]
     if "gradient_checkpointing" in plan:
         g = plan["gradient_checkpointing"]  # mem_profile.py refuses your model with it, not your optimizer
         ours = ["--handout", h, *dev, *(["--optimizer", args.optimizer] if args.optimizer else [])]
         if args.model:
             g.note = "--checkpoint changes model.TransformerLM only: these commands run our model."
-        if small:
+        if cpu:
+            g.path, g.unmeasured = "predicted peaks", "the peak memory of each K (needs CUDA)"
+        if small:  # at context 256 the activations outweigh the optimizer step's state: K changes the peak
             g.commands = [Command("checkpoint", "mem_profile.py", [
-                *mem_size, "--mode", "train", "--context-length", mem_ctxs[0], "--checkpoint", "0", "1", "2",
+                *mem_size, "--mode", "train", "--context-length", "256", "--checkpoint", "0", "1", "2",
                 *steps, *ours, *plot], 3, 15.0)]
         else:  # the handout's setup, also for K = 0
             size, batch, context = handout.checkpoint_setup
@@ -546,7 +553,15 @@ class Study:
                 bad = any(str(r.get("status", "")).startswith(("error", "timeout", "WRONG"))
                           for n in names for r in self.records(n))
                 verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
+            elif p.unmeasured and not p.commands:
+                verdicts.append((p, "not measured"))
         return verdicts
+
+
+def verdict_text(p, verdict) -> str:
+    """'memory_profiling (b)-(d) (saved-tensor accounting) passed, not measured: peak memory (needs CUDA)'."""
+    ran = "" if verdict == "not measured" else f" ({p.path}) {verdict}"
+    return p.title + ran + (f", not measured: {p.unmeasured}" if p.unmeasured else "")
 
 
 def rel(path) -> str:
@@ -582,16 +597,20 @@ def size_of(r) -> str:
     return str(r.get("config", {}).get("size") or r.get("label", "?").split()[0])
 
 
+class NotMeasured(str):
+    """A fact computed from the configuration or predicted: the writeup lists it apart from what was measured."""
+
+
 def memory_facts(key, r, first: bool) -> list:
     facts = [f"{name} {r[k] / results.GIB:.3f} GiB" for k, name in (("peak_mem_allocated_bytes", "peak allocated"),
              ("peak_mem_reserved_bytes", "peak reserved")) if isinstance(r.get(k), (int, float))]  # the table's
     best = (r.get("checkpoint_prediction") or {}).get("best_k")
     if key == "gradient_checkpointing" and first and best is not None:
         peak = r["checkpoint_prediction"].get("best_predicted_peak_bytes", 0)
-        facts.append(f"predicted best K {best} at {peak / results.GIB:.3f} GiB")
+        facts.append(NotMeasured(f"predicted best K {best} at {peak / results.GIB:.3f} GiB"))
     if key == "memory_profiling_bcd" and "residual_stream_bytes" in r:
-        facts.append(f"one residual-stream activation {r['residual_stream_bytes']} B "
-                     f"({r.get('residual_stream_formula')})")
+        facts.append(NotMeasured(f"one residual-stream activation {r['residual_stream_bytes']} B "
+                                 f"({r.get('residual_stream_formula')})"))
     if key == "memory_profiling_f" and "saved_block_bytes_mean" in r:
         facts.append(f"saved for backward per block {r['saved_block_bytes_mean'] / results.MIB:.2f} MiB")
     if key == "memory_profiling_f" and "block_compiled_saved_bytes" in r:
@@ -636,9 +655,14 @@ def facts_for(key, records) -> list:
         facts += [f"{r.get('label')}: median {r['ms_median']:.3f} ms, busbw {r['busbw_gbps']:.3f} GB/s"
                   + (f" ({r['of_link_peak']:.0%} of {r['link']})" if r.get("of_link_peak") else "") for r in done]
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
+        computed = set()  # the same residual stream for every mode and dtype: said once
         for i, r in enumerate(records):
-            if found := memory_facts(key, r, first=i == 0):
-                facts.append(f"{r.get('label')}: " + ", ".join(found))
+            found = memory_facts(key, r, first=i == 0)
+            for kind in (str, NotMeasured):  # each kind on a line of its own
+                of_kind = [f for f in found if type(f) is kind and f not in computed]
+                computed.update(f for f in of_kind if kind is NotMeasured)
+                if of_kind:
+                    facts.append(kind(f"{r.get('label')}: " + ", ".join(of_kind)))
     elif key.startswith(("pytorch_attention", "torch_compile_a", "flash")):
         for r in done:
             error = (r.get("check") or {}).get("max_error")
@@ -693,10 +717,12 @@ def md_to_tex(markdown: str) -> str:
             if not any(rows):  # '|' opening a line of text: text
                 out += [tex(x.strip()) + "\n" for x in lines[start:i]]
                 continue
-            body, head = (rows[1:], rows[0]) if len(rows) > 1 else (rows, ())  # a lone row: a row, not a header
-            table = results.latex_rows(tabulate(body, head, tablefmt="latex_booktabs", disable_numparse=True))
             shrink = "\\ifdim\\width>\\linewidth\\linewidth\\else\\width\\fi"  # a wide table, never a narrow one
-            out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
+            for group in column_groups(rows[0]):
+                part = [[row[c] for c in group] for row in rows]
+                body, head = (part[1:], part[0]) if len(rows) > 1 else (part, ())  # a lone row: a row, no header
+                table = results.latex_rows(tabulate(body, head, tablefmt="latex_booktabs", disable_numparse=True))
+                out.append(f"\\begin{{center}}\\resizebox{{{shrink}}}{{!}}{{%\n{table}}}\\end{{center}}")
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == "```"), None) if line == "```" else None
         if end is not None:  # an unmatched fence is text
@@ -718,6 +744,22 @@ def md_to_tex(markdown: str) -> str:
     return "\n".join(out)
 
 
+TEX_COLUMNS = 10  # a wider table is split: at 19 columns on one page its text was 3-4 pt
+TEX_KEYS = ("run", "size", "ctx", "seq", "d", "dtype", "mode", "impl", "K", "warmup", "compile", "case")
+
+
+def column_groups(header: list) -> list:
+    """The column indices of each LaTeX table a markdown table becomes: all of them when it has at most
+    TEX_COLUMNS, else parts of at most TEX_COLUMNS, each with the columns that name a row (size, ctx, ...)."""
+    if len(header) <= TEX_COLUMNS:
+        return [list(range(len(header)))]
+    keys = [i for i, name in enumerate(header) if name in TEX_KEYS][:TEX_COLUMNS // 2]
+    rest = [i for i in range(len(header)) if i not in keys]
+    parts = -(-len(rest) // (TEX_COLUMNS - len(keys)))
+    step = -(-len(rest) // parts)  # parts of even width: no column left alone in a part of its own
+    return [sorted(keys + rest[k:k + step]) for k in range(0, len(rest), step)]
+
+
 def demoted(markdown: str) -> str:
     """A script's report inside a problem's section: its headings one level down, the rest as written, a code
     fence it leaves open escaped (it would swallow the writeup after it)."""
@@ -731,7 +773,9 @@ def demoted(markdown: str) -> str:
 def writeup(study, plan, machine, args) -> str:
     """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
-             f"{'64' if args.quick else '128'}, attention d 16 at sequences 64-128, batch 1)"
+             f"{'64' if args.quick else '128'} at batch {results.DEFAULT_BATCH_SIZE}"
+             + ", checkpointing at context 256" * any(p.key == "gradient_checkpointing" for p in plan)
+             + "; attention d 16 at sequences 64-128, batch 1)"
              if machine["device"] == "cpu" else
              f"on {machine['name']} ({machine['free_bytes'] / results.GIB:.1f} GiB free), sized to its memory")
     out = [f"# CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
@@ -740,9 +784,15 @@ def writeup(study, plan, machine, args) -> str:
            f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
            f"{args.impl or 'none (PyTorch SDPA stands in)'}",
            results.md_text(f"- study folder: {rel(study.root)}; interpreter: {sys.executable} (shown as python3)"),
-           results.md_text(f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/"), ""]
+           results.md_text(f"- every command below ran from {Path.cwd()}; its log is in the study folder's logs/")]
+    if not importlib.util.find_spec("matplotlib"):
+        out += ["- no figures: matplotlib is not installed (pip install matplotlib); then `python3 report.py "
+                "FILE.jsonl --plot` draws a command's figures from its records, or a study with --fresh has them"]
+    out += [""]
     if verdicts := study.checks(plan):
-        out += ["Checks: " + "; ".join(f"{p.title} ({p.path}) {v}" for p, v in verdicts), ""]
+        out += ["Checks: " + "; ".join(verdict_text(p, v) for p, v in verdicts), ""]
+    owner = {c.name: (n, p.title) for n, p in enumerate(plan, 1) for c in p.commands}  # where a table is shown
+    said = {}  # fact -> the section that listed it first
     for n, p in enumerate(plan, 1):
         out += [f"## {n}. {p.title}", "", f"Deliverable: {p.deliverable}", ""]
         out += [f"Note: {p.note}", ""] if p.note else []
@@ -761,7 +811,11 @@ def writeup(study, plan, machine, args) -> str:
             runs = [m for m in merges.get(name, [name]) if study.done(m)]
             tables += [name] if name in merges and study.done(name) else runs
             sources += runs  # the facts come from the runs' own records
+        elsewhere = [name for name in tables if owner.get(name, (n,))[0] != n]
         for name in dict.fromkeys(tables):
+            if name in elsewhere:  # each table once: in the section of the command that made it
+                out += [f"(The tables of {name} are in section {owner[name][0]}, {owner[name][1]}.)\n"]
+                continue
             files = study.files(name)
             out += [demoted(files[k].read_text(errors="replace").rstrip("\n")) + "\n" for k in sorted(files)
                     if k.startswith("md")]
@@ -771,15 +825,26 @@ def writeup(study, plan, machine, args) -> str:
             facts = facts_for(p.key, [r for name in dict.fromkeys(sources) for r in study.records(name)])
         except (KeyError, TypeError, ZeroDivisionError):  # a record without a field: its table stands alone
             facts = []
-        facts = facts or ["(the tables above)" if tables else "(not run)"]
-        out += ["Measured:", "", *(f"- {results.md_text(x)}" for x in facts), "", "Answer:", ""]
+        earlier = sorted({said[x] for x in facts if x in said})
+        facts = [x for x in facts if said.setdefault(x, n) == n]
+        computed = [x for x in facts if isinstance(x, NotMeasured)]
+        measured = [x for x in facts if not isinstance(x, NotMeasured)]
+        measured += [f"the facts of section {m} ({plan[m - 1].title})" for m in earlier]
+        measured = measured or ["(not run)" if not tables else "(the tables above)" if set(tables) - set(elsewhere)
+                                else f"(the tables of section {', '.join(str(owner[t][0]) for t in elsewhere)})"]
+        measured += [f"not measured on this machine: {p.unmeasured}"] if p.unmeasured else []
+        out += ["Measured:", "", *(f"- {results.md_text(x)}" for x in measured), ""]
+        out += ["Computed or predicted (not measured):", "", *(f"- {results.md_text(x)}" for x in computed), ""] if computed else []
+        out += ["Answer:", ""]
     return "\n".join(out)
 
 
 def write_writeup(study, plan, machine, args) -> Path:
     markdown = writeup(study, plan, machine, args)
+    fonts = ("\\IfFileExists{cmap.sty}{\\usepackage{cmap}}{}\n\\usepackage[T1]{fontenc}\n"  # "fi" copies as f, i
+             "\\IfFileExists{lmodern.sty}{\\usepackage{lmodern}}{}\n")  # outline fonts, not bitmaps
     latex = ("\\documentclass[10pt]{article}\n\\usepackage[margin=2cm]{geometry}\n\\usepackage{booktabs}\n"
-             "\\usepackage{graphicx}\n\\usepackage[T1]{fontenc}\n\\begin{document}\n" + md_to_tex(markdown)
+             "\\usepackage{graphicx}\n" + fonts + "\\begin{document}\n" + md_to_tex(markdown)
              + "\n\\end{document}\n")
     for name, text in (("writeup.md", markdown), ("writeup.tex", latex)):  # whole files, even when killed
         results.replace_text(study.root / name, text)
@@ -913,6 +978,8 @@ def conduct(args, machine, settings, root) -> int:
     for verdict in ("passed", "failed"):
         names = [f"{p.title} ({p.path})" for p, v in checks if v == verdict]
         print(f"{verdict}: {', '.join(names) or 'none'}")
+    if unmeasured := [f"{p.title}: {p.unmeasured}" for p in plan if p.unmeasured]:
+        print(f"not measured on this machine: {'; '.join(unmeasured)}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))} (its PDF: cd {shlex.quote(rel(root))} && "

@@ -236,6 +236,12 @@ def test_what_cannot_be_loaded_is_a_load_error(student, spec, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_a_grid_whose_every_configuration_fails_exits_1(tmp_path, capsys):
+    code, records, _ = run_main(tmp_path, "--impl", "no_such_module:f", "--seq-len", "16")
+    assert code == 1 and records and all(r["status"].startswith("error") for r in records)
+    assert "every configuration failed" in capsys.readouterr().err
+
+
 # ---- timing ----
 
 
@@ -439,6 +445,9 @@ def test_flash_grid_plan_and_its_table_fits_160_characters(student, tmp_path, ca
     usual = all(float(x) < 100 for row in rows for x in row[4:10]) and all(
         float(x) < 10 for row in rows for x in row[10].rstrip("x").split("/"))
     assert max(map(len, table)) <= 160 or not usual
+    tables = [block.splitlines() for block in out.split("\n\n") if block.startswith("|")]
+    assert len(tables) == 3 * 2 + 1  # per implementation its times, then its memory and check; the comparison
+    assert max(len(line) for lines in tables for line in lines) <= 160 or not usual
     assert {(row[3], row[-1]) for row in rows} == {("flash", "ok"),
                                                   ("no_mask", "WRONG: non-causal")}
 

@@ -402,7 +402,19 @@ def test_an_error_row_keeps_its_whole_cause_in_the_record_and_on_stderr(tmp_path
     out, err = capsys.readouterr()
     assert failed["status"] in err
     (row,) = [r for r in cells(out, "step ms") if r["model"] == "mine"]
-    assert row["status"].startswith("error: ValueError: the keyword") and len(row["status"]) <= 100
+    assert row["status"].startswith("error: ValueError: the keyword") and len(row["status"]) <= report.STATUS_CELL
+    assert row["status"].endswith(LONG_CAUSE.strip()[-40:])  # its end: where a hint to fix it would be
+
+
+def test_a_sweep_whose_every_configuration_fails_exits_1_and_its_cell_keeps_the_hint(tmp_path, capsys):
+    """A misspelt --model fails every configuration: exit 1 after the table; the cell ends with where the module
+    was looked for."""
+    code, records = run_main(tmp_path, "--in-process", "--model", "no_such_lm:make", "--steps", "1")
+    out, err = capsys.readouterr()
+    assert code == 1 and [r["status"].split(":")[0] for r in records] == ["error"]
+    assert err.strip().splitlines()[-1].startswith("error: every configuration failed (1 of 1")
+    (row,) = cells(out, "status")
+    assert row["status"].endswith("PYTHONPATH or the installed packages")
 
 
 def test_ctrl_c_on_a_real_sweep(tmp_path):

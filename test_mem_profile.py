@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -194,6 +195,33 @@ def test_your_model_exits_hangs_or_fails_and_every_configuration_is_a_row(tmp_pa
     out, err = capfd.readouterr()
     assert "Traceback" not in err and "FakeTensor" not in err and message[:120] in err
     assert "not counted: error: SystemExit: 0" in out
+
+
+def test_a_sweep_whose_every_configuration_fails_exits_1(tmp_path, capfd):
+    assert mem_profile.main(["--size", "tiny", "--context-length", "16", "--device", "cpu", "--in-process",
+                             "--model", "no_such_lm:make", "--results-dir", str(tmp_path)]) == 1
+    out, err = capfd.readouterr()
+    assert "no module named 'no_such_lm'" in out and "every configuration failed" in err.splitlines()[-1]
+
+
+def test_ctrl_c_after_the_first_configuration_prints_its_row(tmp_path):
+    """The first context finishes, the second hangs in its child: Ctrl-C to the process group, as a terminal's."""
+    cmd = [sys.executable, str(HERE / "mem_profile.py"), "--size", "tiny", "--context-length", "16", "24",
+           "--batch-size", "2", "--mode", "train", "--device", "cpu", "--model", "test_faults_helper:hang24",
+           "--results-dir", str(tmp_path), "--out", "i"]
+    # a suite started as a background job ignores SIGINT, and a child would inherit that: give it the default
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    jsonl, deadline = tmp_path / "memory" / "i.jsonl", time.monotonic() + 240
+    while time.monotonic() < deadline and not (jsonl.exists() and jsonl.read_text().strip()):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted by Ctrl-C after 1 of 2 configurations" in err
+    contexts = {line.split("|")[2].strip() for line in out.splitlines() if line.startswith("| tiny   |    ")}
+    assert "16" in contexts and "24" not in contexts, out  # the finished configuration's rows; none of the hung one
+    assert f"wrote {tmp_path / 'memory' / 'i.md'}" in out
 
 
 # ---- the handout's compiled block (§3.2) ----

@@ -142,6 +142,29 @@ def test_a_record_a_table_cannot_use_is_left_out_and_the_others_render(precision
     assert out.count("float32") > 2  # the other cases are in the table
 
 
+def test_a_file_of_unusable_records_is_refused_in_one_line(precision_run, tmp_path, capsys):
+    records = [json.loads(line) for line in (precision_run / "run.jsonl").read_text().splitlines()]
+    (tmp_path / "b.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "accumulator_dtype"}) + "\n" for r in records))
+    code, out, err = run([str(tmp_path / "b.jsonl"), "--results-dir", str(tmp_path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"none of its {len(records)} records: no field 'accumulator_dtype'" in err
+
+
+def test_ctrl_c_while_the_report_is_written_still_prints_the_finished_rows(precision_run, tmp_path, capsys,
+                                                                         monkeypatch):
+    files = results.ResultFiles(tmp_path, "precision", "c", "precision")
+    files.markdown.write_text("| case | result |\n|---|---|\n| 1 | 10.0001 |\n")  # as the live report left it
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "render", interrupted)
+    assert report.publish("precision_demo", [], files, "github") == 130
+    out, err = capsys.readouterr()
+    assert "| 1 | 10.0001 |" in out and "interrupted by Ctrl-C while the report was written" in err
+
+
 @pytest.mark.skipif(not shutil.which("pdflatex"), reason="pdflatex is not installed")
 def test_a_latex_table_of_memcpy_rows_and_flags_compiles(tmp_path):
     rows = [{"kernel": "[CUDA memcpy Host-to-Device]", "ms": 0.04, "note": "--steps"}]

@@ -109,6 +109,56 @@ def test_writeup_has_every_problem_and_the_scripts_own_table(killed_and_resumed)
     assert "case 2 (float16 += float16): 9.953125" in text  # a measured fact, from the records
 
 
+def test_a_cpu_writeup_claims_no_measurement_that_did_not_run(killed_and_resumed, tmp_path, monkeypatch):
+    """On a CPU: no peak is 'passed', a prediction is not listed as measured, each table is shown once, the header
+    says the batch the tables ran at, and the checkpointing shape is one where K changes the predicted peak."""
+    header = (killed_and_resumed["root"] / "writeup.md").read_text().splitlines()[0]
+    assert "at batch 4" in header and "checkpointing at context 256" in header
+    args = study.parse_args(["--quick", "--device", "cpu", "--results-dir", str(tmp_path)])
+    machine = study.probe_machine("cpu", args.handout)
+    plan = study.build_plan(args, machine)
+    root = tmp_path / "study" / "s"
+    tables = {"memory_64": "| memory table |\n|---|\n| 1 |", "checkpoint": "| checkpoint table |\n|---|\n| 2 |"}
+    records = {"memory_64": {"label": "tiny ctx=64 train fp32 naive", "status": "ok", "config": {},
+                             "residual_stream_bytes": 524288, "residual_stream_formula": "4 x 64 x 512 x 4 B"},
+               "checkpoint": {"label": "tiny ctx=256 train fp32 naive", "status": "ok", "config": {},
+                              "checkpoint_prediction": {"best_k": 1, "best_predicted_peak_bytes": 2**30}}}
+    (root / "memory").mkdir(parents=True)
+    with open(root / "study.jsonl", "w") as ledger:
+        for name, table in tables.items():
+            (root / "memory" / f"{name}.md").write_text(table + "\n")
+            (root / "memory" / f"{name}.jsonl").write_text(json.dumps(records[name]) + "\n")
+            ledger.write(json.dumps({"name": name, "stem": name, "command": f"python3 mem_profile.py --out {name}",
+                                     "status": "ok", "seconds": 1.0, "files": {"md": f"memory/{name}.md",
+                                     "jsonl": f"memory/{name}.jsonl"}}) + "\n")
+    text = study.writeup(study.Study(root), plan, machine, args)
+    checks = next(line for line in text.splitlines() if line.startswith("Checks: "))
+    assert "(peak memory) passed" not in checks and "not measured: peak memory (needs CUDA)" in checks
+    assert "memory_profiling (a), (e), not measured: memory timelines (need CUDA)" in checks
+    assert text.count(tables["memory_64"]) == 1 and "(The tables of memory_64 are in section 9" in text
+    checkpointing = text.split("gradient_checkpointing (a), (b)\n")[1].split("\n## ")[0]
+    measured, predicted = checkpointing.split("Measured:")[1].split("Computed or predicted (not measured):")
+    assert "predicted best K" not in measured and "predicted best K 1 at 1.000 GiB" in predicted
+    assert "not measured on this machine: the peak memory of each K (needs CUDA)" in measured
+    (checkpoint,) = next(p for p in plan if p.key == "gradient_checkpointing").commands
+    assert checkpoint.args[checkpoint.args.index("--context-length") + 1] == "256"
+    assert ("- no figures" in text) == (study.importlib.util.find_spec("matplotlib") is None)
+    monkeypatch.setattr(study.importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else 1)
+    assert "- no figures: matplotlib is not installed" in study.writeup(study.Study(root), plan, machine, args)
+
+
+def test_latex_splits_a_wide_table_into_parts_that_each_name_the_row():
+    header = ["size", "d_model", "d_ff", "layers", "heads", "ctx", "dtype", "warmup", "fwd ms", "fwd std", "bwd ms",
+              "bwd std", "opt ms", "opt std", "step ms", "step std", "tokens/s", "TFLOP/s", "status"]
+    markdown = "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n| " + " | ".join(
+        str(i) for i in range(len(header))) + " |"
+    tex = study.md_to_tex(markdown)
+    parts = tex.split("\\begin{tabular}")[1:]
+    assert len(parts) > 1 and all(part.split("\\midrule")[0].count("&") < study.TEX_COLUMNS for part in parts)
+    assert all("size" in part and "ctx" in part and "warmup" in part for part in parts)
+    assert all(name.replace("_", "\\_") in tex for name in header)
+
+
 def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     root = killed_and_resumed["root"]
     tex = (root / "writeup.tex").read_text()
@@ -119,6 +169,9 @@ def test_latex_writeup_compiles(killed_and_resumed, tmp_path):
     done = subprocess.run([*command, "-output-directory", str(tmp_path), "writeup.tex"], cwd=root, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **dict([env.split("=")])})
     assert done.returncode == 0, done.stdout[-2000:]
+    if shutil.which("pdftotext"):  # outline fonts: a ligature (fl, fi) copies and searches as its letters
+        text = subprocess.run(["pdftotext", str(tmp_path / "writeup.pdf"), "-"], capture_output=True, text=True).stdout
+        assert "causal flag" in text
 
 
 def test_from_the_students_folder_their_kernel_runs_and_a_wrong_one_fails_the_check(tmp_path):

@@ -196,6 +196,20 @@ def test_build_optimizer_yours_beside_ours(student):
     assert type(build_optimizer("torch.optim:SGD", params, torch.device("cpu"))) is torch.optim.SGD
 
 
+def test_optimizer_help_says_the_keywords_it_passes():
+    parser = argparse.ArgumentParser()
+    common.add_model_args(parser, "ours", flops=False)
+    (help_text,) = [a.help for a in parser._actions if a.dest == "optimizer"]
+    assert f"CLASS(params, {', '.join(f'{k}={v}' for k, v in ADAMW_SETTINGS.items())})" in help_text
+
+
+@pytest.mark.parametrize("script", [bench_e2e, mem_profile])
+def test_a_model_given_twice_runs_once_and_says_so(script, capsys):
+    args = script.parse_args(["--model", "ours", "mine=student_lm:TinyLM", "ours", "--device", "cpu"])[0]
+    assert len(args.model) == 2  # ours, then yours
+    assert "note: --model ours is given 2 times: it runs once" in capsys.readouterr().err
+
+
 def test_logits_of_the_wrong_shape_fail_the_first_forward(student):
     run = runner.RunConfig(size="custom", model=SMALL_CONFIG, batch_size=2, mode="forward", device="cpu",
                            model_factory="student_lm:LastPositionOnly")
