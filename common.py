@@ -374,10 +374,14 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 def peak_tflops(device_name: str, precision: str) -> tuple[float | None, str | None]:
     """(peak dense TFLOP/s, matched label) for a CUDA device name and one of PRECISIONS; (None, None) for an
     unknown device, (None, label) where the chip has no such unit or no datasheet gives it."""
-    for pattern, label, peaks in PEAK_TFLOPS:
-        if re.search(pattern, device_name):
-            return peaks[PRECISIONS.index(precision)] if precision in PRECISIONS else None, label
-    return None, None
+    peaks, label = datasheet_row(PEAK_TFLOPS, device_name)
+    return (peaks[PRECISIONS.index(precision)] if peaks and precision in PRECISIONS else None), label
+
+
+def datasheet_row(table: list[tuple[str, str, Any]], device_name: str) -> tuple[Any, str | None]:
+    """(figure, label) of the first row of a datasheet table whose pattern the device name matches; (None, None)
+    when none does: no figure, never a guess."""
+    return next(((figure, label) for pattern, label, figure in table if re.search(pattern, device_name)), (None, None))
 
 
 # Peak link bandwidth per GPU, GB/s in one direction (10^9 bytes/s), for collectives between the GPUs of one node:
@@ -404,8 +408,7 @@ LINK_PEAK_GBPS: list[tuple[str, str, float]] = [
 def link_peak_gbps(device_name: str) -> tuple[float | None, str | None]:
     """(GB/s per direction, the link's label) of the GPU-to-GPU link of a CUDA device name; (None, None) for an
     unknown device or a CPU: no figure, never a guess."""
-    return next(((peak, label) for pattern, label, peak in LINK_PEAK_GBPS if re.search(pattern, device_name)),
-                (None, None))
+    return datasheet_row(LINK_PEAK_GBPS, device_name)
 
 
 def matmul_precision_key(dtype: str, tf32: bool) -> str:
@@ -453,8 +456,7 @@ MEMORY_BANDWIDTH_GBS: list[tuple[str, str, float | None]] = [
 
 def memory_bandwidth(device_name: str) -> tuple[float | None, str | None]:
     """(datasheet GB/s, matched label) for a CUDA device name; (None, None) for an unknown device."""
-    return next(((gbs, label) for pattern, label, gbs in MEMORY_BANDWIDTH_GBS if re.search(pattern, device_name)),
-                (None, None))
+    return datasheet_row(MEMORY_BANDWIDTH_GBS, device_name)
 
 
 # ---- the measured ceiling: what this machine reaches, for a CPU or a GPU no datasheet row names ----
