@@ -255,7 +255,8 @@ def test_a_closed_stdout_loses_no_rows(tmp_path):
     assert proc.wait(timeout=120) == 0, err
     assert "Traceback" not in err and "stdout was closed" in err
     assert len(read_records(tmp_path / "e2e" / "s.jsonl")) == 2
-    assert (tmp_path / "e2e" / "s.md").read_text().count("| tiny ") == 1 + 2  # config row, two result rows
+    main_table = (tmp_path / "e2e" / "s.md").read_text().split("## Floors")[0]
+    assert main_table.count("| tiny ") == 1 + 2  # config row, two result rows
 
 
 def assert_complete(records, experiment):

@@ -187,8 +187,10 @@ def test_every_command_of_the_readme_tables_runs_dry(capsys, tmp_path):
     import kernel_tables
     import report
     import study
-    import bench_e2e, bench_attention, bench_ddp, leaderboard, mem_profile, precision_demo, toy_autocast  # noqa: E401
+    import bench_e2e, bench_attention, bench_comm, bench_ddp, leaderboard, mem_profile, precision_demo  # noqa: E401
+    import toy_autocast
     dry_run = {"bench_e2e.py": bench_e2e.main, "bench_attention.py": bench_attention.main,
+               "bench_comm.py": bench_comm.main,
                "leaderboard.py": leaderboard.main, "mem_profile.py": mem_profile.main, "study.py": study.main,
                "nsys_run.sh": lambda argv: kernel_tables.main(["--nsys-run", *argv])}
     parse_only = {"report.py": report.parse_args, "kernel_tables.py": kernel_tables.parse_args,
