@@ -65,7 +65,7 @@ def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Rec
     fused = floors.get("fused_floor_ms") or {}
     return [{**cells, "phase": short.get(phase, phase), "measured ms": record.get(f"{phase}_ms_mean"),
              "GFLOP": f["flops"] / 1e9, "MB moved": f["bytes"] / 1e6, "floor ms": f["floor_ms"],
-             "of floor": share(f["of_floor"]) if number(f.get("of_floor")) else None,
+             "of floor": (share(f["of_floor"]) + " (!)" * (f["of_floor"] > 1)) if number(f.get("of_floor")) else None,
              "bound": (f["bound"] or "no ceiling") + (f" ({f['note']})" if f.get("note") else ""),
              "fused floor ms": fused.get(phase), "ceiling": floors["roofs"]["ceiling"]}
             for phase, f in floors.get("phases", {}).items()]
@@ -90,10 +90,17 @@ def floors_section(records: list[Record], cells: Callable[[Record], Record], sho
     if columns and set(columns) & set(FLOOR_COLUMNS) - {"phase"}:  # in this table's order, the phase always
         shown = [c for c in shown if c in columns or c in ("phase", RUN_COLUMN)]
     roofs = dict.fromkeys(roof_line(r["floors"]["roofs"]) for r in records if r.get("floors"))
+    over = any(str(row.get("of floor", "")).endswith("(!)") for row in rows)
     return (f"## Floors: how far from the hardware\n\n{render_table(rows, shown, fmt, '.5g')}\n\n"
             "floor ms: max(GFLOP / peak FLOP/s, MB moved / memory bandwidth), the larger its bound; of floor: floor "
             f"/ measured, the share of the hardware's limit reached. {what} Ceilings (datasheet when it names "
-            "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + ".")
+            "the GPU, else measured: best matmul, tensor copy): " + " | ".join(roofs) + "." + OVER_CEILING * over)
+
+
+# a phase faster than its floor: the ceiling divided by is below what the machine does, so that floor bounds nothing
+OVER_CEILING = (" (!) over 100%: this phase ran faster than its floor, so the ceiling it used is too low (a measured "
+                "ceiling taken under load, or at shapes slower than the model's): that floor is no bound; "
+                "--recalibrate on an idle machine measures it again.")
 
 
 # ---- bench_e2e tables ----

@@ -376,7 +376,10 @@ def floor_facts(records: list[Record]) -> list[str]:
         low, high = share(min(v for v, _ in got)), share(max(v for v, _ in got))
         parts.append(f"{name} at {low}{'-' + high if high != low else ''} of its "
                      f"{'/'.join(sorted({b for _, b in got}))} floor")
-    return [f"floors ({ceilings} ceiling; floor / measured time): " + ", ".join(parts)]
+    over = any(v > 1 for got in shares.values() for v, _ in got)
+    return [f"floors ({ceilings} ceiling; floor / measured time): " + ", ".join(parts)
+            + ("; over 100%: faster than the floor, so that ceiling is too low to bound it (--recalibrate on an idle "
+               "machine)" if over else "")]
 
 
 # ---- statistics of interleaved comparisons ----

@@ -272,6 +272,13 @@ def test_the_roofline_draws_each_phase_of_the_run_at_its_intensity_under_both_ro
     assert line.startswith("floors (datasheet ceiling; floor / measured time): forward at ")
     assert f"optimizer at {low}-{high} of its memory floor" in line
     assert [results.share(v) for v in (1.0, 0.714, 0.01, 0.0034)] == ["100%", "71%", "1%", "0.3%"]
+    assert "(!)" not in report.floors_section(records, lambda r: {}, {}, "github", "") and "too low" not in line
+    # a phase faster than its floor: the ceiling was too low (a measured one under load): flagged, never a bound
+    fast = {**records[0], "forward_ms_mean": records[0]["floors"]["phases"]["forward"]["floor_ms"] / 2}
+    fast["floors"] = results.beside_measured(fast["floors"]["phases"], fast, roofs)
+    text = report.floors_section([fast], lambda r: {}, {}, "github", "")
+    assert re.search(r"\| 200% \(!\) +\|", text) and "ceiling it used is too low" in text
+    assert "too low to bound it" in results.floor_facts([fast])[0]
     files = results.ResultFiles(tmp_path, "e2e", "run", "e2e")
     drawn_paths, failed = report.draw("bench_e2e", records, files)
     assert not failed and tmp_path / "e2e" / "run_roofline.png" in drawn_paths
