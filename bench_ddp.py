@@ -20,25 +20,24 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import math
 import os
 import re
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import traceback
 import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -102,9 +101,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=results.step_count, default=8, help="timed steps per variant, one per round")
     p.add_argument("--profile-steps", type=results.positive_int, default=2,
                    help="profiled steps per variant (the communication split comes from their traces)")
-    p.add_argument("--link-gbps", type=results.positive_float, default=None, metavar="GB_PER_S",
+    p.add_argument("--link-gbps", default=None, metavar="GB_PER_S|measured",
                    help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm and nccl-tests "
-                        "report it): the floor column is the gradient bytes a rank sends over it")
+                        "report it): the floor column is the gradient bytes a rank sends over it; 'measured' (the "
+                        "default when there is one): bench_comm's newest all_reduce record in --results-dir for "
+                        "this backend and world size, its largest size's bus bandwidth")
     p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its variant")
     p.add_argument("--traces", action="store_true", help="keep every rank's profiler trace beside the results")
@@ -135,6 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                 args.world_size),
          f"{args.world_size} ranks need as many GPUs; {torch.cuda.device_count()} visible")])
     args.device = device.type
+    args.link_gbps, args.link_source = link_figure(p, args)
     args.variant_specs = variant_specs(p, args)
     if args.sharded_optimizer:
         try:
@@ -511,37 +513,40 @@ def agreed(statuses: list[str]) -> str:
     return next((s for s in statuses if s != "ok"), "ok")
 
 
-def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | None) -> None:
-    """One rank: every variant built and checked, timed in rounds with the others, profiled; rank 0 reports."""
+def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: Callable[[dict], None]) -> None:
+    """One rank (started here by parallel.SpawnedRanks, or by torchrun): the variants in `todo` built and checked,
+    timed in rounds with the others, each profiled; rank 0 publishes each row as it is done, and what is under
+    way (so that a rank's death names the variant it stopped)."""
     launch = parallel.torchrun_launch()
-    world = args.world_size
-    if launch is None:  # Ctrl-C is the script's to act on: it stops the ranks
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    host, port = store_at or (launch.master_addr, launch.master_port)
-    store = dist.PrefixStore("bench_ddp/", dist.TCPStore(host, port, is_master=False,
-                                                          timeout=datetime.timedelta(seconds=args.pg_timeout)))
+    rank, world = launch.rank, launch.world_size
+    say = publish if rank == 0 else (lambda message: None)
+    store = dist.PrefixStore(prefix, dist.TCPStore(launch.master_addr, launch.master_port, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=args.pg_timeout)))
     ranks = Ranks(store, rank, world, args.pg_timeout * 2 + 60)
-    device = torch.device("cuda", launch.local_rank if launch else rank) if args.device == "cuda" else \
-        torch.device("cpu")
+    device = torch.device("cuda", launch.local_rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:  # the ranks share this machine's cores: each its part, not all of them each
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // (launch.local_world_size if launch else world)))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // launch.local_world_size))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    cfg, local = args.model, args.batch_size // world
+    cfg = args.model
     env = common.environment(device) if rank == 0 else {}
     load_before = common.machine_load(device)
     ranks.new_group(backend, args.pg_timeout, device)
     check_tokens = batches(cfg, args.batch_size, args.check_steps, args.seed)
     x, y = my_rows(batches(cfg, args.batch_size, 1, args.seed + 1)[0], device)
     reference = reference_weights(cfg, check_tokens, device, args.seed)
+    nbytes = grad_bytes(reference)
+    row = functools.partial(variant_record, args, env, nbytes)
     live: list[tuple[int, Variant, Any]] = []
-    statuses: dict[int, str] = {}
-    details: dict[int, dict[str, Any]] = {i: {} for i in range(len(args.variant_specs))}
-    for i, spec in enumerate(args.variant_specs):
+    variant = None
+    checked: dict[int, str] = {}  # ok or WRONG: every rank's the same
+    for i in todo:
+        spec = args.variant_specs[i]
+        say({"ok": True, "stage": "check", "index": i})
         if rank == 0:
             progress(f"[{i + 1}/{len(args.variant_specs)}] {spec.name}: building and checking")
+        failure = {}
         try:
             variant = build_variant(spec, cfg, device, args.seed)
             # the baseline sends nothing, so its ranks' weights part: nothing to check
@@ -550,22 +555,45 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
             variant, status = None, common.failure_status(exc)
             if isinstance(exc, NotImplementedError) and not str(exc):
                 status = f"not implemented: {spec.make or spec.name} raises NotImplementedError"
-            details[i]["traceback"] = traceback.format_exc()
-        statuses[i] = agreed(ranks.all_say(f"check/{i}", status))
-        if statuses[i] == "ok" or statuses[i].startswith("WRONG"):
+            failure = {"traceback": traceback.format_exc()}
+        answers = ranks.all_say(f"check/{i}", {"status": status, **failure})
+        status = agreed([a["status"] for a in answers])
+        if status == "ok" or status.startswith("WRONG"):
             live.append((i, variant, build_optimizer("torch", variant.wrapper.parameters(), device)))
-        else:  # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
-            variant = None
-            ranks.new_group(backend, args.pg_timeout, device)
-            rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
-            live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
-    if rank == 0:
-        progress(f"timing {len(live)} variants, {args.steps} rounds")
-    samples = time_variants(args, live, x, y, device, rank, details, statuses)
-    sharding: dict[str, Any] = {}
-    nbytes = grad_bytes(reference)
-    del live, reference, variant  # the memory breakdown counts every tensor this process holds
+            checked[i] = status
+            say({"ok": True, "stage": "checked", "index": i, "status": status})
+            continue
+        say({"ok": True, "stage": "row", "index": i, "record": row(spec, status, answers)})
+        # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
+        variant = None
+        ranks.new_group(backend, args.pg_timeout, device)
+        rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
+        live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
+    del reference, variant  # the memory breakdown counts every tensor this process holds
+    if live:
+        say({"ok": True, "stage": "timing", "round": 0})
+        if rank == 0:
+            progress(f"timing {len(live)} variants, {args.steps} rounds")
+        samples, status = time_variants(args, live, x, y, device, say)
+        load = {"before": load_before, "after": common.machine_load(device)}
+        for i, v, optimizer in live:  # each profiled, its row published as soon as every rank has its split
+            say({"ok": True, "stage": "profile", "index": i})
+            answer = {"status": status, "samples": samples[i], "load": load}
+            if status == "ok":
+                keep = None
+                if args.traces:
+                    keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
+                try:
+                    answer["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
+                except Exception as exc:  # noqa: BLE001 - the profiled steps broke: this row
+                    answer["status"] = parallel.on_rank(common.failure_status(exc), rank)
+            answers = ranks.all_say(f"profile/{i}", answer)
+            failed = next((a["status"] for a in answers if a["status"] != "ok"), None)
+            say({"ok": True, "stage": "row", "index": i,
+                 "record": row(v.spec, failed or checked[i], answers)})
+    del live
     if args.sharded_optimizer:
+        say({"ok": True, "stage": "sharding"})
         if rank == 0:
             progress("optimizer state sharding: memory and time, with and without")
         try:
@@ -574,21 +602,18 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
             sharding = exc.rows
         except Exception as exc:  # noqa: BLE001 - the timing broke
             sharding = {"AdamW": {"status": common.failure_status(exc)}}
-    answers = ranks.all_say("answers", {"samples": samples, "details": details, "statuses": statuses,
-                                         "sharding": sharding,
-                                         "load": {"before": load_before, "after": common.machine_load(device)}})
-    if rank == 0:
-        report_run(args, env, cfg, answers, nbytes)
+        answers = ranks.all_say("sharding", sharding)
+        say({"ok": True, "stage": "rows", "records": memory_records(args, env, answers)})
+    say({"ok": True, "stage": "done"})
     ranks.all_say("done", True)
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
 
 def time_variants(args: argparse.Namespace, live: list[tuple[int, Variant, Any]], x: torch.Tensor, y: torch.Tensor,
-                  device: torch.device, rank: int, details: dict[int, dict], statuses: dict[int, str]
-                  ) -> dict[int, list[float]]:
-    """Warm-up, then one timed step of each variant per round (runner.interleave: A B C | C B A ...), then the
-    profiled steps of each. A failure here fails every variant it left unfinished."""
+                  device: torch.device, say: Callable[[dict], None]) -> tuple[dict[int, list[float]], str]:
+    """Warm-up, then one timed step of each variant per round (runner.interleave: A B C | C B A ...): each
+    variant's samples, and "ok" or the failure (on this rank) that ended the rounds."""
     samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
     try:
         for i, v, optimizer in live:
@@ -597,31 +622,18 @@ def time_variants(args: argparse.Namespace, live: list[tuple[int, Variant, Any]]
 
         def run_block(position: int, round_index: int) -> None:
             i, v, optimizer = live[position]
+            if position == 0 and round_index:
+                say({"ok": True, "stage": "timing", "round": round_index})
             samples[i].append(timed_step(v, x, y, optimizer, device))
 
         runner.interleave(len(live), args.steps, run_block)
-        for i, v, optimizer in live:
-            keep = None
-            if args.traces:
-                keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
-            details[i]["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
     except Exception as exc:  # noqa: BLE001 - the rounds broke: every variant still timing says why
-        failure = common.failure_status(exc)
-        for i, _, _ in live:
-            if not samples[i] or "communication" not in details[i]:
-                statuses[i] = parallel.on_rank(failure, rank)
-    return samples
+        return samples, parallel.on_rank(common.failure_status(exc), dist.get_rank())
+    return samples, "ok"
 
 
 def grad_bytes(weights: dict[str, torch.Tensor]) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
-
-
-def exit_with_parent(parent: int) -> None:
-    """A rank this script started ends when the script does, even when killed (SIGKILL leaves no handler)."""
-    while os.getppid() == parent:
-        threading.Event().wait(1.0)
-    os._exit(runner.EXIT_PARENT_GONE)
 
 
 # ---- optimizer state sharding: memory at three points, with and without ----
@@ -741,87 +753,180 @@ class _SharingBroken(RuntimeError):
 # --------------------------------------------------------------------------------------------- report
 
 
-def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: list[dict], nbytes: int) -> None:
-    """Rank 0: one record per variant from every rank's answers, written and printed."""
-    world = args.world_size
-    wire = 2 * (world - 1) / world * nbytes  # what a ring all-reduce sends per rank (nccl-tests' bus bytes)
-    records = []
-    for i, spec in enumerate(args.variant_specs):
-        key = str(i)
-        statuses = [a["statuses"].get(key, "not run") for a in answers]
-        status = next((s for s in statuses if not s.startswith(("ok", "WRONG"))), statuses[0])
-        per_rank = [a["samples"].get(key, []) for a in answers]
-        comm = [a["details"][key].get("communication") for a in answers]
-        record: dict[str, Any] = {
-            "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
-            "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
-                       "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
-                       "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
-                       "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
-            "environment": env, "load": answers[0]["load"],
-            "grad_bytes": nbytes, "wire_bytes": 0 if spec.name == BASELINE else wire,
-            "link_gbps": args.link_gbps}
-        if all(len(s) == args.steps for s in per_rank) and args.steps:
-            record["step_ms"] = [max(step) for step in zip(*per_rank)]  # the slowest rank's: the step's time
-            record["ranks"] = [{"rank": r, "step_ms": s, "communication": c} for r, (s, c) in
-                               enumerate(zip(per_rank, comm))]
-        if all(comm):
-            for k in ("comm_ms", "hidden_ms", "exposed_ms"):
-                record[k] = statistics.fmean(c[k] for c in comm)
-            record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
-        if args.link_gbps and spec.name != BASELINE:
-            record["floor_ms"] = wire / (args.link_gbps * 1e9) * 1e3
-        if tb := answers[0]["details"][key].get("traceback"):
-            record["traceback"] = tb
-        records.append(record)
-    for name in answers[0]["sharding"]:
-        shard = [a["sharding"].get(name, {}) for a in answers]
+def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec, status: str,
+                   answers: list[dict]) -> dict[str, Any]:
+    """Rank 0: a variant's row from every rank's answer (the check's, or the timing's and profile's)."""
+    world, cfg = args.world_size, args.model
+    wire = 0 if spec.name == BASELINE else nbytes
+    record: dict[str, Any] = {
+        "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
+        "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
+                   "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
+                   "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
+                   "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
+        "environment": env, "load": answers[0].get("load"), "grad_bytes": nbytes,
+        # what a ring all-reduce sends per rank (nccl-tests' bus bytes)
+        "wire_bytes": results.RING_FACTORS["all_reduce"](world) * wire,
+        "link_gbps": args.link_gbps, "link_source": args.link_source}
+    per_rank = [a.get("samples", []) for a in answers]
+    comm = [a.get("communication") for a in answers]
+    if args.steps and all(len(s) == args.steps for s in per_rank):
+        record["step_ms"] = [max(step) for step in zip(*per_rank)]  # the slowest rank's: the step's time
+        record["ranks"] = [{"rank": r, "step_ms": s, "communication": c} for r, (s, c) in
+                           enumerate(zip(per_rank, comm))]
+    if all(comm):
+        for k in ("comm_ms", "hidden_ms", "exposed_ms"):
+            record[k] = statistics.fmean(c[k] for c in comm)
+        record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
+    if args.link_gbps and wire:
+        record["floor_ms"] = results.collective_floor_ms("all_reduce", nbytes, world, args.link_gbps)
+    if tb := next((a["traceback"] for a in answers if a.get("traceback")), None):
+        record["traceback"] = tb
+    return record
+
+
+def memory_records(args: argparse.Namespace, env: dict, answers: list[dict]) -> list[dict[str, Any]]:
+    """Rank 0: the optimizer state sharding rows from every rank's."""
+    world, records = args.world_size, []
+    for name in answers[0]:
+        shard = [a.get(name, {}) for a in answers]
         failed = [(r, s["status"]) for r, s in enumerate(shard) if s.get("status", "ok") != "ok"]
         status = "ok" if not failed else failed[0][1] if failed[0][1].startswith("WRONG") else \
             parallel.on_rank(failed[0][1], failed[0][0])
         state_bytes = 8 / (world if name != "AdamW" else 1)  # AdamW's two moments, fp32, split over the ranks
         record = {"experiment": "bench_ddp", "kind": "memory", "variant": name, "status": status,
                   "optimizer": args.sharded_optimizer if name != "AdamW" else "torch.optim.AdamW",
-                  "num_params": cfg.num_params, "world_size": world, "environment": env,
+                  "num_params": args.model.num_params, "world_size": world, "environment": env,
                   "expected_bytes_per_param": {MEMORY_POINTS[0]: 4, MEMORY_POINTS[1]: 8 + state_bytes,
                                                MEMORY_POINTS[2]: 8 + state_bytes},
                   "ranks": [s.get("points") for s in shard]}
         if all(len(s.get("step_ms", [])) == args.steps for s in shard):
             record["step_ms"] = [max(step) for step in zip(*(s["step_ms"] for s in shard))]
         records.append(record)
-    files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp")
-    for record in records:
-        files.append_record(record)
-    report.publish("bench_ddp", records, files, args.fmt, plot=args.plot)
+    return records
+
+
+class Collector:
+    """The parent's (or torchrun's rank 0's) view of the run: each row written as it arrives (a JSON line, the
+    report rewritten), and what is under way, so that a rank's death, Ctrl-C or SIGTERM becomes rows."""
+
+    def __init__(self, args: argparse.Namespace, files: results.ResultFiles):
+        self.args, self.files = args, files
+        self.records: list[dict[str, Any]] = []
+        self.done: set[int] = set()  # variants with their row
+        self.checked: dict[int, str] = {}  # checked, not yet timed: their check's verdict
+        self.stage, self.under_way = "start", None
+
+    def take(self, message: dict[str, Any]) -> None:
+        stage, self.stage = message["stage"], message["stage"]
+        if stage in ("check", "profile"):
+            self.under_way = message["index"]
+        elif stage == "checked":
+            self.checked[message["index"]] = message["status"]
+        elif stage == "row":
+            self.add(message["index"], message["record"])
+        elif stage == "rows":
+            for record in message["records"]:
+                self.add(None, record)
+
+    def add(self, index: int | None, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if index is not None:
+            self.done.add(index)
+            self.checked.pop(index, None)
+        self.files.append_record(record)
+        self.files.write_report(lambda fmt: report.render("bench_ddp", self.records, fmt), self.args.fmt)
+        progress(f"{record['variant']}: {record['status']}")
+
+    def stopped(self, status: str) -> list[int] | None:
+        """The ranks stopped (a rank died, went silent, or we were interrupted): the variant under way, or every
+        one the rounds left untimed, is a row with `status`; the variants still to run afresh, None if none can."""
+        left = [i for i in range(len(self.args.variant_specs)) if i not in self.done]
+        if self.stage in ("start", "sharding", "rows"):  # before any variant, or after them all: nothing to skip
+            for i in left:
+                self.add(i, self.failed_record(i, status))
+            if self.args.sharded_optimizer:
+                self.add_memory_failure(status)
+            return None
+        untimed = [self.under_way] if self.stage in ("check", "profile") else list(self.checked)
+        for i in untimed:
+            self.add(i, self.failed_record(i, status))
+        return [i for i in left if i not in untimed]
+
+    def interrupted(self, status: str) -> None:
+        """Ctrl-C or SIGTERM: the variants checked but not timed are rows with their check's verdict."""
+        for i, verdict in list(self.checked.items()):
+            self.add(i, self.failed_record(i, f"{status} (check: {verdict})"))
+
+    def failed_record(self, i: int, status: str) -> dict[str, Any]:
+        spec = self.args.variant_specs[i]
+        return {"experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
+                "config": {"size": self.args.size, "model": self.args.model.__dict__,
+                           "batch_size": self.args.batch_size, "world_size": self.args.world_size,
+                           "check_steps": self.args.check_steps, "steps": self.args.steps,
+                           "bucket_mb": spec.bucket_mb, "command": self.args.command}}
+
+    def add_memory_failure(self, status: str) -> None:
+        if not any(r.get("kind") == "memory" for r in self.records):
+            self.add(None, {"experiment": "bench_ddp", "kind": "memory", "variant": "sharded AdamW",
+                            "status": status, "world_size": self.args.world_size})
 
 
 # --------------------------------------------------------------------------------------------- launch
 
+START_GRACE_S = 120.0  # more than a collective's own timeout before a silent rank is stopped: each imports torch
 
-def spawn(args: argparse.Namespace) -> int:
-    """Start --world-size ranks here; they end with this script (Ctrl-C, SIGTERM, a rank dying)."""
-    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=args.pg_timeout))
-    context = mp.start_processes(rank_main, args=(args, ("127.0.0.1", store.port)), nprocs=args.world_size,
-                                 join=False, daemon=True, start_method="spawn")
-    try:
-        with results.sigterm_as_interrupt():
-            while not context.join(timeout=1.0):
-                pass
-    except mp.ProcessExitedException as exc:
-        progress(f"error: rank {exc.error_index} died (exit code {exc.exit_code}); the other ranks were stopped "
-                 "and no table was written")
-        return 1
-    except mp.ProcessRaisedException as exc:
-        progress(f"error on a rank: {str(exc).strip().splitlines()[-1]}")
-        return 1
-    except KeyboardInterrupt as stop:
-        for process in context.processes:
-            if process.is_alive():
-                runner._stop(process)
-        progress("interrupted: the ranks were stopped; no table was written")
-        return 128 + results.signal_number(stop)
-    return 0
+
+def spawn(args: argparse.Namespace, collector: Collector) -> None:
+    """Ranks started here (parallel.SpawnedRanks); after a rank died or went silent, the variants left run in
+    ranks started afresh."""
+    store = dist.TCPStore(parallel.SPAWN_HOST, 0, is_master=True, wait_for_workers=False)
+    todo: list[int] | None = list(range(len(args.variant_specs)))
+    wait_s = 2 * args.pg_timeout + START_GRACE_S  # the ranks' own timeouts speak first
+    while todo is not None:
+        prefix = f"ddp/{uuid.uuid4().hex[:12]}/"
+        with parallel.SpawnedRanks(rank_main, (args, todo, prefix), args.world_size, store) as ranks:
+            while (message := ranks.next_message(wait_s))["ok"] and message["stage"] != "done":
+                collector.take(message)
+        if message["ok"]:
+            return
+        progress(f"{message['status']}: the ranks were stopped")
+        todo = collector.stopped(message["status"])
+        if todo == [] and not args.sharded_optimizer:
+            return
+        collector.stage, collector.under_way, collector.checked = "start", None, {}
+
+
+def link_figure(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[float | None, str | None]:
+    """--link-gbps: a figure (GB/s), or bench_comm's measured bus bandwidth: the newest all_reduce record in the
+    results folder of this backend and world size, its largest size's busbw. By default, that when there is one."""
+    if args.link_gbps not in (None, "measured"):
+        try:
+            return results.positive_float(args.link_gbps), "--link-gbps"
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            p.error(f"--link-gbps: {exc} (a figure in GB/s, or 'measured')")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    found = []
+    for path in Path(args.results_dir, "comm").glob("*.jsonl"):
+        try:
+            records = report.read_run(str(path)).values()
+        except report.ReportError:
+            continue  # not a bench_comm run: not ours to read
+        for r in records:
+            cfg = r.get("config") or {}
+            if (r.get("experiment") == "bench_comm" and r.get("status") == "ok" and r.get("busbw_gbps")
+                    and cfg.get("op") == "all_reduce" and cfg.get("backend") == backend
+                    and cfg.get("world_size") == args.world_size):
+                found.append((path.stat().st_mtime, cfg.get("size_mb", 0), r["busbw_gbps"], path.name))
+    if not found:
+        if args.link_gbps == "measured":
+            p.error(f"--link-gbps measured: no bench_comm all_reduce record for {backend} on {args.world_size} "
+                    f"ranks in {Path(args.results_dir, 'comm')} (run bench_comm.py --world-sizes "
+                    f"{args.world_size} first)")
+        return None, None
+    newest = max(m for m, *_ in found)
+    _, size, busbw, name = max(f for f in found if f[0] == newest)
+    return busbw, f"bench_comm's measured all_reduce bus bandwidth, {size:g} MB, {name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -831,10 +936,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.traces:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     launch = parallel.torchrun_launch()
-    if launch is not None:
-        rank_main(launch.rank, args, None)
-        return 0
-    return spawn(args)
+    rank0 = parallel.is_rank_zero()
+    files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp") if rank0 else None
+    collector = Collector(args, files) if rank0 else None
+    code = 0
+    with results.sigterm_as_interrupt():
+        try:
+            if launch is not None:
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted launch: fresh keys
+                rank_main(args, list(range(len(args.variant_specs))),
+                          f"ddp/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{attempt}/",
+                          collector.take if rank0 else lambda message: None)
+            else:
+                spawn(args, collector)
+        except KeyboardInterrupt as stop:
+            code = 128 + results.signal_number(stop)
+            how = "SIGTERM" if code == 143 else "Ctrl-C"
+            if collector is not None:
+                collector.interrupted(f"interrupted by {how}")
+                progress(f"interrupted by {how}: the ranks were stopped; "
+                         f"{len(collector.records)} row(s) kept in {files.jsonl}")
+    if files is None:
+        return code
+    if not collector.records:
+        files.release()
+        return code
+    return report.publish("bench_ddp", collector.records, files, args.fmt, plot=args.plot) or code
 
 
 if __name__ == "__main__":

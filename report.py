@@ -1031,8 +1031,9 @@ def ddp_row(r: Record, baseline: Record | None) -> Record:
         row.update({"comm ms": r["comm_ms"], "exposed ms": r["exposed_ms"], "hidden ms": r["hidden_ms"]})
         row["comm % of step"] = f"{r['comm_ms'] / r['profiled_step_ms']:.0%}" if r.get("profiled_step_ms") else None
         row["hidden % of comm"] = f"{r['hidden_ms'] / r['comm_ms']:.0%}" if r["comm_ms"] else None
-    row["MB sent/rank"] = r["wire_bytes"] / 1e6
-    row["floor ms"] = r.get("floor_ms", "link unknown" if r["wire_bytes"] else 0.0)
+    if "wire_bytes" in r:  # a row the run never reached has none
+        row["MB sent/rank"] = r["wire_bytes"] / 1e6
+        row["floor ms"] = r.get("floor_ms", "link unknown" if r["wire_bytes"] else 0.0)
     return row
 
 
@@ -1096,8 +1097,8 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
              f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
-             + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
-                "bench_comm's bus bandwidth)")]
+             + (f"{link:g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
+                "bandwidth: link unknown (--link-gbps GB/s, or 'measured': bench_comm's bus bandwidth)")]
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
     nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")

@@ -15,6 +15,7 @@ import pytest
 
 import bench_ddp
 import kernel_tables as kt
+import results
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +93,8 @@ MICRO = ["--device", "cpu", "--num-layers", "1", "--d-model", "32", "--num-heads
 # tests/adapters.py as a student writes it (the course's 2026 and 2025 adapter functions): get_ddp is right,
 # get_ddp_individual_parameters forgets to average, get_ddp_bucketed is not written yet; a sharded optimizer
 ADAPTERS = '''
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -121,6 +124,15 @@ class StudentDDP(torch.nn.Module):
 
 def get_ddp(module):
     return StudentDDP(module)
+
+
+class DiesWhenProfiled(StudentDDP):
+    """Right, but rank 1 dies in its profiled step: the last variant, so every other row is in."""
+
+    def forward(self, *args, **kwargs):
+        if dist.get_rank() == 1 and torch.autograd.profiler._is_profiler_enabled:
+            os._exit(3)
+        return super().forward(*args, **kwargs)
 
 
 def ddp_on_after_backward(ddp_model, optimizer):
@@ -175,8 +187,8 @@ def ddp_run(tmp_path_factory):
     (repo / "tests" / "__init__.py").write_text("")
     (repo / "tests" / "adapters.py").write_text(ADAPTERS)
     result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
-                             "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
-                             str(repo / "res")],
+                             "--adapters", "tests.adapters", "--ddp", "dies=tests.adapters:DiesWhenProfiled",
+                             "--link-gbps", "10", "--plot", "--results-dir", str(repo / "res")],
                             cwd=repo, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (jsonl,) = (repo / "res" / "ddp").glob("*.jsonl")
@@ -186,8 +198,12 @@ def ddp_run(tmp_path_factory):
 def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_run):
     result, records, jsonl = ddp_run
     rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
-    assert list(rows) == ["naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp",
-                          "ddp_individual_parameters", "ddp_bucketed 1 MB"]
+    # each row written as it ends: a failed check at once, the others after the rounds, each once profiled
+    assert list(rows) == ["ddp_bucketed 1 MB", "naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm",
+                          "ddp", "ddp_individual_parameters", "dies"]
+    # a rank that died is its variant's row; what it left (the sharding run) ran in ranks started afresh
+    assert rows["dies"]["status"] == "error on rank 1: process died (exit code 3)"
+    assert "ranks were stopped" in result.stderr
     for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp"):
         assert rows[name]["status"] == "ok", (name, rows[name]["status"])
         assert len(rows[name]["step_ms"]) == 2 and all(t > 0 for t in rows[name]["step_ms"])
@@ -238,6 +254,47 @@ def test_report_re_renders_the_run(ddp_run):
     assert again.returncode == 0, again.stderr
     table = result.stdout[result.stdout.index("| variant"):result.stdout.index("\nwrote ")].strip()
     assert table in again.stdout
+
+
+def test_rows_are_written_as_they_end_and_a_stop_keeps_the_checked_ones(tmp_path, monkeypatch):
+    """The parent's side of a run, fed the messages rank 0 publishes: no processes."""
+    monkeypatch.chdir(tmp_path)
+    args = bench_ddp.parse_args(["--device", "cpu", "--variants", "naive", "flat", "torch", "nocomm"])
+    args.command = ["bench_ddp.py"]
+    collector = bench_ddp.Collector(args, results.ResultFiles(tmp_path, "ddp", "run", "ddp"))
+    failed = bench_ddp.variant_record(args, {}, 400, args.variant_specs[2], "error on rank 1: boom",
+                                      [{"status": "ok"}, {"status": "boom"}])
+    for message in ({"stage": "check", "index": 0}, {"stage": "checked", "index": 0, "status": "ok"},
+                    {"stage": "check", "index": 1}, {"stage": "checked", "index": 1, "status": "WRONG: lm_head"},
+                    {"stage": "check", "index": 2}, {"stage": "row", "index": 2, "record": failed},
+                    {"stage": "check", "index": 3}):
+        collector.take(message)
+    assert [r["variant"] for r in read_records(tmp_path / "ddp" / "run.jsonl")] == ["torch"]  # written at once
+    # a rank died while nocomm was checked: its row; naive and flat (checked, not timed) run afresh
+    assert collector.stopped("error on rank 1: process died (signal SIGKILL)") == [0, 1]
+    assert collector.records[-1]["variant"] == "nocomm" and "SIGKILL" in collector.records[-1]["status"]
+    collector.take({"stage": "checked", "index": 1, "status": "WRONG: lm_head"})
+    collector.interrupted("interrupted by Ctrl-C")  # the rounds never ended: the check's verdict is kept
+    assert [(r["variant"], r["status"]) for r in read_records(tmp_path / "ddp" / "run.jsonl")][-1] == (
+        "flat", "interrupted by Ctrl-C (check: WRONG: lm_head)")
+    assert "interrupted by Ctrl-C (check: WRONG: lm_head)" in (tmp_path / "ddp" / "run.md").read_text()
+
+
+def test_link_figure_is_bench_comms_measured_bus_bandwidth_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "comm").mkdir(parents=True)
+    comm = [{"experiment": "bench_comm", "status": "ok", "busbw_gbps": bw,
+             "config": {"op": "all_reduce", "backend": "gloo", "world_size": n, "size_mb": mb}}
+            for n, mb, bw in ((2, 1.0, 2.0), (2, 10.0, 3.5), (4, 100.0, 9.0))]
+    (tmp_path / "results" / "comm" / "comm-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in comm))
+    args = bench_ddp.parse_args(["--device", "cpu"])
+    assert args.link_gbps == 3.5 and "10 MB, comm-1.jsonl" in args.link_source
+    assert bench_ddp.parse_args(["--device", "cpu", "--link-gbps", "7"]).link_gbps == 7.0
+    with pytest.raises(SystemExit) as exit_status:
+        bench_ddp.parse_args(["--device", "cpu", "--world-size", "3", "--batch-size", "3", "--link-gbps",
+                              "measured"])
+    assert exit_status.value.code == 2 and "no bench_comm all_reduce record for gloo on 3 ranks" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, said", [
