@@ -1487,6 +1487,7 @@ def plot_comm(records: list[Record]) -> Any | None:
         ax.set_title(op, fontsize=9)
         log_axes(ax, "size (MB)", "median time (ms)", x_base=10)
         ax.legend(fontsize=8)
+    return fig
 
 
 def plot_ddp_timeline(records: list[Record]) -> Any | None:
