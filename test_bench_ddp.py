@@ -176,7 +176,8 @@ def ddp_run(tmp_path_factory):
     (repo / "tests" / "__init__.py").write_text("")
     (repo / "tests" / "adapters.py").write_text(ADAPTERS)
     result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
-                             "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir", str(repo / "res")],
+                             "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
+                             str(repo / "res")],
                             cwd=repo, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     (jsonl,) = (repo / "res" / "ddp").glob("*.jsonl")
