@@ -53,6 +53,7 @@ from model import build_model, build_optimizer
 from results import ModelConfig, progress
 
 REFERENCES = ("naive", "flat", "overlap", "bucketed", "torch", "nocomm")
+FSDP_KINDS = ("fsdp2", "fsdp")  # torch's FSDP2 (parallel.shard_model), your get_fsdp
 BASELINE = "nocomm"
 DEFAULT_BUCKETS_MB = (1.0, 10.0, 100.0, 1000.0)
 CHECK_LR = 0.1  # SGD for the check: AdamW's update is blind to a gradient's scale (a sum instead of a mean)
@@ -64,6 +65,7 @@ ADAPTERS = {"ddp": ("get_ddp", "ddp_on_after_backward", None),
                                           "ddp_individual_parameters_on_after_backward", None),
             "ddp_bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward",
                              "ddp_bucketed_on_train_batch_start")}
+FSDP_ADAPTERS = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
 
 
 # --------------------------------------------------------------------------------------------- arguments
@@ -83,6 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="processes this script starts (one per GPU on CUDA); under torchrun, its WORLD_SIZE")
     p.add_argument("--variants", nargs="+", choices=REFERENCES, default=list(REFERENCES),
                    help="the references to run (nocomm is the baseline the others' cost is measured against)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="also FSDP: torch's FSDP2 (fsdp2) and, with --adapters, your get_fsdp (fsdp), checked on "
+                        "the weights fsdp_gather_full_params gathers, with memory per rank against the prediction")
     p.add_argument("--bucket-mb", nargs="+", type=results.positive_float, default=list(DEFAULT_BUCKETS_MB),
                    help="bucket sizes of the bucketed reference and of your get_ddp_bucketed")
     p.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py as a module (tests.adapters), "
@@ -157,6 +162,7 @@ class Spec:
     after_backward: str = ""
     batch_start: str = ""
     bucket_mb: float | None = None
+    gather: str = ""  # fsdp_gather_full_params: your FSDP's full weights, for the check
 
 
 def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Spec]:
@@ -173,7 +179,8 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         except common.LoadError as exc:
             p.error(f"--adapters: {exc}")
         found = [(key, names) for key, names in ADAPTERS.items() if callable(getattr(module, names[0], None))]
-        if not found:
+        fsdp = args.fsdp and all(callable(getattr(module, name, None)) for name in FSDP_ADAPTERS)
+        if not found and not fsdp:
             p.error(f"--adapters {args.adapters} ({module.__file__}) has none of "
                     f"{', '.join(names[0] for names in ADAPTERS.values())}")
         for key, (make, after, start) in found:
@@ -181,6 +188,11 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
             start = f"{args.adapters}:{start}" if callable(getattr(module, start or "", None)) else ""
             specs += [Spec(key + (f" {mb:g} MB" if mb else ""), "adapter", f"{args.adapters}:{make}",
                            f"{args.adapters}:{after}", start, mb) for mb in sizes]
+    if args.fsdp:
+        specs.append(Spec("fsdp2", "fsdp2"))
+        if args.adapters and fsdp:
+            specs.append(Spec("fsdp", "fsdp", *(f"{args.adapters}:{name}" for name in FSDP_ADAPTERS[:2]),
+                              gather=f"{args.adapters}:{FSDP_ADAPTERS[2]}"))
     for spec in args.ddp:
         name, _, target = spec.rpartition("=")
         try:
@@ -341,6 +353,13 @@ def build_variant(spec: Spec, cfg: ModelConfig, device: torch.device, seed: int)
     with device:
         module = build_model(cfg)
     nothing = lambda wrapper, optimizer: None  # noqa: E731
+    if spec.kind in FSDP_KINDS:  # every rank from rank 0's weights: FSDP shards them, it broadcasts nothing
+        torch.manual_seed(seed)
+        with device:
+            module = build_model(cfg)
+        if spec.kind == "fsdp2":
+            return Variant(spec, module, parallel.shard_model(module, "fsdp", device), nothing)
+        return Variant(spec, module, common.load(spec.make)(module), common.load(spec.after_backward))
     if spec.kind == "class":
         return Variant(spec, module, common.load(spec.make)(module), finish_sync)
     if spec.kind == "adapter":
@@ -414,12 +433,25 @@ def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Ten
     optimizer = optimizer or check_sgd(v.wrapper.parameters())
     for batch in tokens:
         train_step(v, *my_rows(batch, device), optimizer)
-    for name, p in v.module.named_parameters():
-        diff = (p.detach() - reference[name]).abs()
-        if not torch.allclose(p.detach(), reference[name], rtol=RTOL, atol=atol):
+    weights = full_weights(v)
+    for name in reference:
+        if name not in weights:
+            return f"WRONG: {name} is not among the weights {v.spec.gather or 'the model'} gives"
+        p = weights[name].detach().to(reference[name].dtype)
+        if p.shape != reference[name].shape:
+            return f"WRONG: {name} has shape {tuple(p.shape)}, one process {tuple(reference[name].shape)}"
+        diff = (p - reference[name]).abs()
+        if not torch.allclose(p, reference[name], rtol=RTOL, atol=atol):
             return (f"WRONG: {name} differs from one process on the whole batch by up to {diff.max().item():.2g} "
                     f"after {len(tokens)} steps")
     return "ok"
+
+
+def full_weights(v: Variant) -> dict[str, torch.Tensor]:
+    """The whole weights by name: your fsdp_gather_full_params, FSDP2's DTensors gathered, else the module's."""
+    if v.spec.gather:
+        return common.load(v.spec.gather)(v.wrapper)
+    return {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in v.module.named_parameters()}
 
 
 def timed_step(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, device: torch.device) -> float:
@@ -585,6 +617,8 @@ def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: C
                     keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
                 try:
                     answer["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
+                    if v.spec.kind in FSDP_KINDS:  # after a step: this rank's shards, their gradients and state
+                        answer["memory"] = memory_breakdown(v.wrapper, optimizer, device)
                 except Exception as exc:  # noqa: BLE001 - the profiled steps broke: this row
                     answer["status"] = parallel.on_rank(common.failure_status(exc), rank)
             answers = ranks.all_say(f"profile/{i}", answer)
@@ -663,8 +697,9 @@ def tensors_in(obj: Any, seen: set[int] | None = None, depth: int = 8) -> list[t
 
 
 def storages(tensors: Any) -> dict[int, int]:
-    """{storage: bytes}, each storage once however many views share it."""
-    return {common.storage_key(t): t.untyped_storage().nbytes() for t in tensors if t.device.type != "meta"}
+    """{storage: bytes}, each storage once however many views share it; a DTensor (FSDP2's) by its local shard."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return {common.storage_key(t): t.untyped_storage().nbytes() for t in local if t.device.type != "meta"}
 
 
 def memory_breakdown(module: nn.Module, optimizer: Any, device: torch.device) -> dict[str, int]:
@@ -758,6 +793,9 @@ def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec,
     """Rank 0: a variant's row from every rank's answer (the check's, or the timing's and profile's)."""
     world, cfg = args.world_size, args.model
     wire = 0 if spec.name == BASELINE else nbytes
+    # what a rank sends (nccl-tests' bus bytes): a ring all-reduce of the gradients; FSDP all-gathers the weights
+    # before forward and again before backward, and reduce-scatters the gradients
+    ops = ("all_gather", "all_gather", "reduce_scatter") if spec.kind in FSDP_KINDS else ("all_reduce",)
     record: dict[str, Any] = {
         "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
         "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
@@ -765,8 +803,7 @@ def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec,
                    "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
                    "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
         "environment": env, "load": answers[0].get("load"), "grad_bytes": nbytes,
-        # what a ring all-reduce sends per rank (nccl-tests' bus bytes)
-        "wire_bytes": results.RING_FACTORS["all_reduce"](world) * wire,
+        "wire_bytes": sum(results.RING_FACTORS[op](world) for op in ops) * wire,
         "link_gbps": args.link_gbps, "link_source": args.link_source}
     per_rank = [a.get("samples", []) for a in answers]
     comm = [a.get("communication") for a in answers]
@@ -779,7 +816,10 @@ def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec,
             record[k] = statistics.fmean(c[k] for c in comm)
         record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
     if args.link_gbps and wire:
-        record["floor_ms"] = results.collective_floor_ms("all_reduce", nbytes, world, args.link_gbps)
+        record["floor_ms"] = sum(results.collective_floor_ms(op, nbytes, world, args.link_gbps) for op in ops)
+    if all(a.get("memory") for a in answers):
+        record["memory"] = [a["memory"] for a in answers]
+        record["predicted"] = parallel.state_bytes_per_rank(cfg, "fsdp", world, "train")
     if tb := next((a["traceback"] for a in answers if a.get("traceback")), None):
         record["traceback"] = tb
     return record

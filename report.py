@@ -1077,6 +1077,28 @@ def sharding_table(records: list[Record], fmt: str) -> str | None:
                 "the first creates the optimizer state.", 116))
 
 
+def fsdp_memory_table(records: list[Record], fmt: str) -> str | None:
+    """FSDP: each rank's parameters, gradients and optimizer state after a step, the largest rank's against
+    the prediction (parallel.state_bytes_per_rank: all three sharded over the ranks)."""
+    rows = []
+    for r in records:
+        if not r.get("memory"):
+            continue
+        largest = max(r["memory"], key=lambda parts: parts["params"] + parts["grads"] + parts["optimizer_state"])
+        state = largest["params"] + largest["grads"] + largest["optimizer_state"]
+        rows.append({"variant": r["variant"], **{f"{k.replace('_', ' ')} MB": largest[k] / 1e6 for k in
+                                                 ("params", "grads", "optimizer_state")},
+                     "state MB": state / 1e6, "predicted MB": r["predicted"]["state_bytes"] / 1e6,
+                     "measured/predicted": f"{state / r['predicted']['state_bytes']:.2f}x"})
+    if not rows:
+        return None
+    return ("### FSDP: memory per rank (the largest rank's) after a step, against the prediction\n\n"
+            + render_table(rows, list(rows[0]), fmt, ".2f") + "\n\n" + textwrap.fill(
+                "predicted: fp32 parameters, gradients and AdamW's two moments, each sharded over the ranks (dim 0 "
+                "split, the largest shard); measured: the tensors this rank's parameters, their gradients and the "
+                "optimizer hold after a step (gathered weights in flight not counted).", 116))
+
+
 def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """bench_ddp: a row per variant, the setting and the machine above."""
     steps = [r for r in records if r.get("kind") != "memory"]
@@ -1096,7 +1118,8 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
              "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
-             f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
+             "floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients; FSDP all-gathers the "
+             "weights twice and reduce-scatters the gradients, (n-1)/n each) over the link's "
              + (f"{link:g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
                 "bandwidth: link unknown (--link-gbps GB/s, or 'measured': bench_comm's bus bandwidth)")]
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
@@ -1104,8 +1127,9 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
+    fsdp = fsdp_memory_table(steps, fmt)
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
-                       + [nsys] + [sharding] * bool(sharding))
+                       + [nsys] + [fsdp] * bool(fsdp) + [sharding] * bool(sharding))
 
 
 # ---- the experiments ----

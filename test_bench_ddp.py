@@ -144,6 +144,53 @@ def ddp_bucketed_on_after_backward(ddp_model, optimizer):
     ddp_model.finish_gradient_synchronization()
 
 
+class StudentFSDP(torch.nn.Module):
+    """Each weight a flat shard per rank; forward all-gathers them all, the gradients are reduce-scattered."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        object.__setattr__(self, "inner", module)  # not a submodule: the shards are this wrapper's parameters
+        self.world, rank = dist.get_world_size(), dist.get_rank()
+        self.shapes, self.full = {}, {}
+        self.shards = torch.nn.ParameterDict()
+        for name, p in module.named_parameters():
+            flat = torch.nn.functional.pad(p.detach().flatten(), (0, -p.numel() % self.world))
+            self.shapes[name] = p.shape
+            self.shards[name.replace(".", "/")] = torch.nn.Parameter(flat.chunk(self.world)[rank].clone())
+            p.data = torch.empty(0)  # the full weight is gone: only the shard stays
+
+    def gather(self, name):
+        shard = self.shards[name.replace(".", "/")].detach()
+        flat = torch.empty(shard.numel() * self.world)
+        dist.all_gather_into_tensor(flat, shard)
+        return flat[:self.shapes[name].numel()].view(self.shapes[name])
+
+    def forward(self, x):
+        self.full = {name: self.gather(name).requires_grad_() for name in self.shapes}
+        return torch.func.functional_call(self.inner, self.full, (x,))
+
+    def finish_gradient_synchronization(self):
+        for name, full in self.full.items():
+            grad = torch.nn.functional.pad(full.grad.flatten(), (0, -full.numel() % self.world))
+            shard = self.shards[name.replace(".", "/")]
+            shard.grad = torch.empty_like(shard)
+            dist.reduce_scatter_tensor(shard.grad, grad)
+            shard.grad.div_(self.world)
+        self.full = {}
+
+
+def get_fsdp(module, compute_dtype=None):
+    return StudentFSDP(module, compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model, optimizer):
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model):
+    return {name: fsdp_model.gather(name) for name in fsdp_model.shapes}
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_cls, **kwargs):
         self.every = list(params)
@@ -175,7 +222,7 @@ def ddp_run(tmp_path_factory):
     (repo / "tests").mkdir()
     (repo / "tests" / "__init__.py").write_text("")
     (repo / "tests" / "adapters.py").write_text(ADAPTERS)
-    result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
+    result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1", "--fsdp",
                              "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
                              str(repo / "res")],
                             cwd=repo, capture_output=True, text=True, timeout=300)
@@ -189,8 +236,8 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
     rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
     # each row written as it ends: a failed check at once, the others after the rounds, each once profiled
     assert list(rows) == ["ddp_bucketed 1 MB", "naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm",
-                          "ddp", "ddp_individual_parameters"]
-    for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp"):
+                          "ddp", "ddp_individual_parameters", "fsdp2", "fsdp"]
+    for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp", "fsdp2", "fsdp"):
         assert rows[name]["status"] == "ok", (name, rows[name]["status"])
         assert len(rows[name]["step_ms"]) == 2 and all(t > 0 for t in rows[name]["step_ms"])
         split = rows[name]
@@ -214,6 +261,21 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
     assert all(0 <= a <= b <= lanes["step_ms"] for a, b in lanes["comm"] + lanes["compute"])
     assert jsonl.with_name(jsonl.stem + "_timeline.png").stat().st_size > 0
     assert "nsys profile -o ddp" in result.stdout
+
+
+def test_fsdp_is_checked_on_its_gathered_weights_and_its_memory_is_set_beside_the_prediction(ddp_run):
+    result, records, _ = ddp_run
+    rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
+    n = rows["flat"]["grad_bytes"]  # fp32 weights: the gradients' bytes
+    for name in ("fsdp2", "fsdp"):  # torch's FSDP2 and the student's, both right after the check's steps
+        r = rows[name]
+        assert r["status"] == "ok" and r["wire_bytes"] == pytest.approx(1.5 * n)  # 2 all-gathers + 1 reduce-scatter
+        assert r["floor_ms"] == pytest.approx(1.5 * n / 10e9 * 1e3)
+        assert r["predicted"]["state_bytes"] >= 16 * n / 4 / 2  # parameters, gradients, 2 moments, over 2 ranks
+        for parts in r["memory"]:  # each rank holds about half of every part
+            assert parts["params"] == pytest.approx(n / 2, rel=0.1) and parts["grads"] == pytest.approx(n / 2, rel=0.1)
+            assert parts["optimizer_state"] == pytest.approx(n, rel=0.1)
+    assert "### FSDP: memory per rank" in result.stdout
 
 
 def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
