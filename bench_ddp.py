@@ -467,7 +467,8 @@ def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, 
     """Profiled steps: from this rank's trace, the mean step's communication (kernel_tables' table 5)."""
     activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (
         device.type == "cuda")
-    with tempfile.TemporaryDirectory() as scratch:
+    blocks = list(v.module.layers) if v.spec.kind in FSDP_KINDS else []
+    with tempfile.TemporaryDirectory() as scratch, layer_ranges(blocks):
         path = keep or Path(scratch, "trace.json")
         with common.quiet_profiler(activities) as profiler:
             for _ in range(steps):
@@ -483,8 +484,64 @@ def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, 
             "hidden_ms": step.get("hidden_ms", 0.0), "exposed_ms": step.get("exposed_ms", 0.0),
             "by_phase": {phase: {k: r[k] for k in ("comm_ms", "hidden_ms", "exposed_ms")}
                          for phase, r in mean.items() if phase != kernel_tables.WHOLE_STEP},
-            "lanes": lanes(profile),
+            "lanes": lanes(profile), **({"layers": layer_slack(profile, len(blocks))} if blocks else {}),
             **({"trace": str(keep)} if keep else {})}
+
+
+@contextlib.contextmanager
+def layer_ranges(blocks: list[nn.Module]) -> Any:
+    """A "layer i" range in the trace around each block's forward (hooks added after FSDP's own, so its
+    all-gather issued in its pre-forward hook falls before the range)."""
+    open_ranges: dict[int, Any] = {}
+
+    def enter(i: int) -> Callable:
+        def hook(module: nn.Module, args: Any) -> None:
+            open_ranges[i] = record_function(f"layer {i}").__enter__()
+        return hook
+
+    def leave(i: int) -> Callable:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if (rf := open_ranges.pop(i, None)) is not None:
+                rf.__exit__(None, None, None)
+        return hook
+
+    handles = [h for i, block in enumerate(blocks) for h in (block.register_forward_pre_hook(enter(i)),
+                                                              block.register_forward_hook(leave(i)))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+MATMUL = re.compile(r"gemm|matmul|\bmm\b|aten::mm|aten::addmm|aten::bmm|aten::linear|cutlass", re.I)
+
+
+def layer_slack(profile: kernel_tables.Profile, layers: int) -> list[dict[str, Any]]:
+    """Per block of the first profiled forward: did its weights' all-gather finish before its compute began?
+    Its all-gathers are those launched after the previous block's first matmul (the forward's start for block 0)
+    and before its own; slack = its first matmul's start - their last end (negative: the compute waited; None: no
+    all-gather was launched for it there, its weights came earlier). GPU work is placed by its launch, timed on
+    the GPU."""
+    forward = min((r for r in profile.ranges if r.name == "forward"), key=lambda r: r.start_ns, default=None)
+    if forward is None:
+        return []
+    gathers = [i for i in profile.intervals if kernel_tables.collective_kind(i.name) == "all-gather"]
+    matmuls = sorted((i for i in profile.intervals if not kernel_tables.collective_kind(i.name)
+                      and MATMUL.search(i.name)), key=lambda i: i.launch_ns)
+    rows, previous = [], forward.start_ns
+    for index in range(layers):
+        block = min((r for r in profile.ranges if r.name == f"layer {index}" and
+                     forward.start_ns <= r.start_ns <= forward.end_ns), key=lambda r: r.start_ns, default=None)
+        first = next((m for m in matmuls if block and block.start_ns <= m.launch_ns <= block.end_ns), None)
+        if first is None:
+            rows.append({"layer": index, "all_gather_ms": None, "slack_ms": None})
+            continue
+        mine = [g for g in gathers if previous <= g.launch_ns <= first.launch_ns]
+        rows.append({"layer": index, "all_gather_ms": sum(g.end_ns - g.start_ns for g in mine) / 1e6 if mine else None,
+                     "slack_ms": (first.start_ns - max(g.end_ns for g in mine)) / 1e6 if mine else None})
+        previous = first.launch_ns
+    return rows
 
 
 def lanes(profile: kernel_tables.Profile) -> dict[str, Any]:
@@ -817,6 +874,8 @@ def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec,
         record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
     if args.link_gbps and wire:
         record["floor_ms"] = sum(results.collective_floor_ms(op, nbytes, world, args.link_gbps) for op in ops)
+    if all(c and c.get("layers") for c in comm):
+        record["layers"] = [c["layers"] for c in comm]
     if all(a.get("memory") for a in answers):
         record["memory"] = [a["memory"] for a in answers]
         record["predicted"] = parallel.state_bytes_per_rank(cfg, "fsdp", world, "train")

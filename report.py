@@ -1099,6 +1099,28 @@ def fsdp_memory_table(records: list[Record], fmt: str) -> str | None:
                 "optimizer hold after a step (gathered weights in flight not counted).", 116))
 
 
+def fsdp_layer_table(records: list[Record], fmt: str) -> str | None:
+    """FSDP, per block of the first profiled forward: its all-gather's time and how long before the block's first
+    matmul it ended (the tightest rank's)."""
+    rows = []
+    for r in records:
+        for index, per_rank in enumerate(zip(*r.get("layers") or [])):
+            gathers = [x["all_gather_ms"] for x in per_rank if x["all_gather_ms"] is not None]
+            slacks = [x["slack_ms"] for x in per_rank if x["slack_ms"] is not None]
+            slack = min(slacks) if slacks else None
+            rows.append({"variant": r["variant"] if index == 0 else "", "layer": per_rank[0]["layer"],
+                         "all-gather ms": max(gathers) if gathers else None, "slack ms": slack,
+                         "in time": "gathered earlier" if slack is None else "yes" if slack >= 0 else "no: waited"})
+    if not rows:
+        return None
+    return ("### FSDP: per layer, did its weights' all-gather finish before its forward began?\n\n"
+            + render_table(rows, list(rows[0]), fmt, ".3f") + "\n\n" + textwrap.fill(
+                "From each rank's trace of the first profiled step: a layer's all-gathers are those launched after "
+                "the previous layer's first matmul (the forward's start for layer 0); slack ms = the layer's first "
+                "matmul start - their last end, the smallest over the ranks (negative: the compute waited). "
+                "gathered earlier: no all-gather was launched for it there.", 116))
+
+
 def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """bench_ddp: a row per variant, the setting and the machine above."""
     steps = [r for r in records if r.get("kind") != "memory"]
@@ -1127,9 +1149,9 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
-    fsdp = fsdp_memory_table(steps, fmt)
+    fsdp = [t for t in (fsdp_memory_table(steps, fmt), fsdp_layer_table(steps, fmt)) if t]
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
-                       + [nsys] + [fsdp] * bool(fsdp) + [sharding] * bool(sharding))
+                       + [nsys] + fsdp + [sharding] * bool(sharding))
 
 
 # ---- the experiments ----

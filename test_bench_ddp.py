@@ -275,7 +275,12 @@ def test_fsdp_is_checked_on_its_gathered_weights_and_its_memory_is_set_beside_th
         for parts in r["memory"]:  # each rank holds about half of every part
             assert parts["params"] == pytest.approx(n / 2, rel=0.1) and parts["grads"] == pytest.approx(n / 2, rel=0.1)
             assert parts["optimizer_state"] == pytest.approx(n, rel=0.1)
-    assert "### FSDP: memory per rank" in result.stdout
+    # per layer, from each rank's trace: FSDP2 gathers the one block before its forward; the student's class
+    # gathers every weight before the first block
+    for layers in rows["fsdp2"]["layers"] + rows["fsdp"]["layers"]:
+        (block,) = layers
+        assert block["all_gather_ms"] > 0 and block["slack_ms"] is not None and block["slack_ms"] > -1
+    assert "### FSDP: memory per rank" in result.stdout and "### FSDP: per layer" in result.stdout
 
 
 def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
