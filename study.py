@@ -209,6 +209,9 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they
     ("optimizer_state_sharding_accounting", "optimizer_state_sharding_accounting (a), (b)", "Peak memory after "
      "model initialisation, before and after the optimizer step, with and without optimizer state sharding; "
      "time per step with and without.", HANDOUTS, "optimizer sharding"),
+    ("fsdp_accounting", "fsdp_accounting (a), (b)", "Your FSDP beside FSDP2: memory per rank against the "
+     "prediction, and per layer whether its weights' all-gather finished before its forward pass began.",
+     ("2026",), "FSDP"),
 ]
 
 
@@ -393,11 +396,12 @@ def build_plan(args, machine) -> list:
     ddp_quick = ["--check-steps", "1", "--warmup", "0", "--steps", "2", "--profile-steps", "1"] if quick else []
     buckets = ["--bucket-mb", "1"] if quick else []
     theirs = ["--adapters", args.adapters] if args.adapters else []
+    fsdp = ["--fsdp"] if "fsdp_accounting" in plan else []
     ddp = Command("ddp", "bench_ddp.py", [*ddp_shape, "--device", "cuda" if nccl else "cpu", *buckets, *ddp_quick,
-                                          *theirs, *plot], 8, 3.0 if quick else 60.0)
+                                          *fsdp, *theirs, *plot], 8, 3.0 if quick else 60.0)
     plan["naive_ddp_benchmarking"].commands = [ddp]
     for key in ("minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters_benchmarking",
-                "ddp_bucketed_benchmarking", "optimizer_state_sharding_accounting"):
+                "ddp_bucketed_benchmarking", "optimizer_state_sharding_accounting", "fsdp_accounting"):
         if key in plan:
             plan[key].show = ["ddp"]
     if not nccl:
@@ -407,6 +411,9 @@ def build_plan(args, machine) -> list:
     plan["ddp_overlap_individual_parameters_benchmarking"].note = (
         "the timeline figure is each variant's profiled step as its trace recorded it; on GPUs the table's nsys "
         "command gives Nsight's screenshots.")
+    if "fsdp_accounting" in plan and not args.adapters:
+        plan["fsdp_accounting"].note = ("torch's FSDP2 only: pass --adapters tests.adapters for your get_fsdp "
+                                        "beside it.")
     if not args.adapters:
         plan["optimizer_state_sharding_accounting"].note = ("needs your sharded optimizer: pass --adapters "
                                                             "tests.adapters (its get_sharded_optimizer).")
@@ -612,12 +619,24 @@ def memory_facts(key, r, first: bool) -> list:
 
 DDP_PROBLEMS = {"naive_ddp_benchmarking": ("naive",), "minimal_ddp_flat_benchmarking": ("flat", "naive"),
                 "ddp_overlap_individual_parameters_benchmarking": ("overlap", "naive", "torch"),
-                "ddp_bucketed_benchmarking": ("bucketed", "overlap")}
+                "ddp_bucketed_benchmarking": ("bucketed", "overlap"), "optimizer_state_sharding_accounting": (),
+                "fsdp_accounting": ()}
 
 
 def ddp_facts(key, records) -> list:
     """bench_ddp's rows: a variant's step, its communication and how much of it was hidden; one line that reads
     them; for the sharding problem, the optimizer state on the largest rank with and without."""
+    if key == "fsdp_accounting":
+        facts = []
+        for r in (r for r in records if r.get("memory")):
+            state = max(p["params"] + p["grads"] + p["optimizer_state"] for p in r["memory"])
+            slacks = [x["slack_ms"] for rank in r.get("layers") or [] for x in rank if x["slack_ms"] is not None]
+            facts.append(f"{r['variant']}: {state / 1e6:.2f} MB of parameters, gradients and optimizer state on the "
+                         f"largest rank, {state / r['predicted']['state_bytes']:.2f}x the prediction"
+                         + (f"; every layer's all-gather ended before its compute (least slack {min(slacks):.3f} "
+                            "ms)" if slacks and min(slacks) >= 0 else f"; a layer's compute waited "
+                            f"{-min(slacks):.3f} ms for its all-gather" if slacks else ""))
+        return facts or [f"{r['variant']}: {r['status']}" for r in records if r.get("variant", "").startswith("fsdp")]
     if key == "optimizer_state_sharding_accounting":
         facts = []
         for r in (r for r in records if r.get("kind") == "memory"):

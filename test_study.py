@@ -21,7 +21,7 @@ PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_acc
                      "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking",
                      "distributed_communication_single_node", "naive_ddp_benchmarking",
                      "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters_benchmarking",
-                     "optimizer_state_sharding_accounting"],
+                     "optimizer_state_sharding_accounting", "fsdp_accounting"],
             "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
                      "flash_forward", "flash_backward", "flash_benchmarking", "distributed_communication_single_node",
@@ -140,7 +140,7 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
-    assert "[1/22] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert "[1/23] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
     assert not any(tmp_path.iterdir())
     for name in PROBLEMS["2026"]:
         assert f"] {name}" in out, name
@@ -421,3 +421,9 @@ def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
                          "step), 87% of it hidden behind compute"]
     assert facts[-1] == "naive hides none; overlap hides 87% of its communication"
     assert "torch: step 11.00 ms; WRONG: lm_head.weight differs" in facts
+    fsdp = {"variant": "fsdp", "status": "ok", "predicted": {"state_bytes": 2_000_000},
+            "memory": [{"params": 250_000, "grads": 250_000, "optimizer_state": 1_500_000}] * 2,
+            "layers": [[{"layer": 0, "all_gather_ms": 1.0, "slack_ms": -0.25}]] * 2}
+    assert study.facts_for("fsdp_accounting", [fsdp]) == [
+        "fsdp: 2.00 MB of parameters, gradients and optimizer state on the largest rank, 1.00x the prediction; a "
+        "layer's compute waited 0.250 ms for its all-gather"]
