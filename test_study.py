@@ -382,24 +382,6 @@ def test_a_problem_of_one_command_draws_its_own_figures():
         assert command.args.count("--plot") == 1, (key, command.args)
 
 
-def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
-    key = "distributed_communication_single_node"
-    for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10"),
-                                  (1, False, "--backend gloo --sizes-mb 0.1 1 10 --world-sizes 2 4"),
-                                  (0, True, "--backend gloo --sizes-mb 0.01 0.1 --world-sizes 2 --reps 5")):
-        machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
-                   "states": study.predicted_states("2026") if gpus else {}, "gpus": gpus}
-        plan = {p.key: p for p in study.build_plan(study.parse_args(["--quick"] * quick), machine)}
-        (command,) = plan[key].commands
-        assert command.script == "bench_comm.py" and " ".join(command.args).startswith(expected), command.args
-        assert ("stands in" in plan[key].note) == (gpus < 2)
-    assert key in {p.key for p in study.build_plan(study.parse_args(["--handout", "2025"]), machine)}
-    record = {"label": "all_reduce 1 MB x2 nccl", "status": "ok", "ms_median": 0.0421, "busbw_gbps": 23.75,
-              "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
-    assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
-                                              "(3% of NVLink 5 (B200))"]
-
-
 def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
     for gpus, expected in ((2, "--size xl --context-length 512 --device cuda"), (0, "--size tiny")):
         machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
@@ -427,3 +409,22 @@ def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
     assert study.facts_for("fsdp_accounting", [fsdp]) == [
         "fsdp: 2.00 MB of parameters, gradients and optimizer state on the largest rank, 1.00x the prediction; a "
         "layer's compute waited 0.250 ms for its all-gather"]
+
+
+def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
+    key = "distributed_communication_single_node"
+    for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10"),
+                                  (1, False, "--backend gloo --sizes-mb 0.1 1 10 --world-sizes 2 4"),
+                                  (0, True, "--backend gloo --sizes-mb 0.01 0.1 --world-sizes 2 --reps 5")):
+        machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
+                   "states": study.predicted_states("2026") if gpus else {}, "gpus": gpus}
+        plan = {p.key: p for p in study.build_plan(study.parse_args(["--quick"] * quick), machine)}
+        (command,) = plan[key].commands
+        assert command.script == "bench_comm.py" and " ".join(command.args).startswith(expected), command.args
+        assert ("stands in" in plan[key].note) == (gpus < 2)
+    assert key in {p.key for p in study.build_plan(study.parse_args(["--handout", "2025"]), machine)}
+    record = {"label": "all_reduce 1 MB x2 nccl", "status": "ok", "ms_median": 0.0421, "busbw_gbps": 23.75,
+              "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
+    assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
+                                              "(3% of NVLink 5 (B200))"]
+
