@@ -427,4 +427,3 @@ def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherw
               "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
     assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
                                               "(3% of NVLink 5 (B200))"]
-
