@@ -7,13 +7,16 @@ in rounds (A B C | C B A ...), each rank is profiled, and its communication is s
     python3 bench_ddp.py --size tiny --device cpu              # 2 gloo processes on this CPU, every reference
     python3 bench_ddp.py --adapters tests.adapters             # your classes, through the course's adapter functions
     python3 bench_ddp.py --ddp mine=my_ddp:DDP --variants torch nocomm   # one class of yours beside torch's
+    python3 bench_ddp.py --adapters tests.adapters --fsdp --variants nocomm   # your get_fsdp beside FSDP2
     torchrun --nproc-per-node 2 bench_ddp.py --size xl --context-length 512 --link-gbps 150   # the handout's run
 
 The references, written plainly below: naive (an all-reduce per gradient after backward), flat (one all-reduce
 of all gradients flattened), overlap (an asynchronous all-reduce per parameter as its gradient is ready, waited
 for before the optimizer step), bucketed (--bucket-mb), torch (DistributedDataParallel) and nocomm (torch's DDP
 with a communication hook that sends nothing: the same step without communication, so each variant's cost of
-communicating is a difference measured in the same run). docs/bench_ddp.md says how to read the table.
+communicating is a difference measured in the same run); with --fsdp, torch's FSDP2 and your FSDP, checked on
+their gathered weights, with memory per rank and each layer's all-gather against its compute. Each row is written
+as it ends. docs/bench_ddp.md says how to read the tables.
 """
 from __future__ import annotations
 
