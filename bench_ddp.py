@@ -944,16 +944,19 @@ class Collector:
         """The ranks stopped (a rank died, went silent, or we were interrupted): the variant under way, or every
         one the rounds left untimed, is a row with `status`; the variants still to run afresh, None if none can."""
         left = [i for i in range(len(self.args.variant_specs)) if i not in self.done]
-        if self.stage in ("start", "sharding", "rows"):  # before any variant, or after them all: nothing to skip
+        if self.stage in ("check", "profile") and self.under_way in left:
+            culprits = [self.under_way]
+        else:  # the rounds time every checked variant at once; elsewhere no variant is to blame
+            culprits = list(self.checked) if self.stage == "timing" else []
+        if not culprits:  # before any variant, between them or after them all: a fresh start would fail again
             for i in left:
                 self.add(i, self.failed_record(i, status))
             if self.args.sharded_optimizer:
                 self.add_memory_failure(status)
             return None
-        untimed = [self.under_way] if self.stage in ("check", "profile") else list(self.checked)
-        for i in untimed:
+        for i in culprits:
             self.add(i, self.failed_record(i, status))
-        return [i for i in left if i not in untimed]
+        return [i for i in left if i not in culprits]
 
     def interrupted(self, status: str) -> None:
         """Ctrl-C or SIGTERM: the variants checked but not timed are rows with their check's verdict."""
