@@ -7,38 +7,40 @@ in rounds (A B C | C B A ...), each rank is profiled, and its communication is s
     python3 bench_ddp.py --size tiny --device cpu              # 2 gloo processes on this CPU, every reference
     python3 bench_ddp.py --adapters tests.adapters             # your classes, through the course's adapter functions
     python3 bench_ddp.py --ddp mine=my_ddp:DDP --variants torch nocomm   # one class of yours beside torch's
+    python3 bench_ddp.py --adapters tests.adapters --fsdp --variants nocomm   # your get_fsdp beside FSDP2
     torchrun --nproc-per-node 2 bench_ddp.py --size xl --context-length 512 --link-gbps 150   # the handout's run
 
 The references, written plainly below: naive (an all-reduce per gradient after backward), flat (one all-reduce
 of all gradients flattened), overlap (an asynchronous all-reduce per parameter as its gradient is ready, waited
 for before the optimizer step), bucketed (--bucket-mb), torch (DistributedDataParallel) and nocomm (torch's DDP
 with a communication hook that sends nothing: the same step without communication, so each variant's cost of
-communicating is a difference measured in the same run). docs/bench_ddp.md says how to read the table.
+communicating is a difference measured in the same run); with --fsdp, torch's FSDP2 and your FSDP, checked on
+their gathered weights, with memory per rank and each layer's all-gather against its compute. Each row is written
+as it ends. docs/bench_ddp.md says how to read the tables.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import math
 import os
 import re
-import signal
 import statistics
 import sys
 import tempfile
-import threading
 import traceback
 import types
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -54,6 +56,7 @@ from model import build_model, build_optimizer
 from results import ModelConfig, progress
 
 REFERENCES = ("naive", "flat", "overlap", "bucketed", "torch", "nocomm")
+FSDP_KINDS = ("fsdp2", "fsdp")  # torch's FSDP2 (parallel.shard_model), your get_fsdp
 BASELINE = "nocomm"
 DEFAULT_BUCKETS_MB = (1.0, 10.0, 100.0, 1000.0)
 CHECK_LR = 0.1  # SGD for the check: AdamW's update is blind to a gradient's scale (a sum instead of a mean)
@@ -65,6 +68,7 @@ ADAPTERS = {"ddp": ("get_ddp", "ddp_on_after_backward", None),
                                           "ddp_individual_parameters_on_after_backward", None),
             "ddp_bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward",
                              "ddp_bucketed_on_train_batch_start")}
+FSDP_ADAPTERS = ("get_fsdp", "fsdp_on_after_backward", "fsdp_gather_full_params")
 
 
 # --------------------------------------------------------------------------------------------- arguments
@@ -84,6 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="processes this script starts (one per GPU on CUDA); under torchrun, its WORLD_SIZE")
     p.add_argument("--variants", nargs="+", choices=REFERENCES, default=list(REFERENCES),
                    help="the references to run (nocomm is the baseline the others' cost is measured against)")
+    p.add_argument("--fsdp", action="store_true",
+                   help="also FSDP: torch's FSDP2 (fsdp2) and, with --adapters, your get_fsdp (fsdp), checked on "
+                        "the weights fsdp_gather_full_params gathers, with memory per rank against the prediction")
     p.add_argument("--bucket-mb", nargs="+", type=results.positive_float, default=list(DEFAULT_BUCKETS_MB),
                    help="bucket sizes of the bucketed reference and of your get_ddp_bucketed")
     p.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py as a module (tests.adapters), "
@@ -102,9 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=results.step_count, default=8, help="timed steps per variant, one per round")
     p.add_argument("--profile-steps", type=results.positive_int, default=2,
                    help="profiled steps per variant (the communication split comes from their traces)")
-    p.add_argument("--link-gbps", type=results.positive_float, default=None, metavar="GB_PER_S",
+    p.add_argument("--link-gbps", default=None, metavar="GB_PER_S|measured",
                    help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm and nccl-tests "
-                        "report it): the floor column is the gradient bytes a rank sends over it")
+                        "report it): the floor column is the gradient bytes a rank sends over it; 'measured' (the "
+                        "default when there is one): bench_comm's newest all_reduce record in --results-dir for "
+                        "this backend and world size, its largest size's bus bandwidth")
     p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its variant")
     p.add_argument("--traces", action="store_true", help="keep every rank's profiler trace beside the results")
@@ -135,6 +144,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                 args.world_size),
          f"{args.world_size} ranks need as many GPUs; {torch.cuda.device_count()} visible")])
     args.device = device.type
+    args.link_gbps, args.link_source = link_figure(p, args)
     args.variant_specs = variant_specs(p, args)
     if args.sharded_optimizer:
         try:
@@ -155,6 +165,7 @@ class Spec:
     after_backward: str = ""
     batch_start: str = ""
     bucket_mb: float | None = None
+    gather: str = ""  # fsdp_gather_full_params: your FSDP's full weights, for the check
 
 
 def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Spec]:
@@ -171,7 +182,8 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         except common.LoadError as exc:
             p.error(f"--adapters: {exc}")
         found = [(key, names) for key, names in ADAPTERS.items() if callable(getattr(module, names[0], None))]
-        if not found:
+        fsdp = args.fsdp and all(callable(getattr(module, name, None)) for name in FSDP_ADAPTERS)
+        if not found and not fsdp:
             p.error(f"--adapters {args.adapters} ({module.__file__}) has none of "
                     f"{', '.join(names[0] for names in ADAPTERS.values())}")
         for key, (make, after, start) in found:
@@ -179,6 +191,11 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
             start = f"{args.adapters}:{start}" if callable(getattr(module, start or "", None)) else ""
             specs += [Spec(key + (f" {mb:g} MB" if mb else ""), "adapter", f"{args.adapters}:{make}",
                            f"{args.adapters}:{after}", start, mb) for mb in sizes]
+    if args.fsdp:
+        specs.append(Spec("fsdp2", "fsdp2"))
+        if args.adapters and fsdp:
+            specs.append(Spec("fsdp", "fsdp", *(f"{args.adapters}:{name}" for name in FSDP_ADAPTERS[:2]),
+                              gather=f"{args.adapters}:{FSDP_ADAPTERS[2]}"))
     for spec in args.ddp:
         name, _, target = spec.rpartition("=")
         try:
@@ -339,6 +356,13 @@ def build_variant(spec: Spec, cfg: ModelConfig, device: torch.device, seed: int)
     with device:
         module = build_model(cfg)
     nothing = lambda wrapper, optimizer: None  # noqa: E731
+    if spec.kind in FSDP_KINDS:  # every rank from rank 0's weights: FSDP shards them, it broadcasts nothing
+        torch.manual_seed(seed)
+        with device:
+            module = build_model(cfg)
+        if spec.kind == "fsdp2":
+            return Variant(spec, module, parallel.shard_model(module, "fsdp", device), nothing)
+        return Variant(spec, module, common.load(spec.make)(module), common.load(spec.after_backward))
     if spec.kind == "class":
         return Variant(spec, module, common.load(spec.make)(module), finish_sync)
     if spec.kind == "adapter":
@@ -412,12 +436,25 @@ def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Ten
     optimizer = optimizer or check_sgd(v.wrapper.parameters())
     for batch in tokens:
         train_step(v, *my_rows(batch, device), optimizer)
-    for name, p in v.module.named_parameters():
-        diff = (p.detach() - reference[name]).abs()
-        if not torch.allclose(p.detach(), reference[name], rtol=RTOL, atol=atol):
+    weights = full_weights(v)
+    for name in reference:
+        if name not in weights:
+            return f"WRONG: {name} is not among the weights {v.spec.gather or 'the model'} gives"
+        p = weights[name].detach().to(reference[name].dtype)
+        if p.shape != reference[name].shape:
+            return f"WRONG: {name} has shape {tuple(p.shape)}, one process {tuple(reference[name].shape)}"
+        diff = (p - reference[name]).abs()
+        if not torch.allclose(p, reference[name], rtol=RTOL, atol=atol):
             return (f"WRONG: {name} differs from one process on the whole batch by up to {diff.max().item():.2g} "
                     f"after {len(tokens)} steps")
     return "ok"
+
+
+def full_weights(v: Variant) -> dict[str, torch.Tensor]:
+    """The whole weights by name: your fsdp_gather_full_params, FSDP2's DTensors gathered, else the module's."""
+    if v.spec.gather:
+        return common.load(v.spec.gather)(v.wrapper)
+    return {name: p.full_tensor() if hasattr(p, "full_tensor") else p for name, p in v.module.named_parameters()}
 
 
 def timed_step(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, device: torch.device) -> float:
@@ -433,7 +470,8 @@ def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, 
     """Profiled steps: from this rank's trace, the mean step's communication (kernel_tables' table 5)."""
     activities = [torch.profiler.ProfilerActivity.CPU] + [torch.profiler.ProfilerActivity.CUDA] * (
         device.type == "cuda")
-    with tempfile.TemporaryDirectory() as scratch:
+    blocks = list(v.module.layers) if v.spec.kind in FSDP_KINDS else []
+    with tempfile.TemporaryDirectory() as scratch, layer_ranges(blocks):
         path = keep or Path(scratch, "trace.json")
         with common.quiet_profiler(activities) as profiler:
             for _ in range(steps):
@@ -449,8 +487,64 @@ def communication(v: Variant, x: torch.Tensor, y: torch.Tensor, optimizer: Any, 
             "hidden_ms": step.get("hidden_ms", 0.0), "exposed_ms": step.get("exposed_ms", 0.0),
             "by_phase": {phase: {k: r[k] for k in ("comm_ms", "hidden_ms", "exposed_ms")}
                          for phase, r in mean.items() if phase != kernel_tables.WHOLE_STEP},
-            "lanes": lanes(profile),
+            "lanes": lanes(profile), **({"layers": layer_slack(profile, len(blocks))} if blocks else {}),
             **({"trace": str(keep)} if keep else {})}
+
+
+@contextlib.contextmanager
+def layer_ranges(blocks: list[nn.Module]) -> Any:
+    """A "layer i" range in the trace around each block's forward (hooks added after FSDP's own, so its
+    all-gather issued in its pre-forward hook falls before the range)."""
+    open_ranges: dict[int, Any] = {}
+
+    def enter(i: int) -> Callable:
+        def hook(module: nn.Module, args: Any) -> None:
+            open_ranges[i] = record_function(f"layer {i}").__enter__()
+        return hook
+
+    def leave(i: int) -> Callable:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if (rf := open_ranges.pop(i, None)) is not None:
+                rf.__exit__(None, None, None)
+        return hook
+
+    handles = [h for i, block in enumerate(blocks) for h in (block.register_forward_pre_hook(enter(i)),
+                                                              block.register_forward_hook(leave(i)))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+MATMUL = re.compile(r"gemm|matmul|\bmm\b|aten::mm|aten::addmm|aten::bmm|aten::linear|cutlass", re.I)
+
+
+def layer_slack(profile: kernel_tables.Profile, layers: int) -> list[dict[str, Any]]:
+    """Per block of the first profiled forward: did its weights' all-gather finish before its compute began?
+    Its all-gathers are those launched after the previous block's first matmul (the forward's start for block 0)
+    and before its own; slack = its first matmul's start - their last end (negative: the compute waited; None: no
+    all-gather was launched for it there, its weights came earlier). GPU work is placed by its launch, timed on
+    the GPU."""
+    forward = min((r for r in profile.ranges if r.name == "forward"), key=lambda r: r.start_ns, default=None)
+    if forward is None:
+        return []
+    gathers = [i for i in profile.intervals if kernel_tables.collective_kind(i.name) == "all-gather"]
+    matmuls = sorted((i for i in profile.intervals if not kernel_tables.collective_kind(i.name)
+                      and MATMUL.search(i.name)), key=lambda i: i.launch_ns)
+    rows, previous = [], forward.start_ns
+    for index in range(layers):
+        block = min((r for r in profile.ranges if r.name == f"layer {index}" and
+                     forward.start_ns <= r.start_ns <= forward.end_ns), key=lambda r: r.start_ns, default=None)
+        first = next((m for m in matmuls if block and block.start_ns <= m.launch_ns <= block.end_ns), None)
+        if first is None:
+            rows.append({"layer": index, "all_gather_ms": None, "slack_ms": None})
+            continue
+        mine = [g for g in gathers if previous <= g.launch_ns <= first.launch_ns]
+        rows.append({"layer": index, "all_gather_ms": sum(g.end_ns - g.start_ns for g in mine) / 1e6 if mine else None,
+                     "slack_ms": (first.start_ns - max(g.end_ns for g in mine)) / 1e6 if mine else None})
+        previous = first.launch_ns
+    return rows
 
 
 def lanes(profile: kernel_tables.Profile) -> dict[str, Any]:
@@ -511,37 +605,40 @@ def agreed(statuses: list[str]) -> str:
     return next((s for s in statuses if s != "ok"), "ok")
 
 
-def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | None) -> None:
-    """One rank: every variant built and checked, timed in rounds with the others, profiled; rank 0 reports."""
+def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: Callable[[dict], None]) -> None:
+    """One rank (started here by parallel.SpawnedRanks, or by torchrun): the variants in `todo` built and checked,
+    timed in rounds with the others, each profiled; rank 0 publishes each row as it is done, and what is under
+    way (so that a rank's death names the variant it stopped)."""
     launch = parallel.torchrun_launch()
-    world = args.world_size
-    if launch is None:  # Ctrl-C is the script's to act on: it stops the ranks
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
-    host, port = store_at or (launch.master_addr, launch.master_port)
-    store = dist.PrefixStore("bench_ddp/", dist.TCPStore(host, port, is_master=False,
-                                                          timeout=datetime.timedelta(seconds=args.pg_timeout)))
+    rank, world = launch.rank, launch.world_size
+    say = publish if rank == 0 else (lambda message: None)
+    store = dist.PrefixStore(prefix, dist.TCPStore(launch.master_addr, launch.master_port, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=args.pg_timeout)))
     ranks = Ranks(store, rank, world, args.pg_timeout * 2 + 60)
-    device = torch.device("cuda", launch.local_rank if launch else rank) if args.device == "cuda" else \
-        torch.device("cpu")
+    device = torch.device("cuda", launch.local_rank) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     else:  # the ranks share this machine's cores: each its part, not all of them each
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // (launch.local_world_size if launch else world)))
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // launch.local_world_size))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    cfg, local = args.model, args.batch_size // world
+    cfg = args.model
     env = common.environment(device) if rank == 0 else {}
     load_before = common.machine_load(device)
     ranks.new_group(backend, args.pg_timeout, device)
     check_tokens = batches(cfg, args.batch_size, args.check_steps, args.seed)
     x, y = my_rows(batches(cfg, args.batch_size, 1, args.seed + 1)[0], device)
     reference = reference_weights(cfg, check_tokens, device, args.seed)
+    nbytes = grad_bytes(reference)
+    row = functools.partial(variant_record, args, env, nbytes)
     live: list[tuple[int, Variant, Any]] = []
-    statuses: dict[int, str] = {}
-    details: dict[int, dict[str, Any]] = {i: {} for i in range(len(args.variant_specs))}
-    for i, spec in enumerate(args.variant_specs):
+    variant = None
+    checked: dict[int, str] = {}  # ok or WRONG: every rank's the same
+    for i in todo:
+        spec = args.variant_specs[i]
+        say({"ok": True, "stage": "check", "index": i})
         if rank == 0:
             progress(f"[{i + 1}/{len(args.variant_specs)}] {spec.name}: building and checking")
+        failure = {}
         try:
             variant = build_variant(spec, cfg, device, args.seed)
             # the baseline sends nothing, so its ranks' weights part: nothing to check
@@ -550,22 +647,47 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
             variant, status = None, common.failure_status(exc)
             if isinstance(exc, NotImplementedError) and not str(exc):
                 status = f"not implemented: {spec.make or spec.name} raises NotImplementedError"
-            details[i]["traceback"] = traceback.format_exc()
-        statuses[i] = agreed(ranks.all_say(f"check/{i}", status))
-        if statuses[i] == "ok" or statuses[i].startswith("WRONG"):
+            failure = {"traceback": traceback.format_exc()}
+        answers = ranks.all_say(f"check/{i}", {"status": status, **failure})
+        status = agreed([a["status"] for a in answers])
+        if status == "ok" or status.startswith("WRONG"):
             live.append((i, variant, build_optimizer("torch", variant.wrapper.parameters(), device)))
-        else:  # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
-            variant = None
-            ranks.new_group(backend, args.pg_timeout, device)
-            rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
-            live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
-    if rank == 0:
-        progress(f"timing {len(live)} variants, {args.steps} rounds")
-    samples = time_variants(args, live, x, y, device, rank, details, statuses)
-    sharding: dict[str, Any] = {}
-    nbytes = grad_bytes(reference)
-    del live, reference, variant  # the memory breakdown counts every tensor this process holds
+            checked[i] = status
+            say({"ok": True, "stage": "checked", "index": i, "status": status})
+            continue
+        say({"ok": True, "stage": "row", "index": i, "record": row(spec, status, answers)})
+        # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
+        variant = None
+        ranks.new_group(backend, args.pg_timeout, device)
+        rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
+        live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
+    del reference, variant  # the memory breakdown counts every tensor this process holds
+    if live:
+        say({"ok": True, "stage": "timing", "round": 0})
+        if rank == 0:
+            progress(f"timing {len(live)} variants, {args.steps} rounds")
+        samples, status = time_variants(args, live, x, y, device, say)
+        load = {"before": load_before, "after": common.machine_load(device)}
+        for i, v, optimizer in live:  # each profiled, its row published as soon as every rank has its split
+            say({"ok": True, "stage": "profile", "index": i})
+            answer = {"status": status, "samples": samples[i], "load": load}
+            if status == "ok":
+                keep = None
+                if args.traces:
+                    keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
+                try:
+                    answer["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
+                    if v.spec.kind in FSDP_KINDS:  # after a step: this rank's shards, their gradients and state
+                        answer["memory"] = memory_breakdown(v.wrapper, optimizer, device)
+                except Exception as exc:  # noqa: BLE001 - the profiled steps broke: this row
+                    answer["status"] = parallel.on_rank(common.failure_status(exc), rank)
+            answers = ranks.all_say(f"profile/{i}", answer)
+            failed = next((a["status"] for a in answers if a["status"] != "ok"), None)
+            say({"ok": True, "stage": "row", "index": i,
+                 "record": row(v.spec, failed or checked[i], answers)})
+    del live
     if args.sharded_optimizer:
+        say({"ok": True, "stage": "sharding"})
         if rank == 0:
             progress("optimizer state sharding: memory and time, with and without")
         try:
@@ -574,21 +696,18 @@ def rank_main(rank: int, args: argparse.Namespace, store_at: tuple[str, int] | N
             sharding = exc.rows
         except Exception as exc:  # noqa: BLE001 - the timing broke
             sharding = {"AdamW": {"status": common.failure_status(exc)}}
-    answers = ranks.all_say("answers", {"samples": samples, "details": details, "statuses": statuses,
-                                         "sharding": sharding,
-                                         "load": {"before": load_before, "after": common.machine_load(device)}})
-    if rank == 0:
-        report_run(args, env, cfg, answers, nbytes)
+        answers = ranks.all_say("sharding", sharding)
+        say({"ok": True, "stage": "rows", "records": memory_records(args, env, answers)})
+    say({"ok": True, "stage": "done"})
     ranks.all_say("done", True)
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
 
 
 def time_variants(args: argparse.Namespace, live: list[tuple[int, Variant, Any]], x: torch.Tensor, y: torch.Tensor,
-                  device: torch.device, rank: int, details: dict[int, dict], statuses: dict[int, str]
-                  ) -> dict[int, list[float]]:
-    """Warm-up, then one timed step of each variant per round (runner.interleave: A B C | C B A ...), then the
-    profiled steps of each. A failure here fails every variant it left unfinished."""
+                  device: torch.device, say: Callable[[dict], None]) -> tuple[dict[int, list[float]], str]:
+    """Warm-up, then one timed step of each variant per round (runner.interleave: A B C | C B A ...): each
+    variant's samples, and "ok" or the failure (on this rank) that ended the rounds."""
     samples: dict[int, list[float]] = {i: [] for i, _, _ in live}
     try:
         for i, v, optimizer in live:
@@ -597,31 +716,18 @@ def time_variants(args: argparse.Namespace, live: list[tuple[int, Variant, Any]]
 
         def run_block(position: int, round_index: int) -> None:
             i, v, optimizer = live[position]
+            if position == 0 and round_index:
+                say({"ok": True, "stage": "timing", "round": round_index})
             samples[i].append(timed_step(v, x, y, optimizer, device))
 
         runner.interleave(len(live), args.steps, run_block)
-        for i, v, optimizer in live:
-            keep = None
-            if args.traces:
-                keep = Path(args.trace_dir, re.sub(r"[^\w.-]+", "_", v.spec.name) + f"-rank{rank}.json")
-            details[i]["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
     except Exception as exc:  # noqa: BLE001 - the rounds broke: every variant still timing says why
-        failure = common.failure_status(exc)
-        for i, _, _ in live:
-            if not samples[i] or "communication" not in details[i]:
-                statuses[i] = parallel.on_rank(failure, rank)
-    return samples
+        return samples, parallel.on_rank(common.failure_status(exc), dist.get_rank())
+    return samples, "ok"
 
 
 def grad_bytes(weights: dict[str, torch.Tensor]) -> int:
     return sum(w.numel() * w.element_size() for w in weights.values())
-
-
-def exit_with_parent(parent: int) -> None:
-    """A rank this script started ends when the script does, even when killed (SIGKILL leaves no handler)."""
-    while os.getppid() == parent:
-        threading.Event().wait(1.0)
-    os._exit(runner.EXIT_PARENT_GONE)
 
 
 # ---- optimizer state sharding: memory at three points, with and without ----
@@ -651,8 +757,9 @@ def tensors_in(obj: Any, seen: set[int] | None = None, depth: int = 8) -> list[t
 
 
 def storages(tensors: Any) -> dict[int, int]:
-    """{storage: bytes}, each storage once however many views share it."""
-    return {common.storage_key(t): t.untyped_storage().nbytes() for t in tensors if t.device.type != "meta"}
+    """{storage: bytes}, each storage once however many views share it; a DTensor (FSDP2's) by its local shard."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return {common.storage_key(t): t.untyped_storage().nbytes() for t in local if t.device.type != "meta"}
 
 
 def memory_breakdown(module: nn.Module, optimizer: Any, device: torch.device) -> dict[str, int]:
@@ -741,87 +848,190 @@ class _SharingBroken(RuntimeError):
 # --------------------------------------------------------------------------------------------- report
 
 
-def report_run(args: argparse.Namespace, env: dict, cfg: ModelConfig, answers: list[dict], nbytes: int) -> None:
-    """Rank 0: one record per variant from every rank's answers, written and printed."""
-    world = args.world_size
-    wire = 2 * (world - 1) / world * nbytes  # what a ring all-reduce sends per rank (nccl-tests' bus bytes)
-    records = []
-    for i, spec in enumerate(args.variant_specs):
-        key = str(i)
-        statuses = [a["statuses"].get(key, "not run") for a in answers]
-        status = next((s for s in statuses if not s.startswith(("ok", "WRONG"))), statuses[0])
-        per_rank = [a["samples"].get(key, []) for a in answers]
-        comm = [a["details"][key].get("communication") for a in answers]
-        record: dict[str, Any] = {
-            "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
-            "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
-                       "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
-                       "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
-                       "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
-            "environment": env, "load": answers[0]["load"],
-            "grad_bytes": nbytes, "wire_bytes": 0 if spec.name == BASELINE else wire,
-            "link_gbps": args.link_gbps}
-        if all(len(s) == args.steps for s in per_rank) and args.steps:
-            record["step_ms"] = [max(step) for step in zip(*per_rank)]  # the slowest rank's: the step's time
-            record["ranks"] = [{"rank": r, "step_ms": s, "communication": c} for r, (s, c) in
-                               enumerate(zip(per_rank, comm))]
-        if all(comm):
-            for k in ("comm_ms", "hidden_ms", "exposed_ms"):
-                record[k] = statistics.fmean(c[k] for c in comm)
-            record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
-        if args.link_gbps and spec.name != BASELINE:
-            record["floor_ms"] = wire / (args.link_gbps * 1e9) * 1e3
-        if tb := answers[0]["details"][key].get("traceback"):
-            record["traceback"] = tb
-        records.append(record)
-    for name in answers[0]["sharding"]:
-        shard = [a["sharding"].get(name, {}) for a in answers]
+def variant_record(args: argparse.Namespace, env: dict, nbytes: int, spec: Spec, status: str,
+                   answers: list[dict]) -> dict[str, Any]:
+    """Rank 0: a variant's row from every rank's answer (the check's, or the timing's and profile's)."""
+    world, cfg = args.world_size, args.model
+    wire = 0 if spec.name == BASELINE else nbytes
+    # what a rank sends (nccl-tests' bus bytes): a ring all-reduce of the gradients; FSDP all-gathers the weights
+    # before forward and again before backward, and reduce-scatters the gradients
+    ops = ("all_gather", "all_gather", "reduce_scatter") if spec.kind in FSDP_KINDS else ("all_reduce",)
+    record: dict[str, Any] = {
+        "experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
+        "config": {"size": args.size, "model": cfg.__dict__, "batch_size": args.batch_size,
+                   "world_size": world, "backend": "nccl" if args.device == "cuda" else "gloo",
+                   "check_steps": args.check_steps, "steps": args.steps, "warmup": args.warmup,
+                   "bucket_mb": spec.bucket_mb, "handout": args.handout, "command": args.command},
+        "environment": env, "load": answers[0].get("load"), "grad_bytes": nbytes,
+        "wire_bytes": sum(results.RING_FACTORS[op](world) for op in ops) * wire,
+        "link_gbps": args.link_gbps, "link_source": args.link_source}
+    per_rank = [a.get("samples", []) for a in answers]
+    comm = [a.get("communication") for a in answers]
+    if args.steps and all(len(s) == args.steps for s in per_rank):
+        record["step_ms"] = [max(step) for step in zip(*per_rank)]  # the slowest rank's: the step's time
+        record["ranks"] = [{"rank": r, "step_ms": s, "communication": c} for r, (s, c) in
+                           enumerate(zip(per_rank, comm))]
+    if all(comm):
+        for k in ("comm_ms", "hidden_ms", "exposed_ms"):
+            record[k] = statistics.fmean(c[k] for c in comm)
+        record["profiled_step_ms"] = statistics.fmean(c["step_ms"] or math.nan for c in comm)
+    if args.link_gbps and wire:
+        record["floor_ms"] = sum(results.collective_floor_ms(op, nbytes, world, args.link_gbps) for op in ops)
+    if all(c and c.get("layers") for c in comm):
+        record["layers"] = [c["layers"] for c in comm]
+    if all(a.get("memory") for a in answers):
+        record["memory"] = [a["memory"] for a in answers]
+        record["predicted"] = parallel.state_bytes_per_rank(cfg, "fsdp", world, "train")
+    if tb := next((a["traceback"] for a in answers if a.get("traceback")), None):
+        record["traceback"] = tb
+    return record
+
+
+def memory_records(args: argparse.Namespace, env: dict, answers: list[dict]) -> list[dict[str, Any]]:
+    """Rank 0: the optimizer state sharding rows from every rank's."""
+    world, records = args.world_size, []
+    for name in answers[0]:
+        shard = [a.get(name, {}) for a in answers]
         failed = [(r, s["status"]) for r, s in enumerate(shard) if s.get("status", "ok") != "ok"]
         status = "ok" if not failed else failed[0][1] if failed[0][1].startswith("WRONG") else \
             parallel.on_rank(failed[0][1], failed[0][0])
         state_bytes = 8 / (world if name != "AdamW" else 1)  # AdamW's two moments, fp32, split over the ranks
         record = {"experiment": "bench_ddp", "kind": "memory", "variant": name, "status": status,
                   "optimizer": args.sharded_optimizer if name != "AdamW" else "torch.optim.AdamW",
-                  "num_params": cfg.num_params, "world_size": world, "environment": env,
+                  "num_params": args.model.num_params, "world_size": world, "environment": env,
                   "expected_bytes_per_param": {MEMORY_POINTS[0]: 4, MEMORY_POINTS[1]: 8 + state_bytes,
                                                MEMORY_POINTS[2]: 8 + state_bytes},
                   "ranks": [s.get("points") for s in shard]}
         if all(len(s.get("step_ms", [])) == args.steps for s in shard):
             record["step_ms"] = [max(step) for step in zip(*(s["step_ms"] for s in shard))]
         records.append(record)
-    files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp")
-    for record in records:
-        files.append_record(record)
-    report.publish("bench_ddp", records, files, args.fmt, plot=args.plot)
+    return records
+
+
+class Collector:
+    """The parent's (or torchrun's rank 0's) view of the run: each row written as it arrives (a JSON line, the
+    report rewritten), and what is under way, so that a rank's death, Ctrl-C or SIGTERM becomes rows."""
+
+    def __init__(self, args: argparse.Namespace, files: results.ResultFiles):
+        self.args, self.files = args, files
+        self.records: list[dict[str, Any]] = []
+        self.done: set[int] = set()  # variants with their row
+        self.checked: dict[int, str] = {}  # checked, not yet timed: their check's verdict
+        self.stage, self.under_way = "start", None
+
+    def take(self, message: dict[str, Any]) -> None:
+        stage, self.stage = message["stage"], message["stage"]
+        if stage in ("check", "profile"):
+            self.under_way = message["index"]
+        elif stage == "checked":
+            self.checked[message["index"]] = message["status"]
+        elif stage == "row":
+            self.add(message["index"], message["record"])
+        elif stage == "rows":
+            for record in message["records"]:
+                self.add(None, record)
+
+    def add(self, index: int | None, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if index is not None:
+            self.done.add(index)
+            self.checked.pop(index, None)
+        self.files.append_record(record)
+        self.files.write_report(lambda fmt: report.render("bench_ddp", self.records, fmt), self.args.fmt)
+        progress(f"{record['variant']}: {record['status']}")
+
+    def stopped(self, status: str) -> list[int] | None:
+        """The ranks stopped (a rank died, went silent, or we were interrupted): the variant under way, or every
+        one the rounds left untimed, is a row with `status`; the variants still to run afresh, None if none can."""
+        left = [i for i in range(len(self.args.variant_specs)) if i not in self.done]
+        if self.stage in ("check", "profile") and self.under_way in left:
+            culprits = [self.under_way]
+        else:  # the rounds time every checked variant at once; elsewhere no variant is to blame
+            culprits = list(self.checked) if self.stage == "timing" else []
+        if not culprits:  # before any variant, between them or after them all: a fresh start would fail again
+            for i in left:
+                self.add(i, self.failed_record(i, status))
+            if self.args.sharded_optimizer:
+                self.add_memory_failure(status)
+            return None
+        for i in culprits:
+            self.add(i, self.failed_record(i, status))
+        return [i for i in left if i not in culprits]
+
+    def interrupted(self, status: str) -> None:
+        """Ctrl-C or SIGTERM: the variants checked but not timed are rows with their check's verdict."""
+        for i, verdict in list(self.checked.items()):
+            self.add(i, self.failed_record(i, f"{status} (check: {verdict})"))
+
+    def failed_record(self, i: int, status: str) -> dict[str, Any]:
+        spec = self.args.variant_specs[i]
+        return {"experiment": "bench_ddp", "variant": spec.name, "kind": spec.kind, "status": status,
+                "config": {"size": self.args.size, "model": self.args.model.__dict__,
+                           "batch_size": self.args.batch_size, "world_size": self.args.world_size,
+                           "check_steps": self.args.check_steps, "steps": self.args.steps,
+                           "bucket_mb": spec.bucket_mb, "command": self.args.command}}
+
+    def add_memory_failure(self, status: str) -> None:
+        if not any(r.get("kind") == "memory" for r in self.records):
+            self.add(None, {"experiment": "bench_ddp", "kind": "memory", "variant": "sharded AdamW",
+                            "status": status, "world_size": self.args.world_size})
 
 
 # --------------------------------------------------------------------------------------------- launch
 
+START_GRACE_S = 120.0  # more than a collective's own timeout before a silent rank is stopped: each imports torch
 
-def spawn(args: argparse.Namespace) -> int:
-    """Start --world-size ranks here; they end with this script (Ctrl-C, SIGTERM, a rank dying)."""
-    store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=args.pg_timeout))
-    context = mp.start_processes(rank_main, args=(args, ("127.0.0.1", store.port)), nprocs=args.world_size,
-                                 join=False, daemon=True, start_method="spawn")
-    try:
-        with results.sigterm_as_interrupt():
-            while not context.join(timeout=1.0):
-                pass
-    except mp.ProcessExitedException as exc:
-        progress(f"error: rank {exc.error_index} died (exit code {exc.exit_code}); the other ranks were stopped "
-                 "and no table was written")
-        return 1
-    except mp.ProcessRaisedException as exc:
-        progress(f"error on a rank: {str(exc).strip().splitlines()[-1]}")
-        return 1
-    except KeyboardInterrupt as stop:
-        for process in context.processes:
-            if process.is_alive():
-                runner._stop(process)
-        progress("interrupted: the ranks were stopped; no table was written")
-        return 128 + results.signal_number(stop)
-    return 0
+
+def spawn(args: argparse.Namespace, collector: Collector) -> None:
+    """Ranks started here (parallel.SpawnedRanks); after a rank died or went silent, the variants left run in
+    ranks started afresh."""
+    store = dist.TCPStore(parallel.SPAWN_HOST, 0, is_master=True, wait_for_workers=False)
+    todo: list[int] | None = list(range(len(args.variant_specs)))
+    wait_s = 2 * args.pg_timeout + START_GRACE_S  # the ranks' own timeouts speak first
+    while todo is not None:
+        prefix = f"ddp/{uuid.uuid4().hex[:12]}/"
+        with parallel.SpawnedRanks(rank_main, (args, todo, prefix), args.world_size, store) as ranks:
+            while (message := ranks.next_message(wait_s))["ok"] and message["stage"] != "done":
+                collector.take(message)
+        if message["ok"]:
+            return
+        progress(f"{message['status']}: the ranks were stopped")
+        todo = collector.stopped(message["status"])
+        if todo == [] and not args.sharded_optimizer:
+            return
+        collector.stage, collector.under_way, collector.checked = "start", None, {}
+
+
+def link_figure(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[float | None, str | None]:
+    """--link-gbps: a figure (GB/s), or bench_comm's measured bus bandwidth: the newest all_reduce record in the
+    results folder of this backend and world size, its largest size's busbw. By default, that when there is one."""
+    if args.link_gbps not in (None, "measured"):
+        try:
+            return results.positive_float(args.link_gbps), "--link-gbps"
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            p.error(f"--link-gbps: {exc} (a figure in GB/s, or 'measured')")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    found = []
+    for path in Path(args.results_dir, "comm").glob("*.jsonl"):
+        try:
+            records = report.read_run(str(path)).values()
+        except report.ReportError:
+            continue  # not a bench_comm run: not ours to read
+        for r in records:
+            cfg = r.get("config") or {}
+            if (r.get("experiment") == "bench_comm" and r.get("status") == "ok" and r.get("busbw_gbps")
+                    and cfg.get("op") == "all_reduce" and cfg.get("backend") == backend
+                    and cfg.get("world_size") == args.world_size):
+                found.append((path.stat().st_mtime, cfg.get("size_mb", 0), r["busbw_gbps"], path.name))
+    if not found:
+        if args.link_gbps == "measured":
+            p.error(f"--link-gbps measured: no bench_comm all_reduce record for {backend} on {args.world_size} "
+                    f"ranks in {Path(args.results_dir, 'comm')} (run bench_comm.py --world-sizes "
+                    f"{args.world_size} first)")
+        return None, None
+    newest = max(m for m, *_ in found)
+    _, size, busbw, name = max(f for f in found if f[0] == newest)
+    return busbw, f"bench_comm's measured all_reduce bus bandwidth, {size:g} MB, {name}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -831,10 +1041,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.traces:
         Path(args.trace_dir).mkdir(parents=True, exist_ok=True)
     launch = parallel.torchrun_launch()
-    if launch is not None:
-        rank_main(launch.rank, args, None)
-        return 0
-    return spawn(args)
+    rank0 = parallel.is_rank_zero()
+    files = results.ResultFiles(args.results_dir, "ddp", args.out, "ddp") if rank0 else None
+    collector = Collector(args, files) if rank0 else None
+    code = 0
+    with results.sigterm_as_interrupt():
+        try:
+            if launch is not None:
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted launch: fresh keys
+                rank_main(args, list(range(len(args.variant_specs))),
+                          f"ddp/{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}/{attempt}/",
+                          collector.take if rank0 else lambda message: None)
+            else:
+                spawn(args, collector)
+        except KeyboardInterrupt as stop:
+            code = 128 + results.signal_number(stop)
+            how = "SIGTERM" if code == 143 else "Ctrl-C"
+            if collector is not None:
+                collector.interrupted(f"interrupted by {how}")
+                progress(f"interrupted by {how}: the ranks were stopped; "
+                         f"{len(collector.records)} row(s) kept in {files.jsonl}")
+    if files is None:
+        return code
+    if not collector.records:
+        files.release()
+        return code
+    return report.publish("bench_ddp", collector.records, files, args.fmt, plot=args.plot) or code
 
 
 if __name__ == "__main__":

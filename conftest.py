@@ -30,3 +30,32 @@ def seeded_ceilings(tmp_path_factory):
         os.environ.pop(common.CEILINGS_ENV, None)
     else:
         os.environ[common.CEILINGS_ENV] = before
+
+
+@pytest.fixture
+def scripted_ranks(monkeypatch):
+    """parallel.SpawnedRanks as the parent sees it, no processes: each start answers the next script of messages
+    (append scripts to the returned list); its `started` keeps what each start was given."""
+    class Scripts(list):
+        started: list[tuple]
+
+    scripts = Scripts()
+    scripts.started = []
+
+    class ScriptedRanks:
+        def __init__(self, fn, args, world_size, store):
+            scripts.started.append(args)
+            self.messages = scripts.pop(0)
+
+        def next_message(self, timeout_s):
+            return self.messages.pop(0)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    import parallel
+    monkeypatch.setattr(parallel, "SpawnedRanks", ScriptedRanks)
+    return scripts

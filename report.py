@@ -1055,8 +1055,9 @@ def ddp_row(r: Record, baseline: Record | None) -> Record:
         row.update({"comm ms": r["comm_ms"], "exposed ms": r["exposed_ms"], "hidden ms": r["hidden_ms"]})
         row["comm % of step"] = f"{r['comm_ms'] / r['profiled_step_ms']:.0%}" if r.get("profiled_step_ms") else None
         row["hidden % of comm"] = f"{r['hidden_ms'] / r['comm_ms']:.0%}" if r["comm_ms"] else None
-    row["MB sent/rank"] = r["wire_bytes"] / 1e6
-    row["floor ms"] = r.get("floor_ms", "link unknown" if r["wire_bytes"] else 0.0)
+    if "wire_bytes" in r:  # a row the run never reached has none
+        row["MB sent/rank"] = r["wire_bytes"] / 1e6
+        row["floor ms"] = r.get("floor_ms", "link unknown" if r["wire_bytes"] else 0.0)
     return row
 
 
@@ -1100,6 +1101,50 @@ def sharding_table(records: list[Record], fmt: str) -> str | None:
                 "the first creates the optimizer state.", 116))
 
 
+def fsdp_memory_table(records: list[Record], fmt: str) -> str | None:
+    """FSDP: each rank's parameters, gradients and optimizer state after a step, the largest rank's against
+    the prediction (parallel.state_bytes_per_rank: all three sharded over the ranks)."""
+    rows = []
+    for r in records:
+        if not r.get("memory"):
+            continue
+        largest = max(r["memory"], key=lambda parts: parts["params"] + parts["grads"] + parts["optimizer_state"])
+        state = largest["params"] + largest["grads"] + largest["optimizer_state"]
+        rows.append({"variant": r["variant"], **{f"{k.replace('_', ' ')} MB": largest[k] / 1e6 for k in
+                                                 ("params", "grads", "optimizer_state")},
+                     "state MB": state / 1e6, "predicted MB": r["predicted"]["state_bytes"] / 1e6,
+                     "measured/predicted": f"{state / r['predicted']['state_bytes']:.2f}x"})
+    if not rows:
+        return None
+    return ("### FSDP: memory per rank (the largest rank's) after a step, against the prediction\n\n"
+            + render_table(rows, list(rows[0]), fmt, ".2f") + "\n\n" + textwrap.fill(
+                "predicted: fp32 parameters, gradients and AdamW's two moments, each sharded over the ranks (dim 0 "
+                "split, the largest shard); measured: the tensors this rank's parameters, their gradients and the "
+                "optimizer hold after a step (gathered weights in flight not counted).", 116))
+
+
+def fsdp_layer_table(records: list[Record], fmt: str) -> str | None:
+    """FSDP, per block of the first profiled forward: its all-gather's time and how long before the block's first
+    matmul it ended (the tightest rank's)."""
+    rows = []
+    for r in records:
+        for index, per_rank in enumerate(zip(*r.get("layers") or [])):
+            gathers = [x["all_gather_ms"] for x in per_rank if x["all_gather_ms"] is not None]
+            slacks = [x["slack_ms"] for x in per_rank if x["slack_ms"] is not None]
+            slack = min(slacks) if slacks else None
+            rows.append({"variant": r["variant"] if index == 0 else "", "layer": per_rank[0]["layer"],
+                         "all-gather ms": max(gathers) if gathers else None, "slack ms": slack,
+                         "in time": "gathered earlier" if slack is None else "yes" if slack >= 0 else "no: waited"})
+    if not rows:
+        return None
+    return ("### FSDP: per layer, did its weights' all-gather finish before its forward began?\n\n"
+            + render_table(rows, list(rows[0]), fmt, ".3f") + "\n\n" + textwrap.fill(
+                "From each rank's trace of the first profiled step: a layer's all-gathers are those launched after "
+                "the previous layer's first matmul (the forward's start for layer 0); slack ms = the layer's first "
+                "matmul start - their last end, the smallest over the ranks (negative: the compute waited). "
+                "gathered earlier: no all-gather was launched for it there.", 116))
+
+
 def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """bench_ddp: a row per variant, the setting and the machine above."""
     steps = [r for r in records if r.get("kind") != "memory"]
@@ -1119,16 +1164,18 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
              "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
-             f"floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients) over the link's "
-             + (f"{link:g} GB/s (--link-gbps)" if link else "bandwidth: link unknown (--link-gbps GB/s, e.g. "
-                "bench_comm's bus bandwidth)")]
+             "floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients; FSDP all-gathers the "
+             "weights twice and reduce-scatters the gradients, (n-1)/n each) over the link's "
+             + (f"{link:g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
+                "bandwidth: link unknown (--link-gbps GB/s, or 'measured': bench_comm's bus bandwidth)")]
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
     nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
     table = render_table(rows, chosen, fmt, ".1f")
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
+    fsdp = [t for t in (fsdp_memory_table(steps, fmt), fsdp_layer_table(steps, fmt)) if t]
     return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
-                       + [nsys] + [sharding] * bool(sharding))
+                       + [nsys] + fsdp + [sharding] * bool(sharding))
 
 
 # ---- the experiments ----

@@ -20,6 +20,7 @@ import shlex
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -35,7 +36,7 @@ TOOLKIT = Path(__file__).resolve().parent
 HANDOUTS = tuple(results.HANDOUTS)
 SUBDIR = {"bench_e2e.py": "e2e", "mem_profile.py": "memory", "bench_attention.py": "attention",
           "precision_demo.py": "precision", "toy_autocast.py": "precision", "report.py": "report",
-          "nsys_run.sh": "nsys", "bench_comm.py": "comm"}
+          "nsys_run.sh": "nsys", "bench_comm.py": "comm", "bench_ddp.py": "ddp"}
 DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes of every sweep (largest "
               "first), then the attention grids' largest head dimensions, then the warm-up study's sizes "
               "past the first")
@@ -69,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "nsys_run.sh")
     parser.add_argument("--optimizer", help="your optimizer, MODULE:CLASS, for bench_e2e.py, mem_profile.py")
     parser.add_argument("--impl", help="your attention kernel, MODULE:CALLABLE, for the flash problems")
+    parser.add_argument("--adapters", help="your tests/adapters.py as a module (tests.adapters), for part 2: your "
+                        "DDP classes beside the references, your sharded optimizer")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its estimate; run nothing")
     args = parser.parse_args(argv)
     results.handout_or_exit(parser, args)
@@ -194,7 +197,23 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they
     ("distributed_communication_single_node", "distributed_communication_single_node", "All-reduce of float32 "
      "tensors of 1 MB, 10 MB, 100 MB and 1 GB across 2, 4 and 6 processes (gloo on CPU, NCCL on GPUs), 5 warm-up "
      "calls, synchronised timing, every rank's times gathered: a table or plot and a comment on the trends.",
-     ("2026",), "collectives"),
+     HANDOUTS, "collectives"),
+    ("naive_ddp_benchmarking", "naive_ddp_benchmarking", "Time per training step of naive DDP (an all-reduce per "
+     "parameter after backward) on xl, 1 node x 2 GPUs, and the share of it spent communicating gradients.",
+     HANDOUTS, "DDP"),
+    ("minimal_ddp_flat_benchmarking", "minimal_ddp_flat_benchmarking", "The same with all gradients flattened "
+     "into one all-reduce: time per step and communication, against naive.", ("2026",), "DDP flat"),
+    ("ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_individual_parameters_benchmarking (a), (b)",
+     "Overlapping each parameter's all-reduce with the backward pass: time per step against the other variants, "
+     "and traces that show the communication overlapped or not.", HANDOUTS, "DDP overlap"),
+    ("ddp_bucketed_benchmarking", "ddp_bucketed_benchmarking", "Bucketed DDP with 1, 10, 100 and 1000 MB "
+     "buckets: time per step, against no bucketing.", ("2025",), "DDP buckets"),
+    ("optimizer_state_sharding_accounting", "optimizer_state_sharding_accounting (a), (b)", "Peak memory after "
+     "model initialisation, before and after the optimizer step, with and without optimizer state sharding; "
+     "time per step with and without.", HANDOUTS, "optimizer sharding"),
+    ("fsdp_accounting", "fsdp_accounting (a), (b)", "Your FSDP beside FSDP2: memory per rank against the "
+     "prediction, and per layer whether its weights' all-gather finished before its forward pass began.",
+     ("2026",), "FSDP"),
 ]
 
 
@@ -376,6 +395,36 @@ def build_plan(args, machine) -> list:
             d.note = (f"{'one GPU' if machine.get('gpus') == 1 else 'no GPU'}: NCCL needs a GPU per rank, so gloo "
                       "between CPU processes stands in, at small sizes; on two or more GPUs the handout's sizes "
                       "and world sizes run on NCCL.")
+    # part 2: one bench_ddp.py run answers the DDP problems (NCCL across GPUs, gloo between CPU processes otherwise)
+    nccl = machine.get("gpus", 0) >= 2
+    ddp_shape = (["--size", "xl" if "xl" in sizes else sizes[-1], "--context-length", "512"] if nccl and not quick
+                 else ["--size", "tiny", "--context-length", "64"] if not quick else  # tiny, smaller still
+                 ["--size", "tiny", "--context-length", "16", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+                  "--num-heads", "4", "--vocab-size", "512"])
+    ddp_quick = ["--check-steps", "1", "--warmup", "0", "--steps", "2", "--profile-steps", "1"] if quick else []
+    buckets = ["--bucket-mb", "1"] if quick else []
+    theirs = ["--adapters", args.adapters] if args.adapters else []
+    fsdp = ["--fsdp"] if "fsdp_accounting" in plan else []
+    ddp = Command("ddp", "bench_ddp.py", [*ddp_shape, "--device", "cuda" if nccl else "cpu", *buckets, *ddp_quick,
+                                          *fsdp, *theirs, *plot], 8, 3.0 if quick else 60.0)
+    plan["naive_ddp_benchmarking"].commands = [ddp]
+    for key in ("minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters_benchmarking",
+                "ddp_bucketed_benchmarking", "optimizer_state_sharding_accounting", "fsdp_accounting"):
+        if key in plan:
+            plan[key].show = ["ddp"]
+    if not nccl:
+        plan["naive_ddp_benchmarking"].note = (
+            "NCCL needs a GPU per rank: 2 gloo processes on the CPU stand in, at the tiny size; on two or more GPUs "
+            "the handout's xl at context 512 runs on NCCL.")
+    plan["ddp_overlap_individual_parameters_benchmarking"].note = (
+        "the timeline figure is each variant's profiled step as its trace recorded it; on GPUs the table's nsys "
+        "command gives Nsight's screenshots.")
+    if "fsdp_accounting" in plan and not args.adapters:
+        plan["fsdp_accounting"].note = ("torch's FSDP2 only: pass --adapters tests.adapters for your get_fsdp "
+                                        "beside it.")
+    if not args.adapters:
+        plan["optimizer_state_sharding_accounting"].note = ("needs your sharded optimizer: pass --adapters "
+                                                            "tests.adapters (its get_sharded_optimizer).")
     for p in plan.values():
         p.show = p.show or [c.name for c in p.commands]
         for c in p.commands if not selected(p.key, args.only) else ():
@@ -623,6 +672,58 @@ def memory_facts(key, r, first: bool) -> list:
     return facts
 
 
+DDP_PROBLEMS = {"naive_ddp_benchmarking": ("naive",), "minimal_ddp_flat_benchmarking": ("flat", "naive"),
+                "ddp_overlap_individual_parameters_benchmarking": ("overlap", "naive", "torch"),
+                "ddp_bucketed_benchmarking": ("bucketed", "overlap"), "optimizer_state_sharding_accounting": (),
+                "fsdp_accounting": ()}
+
+
+def ddp_facts(key, records) -> list:
+    """bench_ddp's rows: a variant's step, its communication and how much of it was hidden; one line that reads
+    them; for the sharding problem, the optimizer state on the largest rank with and without."""
+    if key == "fsdp_accounting":
+        facts = []
+        for r in (r for r in records if r.get("memory")):
+            state = max(p["params"] + p["grads"] + p["optimizer_state"] for p in r["memory"])
+            slacks = [x["slack_ms"] for rank in r.get("layers") or [] for x in rank if x["slack_ms"] is not None]
+            facts.append(f"{r['variant']}: {state / 1e6:.2f} MB of parameters, gradients and optimizer state on the "
+                         f"largest rank, {state / r['predicted']['state_bytes']:.2f}x the prediction"
+                         + (f"; every layer's all-gather ended before its compute (least slack {min(slacks):.3f} "
+                            "ms)" if slacks and min(slacks) >= 0 else f"; a layer's compute waited "
+                            f"{-min(slacks):.3f} ms for its all-gather" if slacks else ""))
+        return facts or [f"{r['variant']}: {r['status']}" for r in records if r.get("variant", "").startswith("fsdp")]
+    if key == "optimizer_state_sharding_accounting":
+        facts = []
+        for r in (r for r in records if r.get("kind") == "memory"):
+            ranks = [points for points in r.get("ranks") or [] if points]
+            if not ranks or r["status"] != "ok":
+                facts.append(f"{r['variant']}: {r['status']}")
+                continue
+            after = max(ranks, key=lambda points: points["after optimizer step"]["total"])["after optimizer step"]
+            facts.append(f"{r['variant']}: optimizer state {after['optimizer_state'] / 1e6:.2f} MB, in all "
+                         f"{after['total'] / 1e6:.2f} MB after the step on the largest rank (expected "
+                         f"{r['expected_bytes_per_param']['after optimizer step']:g} bytes per parameter)")
+        return facts or ["no sharded optimizer ran (--adapters)"]
+    rows = {r["variant"]: r for r in records if r.get("kind") != "memory" and r.get("variant")}
+    wanted = [name for name in rows if name.startswith(DDP_PROBLEMS[key]) or name == "nocomm"]
+    facts = []
+    for name in wanted:
+        r = rows[name]
+        if "step_ms" not in r:
+            facts.append(f"{name}: {r['status']}")
+            continue
+        line = f"{name}: step {statistics.median(r['step_ms']):.2f} ms"
+        if r.get("comm_ms"):
+            line += (f", communication {r['comm_ms']:.2f} ms ({r['comm_ms'] / r['profiled_step_ms']:.0%} of the "
+                     f"profiled step), {r['hidden_ms'] / r['comm_ms']:.0%} of it hidden behind compute")
+        facts.append(line + ("" if r["status"] == "ok" else f"; {r['status']}"))
+    hidden = {n: rows[n]["hidden_ms"] / rows[n]["comm_ms"] for n in wanted if rows[n].get("comm_ms")}
+    if len(hidden) > 1:
+        facts.append("; ".join(f"{n} hides {share:.0%} of its communication" if share >= 0.005 else
+                               f"{n} hides none" for n, share in hidden.items()))
+    return facts
+
+
 def facts_for(key, records) -> list:
     facts = [f"{r.get('label', '?')}: {r.get('status')}" for r in records if not results.finished(r)
              and not str(r.get("status", "")).startswith("skipped: measured peaks need")]
@@ -654,6 +755,8 @@ def facts_for(key, records) -> list:
     elif key == "distributed_communication_single_node":
         facts += [f"{r.get('label')}: median {r['ms_median']:.3f} ms, busbw {r['busbw_gbps']:.3f} GB/s"
                   + (f" ({r['of_link_peak']:.0%} of {r['link']})" if r.get("of_link_peak") else "") for r in done]
+    elif key in DDP_PROBLEMS:
+        facts = ddp_facts(key, records)
     elif key.startswith(("memory_profiling", "gradient_checkpointing")):
         computed = set()  # the same residual stream for every mode and dtype: said once
         for i, r in enumerate(records):

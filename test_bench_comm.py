@@ -1,6 +1,7 @@
 """bench_comm.py: nccl-tests' bandwidths and the latency + bandwidth fit by hand; one run of 2 gloo ranks (started
-by the script) in which rank 1 raises in one row, which becomes that row, while the other rows still run; the
-table, the fit, the figure and report.py's re-render from that run; bad flags."""
+by the script) in which rank 1 raises in the last row, which becomes that row; the table, the fit, the figure and
+report.py's re-render from that run; after a failure, the rows left run in ranks started afresh (a scripted
+SpawnedRanks); bad flags."""
 import os
 import queue
 import signal
@@ -22,7 +23,7 @@ from results import read_records
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT_S = 180  # a hang fails the test instead of the CI job
 
-# The test aid: run as the main script, it makes rank 1's all_reduce of a buffer under 50 kB raise, then runs
+# The test aid: run as the main script, it makes rank 1's all_reduce of a buffer over 150 kB raise, then runs
 # bench_comm. Started ranks import the main script again (spawn), so the patch is in every rank.
 FAILING_RANK_DRIVER = textwrap.dedent(f"""
     import sys
@@ -31,7 +32,7 @@ FAILING_RANK_DRIVER = textwrap.dedent(f"""
     real_all_reduce = dist.all_reduce
 
     def all_reduce(tensor, *args, **kwargs):
-        if dist.get_rank() == 1 and tensor.numel() * 4 < 50_000:
+        if dist.get_rank() == 1 and tensor.numel() * 4 > 150_000:
             raise RuntimeError("injected failure")
         return real_all_reduce(tensor, *args, **kwargs)
 
@@ -97,16 +98,27 @@ def test_a_rank_that_died_is_the_cause_of_its_peers_failure():
     assert spawned_ranks([None, None], []).next_message(0.1)["status"] == "timeout after 0.1 s: no rank answered"
 
 
+def test_after_a_failed_row_the_rows_left_run_in_ranks_started_afresh(scripted_ranks):
+    runs = [bench_comm.CommRun("all_reduce", mb, 2, "gloo") for mb in (0.01, 0.1, 0.2)]
+    failed = {"ok": False, "index": 1, "status": "error on rank 1: RuntimeError: injected failure"}
+    value = {"environment": {}, "rank_ms": [[1.0], [1.0]], "bytes": 40_000}
+    scripted_ranks += [[{"ok": True, "index": 0, "value": value}, failed], [{"ok": True, "index": 0, "value": value}]]
+    sweep = bench_comm.Sweep(types.SimpleNamespace(notes=[]), None, len(runs))
+    sweep.spawned(runs, store=None)
+    assert [batch for batch, _ in scripted_ranks.started] == [runs, runs[2:]]
+    assert [r["status"] for r in sweep.records] == ["ok", failed["status"], "ok"]
+
+
 # ---- one run of 2 gloo ranks ----
 
 
 @pytest.fixture(scope="module")
 def failing_rank_run(tmp_path_factory):
-    """all_reduce and reduce_scatter_tensor at 0.01, 0.1, 0.2 MB on 2 ranks; rank 1 raises in the 0.01 MB
-    all_reduce, so that row fails and the rest run in ranks started afresh."""
+    """reduce_scatter_tensor and all_reduce at 0.01, 0.1, 0.2 MB on 2 ranks (one spawn); rank 1 raises in the
+    0.2 MB all_reduce, the last row, which fails."""
     tmp = tmp_path_factory.mktemp("comm")
     (tmp / "driver.py").write_text(FAILING_RANK_DRIVER)
-    cmd = [sys.executable, "driver.py", "--op", "all_reduce", "reduce_scatter_tensor", "--sizes-mb", "0.01", "0.1",
+    cmd = [sys.executable, "driver.py", "--op", "reduce_scatter_tensor", "all_reduce", "--sizes-mb", "0.01", "0.1",
            "0.2", "--world-sizes", "2", "--warmup", "1", "--reps", "3", "--timeout", "60", "--out", "run",
            "--plot"]
     proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -125,11 +137,11 @@ def test_a_failing_rank_is_its_row_and_the_others_run(failing_rank_run):
     assert code == 0, err[-3000:]
     records = read_records(tmp / "results" / "comm" / "run.jsonl")
     assert [(r["config"]["op"], r["config"]["size_mb"]) for r in records] == [
-        (op, size) for op in ("all_reduce", "reduce_scatter_tensor") for size in (0.01, 0.1, 0.2)]
-    assert records[0]["status"] == "error on rank 1: RuntimeError: injected failure"
+        (op, size) for op in ("reduce_scatter_tensor", "all_reduce") for size in (0.01, 0.1, 0.2)]
+    assert records[-1]["status"] == "error on rank 1: RuntimeError: injected failure"
     assert "error on rank 1: RuntimeError: injected failure" in out  # the row in the table
-    assert [r["status"] for r in records[1:]] == ["ok"] * 5
-    for r in records[1:]:
+    assert [r["status"] for r in records[:-1]] == ["ok"] * 5
+    for r in records[:-1]:
         n, op = r["config"]["world_size"], r["config"]["op"]
         assert len(r["rank_ms"]) == 2 and all(len(samples) == 3 for samples in r["rank_ms"])  # every rank's
         median_s = statistics.median([ms for samples in r["rank_ms"] for ms in samples]) / 1e3

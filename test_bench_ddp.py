@@ -15,6 +15,7 @@ import pytest
 
 import bench_ddp
 import kernel_tables as kt
+import results
 from results import read_records
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +87,7 @@ def test_communication_table_on_the_real_ddp_trace_agrees_with_a_timeline_count(
 # ---- bench_ddp.py: one run of 2 gloo processes on this CPU, every assertion on it ----
 
 MICRO = ["--device", "cpu", "--num-layers", "1", "--d-model", "32", "--num-heads", "2", "--d-ff", "64",
-         "--vocab-size", "128", "--context-length", "8", "--check-steps", "2", "--warmup", "0", "--steps", "2",
+         "--vocab-size", "128", "--context-length", "8", "--check-steps", "1", "--warmup", "0", "--steps", "2",
          "--profile-steps", "1", "--pg-timeout", "60"]
 
 # tests/adapters.py as a student writes it (the course's 2026 and 2025 adapter functions): get_ddp is right,
@@ -143,6 +144,53 @@ def ddp_bucketed_on_after_backward(ddp_model, optimizer):
     ddp_model.finish_gradient_synchronization()
 
 
+class StudentFSDP(torch.nn.Module):
+    """Each weight a flat shard per rank; forward all-gathers them all, the gradients are reduce-scattered."""
+
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        object.__setattr__(self, "inner", module)  # not a submodule: the shards are this wrapper's parameters
+        self.world, rank = dist.get_world_size(), dist.get_rank()
+        self.shapes, self.full = {}, {}
+        self.shards = torch.nn.ParameterDict()
+        for name, p in module.named_parameters():
+            flat = torch.nn.functional.pad(p.detach().flatten(), (0, -p.numel() % self.world))
+            self.shapes[name] = p.shape
+            self.shards[name.replace(".", "/")] = torch.nn.Parameter(flat.chunk(self.world)[rank].clone())
+            p.data = torch.empty(0)  # the full weight is gone: only the shard stays
+
+    def gather(self, name):
+        shard = self.shards[name.replace(".", "/")].detach()
+        flat = torch.empty(shard.numel() * self.world)
+        dist.all_gather_into_tensor(flat, shard)
+        return flat[:self.shapes[name].numel()].view(self.shapes[name])
+
+    def forward(self, x):
+        self.full = {name: self.gather(name).requires_grad_() for name in self.shapes}
+        return torch.func.functional_call(self.inner, self.full, (x,))
+
+    def finish_gradient_synchronization(self):
+        for name, full in self.full.items():
+            grad = torch.nn.functional.pad(full.grad.flatten(), (0, -full.numel() % self.world))
+            shard = self.shards[name.replace(".", "/")]
+            shard.grad = torch.empty_like(shard)
+            dist.reduce_scatter_tensor(shard.grad, grad)
+            shard.grad.div_(self.world)
+        self.full = {}
+
+
+def get_fsdp(module, compute_dtype=None):
+    return StudentFSDP(module, compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model, optimizer):
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model):
+    return {name: fsdp_model.gather(name) for name in fsdp_model.shapes}
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, optimizer_cls, **kwargs):
         self.every = list(params)
@@ -174,7 +222,7 @@ def ddp_run(tmp_path_factory):
     (repo / "tests").mkdir()
     (repo / "tests" / "__init__.py").write_text("")
     (repo / "tests" / "adapters.py").write_text(ADAPTERS)
-    result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1",
+    result = subprocess.run([sys.executable, str(HERE / "bench_ddp.py"), *MICRO, "--bucket-mb", "1", "--fsdp",
                              "--adapters", "tests.adapters", "--link-gbps", "10", "--plot", "--results-dir",
                              str(repo / "res")],
                             cwd=repo, capture_output=True, text=True, timeout=300)
@@ -186,9 +234,10 @@ def ddp_run(tmp_path_factory):
 def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_run):
     result, records, jsonl = ddp_run
     rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
-    assert list(rows) == ["naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp",
-                          "ddp_individual_parameters", "ddp_bucketed 1 MB"]
-    for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp"):
+    # each row written as it ends: a failed check at once, the others after the rounds, each once profiled
+    assert list(rows) == ["ddp_bucketed 1 MB", "naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm",
+                          "ddp", "ddp_individual_parameters", "fsdp2", "fsdp"]
+    for name in ("naive", "flat", "overlap", "bucketed 1 MB", "torch", "nocomm", "ddp", "fsdp2", "fsdp"):
         assert rows[name]["status"] == "ok", (name, rows[name]["status"])
         assert len(rows[name]["step_ms"]) == 2 and all(t > 0 for t in rows[name]["step_ms"])
         split = rows[name]
@@ -212,6 +261,26 @@ def test_every_variant_is_checked_timed_and_split_and_wrong_ones_are_caught(ddp_
     assert all(0 <= a <= b <= lanes["step_ms"] for a, b in lanes["comm"] + lanes["compute"])
     assert jsonl.with_name(jsonl.stem + "_timeline.png").stat().st_size > 0
     assert "nsys profile -o ddp" in result.stdout
+
+
+def test_fsdp_is_checked_on_its_gathered_weights_and_its_memory_is_set_beside_the_prediction(ddp_run):
+    result, records, _ = ddp_run
+    rows = {r["variant"]: r for r in records if r.get("kind") != "memory"}
+    n = rows["flat"]["grad_bytes"]  # fp32 weights: the gradients' bytes
+    for name in ("fsdp2", "fsdp"):  # torch's FSDP2 and the student's, both right after the check's steps
+        r = rows[name]
+        assert r["status"] == "ok" and r["wire_bytes"] == pytest.approx(1.5 * n)  # 2 all-gathers + 1 reduce-scatter
+        assert r["floor_ms"] == pytest.approx(1.5 * n / 10e9 * 1e3)
+        assert r["predicted"]["state_bytes"] >= 16 * n / 4 / 2  # parameters, gradients, 2 moments, over 2 ranks
+        for parts in r["memory"]:  # each rank holds about half of every part
+            assert parts["params"] == pytest.approx(n / 2, rel=0.1) and parts["grads"] == pytest.approx(n / 2, rel=0.1)
+            assert parts["optimizer_state"] == pytest.approx(n, rel=0.1)
+    # per layer, from each rank's trace: FSDP2 gathers the one block before its forward; the student's class
+    # gathers every weight before the first block
+    for layers in rows["fsdp2"]["layers"] + rows["fsdp"]["layers"]:
+        (block,) = layers
+        assert block["all_gather_ms"] > 0 and block["slack_ms"] is not None and block["slack_ms"] > -1
+    assert "### FSDP: memory per rank" in result.stdout and "### FSDP: per layer" in result.stdout
 
 
 def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
@@ -238,6 +307,68 @@ def test_report_re_renders_the_run(ddp_run):
     assert again.returncode == 0, again.stderr
     table = result.stdout[result.stdout.index("| variant"):result.stdout.index("\nwrote ")].strip()
     assert table in again.stdout
+
+
+def test_rows_are_written_as_they_end_and_a_stop_keeps_the_checked_ones(tmp_path, monkeypatch):
+    """The parent's side of a run, fed the messages rank 0 publishes: no processes."""
+    monkeypatch.chdir(tmp_path)
+    args = bench_ddp.parse_args(["--device", "cpu", "--variants", "naive", "flat", "torch", "nocomm"])
+    args.command = ["bench_ddp.py"]
+    collector = bench_ddp.Collector(args, results.ResultFiles(tmp_path, "ddp", "run", "ddp"))
+    failed = bench_ddp.variant_record(args, {}, 400, args.variant_specs[2], "error on rank 1: boom",
+                                      [{"status": "ok"}, {"status": "boom"}])
+    for message in ({"stage": "check", "index": 0}, {"stage": "checked", "index": 0, "status": "ok"},
+                    {"stage": "check", "index": 1}, {"stage": "checked", "index": 1, "status": "WRONG: lm_head"},
+                    {"stage": "check", "index": 2}, {"stage": "row", "index": 2, "record": failed},
+                    {"stage": "check", "index": 3}):
+        collector.take(message)
+    assert [r["variant"] for r in read_records(tmp_path / "ddp" / "run.jsonl")] == ["torch"]  # written at once
+    # a rank died while nocomm was checked: its row; naive and flat (checked, not timed) run afresh
+    assert collector.stopped("error on rank 1: process died (signal SIGKILL)") == [0, 1]
+    assert collector.records[-1]["variant"] == "nocomm" and "SIGKILL" in collector.records[-1]["status"]
+    collector.take({"stage": "checked", "index": 1, "status": "WRONG: lm_head"})
+    collector.interrupted("interrupted by Ctrl-C")  # the rounds never ended: the check's verdict is kept
+    assert [(r["variant"], r["status"]) for r in read_records(tmp_path / "ddp" / "run.jsonl")][-1] == (
+        "flat", "interrupted by Ctrl-C (check: WRONG: lm_head)")
+    assert "interrupted by Ctrl-C (check: WRONG: lm_head)" in (tmp_path / "ddp" / "run.md").read_text()
+
+
+def test_a_dead_rank_is_its_variants_row_and_the_rest_run_in_ranks_started_afresh(tmp_path, monkeypatch,
+                                                                                   scripted_ranks):
+    monkeypatch.chdir(tmp_path)
+    args = bench_ddp.parse_args(["--device", "cpu", "--variants", "naive", "flat", "torch", "nocomm"])
+    args.command = ["bench_ddp.py"]
+    collector = bench_ddp.Collector(args, results.ResultFiles(tmp_path, "ddp", "run", "ddp"))
+    died = {"ok": False, "status": "error on rank 1: process died (exit code 3)"}
+    ok = bench_ddp.variant_record(args, {}, 400, args.variant_specs[3], "ok", [{"status": "ok"}] * 2)
+    scripted_ranks += [
+        [{"ok": True, "stage": "check", "index": 0}, {"ok": True, "stage": "checked", "index": 0, "status": "ok"},
+         {"ok": True, "stage": "check", "index": 1}, died],  # flat's check kills rank 1
+        [*({"ok": True, "stage": stage, "index": i, "status": "ok"} for i in (0, 2) for stage in ("check", "checked")),
+         {"ok": True, "stage": "check", "index": 3}, {"ok": True, "stage": "row", "index": 3, "record": ok},
+         {"ok": True, "stage": "timing", "round": 0}, died]]  # the rounds: every untimed variant's row
+    monkeypatch.setattr(bench_ddp.dist, "TCPStore", lambda *a, **k: None)
+    bench_ddp.spawn(args, collector)
+    assert [todo for _, todo, _ in scripted_ranks.started] == [[0, 1, 2, 3], [0, 2, 3]]
+    assert [(r["variant"], r["status"]) for r in read_records(tmp_path / "ddp" / "run.jsonl")] == [
+        ("flat", died["status"]), ("nocomm", "ok"), ("naive", died["status"]), ("torch", died["status"])]
+
+
+def test_link_figure_is_bench_comms_measured_bus_bandwidth_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results" / "comm").mkdir(parents=True)
+    comm = [{"experiment": "bench_comm", "status": "ok", "busbw_gbps": bw,
+             "config": {"op": "all_reduce", "backend": "gloo", "world_size": n, "size_mb": mb}}
+            for n, mb, bw in ((2, 1.0, 2.0), (2, 10.0, 3.5), (4, 100.0, 9.0))]
+    (tmp_path / "results" / "comm" / "comm-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in comm))
+    args = bench_ddp.parse_args(["--device", "cpu"])
+    assert args.link_gbps == 3.5 and "10 MB, comm-1.jsonl" in args.link_source
+    assert bench_ddp.parse_args(["--device", "cpu", "--link-gbps", "7"]).link_gbps == 7.0
+    with pytest.raises(SystemExit) as exit_status:
+        bench_ddp.parse_args(["--device", "cpu", "--world-size", "3", "--batch-size", "3", "--link-gbps",
+                              "measured"])
+    assert exit_status.value.code == 2 and "no bench_comm all_reduce record for gloo on 3 ranks" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, said", [

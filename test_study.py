@@ -24,10 +24,14 @@ HERE = Path(__file__).resolve().parent
 PROBLEMS = {"2026": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "gradient_checkpointing", "pytorch_attention",
                      "torch_compile", "flash_forward", "flash_backward", "flash_benchmarking",
-                     "distributed_communication_single_node"],
+                     "distributed_communication_single_node", "naive_ddp_benchmarking",
+                     "minimal_ddp_flat_benchmarking", "ddp_overlap_individual_parameters_benchmarking",
+                     "optimizer_state_sharding_accounting", "fsdp_accounting"],
             "2025": ["benchmarking_script", "nsys_profile", "mixed_precision_accumulation",
                      "benchmarking_mixed_precision", "memory_profiling", "pytorch_attention", "torch_compile",
-                     "flash_forward", "flash_backward", "flash_benchmarking"]}
+                     "flash_forward", "flash_backward", "flash_benchmarking", "distributed_communication_single_node",
+                     "naive_ddp_benchmarking", "ddp_overlap_individual_parameters_benchmarking",
+                     "ddp_bucketed_benchmarking", "optimizer_state_sharding_accounting"]}
 ONLY = ["mixed_precision_accumulation", "benchmarking_mixed_precision_ab"]  # the two cheapest problems
 
 
@@ -195,7 +199,7 @@ def test_dry_run_prints_the_plan_with_an_estimate_and_runs_nothing(tmp_path, cap
     assert study.main(["--dry-run", "--device", "cpu", "--budget", "2h", "--results-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "estimate " in out and "within --budget 2:00" in out and "dropped first" in out
-    assert "[1/18] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
+    assert "[1/23] benchmarking_script (a)" in out and "python3 bench_e2e.py --size tiny" in out
     assert not any(tmp_path.iterdir())
     for name in PROBLEMS["2026"]:
         assert f"] {name}" in out, name
@@ -446,6 +450,35 @@ def test_a_problem_of_one_command_draws_its_own_figures():
         assert command.args.count("--plot") == 1, (key, command.args)
 
 
+def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
+    for gpus, expected in ((2, "--size xl --context-length 512 --device cuda"), (0, "--size tiny")):
+        machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
+                   "states": study.predicted_states("2025") if gpus else {}, "gpus": gpus}
+        plan = {p.key: p for p in study.build_plan(study.parse_args(["--handout", "2025", "--adapters", "t.a"]),
+                                                   machine)}
+        (command,) = plan["naive_ddp_benchmarking"].commands
+        assert command.script == "bench_ddp.py" and " ".join(command.args).startswith(expected), command.args
+        assert "--adapters t.a" in " ".join(command.args) and plan["ddp_bucketed_benchmarking"].show == ["ddp"]
+        assert not plan["ddp_bucketed_benchmarking"].commands and ("stand in" in plan[
+            "naive_ddp_benchmarking"].note) == (gpus < 2)
+    row = {"experiment": "bench_ddp", "status": "ok", "step_ms": [10.0, 12.0, 11.0], "profiled_step_ms": 10.0}
+    records = [{**row, "variant": "naive", "comm_ms": 4.0, "hidden_ms": 0.0},
+               {**row, "variant": "overlap", "comm_ms": 4.0, "hidden_ms": 3.48},
+               {**row, "variant": "torch", "status": "WRONG: lm_head.weight differs"}]
+    facts = study.facts_for("ddp_overlap_individual_parameters_benchmarking", records)
+    assert facts[:2] == ["naive: step 11.00 ms, communication 4.00 ms (40% of the profiled step), 0% of it hidden "
+                         "behind compute", "overlap: step 11.00 ms, communication 4.00 ms (40% of the profiled "
+                         "step), 87% of it hidden behind compute"]
+    assert facts[-1] == "naive hides none; overlap hides 87% of its communication"
+    assert "torch: step 11.00 ms; WRONG: lm_head.weight differs" in facts
+    fsdp = {"variant": "fsdp", "status": "ok", "predicted": {"state_bytes": 2_000_000},
+            "memory": [{"params": 250_000, "grads": 250_000, "optimizer_state": 1_500_000}] * 2,
+            "layers": [[{"layer": 0, "all_gather_ms": 1.0, "slack_ms": -0.25}]] * 2}
+    assert study.facts_for("fsdp_accounting", [fsdp]) == [
+        "fsdp: 2.00 MB of parameters, gradients and optimizer state on the largest rank, 1.00x the prediction; a "
+        "layer's compute waited 0.250 ms for its all-gather"]
+
+
 def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
     key = "distributed_communication_single_node"
     for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10"),
@@ -457,7 +490,7 @@ def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherw
         (command,) = plan[key].commands
         assert command.script == "bench_comm.py" and " ".join(command.args).startswith(expected), command.args
         assert ("stands in" in plan[key].note) == (gpus < 2)
-    assert key not in {p.key for p in study.build_plan(study.parse_args(["--handout", "2025"]), machine)}
+    assert key in {p.key for p in study.build_plan(study.parse_args(["--handout", "2025"]), machine)}
     record = {"label": "all_reduce 1 MB x2 nccl", "status": "ok", "ms_median": 0.0421, "busbw_gbps": 23.75,
               "of_link_peak": 0.0264, "link": "NVLink 5 (B200)"}
     assert study.facts_for(key, [record]) == ["all_reduce 1 MB x2 nccl: median 0.042 ms, busbw 23.750 GB/s "
