@@ -16,14 +16,16 @@ Manual: docs/leaderboard.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import copy
 import dataclasses
+import functools
 import importlib.util
+import inspect
 import math
 import os
+import signal
 import sys
 import tempfile
-import time
 from typing import Any, Callable
 from unittest import mock
 
@@ -33,8 +35,9 @@ import common
 import parallel
 import report
 import results
-from common import environment, precision_context, resolve_device
-from model import ADAMW_SETTINGS, ATTENTION, build_model, build_optimizer, cross_entropy
+import runner
+from common import dtype_name, environment, precision_context, resolve_device
+from model import ADAMW_SETTINGS, ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
 from results import (GIB, LEADERBOARD, LEADERBOARD_BATCH, ModelConfig, ResultFiles, finished, positive_float,
                      positive_int)
 from runner import RunConfig, Workload, derive_figures, measure_steps, phase
@@ -74,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     results.add_device_args(p)
     parallel.add_parallel_args(p)
-    p.set_defaults(in_process=False)  # parallel.check_parallel_args asks: every rank runs in its own process
+    runner.add_sweep_args(p)
     results.add_output_args(p, default_stem="leaderboard-<UTC time>")
     results.add_dry_run_arg(p)
     args = p.parse_args(argv)
@@ -85,24 +88,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
 
 SCALED = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=1024, context_length=128)  # CPU
 WALL_LIMIT_S = 600.0  # the leaderboard's run must finish within 10 minutes from empty caches
-# The behaviour check: both models at this shape, the reference in fp32, yours under bf16 autocast as timed
-CHECK_MODEL = ModelConfig(d_model=128, d_ff=344, num_layers=2, num_heads=2, vocab_size=512, context_length=128)
-CHECK_BATCH = 2
+# The behaviour check: both models at check_shape (the timed head size), the reference in fp32, yours under bf16
+# autocast as timed; CHECK_STEPS optimizer steps, so an optimizer that forgets its state between steps fails
+CHECK_LAYERS, CHECK_HEADS, CHECK_VOCAB, CHECK_BATCH, CHECK_STEPS = 2, 2, 512, 2, 3
+CHECK_CONTEXT = {"cuda": 4096, "cpu": 512}  # long enough for tiled attention; a few seconds on a CPU
 # max ||yours - reference|| / ||reference|| per tensor (logits, loss, each gradient) that passes: our own model
 # under bf16 autocast reaches 1.3e-2 (the worst gradient) against itself in fp32 at CHECK_MODEL
 CHECK_TOLERANCE = 3e-2
-# and for the parameters' change in one optimizer step from the same weights and gradients: a missing weight decay
-# is 1e-2 off (on the norms' weights), AdamW's moments kept in bf16 about 2e-3
+# and for the parameters' change after each optimizer step from the same weights and gradients: a missing weight
+# decay is 1e-2 off (on the norms' weights), AdamW's moments kept in bf16 about 2e-3
 STEP_TOLERANCE = 5e-3
 STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
-# AdamW's first step with its epsilon placed either way: torch's adds it to the bias-corrected sqrt(v); assignment
-# 1's Algorithm 1 (the staff cs336_basics.optimizer.AdamW) to sqrt(v), the correction folded into the step size,
-# which is torch's with epsilon / sqrt(1 - beta2 ** t), t = 1. Near-zero gradients tell the two apart by ~3%.
-STEP_REFERENCES = {
-    "torch.optim.AdamW": lambda params: torch.optim.AdamW(params, **ADAMW_SETTINGS),
-    "Algorithm 1 of assignment 1": lambda params: torch.optim.AdamW(
-        params, **ADAMW_SETTINGS | {"eps": ADAMW_SETTINGS["eps"] / math.sqrt(1 - ADAMW_SETTINGS["betas"][1])}),
-}
+# AdamW's epsilon placed either way (adamw_changes): torch's adds it to the bias-corrected sqrt(v); assignment 1's
+# Algorithm 1 (the staff cs336_basics.optimizer.AdamW) to sqrt(v). Near-zero gradients tell the two apart by ~3%.
+STEP_REFERENCES = {"torch.optim.AdamW": False, "Algorithm 1 of assignment 1": True}
 
 
 def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RunConfig:
@@ -155,6 +154,14 @@ def state_counted(cfg: ModelConfig) -> str:
 
 # ---------------------------------------------------------------- check
 
+def check_shape(timed: ModelConfig, device: torch.device) -> ModelConfig:
+    """The behaviour check's model: the timed head size over CHECK_HEADS heads, CHECK_LAYERS layers, and a context
+    long enough for tiled attention kernels (CHECK_CONTEXT, scaled to the machine)."""
+    d_model = CHECK_HEADS * timed.d_head
+    return ModelConfig(d_model=d_model, d_ff=8 * max(1, round(d_model / 3)), num_layers=CHECK_LAYERS,
+                       num_heads=CHECK_HEADS, vocab_size=CHECK_VOCAB, context_length=CHECK_CONTEXT[device.type])
+
+
 def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
     """||x - reference|| / ||reference|| in float64; inf for a missing or non-finite x."""
     if x is None:
@@ -163,82 +170,234 @@ def relative_error(x: torch.Tensor | None, reference: torch.Tensor) -> float:
     return float((diff / reference.detach().double().norm().clamp_min(1e-30)).nan_to_num(math.inf))
 
 
-def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0,
-                    optimizer: str = "ours") -> dict:
-    """Your model against the reference (the staff model when cs336_basics imports, else ours) at CHECK_MODEL:
-    your parameters get the reference's values (by name, through param_map when given), both run the same tokens,
-    the reference in fp32, yours under bf16 autocast; logits, loss and every gradient are compared. Then your
-    optimizer (as build_optimizer makes it) takes one step from the reference's weights and gradients, and each
-    parameter's change is compared with AdamW's, its epsilon placed either way (STEP_REFERENCES)."""
-    reference_spec = STAFF_MODEL if importlib.util.find_spec("cs336_basics") else None
-    torch.manual_seed(seed)
-    with device:
-        reference = build_model(CHECK_MODEL, factory=reference_spec)
-        yours = build_model(CHECK_MODEL, factory=factory)
-    out = {"reference": reference_spec or "ours", "tolerance": CHECK_TOLERANCE,
-           "shape": dataclasses.asdict(CHECK_MODEL)}
+def adamw_changes(start: dict[str, torch.Tensor], grads: list[dict[str, torch.Tensor]],
+                  eps_beside_sqrt_v: bool) -> list[dict[str, torch.Tensor]]:
+    """Each parameter's change from `start` after each step of AdamW(**ADAMW_SETTINGS) fed `grads`, in float64:
+    epsilon added to the bias-corrected sqrt(v) (torch's) or to sqrt(v), the correction folded into the step size
+    (Algorithm 1 of assignment 1, the staff cs336_basics.optimizer.AdamW)."""
+    lr, (b1, b2), eps, decay = (ADAMW_SETTINGS[k] for k in ("lr", "betas", "eps", "weight_decay"))
+    p = {n: w.double() for n, w in start.items()}
+    m, v = ({n: torch.zeros_like(w) for n, w in p.items()} for _ in range(2))
+    changes = []
+    for t, g in enumerate(grads, 1):
+        for n in p:
+            m[n] = b1 * m[n] + (1 - b1) * g[n].double()
+            v[n] = b2 * v[n] + (1 - b2) * g[n].double() ** 2
+            if eps_beside_sqrt_v:
+                update = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m[n] / (v[n].sqrt() + eps)
+            else:
+                update = lr / (1 - b1 ** t) * m[n] / (v[n].sqrt() / math.sqrt(1 - b2 ** t) + eps)
+            p[n] = p[n] * (1 - lr * decay) - update
+        changes.append({n: p[n] - start[n].double() for n in p})
+    return changes
+
+
+def matched_names(yours: torch.nn.Module, reference: torch.nn.Module, param_map: str | None,
+                  ) -> tuple[dict[str, str], str | None]:
+    """{your parameter: the reference's} (through param_map when given), and what does not match, or None."""
     ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
     names = common.load(param_map)(yours) if param_map else {n: n for n in your_params}
     unmatched = [n for n in your_params if names.get(n) not in ref_params]
     uncovered = sorted(set(ref_params) - {names.get(n) for n in your_params})
     misshapen = [n for n in your_params if n not in unmatched and your_params[n].shape != ref_params[names[n]].shape]
-    if unmatched or uncovered or misshapen:
-        problem = (f"{', '.join(unmatched[:3])} match no reference parameter" if unmatched else
-                   f"nothing of yours maps to {', '.join(uncovered[:3])}" if uncovered else
-                   f"{misshapen[0]} is {tuple(your_params[misshapen[0]].shape)}, the reference's "
-                   f"{tuple(ref_params[names[misshapen[0]]].shape)}")
-        return {**out, "ok": False, "problem": f"parameters: {problem} (map your names with --param-map)"}
-    with torch.no_grad():
-        for n, p in your_params.items():
-            p.copy_(ref_params[names[n]])
-    tokens, targets = (torch.randint(0, CHECK_MODEL.vocab_size, (CHECK_BATCH, CHECK_MODEL.context_length),
-                                     device=device) for _ in range(2))
+    if not (unmatched or uncovered or misshapen):
+        return names, None
+    problem = (f"{', '.join(unmatched[:3])} match no reference parameter" if unmatched else
+               f"nothing of yours maps to {', '.join(uncovered[:3])}" if uncovered else
+               f"{misshapen[0]} is {tuple(your_params[misshapen[0]].shape)}, the reference's "
+               f"{tuple(ref_params[names[misshapen[0]]].shape)}")
+    return names, f"parameters: {problem} (map your names with --param-map)"
+
+
+def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference: torch.nn.Module,
+            names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
+    """Both models at the reference's weights: logits, loss and every gradient of `forward` (yours, or its compiled
+    form) under bf16 autocast against the reference's in fp32. Then CHECK_STEPS steps of `optimizer` on your
+    parameters from the reference's weights, each step its own gradients, against AdamW's (adamw_changes, either
+    epsilon): {"errors": {what: relative error}, "no_gradient": [...], "step_reference": the closer AdamW}."""
+    device, vocab = tokens.device, reference.lm_head.weight.shape[0] if hasattr(reference, "lm_head") else None
+    ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
+
+    def at_reference_weights() -> None:
+        with torch.no_grad():
+            for n, p in your_params.items():
+                p.copy_(ref_params[names[n]])
+        for p in (*your_params.values(), *ref_params.values()):
+            p.grad = None
+
+    at_reference_weights()
     ref_logits = reference(tokens)
     ref_loss = cross_entropy(ref_logits, targets)
     ref_loss.backward()
     with precision_context(device, "bf16"):
-        logits = yours(tokens)
+        logits = forward(tokens)
+        check_logits(logits, tuple(tokens.shape), vocab or ref_logits.shape[-1], None)
         loss = cross_entropy(logits.to(device), targets)
     loss.backward()
     errors = {"logits": relative_error(logits, ref_logits), "loss": relative_error(loss, ref_loss)}
     errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
                    for n, p in your_params.items()})
-
-    def one_step(make: Callable) -> list[torch.Tensor]:
-        params = [torch.nn.Parameter(p.detach().clone()) for p in ref_params.values()]
-        for p, ref in zip(params, ref_params.values()):
-            p.grad = ref.grad.clone()
-        make(params).step()
-        return [p.detach() - ref.detach() for p, ref in zip(params, ref_params.values())]
-    step = one_step(lambda params: build_optimizer(optimizer, params, device))
-    steps = {name: {f"step of {n}": relative_error(a, b) for n, a, b in zip(ref_params, step, one_step(make))}
-             for name, make in STEP_REFERENCES.items()}
+    no_gradient = [f"grad {names[n]}" for n, p in your_params.items() if p.grad is None]
+    # the steps' gradients: the reference's, each element scaled by its own factor in [0.5, 1.5) at each step, so an
+    # optimizer that forgets its moments or its step count between steps moves elsewhere from the second step on
+    rng = torch.Generator().manual_seed(0)
+    start = {r: p.detach().clone() for r, p in ref_params.items()}
+    grads = [{r: p.grad * torch.rand(p.shape, generator=rng).add_(0.5).to(device) for r, p in ref_params.items()}
+             for _ in range(CHECK_STEPS)]
+    at_reference_weights()
+    yours_changed = []
+    for step_grads in grads:
+        for n, p in your_params.items():
+            p.grad = step_grads[names[n]].to(p.dtype).clone()
+        optimizer.step()
+        yours_changed.append({names[n]: p.detach() - start[names[n]] for n, p in your_params.items()})
+    optimizer.zero_grad(set_to_none=True)
+    steps = {name: {f"step {k} of {r}": relative_error(yours_changed[k - 1][r], changes[r])
+                    for k, changes in enumerate(adamw_changes(start, grads, beside), 1) for r in changes}
+             for name, beside in STEP_REFERENCES.items()}
     matched = min(steps, key=lambda name: max(steps[name].values()))
-    errors.update(steps[matched])
-    tolerance = {k: STEP_TOLERANCE if k.startswith("step of") else CHECK_TOLERANCE for k in errors}
+    return {"errors": errors | steps[matched], "no_gradient": no_gradient, "step_reference": matched}
+
+
+def judged(out: dict[str, Any], compared: dict[str, Any]) -> dict[str, Any]:
+    """The check's verdict from compare(): ok, the worst tensor against its tolerance, and the problem if any."""
+    errors = compared["errors"]
+    tolerance = {k: STEP_TOLERANCE if k.startswith("step ") else CHECK_TOLERANCE for k in errors}
     worst = max(errors, key=lambda k: errors[k] / tolerance[k])
-    out.update(ok=errors[worst] <= tolerance[worst], worst=worst, max_error=errors[worst], errors=errors,
-               step_tolerance=STEP_TOLERANCE, step_reference=matched)
-    # yours is built with the settings it names (model.ADAMW_SETTINGS); others keep its own defaults
-    against = (f"AdamW({', '.join(f'{k}={v}' for k, v in ADAMW_SETTINGS.items())}) as {' or as '.join(STEP_REFERENCES)}"
-               if worst.startswith("step of") else out["reference"])
-    return out if out["ok"] else {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance "
-                                                    f"{tolerance[worst]:.0e}) against {against}"}
+    out = {**out, "ok": errors[worst] <= tolerance[worst], "worst": worst, "max_error": errors[worst],
+           "errors": errors, "tolerance": CHECK_TOLERANCE, "step_tolerance": STEP_TOLERANCE,
+           "steps": CHECK_STEPS, "step_reference": compared["step_reference"]}
+    if out["ok"]:
+        return out
+    if worst in compared["no_gradient"]:
+        return {**out, "problem": f"{worst.removeprefix('grad ')} has no gradient (the reference's has one)"}
+    against = (f"AdamW({', '.join(f'{k}={v}' for k, v in ADAMW_SETTINGS.items())}) as "
+               f"{' or as '.join(STEP_REFERENCES)}" if worst.startswith("step ") else out["reference"])
+    return {**out, "problem": f"{worst} off by {errors[worst]:.1e} (relative; tolerance {tolerance[worst]:.0e}) "
+                              f"against {against}"}
+
+
+def default_problem(optimizer: str) -> str | None:
+    """A default of your optimizer's signature other than the course AdamW's (model.ADAMW_SETTINGS): the course
+    builds AdamW(model.parameters()), so its defaults are the settings it trains with."""
+    if optimizer in (common.OURS, "torch"):
+        return None
+    try:
+        named = inspect.signature(common.load(optimizer)).parameters
+    except (TypeError, ValueError):  # no signature to read: its steps say
+        return None
+    for key, value in ADAMW_SETTINGS.items():
+        default = named[key].default if key in named else inspect.Parameter.empty
+        if isinstance(default, list):
+            default = tuple(default)
+        if default is not inspect.Parameter.empty and default != value:
+            return (f"{optimizer}'s default {key} is {default!r}, the course AdamW's {value!r} (the leaderboard "
+                    "builds it with its defaults: CLASS(model.parameters()))")
+    return None
+
+
+def reference_spec() -> str | None:
+    return STAFF_MODEL if importlib.util.find_spec("cs336_basics") else None
+
+
+def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0,
+                    optimizer: str = "ours", shape: ModelConfig | None = None) -> dict:
+    """Your model against the reference (the staff model when cs336_basics imports, else ours) at `shape` (default:
+    check_shape of the scaled leaderboard's), both fresh: your parameters get the reference's values (by name,
+    through param_map when given) and compare() runs; your optimizer is built as the course builds it
+    (CLASS(params): its defaults must be the course AdamW's)."""
+    shape = shape or check_shape(SCALED, device)
+    torch.manual_seed(seed)
+    with device:
+        reference = build_model(shape, factory=reference_spec())
+        yours = build_model(shape, factory=factory)
+    out = {"reference": reference_spec() or "ours", "shape": dataclasses.asdict(shape)}
+    names, problem = matched_names(yours, reference, param_map)
+    problem = problem or default_problem(optimizer)
+    if problem:
+        return {**out, "ok": False, "problem": problem}
+    tokens, targets = (torch.randint(0, shape.vocab_size, (CHECK_BATCH, shape.context_length), device=device)
+                       for _ in range(2))
+    built = build_optimizer(optimizer, yours.parameters(), device, course=True)
+    return judged(out, compare(yours, yours, built, reference, names, tokens, targets))
+
+
+def recheck(work: Workload, param_map: str | None, optimizer_state: dict) -> dict[str, Any]:
+    """The check again after the timing, on the very model and optimizer that were timed, at the timed shape and
+    batch: the reference's weights loaded into the timed model, the optimizer's state as it was built (its
+    load_state_dict), compare() through the timed (compiled) model. Not where the reference would not fit beside
+    the timed model (the full shape) or the model is sharded over ranks (--parallel)."""
+    run = work.run
+    if run.parallel or run.size == "leaderboard-full":
+        why = "--parallel: the timed model is sharded" if run.parallel else "the full shape: a reference beside it"
+        return {"ok": None, "skipped": f"not rechecked after the timing ({why} would not fit)"}
+    torch.manual_seed(run.seed)
+    with work.device:
+        reference = build_model(run.model, factory=reference_spec())
+    out = {"reference": reference_spec() or "ours", "shape": dataclasses.asdict(run.model)}
+    names, problem = matched_names(work.model, reference, param_map)
+    if problem:
+        return {**out, "ok": False, "problem": problem}
+    work.optimizer.load_state_dict(optimizer_state)
+    return judged(out, compare(work.model, work.callable_model, work.optimizer, reference, names, work.tokens,
+                               work.targets))
+
+
+def global_settings(device: torch.device) -> dict[str, tuple[Callable, Callable]]:
+    """torch's process-wide settings that change what is timed or checked: name -> (read, write)."""
+    kind = device.type
+    return {"default dtype": (torch.get_default_dtype, torch.set_default_dtype),
+            "default device": (torch.get_default_device, torch.set_default_device),
+            "grad mode": (torch.is_grad_enabled, torch.set_grad_enabled),
+            "float32 matmul precision": (torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+            "deterministic algorithms": (torch.are_deterministic_algorithms_enabled,
+                                         torch.use_deterministic_algorithms),
+            "autocast": (lambda: torch.is_autocast_enabled(kind), lambda on: torch.set_autocast_enabled(kind, on))}
+
+
+def restore_settings(before: dict[str, Any], device: torch.device) -> dict[str, str]:
+    """Put back every global setting your code changed since `before`: {setting: what your code had set}."""
+    changed = {}
+    for name, (read, write) in global_settings(device).items():
+        if (now := read()) != before[name]:
+            changed[name] = str(now)
+            write(before[name])
+    return changed
 
 
 # ---------------------------------------------------------------- measure
 
 
+def measure_leaderboard(run: RunConfig, args: argparse.Namespace, started: float) -> dict[str, Any]:
+    """The leaderboard in its child (every rank's under torchrun): inductor's and triton's caches empty, as in
+    the leaderboard's run."""
+    device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
+    caches = tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True)
+    cold = {name: os.path.join(caches.name, name.split("_")[0].lower())
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    with caches, mock.patch.dict(os.environ, cold):
+        return leaderboard_measure(args, run, device, started)
+
+
 def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.device,
                         started: float) -> dict[str, Any]:
     """The check, then do_bench of the leaderboard's step (the headline, and the wall time so far), then --steps
-    steps with each phase synchronised apart (the split, peak memory, MFU)."""
+    steps with each phase synchronised apart (the split, peak memory), then the check again on what was timed.
+    torch's global settings your code changes are put back before the timing, and recorded."""
+    # bound before your code is imported: triton's do_bench as it is, whatever your modules replace later
+    do_bench = common.triton_do_bench() if device.type == "cuda" and not run.parallel else None
+    settings = {name: read() for name, (read, _) in global_settings(device).items()}
     phase("the behaviour check")
-    record: dict[str, Any] = {"check": behaviour_check(run.model_factory, args.param_map, device, run.seed,
-                                                              run.optimizer)}
+    record: dict[str, Any] = {"environment": environment(device), "check": behaviour_check(
+        run.model_factory, args.param_map, device, run.seed, run.optimizer, check_shape(run.model, device))}
+    changed = restore_settings(settings, device)
     if not record["check"]["ok"]:
-        return {**record, "status": f"WRONG: {record['check']['problem']}"}
+        return {**record, "global_settings_changed": changed, "status": f"WRONG: {record['check']['problem']}"}
     work = Workload(run)
+    work.optimizer = build_optimizer(run.optimizer, work.model.parameters(), device, course=True)  # the course's
+    built_state = copy.deepcopy(work.optimizer.state_dict())
+    record["trained_dtypes"] = sorted({dtype_name(p.dtype) for p in work.model.parameters()})
+    changed |= restore_settings(settings, device)
 
     def agree(n: int) -> int:  # under torchrun: the ranks' largest call count, so all run as many collectives
         count = torch.tensor([n], device=device)
@@ -250,23 +409,42 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
     record["leaderboard"] = common.leaderboard_time(work.untimed_step, device, args.warmup_ms, args.rep_ms,
-                                                     agree=agree if run.parallel else None)
-    record["wall_s"] = time.perf_counter() - started
+                                                     agree=agree if run.parallel else None, do_bench=do_bench)
+    record["wall_s"] = common.clock() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
                                     if torch.cuda.max_memory_allocated(d)}
     record.update(measure_steps(work))
-    record.update(derive_figures(run, record, args.peak_tflops))
+    changed |= restore_settings(settings, device)
+    phase("the behaviour check again, on the timed model and optimizer")
+    record["recheck"] = recheck(work, args.param_map, built_state)
+    record["global_settings_changed"] = changed | restore_settings(settings, device)
+    disagree = record["leaderboard"]["clocks_disagree"]
+    if record["recheck"]["ok"] is False:
+        return {**record, "status": f"WRONG after the timing: {record['recheck']['problem']}"}
+    if disagree > common.CLOCKS_AGREE:
+        return {**record, "status": f"refused: the step's two clocks disagree by {disagree:.0%} ("
+                                    f"{record['leaderboard']['ms']:.3g} ms against "
+                                    f"{record['leaderboard']['second_clock_ms']:.3g} ms; a clock was replaced?)"}
+    return {**record, "status": "ok"}
+
+
+def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | None) -> None:
+    """In the parent, once every rank's record is merged: the split's statistics, MFU on do_bench's figure."""
+    if not finished(record):
+        return
+    record.update(derive_figures(run, record, peak_tflops))
     if record["mfu"]:  # MFU on do_bench's step time rather than the split's
         record["leaderboard"]["mfu"] = record["mfu"] * record["step_ms_mean"] / record["leaderboard"]["ms"]
-    return {**record, "status": "noisy" if record["noisy"] else "ok"}
+    record["status"] = "noisy" if record["noisy"] else "ok"
 
 
 # ---------------------------------------------------------------- report
 
 
 def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int:
-    """The leaderboard in this process (every rank under torchrun, in one process group): 1 when WRONG or failed."""
+    """The leaderboard in a child (every rank's under torchrun, in one process group), bounded by --timeout: a hang,
+    a crash or Ctrl-C is the row. 1 when WRONG or failed."""
     if args.dry_run:  # the shape, and the predicted training state per device: this layout, and one or two GPUs
         layouts = [(run.parallel, run.world_size), (None, 1), ("ddp", 2), ("fsdp", 2)]
         rows = [{"layout": f"{p} x{w}" if p else "one process", "state per device GiB":
@@ -278,30 +456,26 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
                   f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
                   "nothing was built, run or written (drop --dry-run to run it)")
         return 0
-    device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
-    group = (parallel.configuration_group("leaderboard/", device, run.pg_timeout_s) if run.parallel
-             else contextlib.nullcontext())
-    record = {"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
-              "environment": environment(device)}
-    caches = tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True)
-    cold = {name: os.path.join(caches.name, name.split("_")[0].lower())  # empty, as in the leaderboard's run
-            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    try:
-        with caches, mock.patch.dict(os.environ, cold), group:
-            record.update(leaderboard_measure(args, run, device, started))
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an OOM or your model's error (or exit) is the row
-        record["status"] = common.failure_status(exc)
-        if run.parallel:  # "OOM on rank 1", not rank 0's broken connection to it
-            record["status"] = parallel.first_failure_status("leaderboard/", record["status"])
-    if parallel.is_rank_zero():
-        files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard")
-        if published := report.publish("leaderboard-2026", [record], files, args.fmt, append=[record]):
-            return published  # 130: Ctrl-C while the report was written
-    return 0 if finished(record) else 1
+    rank_zero = parallel.is_rank_zero()
+    files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard") if rank_zero else None
+    measure = functools.partial(measure_leaderboard, args=args, started=started)
+    device = resolve_device(run.device)
+    records, code = runner.run_configurations(measure, [run], files, args, name="leaderboard-2026", device=device,
+                                              finish=lambda r, record: finish_record(r, record, args.peak_tflops))
+    if not records:  # interrupted before its row: the row says so
+        how = "SIGTERM" if code == 128 + signal.SIGTERM else "Ctrl-C"
+        records = [{"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),
+                    "environment": {"device": str(device), "device_name": str(device), "torch": torch.__version__},
+                    "status": f"interrupted by {how}"}]
+        if files is not None:
+            files.append_record(records[0])
+    if rank_zero and (published := report.publish("leaderboard-2026", records, files, args.fmt)):
+        return code or published  # 130: Ctrl-C while the report was written
+    return code or (0 if finished(records[0]) else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = time.perf_counter()
+    started = common.clock()
     args, run = parse_args(argv)
     return leaderboard(args, run, started)
 
