@@ -76,6 +76,15 @@ def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path,
     assert "2026 best" in tex and "sync timer" in tex and "|" not in tex.split("Where it stands")[1]
 
 
+def test_a_compiled_step_is_timed_after_its_compiling_call_and_agrees_with_the_split(tmp_path):
+    """The suite's one torch.compile leaderboard run: the first call compiles, the headline is the mean of the
+    calls after the estimate and the warm-up, close to the split's step (within this loaded machine's noise)."""
+    code, (record,) = run_leaderboard(tmp_path, "--compile", "--rep-ms", "1000", "--warmup-ms", "100", "--steps", "3")
+    lb = record["leaderboard"]
+    assert code == 0 and record["recheck"]["ok"] and lb["calls"] > 1 and lb["first_call_ms"] > 3 * lb["ms"]
+    assert 1 / 3 < lb["ms"] / record["step_ms_mean"] < 3, (lb, record["step_ms"])
+
+
 def test_the_staff_model_is_the_reference_when_cs336_basics_imports(tmp_path, monkeypatch):
     package = tmp_path / "staff" / "cs336_basics"
     package.mkdir(parents=True)
@@ -170,6 +179,37 @@ def frozen_head(**kw):
     m = tagged("frozen", **kw)
     m.lm_head.weight.requires_grad_(False)
     return m
+
+
+def fused(**kw):  # ours, returning the loss itself when given targets (a head fused with its loss)
+    m = tagged("fused", **kw)
+    logits_of = m.forward
+
+    def forward(tokens, targets=None):
+        logits = logits_of(tokens)
+        return logits if targets is None else torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                                                targets.flatten())
+    m.forward = forward
+    return m
+
+
+def fused_step(model, optimizer, tokens, targets):
+    loss = model(tokens, targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def step_without_update(model, optimizer, tokens, targets):
+    loss = model(tokens, targets)
+    loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def torch_loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 class OtherDefaults(torch.optim.AdamW):  # a correct AdamW whose defaults are not the staff's
@@ -329,3 +369,18 @@ def test_a_hanging_model_is_a_timeout_row_and_os_exit_an_error_row(tmp_path, mon
     assert code == 1 and record["status"] == "timeout after 8 s"
     code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:ends", out="ends")
     assert code == 1 and record["status"] == "error: child process died with exit code 7"
+
+
+def test_your_whole_step_or_your_loss_is_timed_and_checked(tmp_path):
+    code, (record,) = run_leaderboard(tmp_path, "--model", "test_leaderboard:fused", "--step",
+                                      "test_leaderboard:fused_step", "--in-process")
+    assert code == 0 and record["check"]["ok"] and record["recheck"]["ok"] and record["leaderboard"]["ms"] > 0
+    errors = record["check"]["errors"]
+    assert "weights after step 3: lm_head.weight" in errors and "loss at step 3" in errors
+    assert "forward_ms" not in record and len(record["step_ms"]) == 2 and record["step_ms_mean"] > 0
+    lazy = leaderboard.behaviour_check("test_leaderboard:fused", None, torch.device("cpu"), shape=SMALL,
+                                       step="test_leaderboard:step_without_update")
+    assert not lazy["ok"] and lazy["problem"].startswith("weights after step 1: ")
+    code, (record,) = run_leaderboard(tmp_path, "--loss", "test_leaderboard:torch_loss", "--in-process", out="loss")
+    assert code == 0 and record["check"]["ok"] and "logits" not in record["check"]["errors"]
+    assert len(record["forward_ms"]) == 2
