@@ -64,6 +64,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
     p.add_argument("--param-map", type=common.named_or_spec([]), default=None, metavar="MODULE:CALLABLE",
                    help="CALLABLE(your_model) returns {your parameter name: ours} for the behaviour check, where your "
                         "names differ from the reference's")
+    p.add_argument("--loss", type=common.named_or_spec([]), default=None, metavar="MODULE:CALLABLE",
+                   help="your loss in place of cross_entropy: CALLABLE(what your model returns, targets) -> the "
+                        "scalar loss (e.g. a model returning its last hidden state, and a loss fusing the LM head "
+                        "with cross-entropy); the check compares the loss and every gradient")
+    p.add_argument("--step", type=common.named_or_spec([]), default=None, metavar="MODULE:CALLABLE",
+                   help="your whole training step in place of ours: CALLABLE(model, optimizer, tokens, targets) -> "
+                        "the loss, doing forward, loss, backward, optimizer.step() and zero_grad, called under bf16 "
+                        "autocast; the check hands it a probe for an optimizer and compares the loss it returns and "
+                        "the gradients at optimizer.step() (your optimizer is checked apart); the split is the whole "
+                        "step only")
     p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="our model's attention (default: naive)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (from empty caches)")
     p.add_argument("--rep-ms", type=positive_float, default=None,
@@ -110,7 +120,9 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     device = common.device_or_exit(parser, args.device)
     results.refuse(parser, [
         (len(args.model) > 1 or len(args.optimizer) > 1,
-         "the leaderboard times one configuration: give --model and --optimizer one value each")])
+         "the leaderboard times one configuration: give --model and --optimizer one value each"),
+        (args.loss is not None and args.step is not None, "--step runs your whole step, loss included: give "
+                                                           "--loss or --step")])
     world_size = parallel.check_parallel_args(parser, args, device)
     full = args.shape == "full" or (args.shape == "auto" and device.type == "cuda")
     args.shape = "full" if full else "scaled"
@@ -209,42 +221,74 @@ def matched_names(yours: torch.nn.Module, reference: torch.nn.Module, param_map:
     return names, f"parameters: {problem} (map your names with --param-map)"
 
 
-def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference: torch.nn.Module,
-            names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor) -> dict[str, Any]:
-    """Both models at the reference's weights: logits, loss and every gradient of `forward` (yours, or its compiled
-    form) under bf16 autocast against the reference's in fp32. Then CHECK_STEPS steps of `optimizer` on your
-    parameters from the reference's weights, each step its own gradients, against AdamW's (adamw_changes, either
-    epsilon): {"errors": {what: relative error}, "no_gradient": [...], "step_reference": the closer AdamW}."""
-    device, vocab = tokens.device, reference.lm_head.weight.shape[0] if hasattr(reference, "lm_head") else None
-    ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
+def at_reference_weights(your_params: dict[str, torch.Tensor], ref_params: dict[str, torch.Tensor],
+                         names: dict[str, str]) -> None:
+    """Your parameters get the reference's values; neither has a gradient."""
+    with torch.no_grad():
+        for n, p in your_params.items():
+            p.copy_(ref_params[names[n]])
+    for p in (*your_params.values(), *ref_params.values()):
+        p.grad = None
 
-    def at_reference_weights() -> None:
-        with torch.no_grad():
-            for n, p in your_params.items():
-                p.copy_(ref_params[names[n]])
-        for p in (*your_params.values(), *ref_params.values()):
+
+class GradientProbe:
+    """What the check hands your step (--step) for an optimizer: step() keeps each parameter's gradient, and
+    changes nothing; your optimizer's steps are checked apart."""
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params, self.grads, self.param_groups = params, [], [{"params": params, **ADAMW_SETTINGS}]
+
+    def step(self, closure: Callable | None = None) -> None:
+        self.grads.append([None if p.grad is None else p.grad.detach().clone() for p in self.params])
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
             p.grad = None
 
-    at_reference_weights()
+
+def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference: torch.nn.Module,
+            names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor,
+            loss_fn: Callable | None = None, step: Callable | None = None) -> dict[str, Any]:
+    """Both models at the reference's weights: logits (unless your loss_fn takes what your model returns, or your
+    step does it all), loss and every gradient of `forward` (yours, or its compiled form) under bf16 autocast
+    against the reference's in fp32; your step (--step) is given a GradientProbe for an optimizer. Then CHECK_STEPS
+    steps of `optimizer` on your parameters from the reference's weights, each step its own gradients, against
+    AdamW's (adamw_changes, either epsilon): {"errors": {what: relative error}, "no_gradient": [...],
+    "step_reference": the closer AdamW, "problem": a step that did not call optimizer.step() once, or None}."""
+    device = tokens.device
+    ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
+    at_reference_weights(your_params, ref_params, names)
     ref_logits = reference(tokens)
     ref_loss = cross_entropy(ref_logits, targets)
     ref_loss.backward()
-    with precision_context(device, "bf16"):
-        logits = forward(tokens)
-        check_logits(logits, tuple(tokens.shape), vocab or ref_logits.shape[-1], None)
-        loss = cross_entropy(logits.to(device), targets)
-    loss.backward()
-    errors = {"logits": relative_error(logits, ref_logits), "loss": relative_error(loss, ref_loss)}
-    errors.update({f"grad {names[n]}": relative_error(p.grad, ref_params[names[n]].grad)
-                   for n, p in your_params.items()})
-    no_gradient = [f"grad {names[n]}" for n, p in your_params.items() if p.grad is None]
+    errors, problem = {}, None
+    if step is None:
+        with precision_context(device, "bf16"):
+            output = forward(tokens)
+            if loss_fn is None:
+                check_logits(output, tuple(tokens.shape), ref_logits.shape[-1], None)
+                errors["logits"] = relative_error(output, ref_logits)
+            loss = (loss_fn or cross_entropy)(output, targets)
+        loss.backward()
+        your_grads = {n: p.grad for n, p in your_params.items()}
+    else:
+        probe = GradientProbe(list(your_params.values()))
+        with precision_context(device, "bf16"):
+            loss = step(forward, probe, tokens, targets)
+        if len(probe.grads) != 1:
+            problem = f"your step called optimizer.step() {len(probe.grads)} times in one step"
+        your_grads = dict(zip(your_params, probe.grads[0] if probe.grads else [None] * len(your_params)))
+    errors["loss"] = relative_error(torch.as_tensor(loss), ref_loss)
+    errors.update({f"grad {names[n]}": relative_error(your_grads[n], ref_params[names[n]].grad)
+                   for n in your_params})
+    no_gradient = [f"grad {names[n]}" for n in your_params if your_grads[n] is None]
     # the steps' gradients: the reference's, each element scaled by its own factor in [0.5, 1.5) at each step, so an
     # optimizer that forgets its moments or its step count between steps moves elsewhere from the second step on
     rng = torch.Generator().manual_seed(0)
     start = {r: p.detach().clone() for r, p in ref_params.items()}
     grads = [{r: p.grad * torch.rand(p.shape, generator=rng).add_(0.5).to(device) for r, p in ref_params.items()}
              for _ in range(CHECK_STEPS)]
-    at_reference_weights()
+    at_reference_weights(your_params, ref_params, names)
     yours_changed = []
     for step_grads in grads:
         for n, p in your_params.items():
@@ -256,7 +300,8 @@ def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference
                     for k, changes in enumerate(adamw_changes(start, grads, beside), 1) for r in changes}
              for name, beside in STEP_REFERENCES.items()}
     matched = min(steps, key=lambda name: max(steps[name].values()))
-    return {"errors": errors | steps[matched], "no_gradient": no_gradient, "step_reference": matched}
+    return {"errors": errors | steps[matched], "no_gradient": no_gradient, "step_reference": matched,
+            "problem": problem}
 
 
 def judged(out: dict[str, Any], compared: dict[str, Any]) -> dict[str, Any]:
@@ -267,6 +312,8 @@ def judged(out: dict[str, Any], compared: dict[str, Any]) -> dict[str, Any]:
     out = {**out, "ok": errors[worst] <= tolerance[worst], "worst": worst, "max_error": errors[worst],
            "errors": errors, "tolerance": CHECK_TOLERANCE, "step_tolerance": STEP_TOLERANCE,
            "steps": CHECK_STEPS, "step_reference": compared["step_reference"]}
+    if compared.get("problem"):
+        return {**out, "ok": False, "problem": compared["problem"]}
     if out["ok"]:
         return out
     if worst in compared["no_gradient"]:
@@ -300,8 +347,17 @@ def reference_spec() -> str | None:
     return STAFF_MODEL if importlib.util.find_spec("cs336_basics") else None
 
 
+def yours_compared(yours: torch.nn.Module, called: Callable, optimizer: Any, reference: torch.nn.Module,
+                   names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor, loss: str | None,
+                   step: str | None) -> dict[str, Any]:
+    """compare() with your loss or step, imported here (in the run's child)."""
+    return compare(yours, called, optimizer, reference, names, tokens, targets, loss and common.load(loss),
+                   step and common.load(step))
+
+
 def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0,
-                    optimizer: str = "ours", shape: ModelConfig | None = None) -> dict:
+                    optimizer: str = "ours", shape: ModelConfig | None = None, loss: str | None = None,
+                    step: str | None = None) -> dict:
     """Your model against the reference (the staff model when cs336_basics imports, else ours) at `shape` (default:
     check_shape of the scaled leaderboard's), both fresh: your parameters get the reference's values (by name,
     through param_map when given) and compare() runs; your optimizer is built as the course builds it
@@ -319,10 +375,11 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     tokens, targets = (torch.randint(0, shape.vocab_size, (CHECK_BATCH, shape.context_length), device=device)
                        for _ in range(2))
     built = build_optimizer(optimizer, yours.parameters(), device, course=True)
-    return judged(out, compare(yours, yours, built, reference, names, tokens, targets))
+    return judged(out, yours_compared(yours, yours, built, reference, names, tokens, targets, loss, step))
 
 
-def recheck(work: Workload, param_map: str | None, optimizer_state: dict) -> dict[str, Any]:
+def recheck(work: Workload, param_map: str | None, optimizer_state: dict, loss: str | None = None,
+            step: str | None = None) -> dict[str, Any]:
     """The check again after the timing, on the very model and optimizer that were timed, at the timed shape and
     batch: the reference's weights loaded into the timed model, the optimizer's state as it was built (its
     load_state_dict), compare() through the timed (compiled) model. Not where the reference would not fit beside
@@ -339,8 +396,8 @@ def recheck(work: Workload, param_map: str | None, optimizer_state: dict) -> dic
     if problem:
         return {**out, "ok": False, "problem": problem}
     work.optimizer.load_state_dict(optimizer_state)
-    return judged(out, compare(work.model, work.callable_model, work.optimizer, reference, names, work.tokens,
-                               work.targets))
+    return judged(out, yours_compared(work.model, work.callable_model, work.optimizer, reference, names, work.tokens,
+                                      work.targets, loss, step))
 
 
 def global_settings(device: torch.device) -> dict[str, tuple[Callable, Callable]]:
@@ -389,11 +446,13 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     settings = {name: read() for name, (read, _) in global_settings(device).items()}
     phase("the behaviour check")
     record: dict[str, Any] = {"environment": environment(device), "check": behaviour_check(
-        run.model_factory, args.param_map, device, run.seed, run.optimizer, check_shape(run.model, device))}
+        run.model_factory, args.param_map, device, run.seed, run.optimizer, check_shape(run.model, device),
+        args.loss, args.step)}
     changed = restore_settings(settings, device)
     if not record["check"]["ok"]:
         return {**record, "global_settings_changed": changed, "status": f"WRONG: {record['check']['problem']}"}
-    work = Workload(run)
+    loss, step = (common.load(spec) if spec else None for spec in (args.loss, args.step))
+    work = YourLossWorkload(run, loss)
     work.optimizer = build_optimizer(run.optimizer, work.model.parameters(), device, course=True)  # the course's
     built_state = copy.deepcopy(work.optimizer.state_dict())
     record["trained_dtypes"] = sorted({dtype_name(p.dtype) for p in work.model.parameters()})
@@ -408,16 +467,25 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     for d in cuda:
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
-    record["leaderboard"] = common.leaderboard_time(work.untimed_step, device, args.warmup_ms, args.rep_ms,
+    def your_step() -> Any:  # --step: yours, under bf16 autocast as ours
+        with precision_context(device, run.dtype):
+            return step(work.callable_model, work.optimizer, work.tokens, work.targets)
+
+    timed_step = your_step if step else work.untimed_step
+    record["leaderboard"] = common.leaderboard_time(timed_step, device, args.warmup_ms, args.rep_ms,
                                                      agree=agree if run.parallel else None, do_bench=do_bench)
     record["wall_s"] = common.clock() - started
     record["over_10_min"] = record["wall_s"] > WALL_LIMIT_S
     record["peak_mem_by_device"] = {str(d): torch.cuda.max_memory_allocated(d) for d in cuda
                                     if torch.cuda.max_memory_allocated(d)}
-    record.update(measure_steps(work))
+    if step:  # your step has no phases to split: --warmup steps, then --steps timed
+        common.sync_times(timed_step, device, run.warmup)
+        record.update(step_ms=common.sync_times(timed_step, device, run.steps), **common.peak_memory_bytes(device))
+    else:
+        record.update(measure_steps(work))
     changed |= restore_settings(settings, device)
     phase("the behaviour check again, on the timed model and optimizer")
-    record["recheck"] = recheck(work, args.param_map, built_state)
+    record["recheck"] = recheck(work, args.param_map, built_state, args.loss, args.step)
     record["global_settings_changed"] = changed | restore_settings(settings, device)
     disagree = record["leaderboard"]["clocks_disagree"]
     if record["recheck"]["ok"] is False:
@@ -429,9 +497,29 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     return {**record, "status": "ok"}
 
 
+class YourLossWorkload(Workload):
+    """The timed step with your loss (--loss) in place of cross_entropy: loss(what your model returns, targets)."""
+
+    def __init__(self, run: RunConfig, loss: Callable | None):
+        super().__init__(run)
+        self.loss = loss
+
+    def forward(self, eager: bool = False) -> torch.Tensor:
+        if self.loss is None:
+            return super().forward(eager)
+        with torch.enable_grad(), precision_context(self.device, self.run.dtype):
+            return self.loss((self.model if eager else self.callable_model)(self.tokens), self.targets)
+
+
 def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | None) -> None:
     """In the parent, once every rank's record is merged: the split's statistics, MFU on do_bench's figure."""
     if not finished(record):
+        return
+    if "forward_ms" not in record:  # --step: the whole step only
+        stats = {f"step_ms_{stat}": value for stat, value in results.summarize(record["step_ms"]).items()}
+        noisy = stats["step_ms_cv"] is not None and stats["step_ms_cv"] > runner.NOISY_CV
+        record.update(stats, noisy=[f"step {stats['step_ms_cv']:.0%}"] if noisy else [], mfu=None)
+        record["status"] = "noisy" if noisy else "ok"
         return
     record.update(derive_figures(run, record, peak_tflops))
     if record["mfu"]:  # MFU on do_bench's step time rather than the split's

@@ -841,8 +841,9 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
             sections.append("\n\n".join(lines + [r["status"]]))
             continue
         lb = r["leaderboard"]
-        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"],
-               "bwd ms": r["backward_ms_mean"], "opt ms": r["optimizer_ms_mean"], "split step ms": r["step_ms_mean"],
+        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r.get("forward_ms_mean"),
+               "bwd ms": r.get("backward_ms_mean"), "opt ms": r.get("optimizer_ms_mean"),
+               "split step ms": r["step_ms_mean"],
                "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
                "MFU %": 100 * lb["mfu"] if lb.get("mfu") else None,
                "wall s": r["wall_s"], "status": r["status"] + ("; over 10 min" if r["over_10_min"] else "")}
