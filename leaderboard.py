@@ -74,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
                         "autocast; the check hands it a probe for an optimizer and compares the loss it returns and "
                         "the gradients at optimizer.step() (your optimizer is checked apart); the split is the whole "
                         "step only")
+    p.add_argument("--force", action="store_true",
+                   help="run the full shape even where its predicted training state does not fit in the free memory")
     p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="our model's attention (default: naive)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (from empty caches)")
     p.add_argument("--rep-ms", type=positive_float, default=None,
@@ -145,18 +147,42 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
                     device=args.device, seed=args.seed, parallel=(args.parallel or [None])[0],
                     world_size=world_size, fsdp_mixed_precision=args.fsdp_mixed_precision[0],
                     reshard_after_forward=args.reshard_after_forward[0] == "on", pg_timeout_s=args.pg_timeout)
-    if not args.dry_run:
+    if not (args.dry_run or args.force or run.model_factory):  # yours is predicted in the run's child
         state = parallel.state_bytes_per_rank(cfg, run.parallel, world_size, "train")["state_bytes"]
-        if on_cuda and not run.parallel:  # one process may spread its model over every GPU it sees
-            devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-        else:
-            devices = [parallel.rank_device(device, parallel.torchrun_launch())]
-        free = sum(common.free_memory_bytes(d) or 0 for d in devices)
-        if free and state > free:
-            parser.error(f"leaderboard {args.shape}: the training state alone needs {state / GIB:.1f} GiB per "
-                         f"device ({state_counted(cfg)}) and {'+'.join(map(str, devices))} has {free / GIB:.1f} "
-                         "GiB free: spread it (torchrun ... --parallel fsdp) or cut --num-layers")
+        if problem := state_refusal(run, device, state, state_counted(cfg)):
+            parser.error(f"leaderboard {args.shape}: {problem}")
     return run
+
+
+def state_refusal(run: RunConfig, device: torch.device, state: int, counted: str) -> str | None:
+    """Why a training state of `state` bytes per device cannot fit in the free memory, or None."""
+    if device.type == "cuda" and not run.parallel:  # one process may spread its model over every GPU it sees
+        devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    else:
+        devices = [parallel.rank_device(device, parallel.torchrun_launch() if run.parallel else None)]
+    free = sum(common.free_memory_bytes(d) or 0 for d in devices)
+    if not free or state <= free:
+        return None
+    return (f"the training state alone needs {state / GIB:.1f} GiB per device ({counted}) and "
+            f"{'+'.join(map(str, devices))} has {free / GIB:.1f} GiB free: spread it (torchrun ... --parallel fsdp), "
+            "cut --num-layers, or run it anyway with --force")
+
+
+def your_state_refusal(run: RunConfig, device: torch.device) -> str | None:
+    """state_refusal for your model at the full shape, built on the meta device (nothing allocated): its parameters
+    in their dtypes, gradients alike, AdamW's two moments in fp32; FSDP2 shards all of it. None where it fits, or
+    where your model cannot be built on the meta device (then the run says)."""
+    try:
+        with torch.device("meta"):
+            params = list(build_model(run.model, factory=run.model_factory).parameters())
+    except Exception:  # noqa: BLE001 - a factory that needs real memory: not predicted
+        return None
+    count = sum(p.numel() for p in params)
+    state = (2 * sum(p.numel() * p.element_size() for p in params) + 8 * count)
+    state //= run.world_size if run.parallel == "fsdp" else 1
+    dtypes = ", ".join(sorted({dtype_name(p.dtype) for p in params}))
+    return state_refusal(run, device, state, f"your model's {count:,} parameters in {dtypes}: weights + grads "
+                                             "alike + 8 bytes of AdamW state each; activations not counted")
 
 
 def state_counted(cfg: ModelConfig) -> str:
@@ -444,6 +470,10 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     # bound before your code is imported: triton's do_bench as it is, whatever your modules replace later
     do_bench = common.triton_do_bench() if device.type == "cuda" and not run.parallel else None
     settings = {name: read() for name, (read, _) in global_settings(device).items()}
+    if run.model_factory and run.size == "leaderboard-full" and not args.force:
+        if problem := your_state_refusal(run, device):
+            return {"environment": environment(device), "status": f"refused: {problem}",
+                    "global_settings_changed": restore_settings(settings, device)}
     phase("the behaviour check")
     record: dict[str, Any] = {"environment": environment(device), "check": behaviour_check(
         run.model_factory, args.param_map, device, run.seed, run.optimizer, check_shape(run.model, device),

@@ -285,6 +285,21 @@ def test_the_full_shape_refuses_in_one_line_where_it_cannot_fit(capsys, monkeypa
     assert "needs 121.1 GiB per device" in err and "80.0 GiB free" in err
 
 
+def bf16_weights(**kw):
+    return tagged("bf16", **kw).to(torch.bfloat16)
+
+
+def test_the_full_shape_is_predicted_from_your_model_and_force_runs_it_anyway(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(common, "free_memory_bytes", lambda device: 80 * 2**30)
+    code = leaderboard.main(["full", "--device", "cpu", "--in-process", "--model", "test_leaderboard:bf16_weights",
+                             "--results-dir", str(tmp_path), "--out", "lb"])
+    (record,) = read_records(tmp_path / "e2e" / "lb.jsonl")
+    params = results.ModelConfig(4096, 11008, 34, 32, 151_936, 32_768).num_params
+    assert code == 1 and record["status"].startswith("refused: the training state alone needs 90.8 GiB per device")
+    assert f"your model's {params:,} parameters in bfloat16" in record["status"] and "--force" in record["status"]
+    assert leaderboard.parse_args(["full", "--device", "cpu", "--force"])[1].size == "leaderboard-full"
+
+
 def test_leaderboard_time_runs_the_counts_the_ranks_agreed_on():
     """Under torchrun every rank must call the step (and its collectives) equally often: `agree` sets the counts."""
     calls = []
