@@ -5,12 +5,15 @@ leaderboard times it (triton.testing.do_bench), then split into its phases.
     python3 leaderboard.py --model mine=my_lm:make_model          # full shape on CUDA, scaled down elsewhere
     python3 leaderboard.py --model mine=my_lm:make_model --optimizer my_optim:AdamW   # yours, both checked
     torchrun --nproc-per-node 2 leaderboard.py --parallel fsdp    # ... spread over 2 GPUs
+    python3 leaderboard.py --model fused=my_lm:make_model --step my_lm:train_step   # your whole step
     python3 leaderboard.py full --dry-run --parallel fsdp --world-size 2   # the state per device, nothing run
 
-Method (the `measure` section): the behaviour check first (a WRONG model is never timed); the inductor and triton
-caches empty, as in the leaderboard's run; do_bench(step, warmup, rep) of the whole step, phases unsynchronised
-(the headline, with the wall time so far); then --steps steps each phase between two synchronisations
-(runner.measure_steps: the split, peak memory, MFU). The 2025 leaderboard is a grid of bench_attention.py.
+Method (the `measure` section), in a child process under --timeout: the behaviour check first at the timed head
+size over 3 optimizer steps (a WRONG model is never timed); the inductor and triton caches empty, as in the
+leaderboard's run; do_bench(step, warmup, rep) of the whole step, phases unsynchronised, or its method with the
+sync timer where it cannot run (common.leaderboard_time: the headline, with the wall time so far); then --steps
+steps each phase between two synchronisations (runner.measure_steps: the split, peak memory, MFU); then the check
+again on the very model and optimizer that were timed. The 2025 leaderboard is a grid of bench_attention.py.
 Manual: docs/leaderboard.md.
 """
 from __future__ import annotations
