@@ -19,6 +19,7 @@ Manual: docs/leaderboard.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -77,6 +78,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
                         "autocast; the check hands it a probe for an optimizer and compares the loss it returns and "
                         "the gradients at optimizer.step() (your optimizer is checked apart); the split is the whole "
                         "step only")
+    p.add_argument("--dtype", choices=list(PRECISIONS), default="bf16-autocast",
+                   help="bf16-autocast (default): your model's parameters as built (ours: fp32 master weights) under "
+                        "torch.autocast(bfloat16); bf16-weights: your model moved to bfloat16 (model.to), no autocast")
     p.add_argument("--force", action="store_true",
                    help="run the full shape even where its predicted training state does not fit in the free memory")
     p.add_argument("--attn", choices=list(ATTENTION), default="naive", help="our model's attention (default: naive)")
@@ -113,6 +117,7 @@ CHECK_TOLERANCE = 3e-2
 # and for the parameters' change after each optimizer step from the same weights and gradients: a missing weight
 # decay is 1e-2 off (on the norms' weights), AdamW's moments kept in bf16 about 2e-3
 STEP_TOLERANCE = 5e-3
+PRECISIONS = {"bf16-autocast": "bf16 autocast", "bf16-weights": "bf16 weights, no autocast"}  # --dtype
 STAFF_MODEL = "cs336_basics.model:BasicsTransformerLM"
 # AdamW's epsilon placed either way (adamw_changes): torch's adds it to the bias-corrected sqrt(v); assignment 1's
 # Algorithm 1 (the staff cs336_basics.optimizer.AdamW) to sqrt(v). Near-zero gradients tell the two apart by ~3%.
@@ -126,6 +131,8 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     results.refuse(parser, [
         (len(args.model) > 1 or len(args.optimizer) > 1,
          "the leaderboard times one configuration: give --model and --optimizer one value each"),
+        (args.dtype == "bf16-weights" and bool(args.parallel), "--dtype bf16-weights runs in one process: "
+                                                                 "drop --parallel"),
         (args.loss is not None and args.step is not None, "--step runs your whole step, loss included: give "
                                                            "--loss or --step")])
     world_size = parallel.check_parallel_args(parser, args, device)
@@ -277,14 +284,18 @@ class GradientProbe:
 
 def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference: torch.nn.Module,
             names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor,
-            loss_fn: Callable | None = None, step: Callable | None = None) -> dict[str, Any]:
+            loss_fn: Callable | None = None, step: Callable | None = None, autocast: bool = True,
+            stepped: torch.nn.Module | None = None) -> dict[str, Any]:
     """Both models at the reference's weights: logits (unless your loss_fn takes what your model returns, or your
     step does it all), loss and every gradient of `forward` (yours, or its compiled form) under bf16 autocast
     against the reference's in fp32; your step (--step) is given a GradientProbe for an optimizer. Then CHECK_STEPS
     steps of `optimizer` on your parameters from the reference's weights, each step its own gradients, against
-    AdamW's (adamw_changes, either epsilon): {"errors": {what: relative error}, "no_gradient": [...],
-    "step_reference": the closer AdamW, "problem": a step that did not call optimizer.step() once, or None}."""
+    AdamW's (adamw_changes, either epsilon), on the parameters of `stepped` (default: yours; with bf16 weights, an
+    fp32 twin: bf16 would round AdamW's steps away), none when `optimizer` is None: {"errors": {what: relative
+    error}, "no_gradient": [...], "step_reference": the closer AdamW, "problem": a step that did not call
+    optimizer.step() once, or None}. Without `autocast` (bf16 weights) your forward runs as it is."""
     device = tokens.device
+    precision = (lambda: precision_context(device, "bf16")) if autocast else contextlib.nullcontext
     ref_params, your_params = dict(reference.named_parameters()), dict(yours.named_parameters())
     at_reference_weights(your_params, ref_params, names)
     ref_logits = reference(tokens)
@@ -292,7 +303,7 @@ def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference
     ref_loss.backward()
     errors, problem = {}, None
     if step is None:
-        with precision_context(device, "bf16"):
+        with precision():
             output = forward(tokens)
             if loss_fn is None:
                 check_logits(output, tuple(tokens.shape), ref_logits.shape[-1], None)
@@ -302,7 +313,7 @@ def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference
         your_grads = {n: p.grad for n, p in your_params.items()}
     else:
         probe = GradientProbe(list(your_params.values()))
-        with precision_context(device, "bf16"):
+        with precision():
             loss = step(forward, probe, tokens, targets)
         if len(probe.grads) != 1:
             problem = f"your step called optimizer.step() {len(probe.grads)} times in one step"
@@ -311,6 +322,9 @@ def compare(yours: torch.nn.Module, forward: Callable, optimizer: Any, reference
     errors.update({f"grad {names[n]}": relative_error(your_grads[n], ref_params[names[n]].grad)
                    for n in your_params})
     no_gradient = [f"grad {names[n]}" for n in your_params if your_grads[n] is None]
+    if optimizer is None:
+        return {"errors": errors, "no_gradient": no_gradient, "step_reference": None, "problem": problem}
+    your_params = dict((stepped or yours).named_parameters())
     # the steps' gradients: the reference's, each element scaled by its own factor in [0.5, 1.5) at each step, so an
     # optimizer that forgets its moments or its step count between steps moves elsewhere from the second step on
     rng = torch.Generator().manual_seed(0)
@@ -378,19 +392,20 @@ def reference_spec() -> str | None:
 
 def yours_compared(yours: torch.nn.Module, called: Callable, optimizer: Any, reference: torch.nn.Module,
                    names: dict[str, str], tokens: torch.Tensor, targets: torch.Tensor, loss: str | None,
-                   step: str | None) -> dict[str, Any]:
+                   step: str | None, **options: Any) -> dict[str, Any]:
     """compare() with your loss or step, imported here (in the run's child)."""
     return compare(yours, called, optimizer, reference, names, tokens, targets, loss and common.load(loss),
-                   step and common.load(step))
+                   step and common.load(step), **options)
 
 
 def behaviour_check(factory: str | None, param_map: str | None, device: torch.device, seed: int = 0,
                     optimizer: str = "ours", shape: ModelConfig | None = None, loss: str | None = None,
-                    step: str | None = None) -> dict:
+                    step: str | None = None, bf16_weights: bool = False) -> dict:
     """Your model against the reference (the staff model when cs336_basics imports, else ours) at `shape` (default:
     check_shape of the scaled leaderboard's), both fresh: your parameters get the reference's values (by name,
     through param_map when given) and compare() runs; your optimizer is built as the course builds it
-    (CLASS(params): its defaults must be the course AdamW's)."""
+    (CLASS(params): its defaults must be the course AdamW's). With bf16_weights, a second model of yours in bf16
+    runs without autocast, and the optimizer steps the fp32 one."""
     shape = shape or check_shape(SCALED, device)
     torch.manual_seed(seed)
     with device:
@@ -404,10 +419,15 @@ def behaviour_check(factory: str | None, param_map: str | None, device: torch.de
     tokens, targets = (torch.randint(0, shape.vocab_size, (CHECK_BATCH, shape.context_length), device=device)
                        for _ in range(2))
     built = build_optimizer(optimizer, yours.parameters(), device, course=True)
+    if bf16_weights:
+        with device:
+            called = build_model(shape, factory=factory).to(torch.bfloat16)
+        return judged(out, yours_compared(called, called, built, reference, names, tokens, targets, loss, step,
+                                          autocast=False, stepped=yours))
     return judged(out, yours_compared(yours, yours, built, reference, names, tokens, targets, loss, step))
 
 
-def recheck(work: Workload, param_map: str | None, optimizer_state: dict, loss: str | None = None,
+def recheck(work: YourLossWorkload, param_map: str | None, optimizer_state: dict, loss: str | None = None,
             step: str | None = None) -> dict[str, Any]:
     """The check again after the timing, on the very model and optimizer that were timed, at the timed shape and
     batch: the reference's weights loaded into the timed model, the optimizer's state as it was built (its
@@ -425,8 +445,11 @@ def recheck(work: Workload, param_map: str | None, optimizer_state: dict, loss: 
     if problem:
         return {**out, "ok": False, "problem": problem}
     work.optimizer.load_state_dict(optimizer_state)
-    return judged(out, yours_compared(work.model, work.callable_model, work.optimizer, reference, names, work.tokens,
-                                      work.targets, loss, step))
+    if work.bf16_weights:  # its steps on bf16 weights are not AdamW's to the check's tolerance: the model alone
+        out["optimizer"] = "not rechecked: bf16 weights round AdamW's steps"
+    return judged(out, yours_compared(work.model, work.callable_model, None if work.bf16_weights else work.optimizer,
+                                      reference, names, work.tokens, work.targets, loss, step,
+                                      autocast=not work.bf16_weights))
 
 
 def global_settings(device: torch.device) -> dict[str, tuple[Callable, Callable]]:
@@ -480,14 +503,15 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     phase("the behaviour check")
     record: dict[str, Any] = {"environment": environment(device), "check": behaviour_check(
         run.model_factory, args.param_map, device, run.seed, run.optimizer, check_shape(run.model, device),
-        args.loss, args.step)}
+        args.loss, args.step, args.dtype == "bf16-weights")}
     changed = restore_settings(settings, device)
     if not record["check"]["ok"]:
         return {**record, "global_settings_changed": changed, "status": f"WRONG: {record['check']['problem']}"}
     loss, step = (common.load(spec) if spec else None for spec in (args.loss, args.step))
-    work = YourLossWorkload(run, loss)
+    work = YourLossWorkload(run, loss, args.dtype == "bf16-weights")
     work.optimizer = build_optimizer(run.optimizer, work.model.parameters(), device, course=True)  # the course's
     built_state = copy.deepcopy(work.optimizer.state_dict())
+    record["precision"] = PRECISIONS[args.dtype]
     record["trained_dtypes"] = sorted({dtype_name(p.dtype) for p in work.model.parameters()})
     changed |= restore_settings(settings, device)
 
@@ -500,8 +524,8 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
     for d in cuda:
         torch.cuda.reset_peak_memory_stats(d)
     phase(f"do_bench (warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms)")
-    def your_step() -> Any:  # --step: yours, under bf16 autocast as ours
-        with precision_context(device, run.dtype):
+    def your_step() -> Any:  # --step: yours, as ours: under bf16 autocast, or bf16 weights without
+        with work.precision():
             return step(work.callable_model, work.optimizer, work.tokens, work.targets)
 
     timed_step = your_step if step else work.untimed_step
@@ -531,17 +555,24 @@ def leaderboard_measure(args: argparse.Namespace, run: RunConfig, device: torch.
 
 
 class YourLossWorkload(Workload):
-    """The timed step with your loss (--loss) in place of cross_entropy: loss(what your model returns, targets)."""
+    """The timed step with your loss (--loss) in place of cross_entropy: loss(what your model returns, targets);
+    with bf16_weights (--dtype bf16-weights) your model in bf16 and no autocast."""
 
-    def __init__(self, run: RunConfig, loss: Callable | None):
+    def __init__(self, run: RunConfig, loss: Callable | None, bf16_weights: bool = False):
         super().__init__(run)
-        self.loss = loss
+        self.loss, self.bf16_weights = loss, bf16_weights
+        if bf16_weights:
+            self.model.to(torch.bfloat16)  # before the optimizer is built over its parameters
+
+    def precision(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self.bf16_weights else precision_context(self.device, self.run.dtype)
 
     def forward(self, eager: bool = False) -> torch.Tensor:
-        if self.loss is None:
+        if self.loss is None and not self.bf16_weights:
             return super().forward(eager)
-        with torch.enable_grad(), precision_context(self.device, self.run.dtype):
-            return self.loss((self.model if eager else self.callable_model)(self.tokens), self.targets)
+        with torch.enable_grad(), self.precision():
+            return (self.loss or cross_entropy)((self.model if eager else self.callable_model)(self.tokens),
+                                                self.targets)
 
 
 def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | None) -> None:

@@ -852,7 +852,7 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
         calls = (f"; mean of {lb['calls']} timed calls after {lb['calls_in_all'] - lb['calls']} untimed"
                  if "calls" in lb else f"; {lb['calls_in_all']} calls in all" if "calls_in_all" in lb else "")
         lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms{calls}), the "
-                     "headline, bf16 autocast over parameters in "
+                     f"headline, {r.get('precision', 'bf16 autocast')} over parameters in "
                      f"{', '.join(r.get('trained_dtypes') or ['float32'])}; fwd/bwd/opt: {r['config']['steps']} "
                      "steps, each phase between synchronisations; wall s: from the start to do_bench's figure, caches "
                      "empty (flagged over 10 min); MFU on do_bench's figure")

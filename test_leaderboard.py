@@ -79,10 +79,11 @@ def test_leaderboard_checks_then_times_a_full_step_with_the_sync_timer(tmp_path,
 def test_a_compiled_step_is_timed_after_its_compiling_call_and_agrees_with_the_split(tmp_path):
     """The suite's one torch.compile leaderboard run: the first call compiles, the headline is the mean of the
     calls after the estimate and the warm-up, close to the split's step (within this loaded machine's noise)."""
-    code, (record,) = run_leaderboard(tmp_path, "--compile", "--rep-ms", "1000", "--warmup-ms", "100", "--steps", "3")
+    code, (record,) = run_leaderboard(tmp_path, "--compile", "--rep-ms", "2000", "--warmup-ms", "100", "--steps", "3")
     lb = record["leaderboard"]
-    assert code == 0 and record["recheck"]["ok"] and lb["calls"] > 1 and lb["first_call_ms"] > 3 * lb["ms"]
-    assert 1 / 3 < lb["ms"] / record["step_ms_mean"] < 3, (lb, record["step_ms"])
+    assert code == 0 and record["recheck"]["ok"], record["status"]
+    assert lb["calls"] > 1 and lb["first_call_ms"] > 3 * lb["ms"], lb
+    assert 1 / 4 < lb["ms"] / record["step_ms_mean"] < 4, (lb, record["step_ms"])  # this machine's load swings
 
 
 def test_the_staff_model_is_the_reference_when_cs336_basics_imports(tmp_path, monkeypatch):
@@ -249,6 +250,8 @@ def test_a_parameter_without_gradient_is_named_as_such():
     (["--nvtx"], "unrecognized arguments: --nvtx"),  # a sweep's flags are bench_e2e.py's
     (["--model", "ours", "test_leaderboard:renamed"], "give --model and --optimizer one value each"),
     (["--parallel", "fsdp"], "--parallel needs torchrun"),
+    (["--dtype", "bf16-weights", "--parallel", "fsdp"], "--dtype bf16-weights runs in one process"),
+    (["--loss", "a:b", "--step", "a:c"], "give --loss or --step"),
     (["--context-length", "max"], "invalid int value: 'max'")])
 def test_leaderboard_refuses_in_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -399,3 +402,11 @@ def test_your_whole_step_or_your_loss_is_timed_and_checked(tmp_path):
     code, (record,) = run_leaderboard(tmp_path, "--loss", "test_leaderboard:torch_loss", "--in-process", out="loss")
     assert code == 0 and record["check"]["ok"] and "logits" not in record["check"]["errors"]
     assert len(record["forward_ms"]) == 2
+
+
+def test_bf16_weights_train_your_model_in_bf16_without_autocast_and_say_so(tmp_path, capsys):
+    code, (record,) = run_leaderboard(tmp_path, "--dtype", "bf16-weights", "--in-process")
+    assert code == 0 and record["check"]["ok"] and record["recheck"]["ok"], record["status"]
+    assert record["trained_dtypes"] == ["bfloat16"] and record["precision"] == "bf16 weights, no autocast"
+    assert "not rechecked" in record["recheck"]["optimizer"] and "bf16 weights, no autocast over parameters in " \
+        "bfloat16" in capsys.readouterr().out
