@@ -193,8 +193,9 @@ def leaderboard_time(fn: Callable[[], Any], device: torch.device, warmup_ms: flo
         estimate = statistics.fmean(sync_times(counted, device, ESTIMATE_CALLS))
         warmup_calls = agree(max(1, int(warmup_ms / max(estimate, 1e-3))))
         sync_times(counted, device, warmup_calls)
+        repetitions = agree(max(1, int(rep_ms / max(estimate, 1e-3))))  # before the clock: it waits for the ranks
         start = second_clock_ns()
-        samples = sync_times(counted, device, agree(max(1, int(rep_ms / max(estimate, 1e-3)))))
+        samples = sync_times(counted, device, repetitions)
         second_ms = (second_clock_ns() - start) / 1e6 / len(samples)
         ms = statistics.fmean(samples)
         timed = {"ms": ms, "method": "sync timer", "calls": len(samples), "first_call_ms": first,

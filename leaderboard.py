@@ -435,8 +435,9 @@ def recheck(work: YourLossWorkload, param_map: str | None, optimizer_state: dict
     the timed model (the full shape) or the model is sharded over ranks (--parallel)."""
     run = work.run
     if run.parallel or run.size == "leaderboard-full":
-        why = "--parallel: the timed model is sharded" if run.parallel else "the full shape: a reference beside it"
-        return {"ok": None, "skipped": f"not rechecked after the timing ({why} would not fit)"}
+        why = ("--parallel: the timed model is sharded" if run.parallel
+               else "the full shape: a reference beside it would not fit")
+        return {"ok": None, "skipped": f"not rechecked after the timing ({why})"}
     torch.manual_seed(run.seed)
     with work.device:
         reference = build_model(run.model, factory=reference_spec())
