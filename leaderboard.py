@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
     model_flag.type = common.named_model
     model_flag.help += "; NAME=MODEL names it in tables and records (default: ours)"
     model_flag.default = [(None, common.OURS)]
+    optimizer_flag = next(a for a in p._actions if a.dest == "optimizer")
+    optimizer_flag.help = ("ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); or yours as "
+                           "[NAME=]MODULE:CLASS, built as the course builds it: CLASS(model.parameters()), its own "
+                           "defaults, which must be AdamW's (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01)")
     p.add_argument("--param-map", type=common.named_or_spec([]), default=None, metavar="MODULE:CALLABLE",
                    help="CALLABLE(your_model) returns {your parameter name: ours} for the behaviour check, where your "
                         "names differ from the reference's")
