@@ -248,9 +248,10 @@ def check_logits(logits: object, tokens_shape: tuple[int, int], vocab_size: int,
                      f"logits (batch, seq, vocab) = {expected}")
 
 
-def build_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(name: str, params, device: torch.device, course: bool = False) -> torch.optim.Optimizer:
     """ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU); else MODULE:CLASS, built as
-    CLASS(params, **the ADAMW_SETTINGS it names)."""
+    CLASS(params, **the ADAMW_SETTINGS it names), or with `course` as the course's leaderboard builds it:
+    CLASS(params), its own defaults."""
     if name == "ours":
         return AdamW(params)
     if name == "torch":
@@ -260,7 +261,7 @@ def build_optimizer(name: str, params, device: torch.device) -> torch.optim.Opti
         named = inspect.signature(make).parameters
     except (TypeError, ValueError):  # a builtin without a signature: the lr alone
         named = {"lr"}
-    optimizer = make(params, **{k: v for k, v in ADAMW_SETTINGS.items() if k in named})
+    optimizer = make(params, **{k: v for k, v in ADAMW_SETTINGS.items() if k in named and not course})
     if not (callable(getattr(optimizer, "step", None)) and callable(getattr(optimizer, "zero_grad", None))):
         raise LoadError(f"{name} made a {type(optimizer).__name__}, which has no step() and zero_grad()")
     return optimizer

@@ -317,6 +317,8 @@ def merge_rank_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     "slowest_rank"; a phase's slowest rank alone would count a wait in a collective as well as what it waited for,
     and the phases would add up to more than the step), peaks and compile time the largest; "ranks" keeps every
     rank's own samples, peaks, host and device."""
+    if "step_ms" not in records[0]:  # nothing timed (the leaderboard's behaviour check failed): rank 0's says why
+        return {**records[0], "world_size": len(records)}
     merged = {k: v for k, v in records[0].items() if not k.endswith("_ms") and k not in PER_RANK_KEYS}
     sample_keys = [k for k in records[0] if k.endswith("_ms")]
     merged["ranks"] = [{"rank": rank, "device": rec.get("environment", {}).get("device"),

@@ -925,22 +925,32 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
         env, check = r["environment"], r.get("check")
         said = "" if check is None else (f"; reference {check['reference']}, check "
                                          + ("passed" if check["ok"] else "failed"))
+        if recheck := r.get("recheck"):
+            said += ("; " + recheck["skipped"] if "skipped" in recheck else
+                     f"; rechecked after the timing: {'passed' if recheck['ok'] else 'failed'}")
+        if changed := r.get("global_settings_changed"):
+            said += "; your code changed (put back before the timing): " + ", ".join(
+                f"{k} {v}" for k, v in changed.items())
         lines = [leaderboard_header(r["config"]), f"device: {env['device_name']}; torch {env['torch']}{said}"]
         if not finished(r):
             sections.append("\n\n".join(lines + [r["status"]]))
             continue
         lb = r["leaderboard"]
-        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r["forward_ms_mean"],
-               "bwd ms": r["backward_ms_mean"], "opt ms": r["optimizer_ms_mean"], "split step ms": r["step_ms_mean"],
+        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r.get("forward_ms_mean"),
+               "bwd ms": r.get("backward_ms_mean"), "opt ms": r.get("optimizer_ms_mean"),
+               "split step ms": r["step_ms_mean"],
                "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
                "MFU %": 100 * lb["mfu"] if lb.get("mfu") else None,
                "wall s": r["wall_s"], "status": r["status"] + ("; over 10 min" if r["over_10_min"] else "")}
         shown = pick_columns(with_run_column(LEADERBOARD_COLUMNS[1:], records), columns, fmt, LEADERBOARD_COLUMNS)
         lines.append(render_table([row], shown, fmt, floatfmt=",.1f"))
-        lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms), the "
-                     f"headline; fwd/bwd/opt: {r['config']['steps']} steps, each phase between synchronisations; "
-                     "wall s: from the start to do_bench's figure, caches empty (flagged over 10 min); MFU on "
-                     "do_bench's figure")
+        calls = (f"; mean of {lb['calls']} timed calls after {lb['calls_in_all'] - lb['calls']} untimed"
+                 if "calls" in lb else f"; {lb['calls_in_all']} calls in all" if "calls_in_all" in lb else "")
+        lines.append(f"step ms: {lb['method']} (warmup {lb['warmup_ms']:g} ms, rep {lb['rep_ms']:g} ms{calls}), the "
+                     f"headline, {r.get('precision', 'bf16 autocast')} over parameters in "
+                     f"{', '.join(r.get('trained_dtypes') or ['float32'])}; fwd/bwd/opt: {r['config']['steps']} "
+                     "steps, each phase between synchronisations; wall s: from the start to do_bench's figure, caches "
+                     "empty (flagged over 10 min); MFU on do_bench's figure")
         if len(r.get("peak_mem_by_device") or {}) > 1:
             lines.append("peak per device: " + ", ".join(f"{d} {b / GIB:.1f} GiB"
                                                          for d, b in r["peak_mem_by_device"].items()))
