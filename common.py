@@ -514,24 +514,35 @@ def best_rate(fn: Callable[[], Any], work: float, device: torch.device, budget_s
         calls *= 2 if timer.elapsed_s < 0.01 else 1
 
 
+def matmul_routes(a: torch.Tensor, b: torch.Tensor) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The two routes a model's matmuls take: `a @ b` and F.linear. On a CPU they differ for bf16 and fp16 (linear
+    goes to oneDNN, `@` to a kernel ~10x slower), so a ceiling from `@` alone is below what a model reaches."""
+    return (lambda: a @ b), (lambda: torch.nn.functional.linear(a, b))
+
+
 def matmul_tflops(device: torch.device, precision: str, max_n: int, budget_s: float) -> tuple[float, int]:
-    """Best TFLOP/s of an n x n matmul: n = 256, 512, ... max_n, the best of a few calls each while the next size's
-    call (8x the FLOPs, at twice the rate: larger matmuls run faster) fits half the budget left, then the rest
-    of the budget at the fastest n; (TFLOP/s, n)."""
+    """Best TFLOP/s of an n x n matmul by its faster route (matmul_routes, chosen at the first n: the slower one
+    at the largest n could take minutes): n = 256, 512, ... max_n, the best of a few calls each while the next
+    size's call (8x the FLOPs, at twice the rate: larger matmuls run faster) fits half the budget left, then the
+    rest of the budget at the fastest n; (TFLOP/s, n)."""
     dtype = DTYPES["fp32" if precision == "tf32" else precision]
-    deadline, rates = timeit.default_timer() + budget_s, {}
+    deadline, rates, route = timeit.default_timer() + budget_s, {}, None
     matmul, before = torch.backends.cuda.matmul, tf32_enabled()
     if device.type == "cuda":  # the legacy flag, as bench_e2e's --tf32 sets it
         matmul.allow_tf32 = precision == "tf32"
     try:
         for n in [n for n in (256 * 2**k for k in range(8)) if n <= max_n] or [max_n]:
             a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-            rates[n] = best_rate(lambda: a @ b, 2 * n**3, device, budget_s / 20)
+            if route is None:
+                first = [best_rate(call, 2 * n**3, device, budget_s / 40) for call in matmul_routes(a, b)]
+                route = first.index(max(first))
+            rates[n] = best_rate(matmul_routes(a, b)[route], 2 * n**3, device, budget_s / 20)
             if 4 * 2 * n**3 / rates[n] > (deadline - timeit.default_timer()) / 2:  # 8x the work, 2x the rate
                 break
         n = max(rates, key=rates.get)
         a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-        rates[n] = max(rates[n], best_rate(lambda: a @ b, 2 * n**3, device, deadline - timeit.default_timer()))
+        rates[n] = max(rates[n], best_rate(matmul_routes(a, b)[route], 2 * n**3, device,
+                                           deadline - timeit.default_timer()))
     finally:
         if device.type == "cuda":
             matmul.allow_tf32 = before

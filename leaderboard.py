@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
     p.add_argument("--peak-tflops", type=positive_float, default=None,
                    help="peak TFLOP/s of one GPU for MFU, overriding the built-in table (e.g. for an unlisted GPU)")
     results.add_device_args(p)
+    runner.add_recalibrate_arg(p)
     parallel.add_parallel_args(p)
     runner.add_sweep_args(p)
     results.add_output_args(p, default_stem="leaderboard-<UTC time>")
@@ -580,8 +581,10 @@ class YourLossWorkload(Workload):
                                                 self.targets)
 
 
-def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | None) -> None:
-    """In the parent, once every rank's record is merged: the split's statistics, MFU on do_bench's figure."""
+def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | None,
+                  ceiling: dict[str, Any] | None) -> None:
+    """In the parent, once every rank's record is merged: the split's statistics, MFU and the step's floor on
+    do_bench's figure."""
     if not finished(record):
         return
     if "forward_ms" not in record:  # --step: the whole step only
@@ -590,9 +593,12 @@ def finish_record(run: RunConfig, record: dict[str, Any], peak_tflops: float | N
         record.update(stats, noisy=[f"step {stats['step_ms_cv']:.0%}"] if noisy else [], mfu=None)
         record["status"] = "noisy" if noisy else "ok"
         return
-    record.update(derive_figures(run, record, peak_tflops))
+    record.update(derive_figures(run, record, peak_tflops, ceiling))
     if record["mfu"]:  # MFU on do_bench's step time rather than the split's
         record["leaderboard"]["mfu"] = record["mfu"] * record["step_ms_mean"] / record["leaderboard"]["ms"]
+    step_floor = record["floors"]["phases"].get("step", {}).get("floor_ms")
+    if step_floor:  # forward + backward + optimizer's floors against do_bench's step
+        record["leaderboard"]["of_floor"] = step_floor / record["leaderboard"]["ms"]
     record["status"] = "noisy" if record["noisy"] else "ok"
 
 
@@ -617,8 +623,10 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
     files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard") if rank_zero else None
     measure = functools.partial(measure_leaderboard, args=args, started=started)
     device = resolve_device(run.device)
-    records, code = runner.run_configurations(measure, [run], files, args, name="leaderboard-2026", device=device,
-                                              finish=lambda r, record: finish_record(r, record, args.peak_tflops))
+    ceiling = runner.measured_ceiling(args, device)  # the floors' where no datasheet names the device
+    records, code = runner.run_configurations(
+        measure, [run], files, args, name="leaderboard-2026", device=device,
+        finish=lambda r, record: finish_record(r, record, args.peak_tflops, ceiling))
     if not records:  # interrupted before its row: the row says so
         how = "SIGTERM" if code == 128 + signal.SIGTERM else "Ctrl-C"
         records = [{"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),

@@ -891,8 +891,8 @@ PUBLISHED = {"2026": [("2026 naive baseline", 10_000.0, "two B200s", "Spring 202
                       ("2026 best", 3_837.0, "two B200s", "Spring 2026")],
              "2025": [("2025 naive baseline", 80.0, "one H100", "Spring 2025"),
                       ("2025 best", 5.364, "one H100", "Spring 2025")]}
-LEADERBOARD_COLUMNS = [RUN_COLUMN, "step ms", "method", "fwd ms", "bwd ms", "opt ms", "split step ms",
-                       "peak mem GiB", "MFU %", "wall s", "status"]
+LEADERBOARD_COLUMNS = [RUN_COLUMN, "step ms", "method", "floor ms", "of floor", "bound", "fwd ms", "bwd ms", "opt ms",
+                       "split step ms", "peak mem GiB", "MFU %", "wall s", "status"]
 
 
 def where_it_stands(yours: list[tuple[str, float | None]], year: str, device_name: str, scaled: bool,
@@ -935,8 +935,10 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
         if not finished(r):
             sections.append("\n\n".join(lines + [r["status"]]))
             continue
-        lb = r["leaderboard"]
-        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "fwd ms": r.get("forward_ms_mean"),
+        lb, step_floor = r["leaderboard"], ((r.get("floors") or {}).get("phases") or {}).get("step") or {}
+        row = {RUN_COLUMN: run_of(r), "step ms": lb["ms"], "method": lb["method"], "floor ms": step_floor.get("floor_ms"),
+               "of floor": (share(lb["of_floor"]) + " (!)" * (lb["of_floor"] > 1)) if lb.get("of_floor") else None,
+               "bound": step_floor.get("bound"), "fwd ms": r.get("forward_ms_mean"),
                "bwd ms": r.get("backward_ms_mean"), "opt ms": r.get("optimizer_ms_mean"),
                "split step ms": r["step_ms_mean"],
                "peak mem GiB": (r.get("peak_mem_allocated_bytes") or 0) / GIB or None,
@@ -956,6 +958,9 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
                                                          for d, b in r["peak_mem_by_device"].items()))
         lines.append(where_it_stands([(f"yours ({lb['method']})", lb["ms"])], "2026", env["device_name"],
                                      r["config"]["size"] != "leaderboard-full", fmt))
+        if floors := floors_section([r], lambda record: {}, E2E_PHASE_SHORT, fmt, "Of floor in the table above: the "
+                                    "step's floor over do_bench's figure; below, each phase over the split's.", None):
+            lines.append(floors)
         sections.append("\n\n".join(lines))
     return "\n\n".join(sections)
 
