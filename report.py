@@ -442,8 +442,7 @@ ATTENTION_IMPL_COLUMNS = [
     "impl", "d", "seq", "dtype", "fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std",
     "fwd TFLOP/s", "mem before bwd", "peak mem", "saved (autograd)", "naive predicted", "backend",
     "compile s", "max err", "tol", "status"]
-ATTENTION_TIME_COLUMNS = ["fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std", "fwd TFLOP/s",
-                          "status"]
+ATTENTION_TIME_COLUMNS = ["fwd ms", "fwd std", "bwd ms", "bwd std", "fwd+bwd ms", "fwd+bwd std", "fwd TFLOP/s"]
 ATTENTION_COLUMNS = ATTENTION_IMPL_COLUMNS + ["batch", "naive fwd", "naive bwd", "naive fwd+bwd", "speed-up",
                                               "check"] + FLOOR_COLUMNS[1:]  # the floors table's
 ATTENTION_NOTE = (
@@ -473,10 +472,22 @@ def check_cell(record: Record) -> str:
     return "ok" if record["check"]["ok"] else "WRONG: " + problems[0].split(" (")[0]
 
 
+WRONG_CELL = 60  # a longer WRONG (its check's every problem) goes under the tables: a table to paste stays narrow
+
+
+def wrong_lines(records: list[Record]) -> list[str]:
+    """The whole check of each WRONG row whose cell was cut: what failed and by how much."""
+    return [f"- d={r['config']['d']} seq={r['config']['seq_len']} {r['config']['dtype']}: {r['status']}"
+            for r in records if r["status"].startswith("WRONG") and len(r["status"]) > WRONG_CELL]
+
+
 def impl_row(record: Record) -> Record:
     config = record["config"]
+    status = record["status"] + (f" ({record['note']})" if record.get("note") else "")
+    if status.startswith("WRONG") and len(status) > WRONG_CELL:  # the whole check under the tables (wrong_lines)
+        status = check_cell(record) + " (below)"
     row = {"impl": config["impl"], "dtype": config["dtype"], "d": config["d"], "seq": config["seq_len"],
-           "status": record["status"] + (f" ({record['note']})" if record.get("note") else ""),
+           "status": status,
            "naive predicted": format_bytes(record.get("predicted_naive_saved_bytes")),
            RUN_COLUMN: run_of(record)}
     if "forward_ms_mean" not in record:
@@ -538,6 +549,8 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
                   ids + [c for c in picked if c not in ids and c not in ATTENTION_TIME_COLUMNS]])
         lines += ["", f"### {impl}", *(line for part in parts if len(part) > len(ids)
                                         for line in ("", render_table(rows, part, fmt, floatfmt=".3f")))]
+        if wrong := wrong_lines([r for r in records if r["config"]["impl"] == impl]):
+            lines += ["", *(results.md_text(line) if fmt in ("github", "pipe") else line for line in wrong)]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
         lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s "
