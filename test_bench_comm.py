@@ -2,11 +2,8 @@
 by the script) in which rank 1 raises in the last row, which becomes that row; the table, the fit, the figure and
 report.py's re-render from that run; after a failure, the rows left run in ranks started afresh (a scripted
 SpawnedRanks); bad flags."""
-import os
 import queue
-import signal
 import statistics
-import subprocess
 import sys
 import textwrap
 import types
@@ -19,6 +16,7 @@ import common
 import parallel
 import report
 from results import read_records
+from test_parallel import bounded_run
 
 HERE = Path(__file__).resolve().parent
 RUN_TIMEOUT_S = 180  # a hang fails the test instead of the CI job
@@ -121,15 +119,8 @@ def failing_rank_run(tmp_path_factory):
     cmd = [sys.executable, "driver.py", "--op", "reduce_scatter_tensor", "all_reduce", "--sizes-mb", "0.01", "0.1",
            "0.2", "--world-sizes", "2", "--warmup", "1", "--reps", "3", "--timeout", "60", "--out", "run",
            "--plot"]
-    proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"bench_comm did not finish in {RUN_TIMEOUT_S} s:\n{err[-3000:]}")
-    return tmp, proc.returncode, out, err
+    done = bounded_run(cmd, tmp, RUN_TIMEOUT_S)
+    return tmp, done.returncode, done.stdout, done.stderr
 
 
 def test_a_failing_rank_is_its_row_and_the_others_run(failing_rank_run):

@@ -32,14 +32,21 @@ def torchrun(args: list[str], env: dict[str, str] | None = None) -> subprocess.C
     """`torchrun --standalone --nproc-per-node 2 ...` (a free rendezvous port each time), bounded by a timeout
     after which torchrun and its workers (one process group) are killed, so a hang fails the test, not CI."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"] + args
-    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return bounded_run(cmd, HERE, TORCHRUN_TIMEOUT_S, env)
+
+
+def bounded_run(cmd: list[str], cwd: Path, timeout_s: float, env: dict[str, str] | None = None
+                ) -> subprocess.CompletedProcess:
+    """`cmd` in a session of its own (one thread per process), its whole process group killed after timeout_s:
+    a hang fails the test, not CI."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     try:
-        out, err = proc.communicate(timeout=TORCHRUN_TIMEOUT_S)
+        out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"torchrun did not finish in {TORCHRUN_TIMEOUT_S} s (a hang):\n{err[-3000:]}")
+        pytest.fail(f"{Path(cmd[1]).name} did not finish in {timeout_s} s (a hang):\n{err[-3000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
