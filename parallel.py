@@ -171,9 +171,7 @@ def state_bytes_per_rank(cfg: ModelConfig, parallel: str | None, world_size: int
     """Predicted bytes of the training state on the largest rank: fp32 parameters, gradients (with a backward)
     and AdamW's two moments (train); FSDP2's largest shard is ceil(rows / world_size) of dim 0. Not counted:
     activations, gathered blocks in flight, communication buffers, the CUDA context."""
-    from model import TransformerLM
-    with torch.device("meta"):  # shapes only: no memory, always in step with model.py
-        shapes = [p.shape for p in TransformerLM(cfg).parameters()]
+    shapes = cfg.parameter_shapes
     shards = world_size if parallel == "fsdp" else 1
     params = 4 * sum(math.ceil(s[0] / shards) * math.prod(s[1:]) for s in shapes)
     grads = params if mode != "forward" else 0

@@ -103,6 +103,14 @@ class ModelConfig:
         return self.num_layers * (self.block_params - 2 * self.d_model) + self.d_model * self.vocab_size
 
     @property
+    def parameter_shapes(self) -> list[tuple[int, ...]]:
+        """model.TransformerLM's parameter shapes, counted here (test_model.py checks them against a built model):
+        building one, even on the meta device, imports torch._dynamo, seconds of every dry run."""
+        d, f, v = self.d_model, self.d_ff, self.vocab_size
+        block = [(d,), (d, d), (d, d), (d, d), (d, d), (d,), (f, d), (d, f), (f, d)]
+        return [(v, d), *block * self.num_layers, (d,), (v, d)]
+
+    @property
     def num_params(self) -> int:
         """Exact parameter count of model.TransformerLM (untied embedding and lm_head)."""
         return self.num_layers * self.block_params + 2 * self.vocab_size * self.d_model + self.d_model

@@ -1,8 +1,8 @@
-"""The whole study in one command: every part-1 problem, run by the experiment scripts (each command recorded
-beside its result), sized to the machine, resumable, within a budget, ending in writeup.md and writeup.tex.
+"""The whole study in one command: every problem of parts 1 and 2, run by the experiment scripts (each command
+recorded beside its result), sized to the machine, resumable, within a budget, ending in writeup.md and writeup.tex.
 
-    python3 study.py                          # the 2026 handout's part 1; again after a kill: it continues
-    python3 study.py --handout 2025 --quick   # Spring 2025's part 1, every problem at its smallest shape
+    python3 study.py                          # the 2026 handout; again after a kill: it continues
+    python3 study.py --handout 2025 --quick   # Spring 2025's, every problem at its smallest shape
     python3 study.py --budget 2h --dry-run    # the plan, its estimate and what the budget drops; runs nothing
     python3 study.py --impl my_flash:FlashAttention2 --model my_lm:make_model --optimizer my_opt:AdamW
 

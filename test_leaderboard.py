@@ -383,8 +383,8 @@ def test_a_hanging_model_is_a_timeout_row_and_os_exit_an_error_row(tmp_path, mon
         "def ends(**kw):\n"
         "    os._exit(7)\n")
     monkeypatch.chdir(tmp_path)
-    code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:hangs", "--timeout", "8")
-    assert code == 1 and record["status"] == "timeout after 8 s"
+    code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:hangs", "--timeout", "3")
+    assert code == 1 and record["status"] == "timeout after 3 s"
     code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:ends", out="ends")
     assert code == 1 and record["status"] == "error: child process died with exit code 7"
 

@@ -34,6 +34,8 @@ def test_parameter_counts_on_meta_device(handout, name):
     assert HANDOUTS[handout].presets[name].num_params == EXPECTED_PARAMS[handout, name]
     # the gradient memory per TransformerBlock (memory_profiling (f)) counts exactly one block's parameters
     assert count_params(model.layers[0]) == HANDOUTS[handout].presets[name].block_params
+    # the counted shapes (what the memory predictions shard), in named_parameters order
+    assert [tuple(p.shape) for p in model.parameters()] == HANDOUTS[handout].presets[name].parameter_shapes
 
 
 def test_every_preset_of_both_handouts_has_an_expected_count():

@@ -410,8 +410,10 @@ def live_processes_naming(marker: str) -> list[str]:
 
 
 def hangup_as_in_a_terminal() -> None:
-    """SIGHUP's default action in the child, also when the tests run under nohup (which ignores it)."""
+    """SIGHUP's and SIGINT's default actions in the child, as in a terminal, also when the tests run under nohup
+    (which ignores SIGHUP) or in the background of a script (which ignores SIGINT)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="module")
