@@ -431,37 +431,53 @@ def real_env(nsys: Path, tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "NSYS": str(nsys), "PYTHON": sys.executable, **nvtx}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL])
-def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_folder(sig, tmp_path: Path, request):
+SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL]
+
+
+def test_a_signal_stops_nsys_and_the_profiled_run_and_removes_the_temporary_folder(tmp_path: Path, request):
+    """Each signal to its own nsys_run.sh, the four run side by side (each is seconds of imports)."""
     if find_real_nsys()[0] is not None:
         env = request.getfixturevalue("real_env")
     else:
         env = {**fake_nsys(tmp_path / "fake"), "FAKE_NSYS_RUN_APP": "1"}
-    (tmp_path / "tmp").mkdir()
-    env = {**env, "TMPDIR": str(tmp_path / "tmp")}
-    proc = subprocess.Popen(["bash", str(SCRIPT), "--results-dir", str(tmp_path / "results"), "tiny", "16", "--",
-                             *APP_ARGS, "--steps", "1000000"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=hangup_as_in_a_terminal)
-    deadline = time.monotonic() + 120
-    while not [c for c in live_processes_naming(str(tmp_path / "tmp")) if "bench_e2e.py" in c]:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "timeout"
-        time.sleep(0.2)
-    time.sleep(1)  # the profiled run is under way
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
-    if sig == signal.SIGKILL:  # nothing of it runs on: its watchdog stops nsys's process group
-        deadline = time.monotonic() + 60
-        while live_processes_naming(str(tmp_path)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert live_processes_naming(str(tmp_path)) == []
-        assert not list((tmp_path / "results" / "nsys").glob("tiny*"))  # no report, no marker to reuse
-        return
-    assert proc.returncode == 128 + (signal.SIGINT if sig == signal.SIGINT else sig), err
-    assert "nsys and the profiled run stopped" in err
-    time.sleep(0.5)
-    assert live_processes_naming(str(tmp_path)) == []  # nsys, bench_e2e and their children
-    assert list((tmp_path / "tmp").glob("nsys_run-*")) == []  # the run's temporary folder is gone
-    assert not (tmp_path / "results").exists()  # a partial report is no report to reuse; the folders made go
+    runs = {}
+    for sig in SIGNALS:
+        folder = tmp_path / sig.name
+        (folder / "tmp").mkdir(parents=True)
+        runs[sig] = folder, subprocess.Popen(
+            ["bash", str(SCRIPT), "--results-dir", str(folder / "results"), "tiny", "16", "--", *APP_ARGS,
+             "--steps", "1000000"], env={**env, "TMPDIR": str(folder / "tmp")}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, preexec_fn=hangup_as_in_a_terminal)
+    try:
+        for sig, (folder, proc) in runs.items():
+            deadline = time.monotonic() + 120
+            while not [c for c in live_processes_naming(str(folder / "tmp")) if "bench_e2e.py" in c]:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    (sig.name, proc.stderr.read() if proc.poll() else "timeout")
+                time.sleep(0.2)
+        time.sleep(1)  # the profiled runs are under way
+        for sig, (_, proc) in runs.items():
+            proc.send_signal(sig)
+        for sig, (folder, proc) in runs.items():
+            _, err = proc.communicate(timeout=120)
+            if sig == signal.SIGKILL:  # nothing of it runs on: its watchdog stops nsys's process group
+                deadline = time.monotonic() + 60
+                while live_processes_naming(str(folder)) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                assert live_processes_naming(str(folder)) == []
+                assert not list((folder / "results" / "nsys").glob("tiny*"))  # no report, no marker to reuse
+                continue
+            assert proc.returncode == 128 + (signal.SIGINT if sig == signal.SIGINT else sig), (sig.name, err)
+            assert "nsys and the profiled run stopped" in err, sig.name
+            time.sleep(0.5)
+            assert live_processes_naming(str(folder)) == [], sig.name  # nsys, bench_e2e and their children
+            assert list((folder / "tmp").glob("nsys_run-*")) == [], sig.name  # the run's temporary folder is gone
+            assert not (folder / "results").exists(), sig.name  # a partial report is no report to reuse
+    finally:  # a failed check leaves no run behind
+        for _, proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 # ---- the real nsys on the CPU: a real report, its export, and what nsys refuses ----
