@@ -15,6 +15,7 @@ import argparse
 import bisect
 import contextlib
 import functools
+import glob
 import gzip
 import itertools
 import json
@@ -23,6 +24,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import sqlite3
 import statistics
 import subprocess
@@ -1158,8 +1160,10 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
         return tables_of(run, run, 0)
     # the new profile is made beside, under a temporary name: the earlier files are replaced only once the new
     # ones exist, and an interrupted or refused run leaves them as they were
-    Path(run.report).parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{Path(run.report).name}.partial-", dir=Path(run.report).parent))
+    folder, name = Path(run.report).parent, Path(run.report).name
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_staging(folder, name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-{socket.gethostname()}-{os.getpid()}-", dir=folder))
     try:
         status = run_under_nsys(run, args, nsys, staging)
         if status == 2:  # bench_e2e's usage error (its arguments are checked before nsys starts: a later mode)
@@ -1169,6 +1173,16 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
         return tables_of(run, dataclasses.replace(run, report=str(staging / Path(run.report).name)), status)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_orphaned_staging(folder: Path, name: str) -> None:
+    """The staging folders of `name` whose nsys_run.sh was killed with -9 (its process on this machine is gone):
+    removed, partial report and all. A live run's, another machine's, or a folder not named by us is left."""
+    for staging in folder.glob(f".{glob.escape(name)}.partial-*"):
+        host, pid, _ = (staging.name.split(".partial-", 1)[1].rsplit("-", 2) + ["", ""])[:3]
+        if (host == socket.gethostname() and pid.isdigit() and not results.alive(int(pid))
+                and staging.is_dir() and not staging.is_symlink()):
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def tables_of(run: Config, made: Config, status: int) -> dict[str, Any]:

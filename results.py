@@ -1194,6 +1194,18 @@ def add_output_args(parser: argparse.ArgumentParser, default_stem: str) -> None:
 # ---- output and signals ----
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # kill's default, and a closed terminal: both stop as Ctrl-C does
 
 

@@ -1000,7 +1000,7 @@ def study_lock(root: Path):
                 pid, host = "?", "?"
                 with contextlib.suppress(OSError, ValueError):
                     pid, host = lock.read_text().split()
-                if attempt == 1 and (not pid.isdigit() or host == socket.gethostname() and not alive(int(pid))):
+                if attempt == 1 and (not pid.isdigit() or host == socket.gethostname() and not results.alive(int(pid))):
                     lock.unlink(missing_ok=True)
                     continue
                 results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
@@ -1017,16 +1017,6 @@ def study_lock(root: Path):
         with contextlib.suppress(OSError):
             if lock.read_text() == mine:
                 lock.unlink()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
 
 
 def conduct(args, machine, settings, root) -> int:

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -314,6 +315,25 @@ def test_a_failing_configuration_loses_none_of_the_others_and_a_refusal_leaves_n
         list(fake["folder"].iterdir())) and "tiny_ctx64_train.nsys-rep" in earlier
     assert [row["runs"]["train"] for row in summaries(fake)[1]] == ["refused: bench_e2e.py's usage error (exit "
                                                                     "status 2)"] * 2
+
+
+def test_a_staging_folder_left_by_kill_9_is_removed_by_the_next_run_and_no_other(fake: dict):
+    """kill -9 leaves the hidden folder a profile was made in; the next run of that report removes it when its
+    process on this machine is gone, and leaves a live run's, another machine's and a folder not named by us."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    host = socket.gethostname()
+    fake["folder"].mkdir(parents=True)
+    names = {"dead": f".tiny_ctx64_train.partial-{host}-{gone.pid}-abc_1234", "mine": f".tiny_ctx64_train.partial-"
+             f"{host}-{os.getpid()}-abc_1234", "elsewhere": f".tiny_ctx64_train.partial-other-host-{gone.pid}-x",
+             "unnamed": ".tiny_ctx64_train.partial-abc_1234", "other report": f".tiny_ctx32_train.partial-{host}-"
+             f"{gone.pid}-abc_1234"}
+    for name in names.values():
+        (fake["folder"] / name).mkdir()
+        (fake["folder"] / name / "tiny_ctx64_train.nsys-rep").write_bytes(b"partial")
+    assert fake["run"]("tiny", "64")[0] == 0
+    left = {p.name for p in fake["folder"].iterdir() if ".partial-" in p.name}
+    assert left == {names[k] for k in ("mine", "elsewhere", "unnamed", "other report")}
 
 
 def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orphan_is_never_reused(
