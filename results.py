@@ -1205,7 +1205,6 @@ def alive(pid: int) -> bool:
     return True
 
 
-
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # kill's default, and a closed terminal: both stop as Ctrl-C does
 
 

@@ -1000,7 +1000,8 @@ def study_lock(root: Path):
                 pid, host = "?", "?"
                 with contextlib.suppress(OSError, ValueError):
                     pid, host = lock.read_text().split()
-                if attempt == 1 and (not pid.isdigit() or host == socket.gethostname() and not results.alive(int(pid))):
+                dead = pid.isdigit() and host == socket.gethostname() and not results.alive(int(pid))
+                if attempt == 1 and (not pid.isdigit() or dead):
                     lock.unlink(missing_ok=True)
                     continue
                 results.exit_usage_error(f"a study is running in this folder: pid {pid} on {host} (if it is not, "
