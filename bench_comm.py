@@ -4,7 +4,7 @@ bandwidth, the share of the link's peak and a latency + bandwidth fit. Answers d
 
     python3 bench_comm.py                      # all_reduce, 1 MB to 1 GB, 2, 4, 6 ranks (NCCL on GPUs, else gloo)
     python3 bench_comm.py --op all_reduce all_gather_into_tensor reduce_scatter_tensor --plot
-    python3 bench_comm.py --sizes-mb 0.01 0.1 1 --world-sizes 2 4 --reps 10     # a quick CPU run (gloo)
+    python3 bench_comm.py --sizes-mb 0.01 0.1 1 10 --world-sizes 2 --reps 5   # a quick CPU run (gloo), ~6 s
     torchrun --nproc-per-node 4 bench_comm.py  # under torchrun: its world, 4 ranks
 
 Each world size's ranks are started here with torch.multiprocessing's spawn (the handout's mp.spawn); each rank
@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                    help="collective(s): all_reduce (DDP's), all_gather_into_tensor and reduce_scatter_tensor "
                         "(FSDP's); sizes are the full buffer, as nccl-tests counts them")
     p.add_argument("--sizes-mb", nargs="+", type=results.positive_float, default=[1.0, 10.0, 100.0, 1000.0],
-                   metavar="MB", help="float32 buffer sizes in MB (10^6 bytes)")
+                   metavar="MB", help="float32 buffer sizes in MB (10^6 bytes); the latency + bandwidth fit "
+                        "needs three or more, the largest past the latency (gloo on a CPU: 10 MB)")
     p.add_argument("--world-sizes", nargs="+", type=results.positive_int, default=None, metavar="N",
                    help="processes per configuration, at least 2; on NCCL at most the GPUs seen: larger are "
                         f"dropped, with a note (default: {' '.join(map(str, WORLD_SIZES))}; under torchrun its "

@@ -1003,8 +1003,11 @@ def spawn(args: argparse.Namespace, collector: Collector) -> None:
 
 
 def link_figure(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[float | None, str | None]:
-    """--link-gbps: a figure (GB/s), or bench_comm's measured bus bandwidth: the newest all_reduce record in the
-    results folder of this backend and world size, its largest size's busbw. By default, that when there is one."""
+    """--link-gbps: a figure (GB/s), or bench_comm's measured bus bandwidth from its newest all_reduce run in the
+    results folder for this backend and world size: the fit's beta as busbw where the fit holds and reaches the
+    bandwidth regime, else the busbw of the largest size that took twice as long as every smaller one (its bytes,
+    not the latency, took most of it, however noisy the small ones). Latency-bound sizes alone give no figure: the
+    source then says why. By default, that when there is one."""
     if args.link_gbps not in (None, "measured"):
         try:
             return results.positive_float(args.link_gbps), "--link-gbps"
@@ -1022,16 +1025,29 @@ def link_figure(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[f
             if (r.get("experiment") == "bench_comm" and r.get("status") == "ok" and r.get("busbw_gbps")
                     and cfg.get("op") == "all_reduce" and cfg.get("backend") == backend
                     and cfg.get("world_size") == args.world_size):
-                found.append((path.stat().st_mtime, cfg.get("size_mb", 0), r["busbw_gbps"], path.name))
+                found.append((path.stat().st_mtime, path.name, r))
     if not found:
         if args.link_gbps == "measured":
             p.error(f"--link-gbps measured: no bench_comm all_reduce record for {backend} on {args.world_size} "
                     f"ranks in {Path(args.results_dir, 'comm')} (run bench_comm.py --world-sizes "
                     f"{args.world_size} first)")
         return None, None
-    newest = max(m for m, *_ in found)
-    _, size, busbw, name = max(f for f in found if f[0] == newest)
-    return busbw, f"bench_comm's measured all_reduce bus bandwidth, {size:g} MB, {name}"
+    name = max((m, n) for m, n, _ in found)[1]
+    rows = sorted((r for _, n, r in found if n == name), key=lambda r: r["bytes"])
+    fit = report.latency_bandwidth_fit([r["bytes"] for r in rows], [r["ms_median"] / 1e3 for r in rows])
+    if fit.get("bandwidth_bound"):
+        return (fit["beta_bytes_per_s"] / 1e9 * results.RING_FACTORS["all_reduce"](args.world_size),
+                f"bench_comm's all_reduce fit over {len(rows)} sizes, beta x 2(n-1)/n, {name}")
+    slower = [i and r["ms_median"] >= 2 * max(q["ms_median"] for q in rows[:i]) for i, r in enumerate(rows)]
+    if bound := [r for r, ok in zip(rows, slower) if ok]:
+        return bound[-1]["busbw_gbps"], (f"bench_comm's measured all_reduce bus bandwidth, "
+                                         f"{bound[-1]['config']['size_mb']:g} MB, {name}")
+    fit_said = fit.get("refused") or "every size under alpha x beta"
+    why = (f"none: bench_comm's all_reduce sizes in {name} are latency-bound ({fit_said}; none took twice as long as "
+           "every smaller size): measure larger sizes")
+    if args.link_gbps == "measured":
+        p.error(f"--link-gbps measured: {why}")
+    return None, why
 
 
 def main(argv: list[str] | None = None) -> int:

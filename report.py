@@ -982,23 +982,26 @@ def render_leaderboard(records: list[Record], fmt: str, columns: list[str] | Non
 
 COMM_COLUMNS = ["op", "size", "ranks", "backend", "median ms", "min-max ms", "algbw GB/s", "busbw GB/s",
                 "of link peak", "status"]
-COMM_FIT_COLUMNS = ["backend", "op", "ranks", "sizes", "alpha us", "beta GB/s", "R^2", "max resid %"]
+COMM_FIT_COLUMNS = ["backend", "op", "ranks", "sizes", "alpha us", "beta GB/s", "R^2", "max resid %", "fit"]
 
 
-def latency_bandwidth_fit(sizes_bytes: list[float], seconds: list[float]) -> Record | None:
+def latency_bandwidth_fit(sizes_bytes: list[float], seconds: list[float]) -> Record:
     """time = alpha + bytes / beta by least squares on relative residuals (numpy.polyfit weighted 1 / time: the
-    sizes span decades, and plain least squares would fit the largest alone); R^2 of the times and the largest
-    |residual| / time. None with fewer than two sizes."""
-    if len(set(sizes_bytes)) < 2:
-        return None
+    sizes span decades, and plain least squares would fit the largest alone); R^2 of the times, the largest
+    |residual| / time, and whether the largest size is bandwidth-bound (its bytes / beta at least alpha). Refused,
+    {"refused": "no fit: why"}, under three sizes (a line meets two points exactly, whatever they are) or where
+    time does not grow with size (the largest size no slower than the smallest, or a falling line)."""
+    if (distinct := len(set(sizes_bytes))) < 3:
+        return {"refused": f"no fit: too few sizes ({distinct}; three or more)"}
     import numpy as np
-    x, t = np.asarray(sizes_bytes, dtype=float), np.asarray(seconds, dtype=float)
+    x, t = np.asarray(sorted(zip(sizes_bytes, seconds)), dtype=float).T
     slope, alpha = np.polyfit(x, t, 1, w=1 / t)
+    if slope <= 0 or t[-1] <= t[0]:
+        return {"refused": "no fit: time does not grow with size"}
     fitted = alpha + slope * x
-    spread = float(((t - t.mean()) ** 2).sum())
-    return {"alpha_s": float(alpha), "beta_bytes_per_s": float(1 / slope) if slope > 0 else None,
-            "r2": 1 - float(((t - fitted) ** 2).sum()) / spread if spread else None,
-            "max_residual": float((abs(t - fitted) / t).max())}
+    return {"alpha_s": float(alpha), "beta_bytes_per_s": float(1 / slope),
+            "r2": 1 - float(((t - fitted) ** 2).sum()) / float(((t - t.mean()) ** 2).sum()),
+            "max_residual": float((abs(t - fitted) / t).max()), "bandwidth_bound": bool(x[-1] * slope >= alpha)}
 
 
 def comm_row(record: Record) -> Record:
@@ -1021,11 +1024,12 @@ def comm_fits(records: list[Record]) -> list[Record]:
             groups.setdefault((run_of(r), c["backend"], c["op"], c["world_size"]), []).append(r)
     rows = []
     for (run, backend, op, ranks), group in groups.items():
-        if fit := latency_bandwidth_fit([r["bytes"] for r in group], [r["ms_median"] / 1e3 for r in group]):
-            beta = fit["beta_bytes_per_s"]
-            rows.append({RUN_COLUMN: run, "backend": backend, "op": op, "ranks": ranks, "sizes": len(group),
-                         "alpha us": fit["alpha_s"] * 1e6, "beta GB/s": beta / 1e9 if beta else "—",
-                         "R^2": fit["r2"], "max resid %": 100 * fit["max_residual"]})
+        fit = latency_bandwidth_fit([r["bytes"] for r in group], [r["ms_median"] / 1e3 for r in group])
+        row = {RUN_COLUMN: run, "backend": backend, "op": op, "ranks": ranks, "sizes": len(group)}
+        rows.append({**row, "fit": fit["refused"]} if "refused" in fit else {
+            **row, "alpha us": fit["alpha_s"] * 1e6, "beta GB/s": fit["beta_bytes_per_s"] / 1e9, "R^2": fit["r2"],
+            "max resid %": 100 * fit["max_residual"],
+            "fit": "bandwidth-bound" if fit["bandwidth_bound"] else "latency-bound: every size under alpha x beta"})
     return rows
 
 
@@ -1053,9 +1057,10 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
               "synchronised at both clock reads); algbw = size / median time; busbw = algbw x 2(n-1)/n for "
               "all_reduce, x (n-1)/n for all_gather and reduce_scatter (nccl-tests' doc/PERFORMANCE.md): the "
               f"bytes each rank's link carries per second; {link_note}. The fit: least squares on relative "
-              "residuals over the finished sizes (two or more) of an op and world size; alpha is the latency, beta "
-              "the bandwidth the largest sizes approach (an algbw); a negative alpha, beta — (time fell as size "
-              "grew) or a large residual: the times do not follow a line"]
+              "residuals over the finished sizes of an op and world size, three or more with time growing in size "
+              "(else no fit); alpha is the latency, beta the bandwidth the largest sizes approach (an algbw); "
+              "bandwidth-bound: the largest size's bytes / beta at least alpha, so beta was measured, not guessed "
+              "from latency; a negative alpha or a large residual: the times do not follow a line"]
     lines += [f"note: {note}" for note in dict.fromkeys(n for r in records for n in r.get("notes") or [])]
     return "\n".join(lines)
 
@@ -1195,7 +1200,8 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              "floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients; FSDP all-gathers the "
              "weights twice and reduce-scatters the gradients, (n-1)/n each) over the link's "
              + (f"{link:g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
-                "bandwidth: link unknown (--link-gbps GB/s, or 'measured': bench_comm's bus bandwidth)")]
+                f"bandwidth: {steps[0].get('link_source') or 'link unknown'} (--link-gbps GB/s, or 'measured': "
+                "bench_comm's bus bandwidth)")]
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
     nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")

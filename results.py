@@ -637,10 +637,12 @@ def cell_for(fmt: str) -> Callable[[Any], Any]:
 def render_table(rows: list[Record], columns: list[str], fmt: str = "github", floatfmt: str | list[str] = ".2f"
                  ) -> str:
     """The one table renderer: rows (dicts) under `columns`, any tabulate format; None, NaN, missing: ''; text
-    escaped for the format (cell_for)."""
-    cell = cell_for(fmt)
-    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else cell(v) for c in columns]
-            for row in rows]
+    escaped for the format (cell_for); floats rounded alike in a column with text too (tabulate would print them
+    whole)."""
+    cell, digits = cell_for(fmt), [floatfmt] * len(columns) if isinstance(floatfmt, str) else floatfmt
+    texts = {c for c in columns if any(isinstance(row.get(c), str) for row in rows)}
+    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else format(v, digits[i])
+             if isinstance(v, float) and c in texts else cell(v) for i, c in enumerate(columns)] for row in rows]
     text = tabulate(body, headers=[cell(str(c)) for c in columns], tablefmt=fmt, floatfmt=floatfmt, missingval="")
     return latex_rows(text) if fmt in LATEX_FORMATS else text
 

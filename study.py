@@ -385,9 +385,9 @@ def build_plan(args, machine) -> list:
         d = plan["distributed_communication_single_node"]
         nccl = machine.get("gpus", 0) >= 2
         if nccl:  # the handout's sizes and world sizes are bench_comm.py's defaults
-            shape = ["--sizes-mb", "1", "10", "--world-sizes", "2", "--reps", "5"] if quick else []
+            shape = ["--sizes-mb", "1", "10", "100", "--world-sizes", "2", "--reps", "5"] if quick else []
         else:
-            shape = (["--sizes-mb", "0.01", "0.1", "--world-sizes", "2", "--reps", "5"] if quick else
+            shape = (["--sizes-mb", "0.01", "0.1", "1", "10", "--world-sizes", "2", "--reps", "5"] if quick else
                      ["--sizes-mb", "0.1", "1", "10", "--world-sizes", "2", "4"])
         d.commands = [Command("comm", "bench_comm.py", ["--backend", "nccl" if nccl else "gloo", *shape, *plot],
                               1, 10.0 if quick else 120.0)]

@@ -60,10 +60,39 @@ def test_latency_bandwidth_fit_recovers_a_line():
     sizes = [1e6, 1e7, 1e8, 1e9]
     fit = report.latency_bandwidth_fit(sizes, [50e-6 + b / 20e9 for b in sizes])  # 50 us, 20 GB/s
     assert fit["alpha_s"] == pytest.approx(50e-6) and fit["beta_bytes_per_s"] == pytest.approx(20e9)
-    assert fit["r2"] == pytest.approx(1.0) and fit["max_residual"] < 1e-9
+    assert fit["r2"] == pytest.approx(1.0) and fit["max_residual"] < 1e-9 and fit["bandwidth_bound"]
     noisy = report.latency_bandwidth_fit(sizes, [(50e-6 + b / 20e9) * k for b, k in zip(sizes, (1, 1.2, 1, 1))])
     assert 0.05 < noisy["max_residual"] < 0.2  # one point 20% above the line: the fit meets it part way
-    assert report.latency_bandwidth_fit([1e6, 1e6], [1e-3, 2e-3]) is None  # one size: no line
+
+
+def test_three_sizes_given_in_any_order_recover_alpha_and_beta():
+    sizes = [4e6, 1e4, 1e6]  # 10 kB-4 MB at 200 us + bytes / 2 GB/s: bytes / beta passes alpha from 0.4 MB
+    fit = report.latency_bandwidth_fit(sizes, [200e-6 + b / 2e9 for b in sizes])
+    assert fit["alpha_s"] == pytest.approx(200e-6) and fit["beta_bytes_per_s"] == pytest.approx(2e9)
+    assert fit["bandwidth_bound"]
+    small = [1e3, 1e4, 1e5]  # the same line below 0.4 MB: a beta, but every size latency-bound
+    assert not report.latency_bandwidth_fit(small, [200e-6 + b / 2e9 for b in small])["bandwidth_bound"]
+
+
+@pytest.mark.parametrize("sizes, seconds, why", [
+    ([1e4, 1e5], [0.155e-3, 1.918e-3], "no fit: too few sizes (2; three or more)"),  # a line meets any two points
+    ([1e6, 1e6, 1e7], [1e-3, 2e-3, 3e-3], "no fit: too few sizes (2; three or more)"),
+    ([1e4, 1e5, 1e6], [3e-3, 2e-3, 1e-3], "no fit: time does not grow with size"),  # a negative beta
+    ([1e4, 1e5, 1e6], [2e-3, 0.5e-3, 1.5e-3], "no fit: time does not grow with size"),  # the largest the faster
+])
+def test_a_fit_from_two_sizes_or_falling_times_is_refused(sizes, seconds, why):
+    assert report.latency_bandwidth_fit(sizes, seconds) == {"refused": why}
+
+
+def test_the_fit_table_says_why_there_is_no_fit():
+    def record(op, mb, ms):
+        return {"experiment": "bench_comm", "status": "ok", "bytes": mb * 10**6, "ms_median": ms,
+                "config": {"op": op, "size_mb": mb, "world_size": 2, "backend": "gloo"}}
+    rows = report.comm_fits([record("all_reduce", 0.01, 0.2), record("all_reduce", 0.1, 0.1),
+                             *(record("all_gather_into_tensor", mb, 0.2 + mb / 2) for mb in (0.01, 1, 10))])
+    assert rows[0] == {report.RUN_COLUMN: None, "backend": "gloo", "op": "all_reduce", "ranks": 2, "sizes": 2,
+                       "fit": "no fit: too few sizes (2; three or more)"}
+    assert rows[1]["beta GB/s"] == pytest.approx(2.0) and rows[1]["fit"] == "bandwidth-bound"
 
 
 def test_link_peaks_per_direction():
@@ -144,6 +173,7 @@ def test_a_failing_rank_is_its_row_and_the_others_run(failing_rank_run):
     assert "alpha us" in out and "beta GB/s" in out
     fits = {row["op"]: row for row in report.comm_fits(records)}
     assert fits["all_reduce"]["sizes"] == 2 and fits["reduce_scatter_tensor"]["sizes"] == 3
+    assert fits["all_reduce"]["fit"] == "no fit: too few sizes (2; three or more)" and fits["all_reduce"]["fit"] in out
     assert (tmp / "results" / "comm" / "run_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -15,6 +15,7 @@ import pytest
 
 import bench_ddp
 import kernel_tables as kt
+import report
 import results
 from results import read_records
 
@@ -354,21 +355,46 @@ def test_a_dead_rank_is_its_variants_row_and_the_rest_run_in_ranks_started_afres
         ("flat", died["status"]), ("nocomm", "ok"), ("naive", died["status"]), ("torch", died["status"])]
 
 
-def test_link_figure_is_bench_comms_measured_bus_bandwidth_by_default(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "results" / "comm").mkdir(parents=True)
-    comm = [{"experiment": "bench_comm", "status": "ok", "busbw_gbps": bw,
-             "config": {"op": "all_reduce", "backend": "gloo", "world_size": n, "size_mb": mb}}
-            for n, mb, bw in ((2, 1.0, 2.0), (2, 10.0, 3.5), (4, 100.0, 9.0))]
-    (tmp_path / "results" / "comm" / "comm-1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in comm))
+def write_comm_run(folder: Path, name: str, rows: list[tuple[int, float, float]]) -> None:
+    """A bench_comm run of gloo all_reduce rows: (world size, MB, median ms), busbw as bench_comm computes it."""
+    (folder / "results" / "comm").mkdir(parents=True, exist_ok=True)
+    comm = [{"experiment": "bench_comm", "status": "ok", "bytes": mb * 1e6, "ms_median": ms,
+             "busbw_gbps": mb * 1e6 / (ms / 1e3) / 1e9 * 2 * (n - 1) / n,
+             "config": {"op": "all_reduce", "backend": "gloo", "world_size": n, "size_mb": mb}} for n, mb, ms in rows]
+    (folder / "results" / "comm" / name).write_text("".join(json.dumps(r) + "\n" for r in comm))
+
+
+def test_link_figure_is_bench_comms_fit_or_a_bandwidth_bound_size_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # 2 ranks: 0.2 ms + bytes / 2 GB/s (busbw 2 GB/s, 2(n-1)/n = 1)
+    write_comm_run(tmp_path, "comm-1.jsonl", [(2, mb, 0.2 + mb / 2) for mb in (0.01, 1, 10)] + [(4, 100.0, 50.0)])
     args = bench_ddp.parse_args(["--device", "cpu"])
-    assert args.link_gbps == 3.5 and "10 MB, comm-1.jsonl" in args.link_source
+    assert args.link_gbps == pytest.approx(2.0) and "fit over 3 sizes, beta x 2(n-1)/n, comm-1.jsonl" in \
+        args.link_source
+    write_comm_run(tmp_path, "comm-1.jsonl", [(2, 1.0, 0.7), (2, 10.0, 5.2)])  # two sizes: no fit; 10 MB's busbw
+    args = bench_ddp.parse_args(["--device", "cpu"])
+    assert args.link_gbps == pytest.approx(10 / 5.2) and "bandwidth, 10 MB, comm-1.jsonl" in args.link_source
     assert bench_ddp.parse_args(["--device", "cpu", "--link-gbps", "7"]).link_gbps == 7.0
     with pytest.raises(SystemExit) as exit_status:
         bench_ddp.parse_args(["--device", "cpu", "--world-size", "3", "--batch-size", "3", "--link-gbps",
                               "measured"])
     assert exit_status.value.code == 2 and "no bench_comm all_reduce record for gloo on 3 ranks" in \
         capsys.readouterr().err
+
+
+def test_the_floor_takes_no_figure_from_latency_bound_sizes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # 0.01 and 0.1 MB as gloo ran them under load: the smaller slower (0.01 GB/s)
+    write_comm_run(tmp_path, "comm-1.jsonl", [(2, 0.01, 0.731), (2, 0.1, 0.233)])
+    args = bench_ddp.parse_args(["--device", "cpu"])
+    assert args.link_gbps is None and args.link_source == (
+        "none: bench_comm's all_reduce sizes in comm-1.jsonl are latency-bound (no fit: too few sizes (2; three or "
+        "more); none took twice as long as every smaller size): measure larger sizes")
+    args.command = ["bench_ddp.py"]
+    record = bench_ddp.variant_record(args, {}, 400, args.variant_specs[2], "ok", [{"status": "ok"}] * 2)
+    assert record["wire_bytes"] and "floor_ms" not in record  # it communicates, and has no floor
+    assert args.link_source in " ".join(report.render_ddp([record], "plain").split())
+    with pytest.raises(SystemExit) as exit_status:
+        bench_ddp.parse_args(["--device", "cpu", "--link-gbps", "measured"])
+    assert exit_status.value.code == 2 and "--link-gbps measured: none: bench_comm's" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, said", [

@@ -165,6 +165,15 @@ def test_ctrl_c_while_the_report_is_written_still_prints_the_finished_rows(preci
     assert "| 1 | 10.0001 |" in out and "interrupted by Ctrl-C while the report was written" in err
 
 
+@pytest.mark.parametrize("fmt", ["github", "plain", "latex_booktabs"])
+def test_numbers_beside_a_dash_are_rounded_as_the_rest_of_their_column(fmt):
+    rows = [{"fit": "ok", "beta GB/s": 1.190659514450661, "R^2": 0.97351}, {"fit": "no", "beta GB/s": "—"},
+            {"fit": "ok", "beta GB/s": 20.0, "R^2": 0.5}]
+    table = results.render_table(rows, ["fit", "beta GB/s", "R^2"], fmt, floatfmt=["g", ".3g", ".3f"])
+    assert "1.19" in table and "1.1906" not in table and "0.974" in table and "0.9735" not in table
+    assert results.render_table(rows, ["beta GB/s"], fmt, ".2f").split().count("20.00") == 1  # one format for all
+
+
 @pytest.mark.skipif(not shutil.which("pdflatex"), reason="pdflatex is not installed")
 def test_a_latex_table_of_memcpy_rows_and_flags_compiles(tmp_path):
     rows = [{"kernel": "[CUDA memcpy Host-to-Device]", "ms": 0.04, "note": "--steps"}]

@@ -481,9 +481,9 @@ def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
 
 def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
     key = "distributed_communication_single_node"
-    for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10"),
+    for gpus, quick, expected in ((8, False, "--backend nccl"), (8, True, "--backend nccl --sizes-mb 1 10 100 "),
                                   (1, False, "--backend gloo --sizes-mb 0.1 1 10 --world-sizes 2 4"),
-                                  (0, True, "--backend gloo --sizes-mb 0.01 0.1 --world-sizes 2 --reps 5")):
+                                  (0, True, "--backend gloo --sizes-mb 0.01 0.1 1 10 --world-sizes 2 --reps 5")):
         machine = {"device": "cuda" if gpus else "cpu", "name": "GPU", "free_bytes": 80e9, "nsys": None,
                    "states": study.predicted_states("2026") if gpus else {}, "gpus": gpus}
         plan = {p.key: p for p in study.build_plan(study.parse_args(["--quick"] * quick), machine)}
