@@ -1199,7 +1199,7 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
              "floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients; FSDP all-gathers the "
              "weights twice and reduce-scatters the gradients, (n-1)/n each) over the link's "
-             + (f"{link:g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
+             + (f"{link:.3g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else
                 f"bandwidth: {steps[0].get('link_source') or 'link unknown'} (--link-gbps GB/s, or 'measured': "
                 "bench_comm's bus bandwidth)")]
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
