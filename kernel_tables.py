@@ -267,7 +267,8 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
 
 # ---- what kind of work a kernel is ----
 
-CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory copy/set", "other")
+CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory copy/set", "communication", "other")
+MEMCPY_MEMSET = re.compile(r"\[CUDA mem(cpy|set)|^Mem(cpy|set)\b", re.IGNORECASE)  # nsys's, torch.profiler's names
 
 # Inductor names its kernels triton_<kind>_ (torch/_inductor/codegen/triton.py): poi(ntwise), for(each),
 # red(uction), per(sistent reduction), spl(it scan), tem(plate: matmuls). The prefix decides before any
@@ -284,8 +285,8 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
         r"|indexFunc(Small|Large)Index|index_add|nll_loss", re.IGNORECASE)),
     # copies, fills, and indexing that only moves data (gather, scatter, index, index_select: the embedding)
     ("memory copy/set", re.compile(
-        r"direct_copy_kernel|\[CUDA mem(cpy|set)|^Mem(cpy|set)\b|CatArrayBatchedCopy|FillFunctor|copy_kernel"
-        r"|gather|scatter|index_elementwise|index_put|indexSelect|index_select", re.IGNORECASE)),
+        rf"{MEMCPY_MEMSET.pattern}|direct_copy_kernel|CatArrayBatchedCopy|FillFunctor|copy_kernel|gather|scatter"
+        r"|index_elementwise|index_put|indexSelect|index_select", re.IGNORECASE)),
     # cuBLAS (ampere_sgemm, sm80_xmma), CUTLASS (a `:base` report prints cutlass::Kernel2 as "Kernel2"),
     # Hopper's nvjet, gemv, and fused attention kernels, whose time is their two matmuls (flash, fmha, sdpa)
     ("matrix multiply", re.compile(
@@ -329,6 +330,8 @@ def classify_kernel(name: str) -> str:
     # or parameter list (a '/' inside those, as in `operator/`, belongs to the kernel)
     cut = re.split(r"[<(\[]", name, maxsplit=1)[0].rfind("/")
     kernel = name[cut + 1:].removeprefix("void ")
+    if collective_kind(kernel):
+        return "communication"
     category = next((c for prefix, c in INDUCTOR_PREFIXES.items() if kernel.startswith(prefix)), None)
     return category or next((c for c, pattern in _KERNEL_RULES if pattern.search(kernel)), "other")
 
@@ -509,14 +512,22 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
     return total
 
 
-def communication_split(comm: list[Interval], compute: list[tuple[float, float]]) -> dict[str, Any]:
-    """ms of communication (the union of its intervals), hidden (while compute ran: `compute` is the union of all
-    other work) and exposed (the rest: nothing else ran), and how many collectives of each kind."""
+def work_kind(name: str) -> str:
+    """Holistic Trace Analysis's kinds of GPU work: communication (NCCL kernels; on a CPU gloo's ranges and c10d's
+    operators), memory (memcpy and memset: the copy engines, not the SMs) and computation (every other)."""
+    return "communication" if collective_kind(name) else "memory" if MEMCPY_MEMSET.search(name) else "computation"
+
+
+def communication_split(comm: list[Interval], compute: list[tuple[float, float]],
+                        busy: list[tuple[float, float]]) -> dict[str, Any]:
+    """ms of communication (the union of its intervals), hidden (while compute ran: `compute` is the union of the
+    computation), exposed (the rest) and, of the exposed, beside copies (a memcpy or memset ran, hiding none of it:
+    `busy` is the union of computation and copies), and how many collectives of each kind."""
     union = merged((c.start_ns, c.end_ns) for c in comm)
     total, hidden = covered(union), overlap(union, compute)
     kinds = Counter(collective_kind(c.name) for c in comm)
     return {"comm_ms": total / 1e6, "hidden_ms": hidden / 1e6, "exposed_ms": (total - hidden) / 1e6,
-            "hidden_share": hidden / total if total else None,
+            "copies_ms": (overlap(union, busy) - hidden) / 1e6, "hidden_share": hidden / total if total else None,
             "collectives": ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common())}
 
 
@@ -524,11 +535,13 @@ def communication_rows(profile: Profile, given: dict[str, str] | None = None) ->
     """Per measured step and phase (each collective in the phase whose range holds its launch; BETWEEN when
     none does), then the mean over the steps: communication time, hidden behind compute, exposed. A step is a
     step range (ProfilerStep#N where the run has none of its own); without any, the measured region is one.
-    Compute is every other GPU operation (on any stream), or on a CPU every other operator (on any thread)."""
+    Compute is every computation kernel (on any stream), or on a CPU every other operator (on any thread)."""
     comm = [i for i in profile.intervals if collective_kind(i.name)]
     if not comm:
         return []
-    compute = merged((i.start_ns, i.end_ns) for i in profile.intervals if not collective_kind(i.name))
+    spans = lambda *kinds: merged((i.start_ns, i.end_ns) for i in profile.intervals  # noqa: E731
+                                  if work_kind(i.name) in kinds)
+    compute, busy = spans("computation"), spans("computation", "memory")
     chosen = select_measured(profile, given)
     steps = sorted((r for r in chosen.ranges if r.name == STEP), key=lambda r: r.start_ns)
     phase_ranges = [r for r in chosen.ranges if r.name in PHASES]
@@ -547,13 +560,14 @@ def communication_rows(profile: Profile, given: dict[str, str] | None = None) ->
                     for p in PHASES}
         for phase in [p for p in PHASES if phase_ms[p] or p in groups] + [BETWEEN] * (BETWEEN in groups):
             rows.append({"step": number, "phase": phase, "phase_ms": phase_ms.get(phase),
-                         **communication_split(groups.get(phase, []), compute)})
+                         **communication_split(groups.get(phase, []), compute, busy)})
         rows.append({"step": number, "phase": WHOLE_STEP, "phase_ms": step.duration_ns / 1e6,
-                     **communication_split([c for group in groups.values() for c in group], compute)})
+                     **communication_split([c for group in groups.values() for c in group], compute, busy)})
     means = []
     for phase in dict.fromkeys(r["phase"] for r in rows):
         same = [r for r in rows if r["phase"] == phase]
-        mean = {k: sum(r[k] or 0 for r in same) / len(steps) for k in ("comm_ms", "hidden_ms", "exposed_ms")}
+        mean = {k: sum(r[k] or 0 for r in same) / len(steps)
+                for k in ("comm_ms", "hidden_ms", "exposed_ms", "copies_ms")}
         phase_ms = [r["phase_ms"] for r in same if r["phase_ms"]]
         means.append({"step": "mean", "phase": phase, "phase_ms": statistics.fmean(phase_ms) if phase_ms else None,
                       **mean, "hidden_share": mean["hidden_ms"] / mean["comm_ms"] if mean["comm_ms"] else None})
@@ -794,7 +808,8 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
 
 
 COMMUNICATION_COLUMNS = [("step", "step"), ("phase", "phase"), ("phase_ms", "phase ms"), ("comm_ms", "comm ms"),
-                         ("hidden_ms", "hidden ms"), ("exposed_ms", "exposed ms"), ("comm_share", "comm % of phase"),
+                         ("hidden_ms", "hidden ms"), ("exposed_ms", "exposed ms"), ("copies_ms", "beside copies ms"),
+                         ("comm_share", "comm % of phase"),
                          ("hidden_share", "hidden % of comm"), ("collectives", "collectives")]
 
 
@@ -802,12 +817,14 @@ def render_communication(rows: list[dict[str, Any]], gpu: bool, fmt: str = "gith
     """Table 5: communication per step and phase, hidden behind compute or exposed."""
     shown = [{**r, **{k: None if r.get(k) is None else f"{r[k]:.0%}" for k in ("comm_share", "hidden_share")}}
              for r in rows]
-    where = ("NCCL kernels against every other GPU operation, on any stream" if gpu else
+    where = ("NCCL kernels against computation kernels, on any stream; a memcpy or memset is neither" if gpu else
              "gloo ranges and c10d operators against every other operator, on any thread")
     return "\n".join([f"### 5. Communication: hidden behind compute or exposed ({where})", "",
                       _render(shown, COMMUNICATION_COLUMNS, fmt, ".3f"), "",
                       "comm ms: the union of the collectives' intervals (a collective counts for the phase whose "
-                      "range holds its launch); hidden: while compute ran; exposed: while nothing else did."])
+                      "range holds its launch); hidden: while compute ran; exposed: while none did; beside copies: "
+                      "the part of exposed while a memcpy or memset ran, which hides none of it (Holistic Trace "
+                      "Analysis's kinds of GPU work)."])
 
 
 def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:
