@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -876,13 +877,33 @@ def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
     for argv, message in [
         (["--summary", str(tmp_path / "renamed")], "--summary reads nsys_run.sh's reports"),
         (["--summary", str(trace)], "a torch.profiler trace"),  # never an all-blank summary
-        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl, --md"),
+        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl, --stopwatch"),
         ([str(report), str(report)], "one report or trace at a time"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             kt.main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_help_says_which_options_go_with_summary_and_the_refusals_agree(tmp_path: Path, capsys):
+    report = write_report(tmp_path, "tiny_ctx32_train")
+    with pytest.raises(SystemExit):
+        kt.parse_args(["--help"])
+    text = capsys.readouterr().out
+    one, summary = text.split("one report or trace (not with --summary):")[1].split("with --summary only:")
+    values = {"--e2e-jsonl": "x.jsonl", "--stopwatch": "forward=1", "--ranges": "forward=F", "--export-dir": "d",
+              "--top": "3", "--md": "x.md", "--out": "o", "--results-dir": str(tmp_path)}
+    for flags, argv in ((re.findall(r"^  (--[a-z0-9-]+)", one, re.MULTILINE), ["--summary", str(report)]),
+                        (re.findall(r"^  (--[a-z0-9-]+)", summary, re.MULTILINE), [str(report)])):
+        assert flags and set(flags) - {"--fmt"} <= set(values)
+        for flag in (f for f in flags if f != "--fmt"):  # the table format goes with either
+            with pytest.raises(SystemExit) as exit_info:
+                kt.parse_args([*argv, flag, values[flag]])
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and flag in err and "--summary" in err, flag
+    assert kt.parse_args([str(report), "--fmt", "plain"]).fmt == kt.parse_args(["--summary", str(report), "--fmt",
+                                                                                "plain"]).fmt == "plain"
 
 
 # ---- bench_e2e.py --profile: a real torch.profiler trace on the CPU ----
