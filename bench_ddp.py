@@ -559,7 +559,7 @@ def lanes(profile: kernel_tables.Profile) -> dict[str, Any]:
                 for a, b in union if b > step.start_ns and a < step.end_ns]
 
     comm = [i for i in profile.intervals if kernel_tables.collective_kind(i.name)]
-    compute = [i for i in profile.intervals if not kernel_tables.collective_kind(i.name)]
+    compute = [i for i in profile.intervals if kernel_tables.work_kind(i.name) == "computation"]
     return {"step_ms": step.duration_ns / 1e6,
             "compute": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in compute)),
             "comm": inside(kernel_tables.merged((i.start_ns, i.end_ns) for i in comm)),

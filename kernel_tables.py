@@ -1,6 +1,7 @@
-"""Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's) and nsys_run.sh's
-plan (run by runner.run_configurations): where a step's time goes, kernel by kernel; the top kernels of the
-forward pass and their calls; the matmul share of inference vs a training step; softmax vs the attention matmuls.
+"""Kernel tables of a profile (an Nsight Systems report or a torch.profiler trace, anyone's): where a step's time
+goes, kernel by kernel; the top kernels of the forward pass and their calls; the matmul share of inference vs a
+training step; softmax vs the attention matmuls; communication hidden behind compute or exposed. It reads; nsys_run.sh
+(runner.py) makes the profiles.
 
     bash nsys_run.sh medium 256                                 # profile with nsys, then these tables
     python3 kernel_tables.py results/nsys/medium_ctx256_train.nsys-rep \\
@@ -14,24 +15,19 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import functools
-import glob
 import gzip
 import itertools
 import json
 import math
 import os
 import re
-import shlex
 import shutil
-import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
@@ -267,7 +263,8 @@ def load_report(source: str | Path, folder: Path | None = None) -> Profile:
 
 # ---- what kind of work a kernel is ----
 
-CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory copy/set", "other")
+CATEGORIES = ("matrix multiply", "elementwise", "reduction/softmax", "memory copy/set", "communication", "other")
+MEMCPY_MEMSET = re.compile(r"\[CUDA mem(cpy|set)|^Mem(cpy|set)\b", re.IGNORECASE)  # nsys's, torch.profiler's names
 
 # Inductor names its kernels triton_<kind>_ (torch/_inductor/codegen/triton.py): poi(ntwise), for(each),
 # red(uction), per(sistent reduction), spl(it scan), tem(plate: matmuls). The prefix decides before any
@@ -284,8 +281,8 @@ _KERNEL_RULES: list[tuple[str, re.Pattern]] = [
         r"|indexFunc(Small|Large)Index|index_add|nll_loss", re.IGNORECASE)),
     # copies, fills, and indexing that only moves data (gather, scatter, index, index_select: the embedding)
     ("memory copy/set", re.compile(
-        r"direct_copy_kernel|\[CUDA mem(cpy|set)|^Mem(cpy|set)\b|CatArrayBatchedCopy|FillFunctor|copy_kernel"
-        r"|gather|scatter|index_elementwise|index_put|indexSelect|index_select", re.IGNORECASE)),
+        rf"{MEMCPY_MEMSET.pattern}|direct_copy_kernel|CatArrayBatchedCopy|FillFunctor|copy_kernel|gather|scatter"
+        r"|index_elementwise|index_put|indexSelect|index_select", re.IGNORECASE)),
     # cuBLAS (ampere_sgemm, sm80_xmma), CUTLASS (a `:base` report prints cutlass::Kernel2 as "Kernel2"),
     # Hopper's nvjet, gemv, and fused attention kernels, whose time is their two matmuls (flash, fmha, sdpa)
     ("matrix multiply", re.compile(
@@ -329,7 +326,8 @@ def classify_kernel(name: str) -> str:
     # or parameter list (a '/' inside those, as in `operator/`, belongs to the kernel)
     cut = re.split(r"[<(\[]", name, maxsplit=1)[0].rfind("/")
     kernel = name[cut + 1:].removeprefix("void ")
-    category = next((c for prefix, c in INDUCTOR_PREFIXES.items() if kernel.startswith(prefix)), None)
+    category = "communication" if collective_kind(kernel) else next(
+        (c for prefix, c in INDUCTOR_PREFIXES.items() if kernel.startswith(prefix)), None)
     return category or next((c for c, pattern in _KERNEL_RULES if pattern.search(kernel)), "other")
 
 
@@ -509,14 +507,22 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
     return total
 
 
-def communication_split(comm: list[Interval], compute: list[tuple[float, float]]) -> dict[str, Any]:
-    """ms of communication (the union of its intervals), hidden (while compute ran: `compute` is the union of all
-    other work) and exposed (the rest: nothing else ran), and how many collectives of each kind."""
+def work_kind(name: str) -> str:
+    """Holistic Trace Analysis's kinds of GPU work: communication (NCCL kernels; on a CPU gloo's ranges and c10d's
+    operators), memory (memcpy and memset: the copy engines, not the SMs) and computation (every other)."""
+    return "communication" if collective_kind(name) else "memory" if MEMCPY_MEMSET.search(name) else "computation"
+
+
+def communication_split(comm: list[Interval], compute: list[tuple[float, float]],
+                        busy: list[tuple[float, float]]) -> dict[str, Any]:
+    """ms of communication (the union of its intervals), hidden (while compute ran: `compute` is the union of the
+    computation), exposed (the rest) and, of the exposed, beside copies (a memcpy or memset ran, hiding none of it:
+    `busy` is the union of computation and copies), and how many collectives of each kind."""
     union = merged((c.start_ns, c.end_ns) for c in comm)
     total, hidden = covered(union), overlap(union, compute)
     kinds = Counter(collective_kind(c.name) for c in comm)
     return {"comm_ms": total / 1e6, "hidden_ms": hidden / 1e6, "exposed_ms": (total - hidden) / 1e6,
-            "hidden_share": hidden / total if total else None,
+            "copies_ms": (overlap(union, busy) - hidden) / 1e6, "hidden_share": hidden / total if total else None,
             "collectives": ", ".join(f"{kind} x{n}" for kind, n in kinds.most_common())}
 
 
@@ -524,11 +530,12 @@ def communication_rows(profile: Profile, given: dict[str, str] | None = None) ->
     """Per measured step and phase (each collective in the phase whose range holds its launch; BETWEEN when
     none does), then the mean over the steps: communication time, hidden behind compute, exposed. A step is a
     step range (ProfilerStep#N where the run has none of its own); without any, the measured region is one.
-    Compute is every other GPU operation (on any stream), or on a CPU every other operator (on any thread)."""
+    Compute is every computation kernel (on any stream), or on a CPU every other operator (on any thread)."""
     comm = [i for i in profile.intervals if collective_kind(i.name)]
     if not comm:
         return []
-    compute = merged((i.start_ns, i.end_ns) for i in profile.intervals if not collective_kind(i.name))
+    compute = merged((i.start_ns, i.end_ns) for i in profile.intervals if work_kind(i.name) == "computation")
+    busy = merged((i.start_ns, i.end_ns) for i in profile.intervals if work_kind(i.name) != "communication")
     chosen = select_measured(profile, given)
     steps = sorted((r for r in chosen.ranges if r.name == STEP), key=lambda r: r.start_ns)
     phase_ranges = [r for r in chosen.ranges if r.name in PHASES]
@@ -547,13 +554,14 @@ def communication_rows(profile: Profile, given: dict[str, str] | None = None) ->
                     for p in PHASES}
         for phase in [p for p in PHASES if phase_ms[p] or p in groups] + [BETWEEN] * (BETWEEN in groups):
             rows.append({"step": number, "phase": phase, "phase_ms": phase_ms.get(phase),
-                         **communication_split(groups.get(phase, []), compute)})
+                         **communication_split(groups.get(phase, []), compute, busy)})
         rows.append({"step": number, "phase": WHOLE_STEP, "phase_ms": step.duration_ns / 1e6,
-                     **communication_split([c for group in groups.values() for c in group], compute)})
+                     **communication_split([c for group in groups.values() for c in group], compute, busy)})
     means = []
     for phase in dict.fromkeys(r["phase"] for r in rows):
         same = [r for r in rows if r["phase"] == phase]
-        mean = {k: sum(r[k] or 0 for r in same) / len(steps) for k in ("comm_ms", "hidden_ms", "exposed_ms")}
+        mean = {k: sum(r[k] or 0 for r in same) / len(steps)
+                for k in ("comm_ms", "hidden_ms", "exposed_ms", "copies_ms")}
         phase_ms = [r["phase_ms"] for r in same if r["phase_ms"]]
         means.append({"step": "mean", "phase": phase, "phase_ms": statistics.fmean(phase_ms) if phase_ms else None,
                       **mean, "hidden_share": mean["hidden_ms"] / mean["comm_ms"] if mean["comm_ms"] else None})
@@ -794,7 +802,8 @@ def render_tables(tables: dict[str, Any], fmt: str = "github") -> str:
 
 
 COMMUNICATION_COLUMNS = [("step", "step"), ("phase", "phase"), ("phase_ms", "phase ms"), ("comm_ms", "comm ms"),
-                         ("hidden_ms", "hidden ms"), ("exposed_ms", "exposed ms"), ("comm_share", "comm % of phase"),
+                         ("hidden_ms", "hidden ms"), ("exposed_ms", "exposed ms"), ("copies_ms", "beside copies ms"),
+                         ("comm_share", "comm % of phase"),
                          ("hidden_share", "hidden % of comm"), ("collectives", "collectives")]
 
 
@@ -802,12 +811,14 @@ def render_communication(rows: list[dict[str, Any]], gpu: bool, fmt: str = "gith
     """Table 5: communication per step and phase, hidden behind compute or exposed."""
     shown = [{**r, **{k: None if r.get(k) is None else f"{r[k]:.0%}" for k in ("comm_share", "hidden_share")}}
              for r in rows]
-    where = ("NCCL kernels against every other GPU operation, on any stream" if gpu else
+    where = ("NCCL kernels against computation kernels, on any stream; a memcpy or memset is neither" if gpu else
              "gloo ranges and c10d operators against every other operator, on any thread")
     return "\n".join([f"### 5. Communication: hidden behind compute or exposed ({where})", "",
                       _render(shown, COMMUNICATION_COLUMNS, fmt, ".3f"), "",
                       "comm ms: the union of the collectives' intervals (a collective counts for the phase whose "
-                      "range holds its launch); hidden: while compute ran; exposed: while nothing else did."])
+                      "range holds its launch); hidden: while compute ran; exposed: while none did; beside copies: "
+                      "the part of exposed while a memcpy or memset ran, which hides none of it (Holistic Trace "
+                      "Analysis's kinds of GPU work)."])
 
 
 def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:
@@ -953,313 +964,6 @@ def write_summary(prefixes: list[Path], results_dir: str, out: str | None = None
     files.publish(lambda chosen: render_summary(records, chosen), fmt)
 
 
-# ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration, through runner's sweep ----
-
-SWEEP_EPILOG = """\
-Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
-CS336_HANDOUT = the handout when --handout is not given.
-A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
-and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
-that size and mode are skipped.
-Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
-usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
-stopped, also when this process is killed)."""
-DEFAULT_PLANS = {"2025": (["all"], [128, 256, 512, 1024]),  # every size of Table 1 x four contexts
-                 "2026": (["small", "medium"], [256, 512, 1024])}  # two sizes x three contexts > 128
-ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two: bench_e2e sweeps
-OWN_OPTIONS = ("--size", "--context-length", "--mode", "--handout", "--dry-run", "--results-dir", "--out")
-# torch's NVTX ranges are unregistered strings, which an NVTX capture range matches only with this set to 0
-REGISTER_ONLY = "NSYS_NVTX_PROFILER_REGISTER_ONLY"
-BENCH_E2E = str(Path(__file__).with_name("bench_e2e.py"))
-
-
-def say(message: str) -> None:
-    results.progress(f"nsys_run.sh: {message}")
-
-
-@dataclass
-class Config:
-    """One profile of nsys_run.sh's plan, as runner.run_configurations runs it (label, skip_key)."""
-
-    size: str
-    context_length: int
-    mode: str
-    report: str  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
-    app: list[str]  # bench_e2e.py's arguments
-    made_with: str  # the nsys command line, kept as <report>.args: a report is reused only for the same line
-
-    def file(self, suffix: str) -> Path:
-        return Path(f"{self.report}{suffix}")
-
-    def label(self) -> str:
-        return f"{self.size} ctx={self.context_length} {self.mode}"
-
-    def skip_key(self) -> tuple[Any, str, int]:
-        """After an OOM, the larger contexts of the same size and mode are skipped."""
-        return (self.size, self.mode), "context_length", self.context_length
-
-
-def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
-    p = results.ArgParser(prog="nsys_run.sh", epilog=SWEEP_EPILOG,
-                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                          description="Nsight Systems profiles of bench_e2e.py's measured steps, one report "
-                                      "per configuration in results/nsys/,\nits kernel tables beside it, and "
-                                      "a summary across them. Anything after -- goes to bench_e2e.py.")
-    p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE: train)")
-    results.add_size_args(p, "the handout's plan")  # and --handout
-    p.add_argument("--context-length", nargs="+", metavar="CTX", help="context lengths")
-    p.add_argument("--mode", nargs="+", help="forward, forward-backward, train (default: forward train)")
-    p.add_argument("--force", action="store_true", help="profile again where a report exists, replacing it")
-    p.add_argument("--no-skip", action="store_true", help="after an OOM, still profile the larger contexts")
-    p.add_argument("--dry-run", action="store_true", help="list the configurations and what happens to each")
-    p.add_argument("--backtrace", "--python-backtrace", action="store_true",
-                   help="Python + CUDA backtraces of CUDA calls (slower)")
-    p.add_argument("--pytorch", metavar="VALUES", help="to nsys profile (autograd-nvtx: PyTorch's own "
-                   "NVTX labels); adds _pytorch to the name. Not in nsys 2023.4")
-    p.add_argument("--cuda-memory-usage", choices=("true", "false"), default="false",
-                   help="true: to nsys profile (GPU memory over time); adds _cudamem to the name")
-    p.add_argument("--results-dir", default="results", type=results.results_folder,
-                   help="results root (reports go to its nsys/ folder)")
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    # a bare --cuda-memory-usage means true and must not take the SIZE after it
-    a = p.parse_intermixed_args([arg + "=true" * (arg == "--cuda-memory-usage") for arg in own])
-    results.handout_or_exit(p, a)
-    results.refuse(p, [
-        (a.pytorch is not None and not a.pytorch.strip(),
-         "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"),
-        (a.config and (a.size or a.context_length or a.mode),
-         "give SIZE CTX [MODE] or --size/--context-length/--mode, not both"),
-        (a.config and not 2 <= len(a.config) <= 3,
-         "usage: bash nsys_run.sh [options] SIZE CTX [MODE] [-- bench_e2e.py arguments]")])
-    if a.config:
-        a.size, a.context_length, a.mode = [a.config[0]], [a.config[1]], a.config[2:] or ["train"]
-    dtype = ""
-    for i, arg in enumerate(extra):
-        name, _, value = arg.partition("=")
-        # bench_e2e's argparse takes abbreviations: --context would change a configuration this script names
-        full = [o for o in OWN_OPTIONS + ONE_VALUE_OPTIONS if o.startswith(name) and o != name]
-        if name.startswith("--") and len(name) > 2 and full:
-            p.error(f"{name} after --: spell out {' or '.join(full)} (nsys_run.sh reads it to plan and name the "
-                    "reports)")
-        if name in OWN_OPTIONS:
-            p.error(f"{name} after -- would reach bench_e2e.py: nsys_run.sh plans, names and places the "
-                    "reports (give sizes, contexts, modes, --handout, --dry-run and --results-dir before --)")
-        if name == "--dtype":
-            dtype = value or (extra[i + 1:] or [""])[0]
-        if arg in ONE_VALUE_OPTIONS and len([v for v in extra[i + 1:i + 3] if not v.startswith("-")]) == 2:
-            p.error(f"profile one {arg} at a time")
-    results.refuse(p, [  # a size and a dtype name the report: nothing that could leave the results folder
-        (any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", s) for s in a.size or []),
-         f"SIZE must be a preset name such as tiny or 2.7B, got {a.size!r}"),
-        (any(not re.fullmatch(r"[1-9][0-9]*", c) for c in a.context_length or []),
-         f"CTX must be a positive integer, got {a.context_length!r}"),
-        (any(m not in results.MODES for m in a.mode or []),
-         f"MODE must be forward, forward-backward or train, got {a.mode!r}"),
-        (dtype not in ("", "fp32", "bf16", "fp16"), f"--dtype must be fp32, bf16 or fp16, got {dtype!r}")])
-    sizes, contexts = DEFAULT_PLANS[a.handout]
-    # ascending: after an OOM the rest are skipped
-    a.context_length = sorted({int(c) for c in a.context_length or contexts})
-    a.mode = list(dict.fromkeys(a.mode or ["forward", "train"]))
-    a.size = results.sizes_or_exit(p, a, a.size or sizes)
-    a.extra = extra
-    # flags that change what a report holds also name it: such a report never stands in for a plain one
-    memory = a.cuda_memory_usage == "true"
-    a.pass_through = [f"--pytorch={a.pytorch}"] * bool(a.pytorch) + ["--cuda-memory-usage=true"] * memory
-    a.nsys_options = ["--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure",
-                      "--capture-range-end=stop", f"--env-var={REGISTER_ONLY}=0", "--force-overwrite=true",
-                      *["--cudabacktrace=all", "--python-backtrace=cuda"] * a.backtrace, *a.pass_through]
-    suffix = (f"_{dtype}" * (dtype not in ("", "fp32")) + "_pytorch" * bool(a.pytorch) + "_cudamem" * memory
-              + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
-    a.plan = []
-    for size, ctx, mode in itertools.product(a.size, a.context_length, a.mode):
-        # --in-process: the measured steps and their kernels live in the process that nsys runs; --quiet: the
-        # sweep says each configuration's start and end
-        app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", "--quiet",
-               *extra, "--handout", a.handout]
-        made_with = shlex.join(["nsys", "profile", *a.nsys_options, "--", "bench_e2e.py", *app])
-        a.plan.append(Config(size, ctx, mode, str(Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}")),
-                             app, made_with))
-    return a
-
-
-def completion_marker(config: Config) -> str:
-    """<report>.args, written last, once the report, its export and tables are in place: the nsys command line
-    and the report's size. A report whose profile was cut short (its wrapper killed), or replaced since, has none
-    that matches: it is never reused."""
-    return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
-
-
-def action(config: Config, args: argparse.Namespace) -> str:
-    """profile; reuse (a complete report made with these arguments); kept (another report)."""
-    if args.force or not config.file(".nsys-rep").is_file():
-        return "profile"
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        if config.file(".args").read_text() == completion_marker(config):
-            return "reuse"
-    return "kept"
-
-
-def check_with_bench_e2e(args: argparse.Namespace) -> int:
-    """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
-    if args.dry_run:
-        print(f"nsys_run.sh: the arguments, checked by bench_e2e.py --dry-run (its plan for --mode {args.mode[0]} "
-              "alone; the profiles follow below):", flush=True)
-    return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
-                           *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
-                           *args.extra, "--handout", args.handout, "--dry-run"],
-                          stdout=None if args.dry_run else subprocess.DEVNULL).returncode
-
-
-def dry_run(args: argparse.Namespace) -> int:
-    print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
-    for i, config in enumerate(args.plan, 1):
-        again = config.file(".nsys-rep").exists()
-        todo = {"reuse": "reuse the existing report",
-                "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
-                "profile": "profile again, replacing the report (--force)" if again else "profile"}
-        print(f"  {i}. {config.label()} -> {config.report}: {todo[action(config, args)]}")
-    print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
-          f"{' '.join(args.plan[0].app)} ...")
-    if not args.no_skip:
-        print("after an OOM, the larger contexts of that size and mode are skipped (--no-skip runs them)")
-    print("nothing was profiled or written (drop --dry-run to run them)")
-    return 0
-
-
-def run_under_nsys(config: Config, args: argparse.Namespace, nsys: str, staging: Path) -> int:
-    """`nsys profile` of bench_e2e.py in its own process group (SIGTERM, SIGKILL after 30 s on an interrupt, or
-    when this process dies), its report and bench_e2e's record (<report>_e2e.*) written into `staging`."""
-    staged = staging / Path(config.report).name
-    with tempfile.TemporaryDirectory(prefix="nsys_run-") as tmp:
-        app = [sys.executable, BENCH_E2E, *config.app, "--results-dir", tmp, "--out", "e2e"]
-        say(f"profiling {config.label()}: bench_e2e.py {' '.join(config.app)}")
-        with results.process_group([nsys, "profile", *args.nsys_options, f"--output={staged}", *app],
-                                   stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"}) as proc:
-            for line in proc.stdout:  # its "wrote" lines name the files kept
-                results.emit(line.decode(errors="replace").replace(f"{tmp}/e2e/e2e", f"{config.report}_e2e")
-                             .rstrip("\n"))
-            proc.wait()
-        for made in Path(tmp, "e2e").glob("e2e*"):
-            shutil.copyfile(made, f"{staged}_{made.name}")
-    return proc.returncode
-
-
-PROFILE_FILES = (".nsys-rep", ".sqlite", "_e2e.jsonl", "_e2e.md", ".md")  # a profile's files; .args comes last
-
-
-def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
-    """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
-    record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
-    todo, report = action(run, args), run.file(".nsys-rep")
-    if todo == "kept":
-        say(f"error: {report} exists, not made by a complete run with these arguments ({run.report}.args); it is "
-            "kept: --force profiles this configuration again, replacing it")
-        return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
-    if todo == "reuse":
-        say(f"reusing {report}, made with the same arguments (--force profiles it again)")
-        return tables_of(run, run, 0)
-    # the new profile is made beside, under a temporary name: the earlier files are replaced only once the new
-    # ones exist, and an interrupted or refused run leaves them as they were
-    folder, name = Path(run.report).parent, Path(run.report).name
-    folder.mkdir(parents=True, exist_ok=True)
-    remove_orphaned_staging(folder, name)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-{socket.gethostname()}-{os.getpid()}-", dir=folder))
-    try:
-        status = run_under_nsys(run, args, nsys, staging)
-        if status == 2:  # bench_e2e's usage error (its arguments are checked before nsys starts: a later mode)
-            say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
-                "kept")
-            return {"status": "refused: bench_e2e.py's usage error (exit status 2)", "exit_status": 2}
-        return tables_of(run, dataclasses.replace(run, report=str(staging / Path(run.report).name)), status)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def remove_orphaned_staging(folder: Path, name: str) -> None:
-    """The staging folders of `name` whose nsys_run.sh was killed with -9 (its process on this machine is gone):
-    removed, partial report and all. A live run's, another machine's, or a folder not named by us is left."""
-    for staging in folder.glob(f".{glob.escape(name)}.partial-*"):
-        host, pid, _ = (staging.name.split(".partial-", 1)[1].rsplit("-", 2) + ["", ""])[:3]
-        if (host == socket.gethostname() and pid.isdigit() and not results.alive(int(pid))
-                and staging.is_dir() and not staging.is_symlink()):
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def tables_of(run: Config, made: Config, status: int) -> dict[str, Any]:
-    """The tables of the profile `made` (the reused one, or a new one beside), printed; a new one's files then
-    replace `run`'s, the completion marker last."""
-    jsonl, report = made.file("_e2e.jsonl"), run.file(".nsys-rep")
-    said = ""  # the status the profiled run recorded
-    with contextlib.suppress(ProfileFormatError):
-        said = str(last_e2e_record(jsonl).get("status", ""))
-    if status:
-        say(f"the profiled run failed with exit status {status}")
-        return {"status": said or f"failed: the profiled run's exit status was {status}", "exit_status": status}
-    if not made.file(".nsys-rep").is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 when it failed
-        say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
-        return {"status": said, "exit_status": 1}
-    if not made.file(".nsys-rep").is_file():
-        say(f"nsys wrote no {report}: the 'measure' range never started (no NVTX range of bench_e2e reached nsys)")
-        return {"status": "failed: nsys wrote no report (the measure range never started)", "exit_status": 1}
-    value = profiled(made.report)
-    if "tables" not in value:
-        say(f"no tables for {report}: {value['status']}")
-        return {**value, "exit_status": 1}
-    text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
-    results.replace_text(made.file(".md"), text + "\n")
-    if made is not run:
-        run.file(".args").unlink(missing_ok=True)  # the earlier set's marker: it no longer names these files
-        for suffix in PROFILE_FILES:
-            if made.file(suffix).exists():
-                os.replace(made.file(suffix), run.file(suffix))
-        results.replace_text(run.file(".args"), completion_marker(run))
-    if results.emit(text):
-        results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
-    return {**value, "exit_status": 0}
-
-
-def sweep_main(argv: list[str]) -> int:
-    args = parse_sweep_args(argv)
-    if status := check_with_bench_e2e(args):  # bench_e2e's one line, not nsys's start and end around it
-        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
-    if args.dry_run:
-        return dry_run(args)
-    nsys, why = find_nsys()
-    if nsys is None:
-        first = args.plan[0]
-        print(f"nsys_run.sh: error: {why}; {INSTALL_HINT}. Without nsys, torch.profiler gives the same "
-              f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.context_length} "
-              f"--mode {first.mode} --profile", file=sys.stderr)
-        return 2
-    for name in [flag.split("=")[0] for flag in args.pass_through]:
-        known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout
-        if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
-            version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
-            say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
-                "newer Nsight Systems")
-            return 2
-    import runner  # torch, for the sweep only: --help and the checks above answer without it
-    folder = Path(args.results_dir, "nsys")
-    created = [f for f in (folder, *folder.parents) if not f.exists()]
-    # nsys runs each profile in a process of its own: the sweep measures in this one (no child, no time limit)
-    # one configuration: its refusal or failure in its own line, without the sweep's progress lines around it
-    args.in_process, args.timeout, args.quiet, args.fmt = True, None, len(args.plan) == 1, "github"
-    files = results.ResultFiles(args.results_dir, "nsys", None, "summary") if len(args.plan) > 1 else None
-    records, code = runner.run_configurations(functools.partial(profile_one, args=args, nsys=nsys), args.plan,
-                                              files, args, name="nsys_run", device=None, render=render_summary)
-    for made in created:  # the folders made for this run, when nothing is in them (a refused profile)
-        with contextlib.suppress(OSError):
-            made.rmdir()
-    if code:
-        say("nsys and the profiled run stopped; finished reports are kept")
-        return code
-    if files is not None:
-        results.emit("")
-        files.publish(lambda fmt: render_summary(records, fmt), args.fmt)
-    failures = [r.get("exit_status", 1) for r in records if not r["status"].startswith("skipped")]
-    return next((status for status in failures if status), 0)  # an error row (a crash here) has none: 1
-
-
 # ---- command line ----
 
 
@@ -1292,31 +996,33 @@ def is_trace(source: str | Path) -> bool:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0],
-                          epilog="bash nsys_run.sh runs `kernel_tables.py --nsys-run ARGS` (its --help: bash "
-                                 "nsys_run.sh --help).")
+                          epilog="Profiles with nsys, and these tables beside each: bash nsys_run.sh (its --help: "
+                                 "bash nsys_run.sh --help).")
     p.add_argument("source", nargs="+", help="a torch.profiler trace (.json, .json.gz), an nsys report "
                    "X.nsys-rep, its export X.sqlite, or the prefix X; with --summary, nsys_run.sh's reports")
     p.add_argument("--summary", action="store_true", help="one table across nsys_run.sh's reports, a row per "
                    "size, context and variant, in <results-dir>/nsys/summary-<time>.{md,jsonl}")
-    p.add_argument("--e2e-jsonl", help="bench_e2e's record of the profiled run: the stopwatch of table 1, "
-                   "the model's shape for the FLOPs of table 4")
-    p.add_argument("--stopwatch", nargs="+", metavar="PHASE=MS", help="your own ms per step for table 1, "
-                   "e.g. forward=66.5 backward=80 or forward=66.5,backward=80 (PHASE: forward, backward, "
-                   "optimizer, step)")
-    p.add_argument("--ranges", nargs="+", metavar="KEY=NAME", help="your range names where they are not a "
-                   f"usual spelling, e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)})")
-    p.add_argument("--export-dir", metavar="DIR",
-                   help="where the SQLite export of a .nsys-rep goes (default: beside it)")
-    p.add_argument("--top", type=results.positive_int, default=10, help="kernels per top-kernels table")
-    results.add_output_args(p, "summary-<UTC time>")  # --out and --results-dir: --summary's files
-    p.add_argument("--md", help="also write the tables to this file, replacing it")
+    one = p.add_argument_group("one report or trace (not with --summary)")
+    one.add_argument("--e2e-jsonl", help="bench_e2e's record of the profiled run: the stopwatch of table 1, "
+                     "the model's shape for the FLOPs of table 4")
+    one.add_argument("--stopwatch", nargs="+", metavar="PHASE=MS", help="your own ms per step for table 1, "
+                     "e.g. forward=66.5 backward=80 or forward=66.5,backward=80 (PHASE: forward, backward, "
+                     "optimizer, step)")
+    one.add_argument("--ranges", nargs="+", metavar="KEY=NAME", help="your range names where they are not a "
+                     f"usual spelling, e.g. forward='Model Forward' (KEY: {', '.join(RANGE_KEYS)})")
+    one.add_argument("--export-dir", metavar="DIR",
+                     help="where the SQLite export of a .nsys-rep goes (default: beside it)")
+    one.add_argument("--top", type=results.positive_int, help="kernels per top-kernels table (default: 10)")
+    one.add_argument("--md", help="also write the tables to this file, replacing it")
+    results.add_output_args(p.add_argument_group("with --summary only: its files (but --fmt either way)"),
+                            "summary-<UTC time>")
     args = p.parse_args(argv)
     if args.summary:
         args.source = [Path(s).with_suffix("") if Path(s).suffix in (*REPORT_SUFFIXES, ".sqlite") else Path(s)
                        for s in args.source]
-        results.refuse(p, [(args.e2e_jsonl or args.md or args.stopwatch or args.ranges or args.export_dir,
-                            "--summary reads each report's own export and <report>_e2e.jsonl: no "
-                            "--e2e-jsonl, --md, --stopwatch, --ranges or --export-dir")] + [
+        results.refuse(p, [(args.e2e_jsonl or args.stopwatch or args.ranges or args.export_dir or args.top or args.md,
+                            "--summary reads each report's own export and <report>_e2e.jsonl: no --e2e-jsonl, "
+                            "--stopwatch, --ranges, --export-dir, --top or --md")] + [
             (is_trace(s) or not REPORT_NAME.fullmatch(s.name), f"{s}: --summary reads nsys_run.sh's reports "
              "(<size>_ctx<context>_<mode>[_<variant>]); a torch.profiler trace or another report: "
              "kernel_tables.py SOURCE") for s in args.source])
@@ -1347,9 +1053,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--nsys-run"]:
-        return sweep_main(argv[1:])
     args = parse_args(argv)
     if args.summary:
         write_summary(args.source, args.results_dir, args.out, args.fmt)
@@ -1369,7 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {said}", file=sys.stderr)
         return 2
     config = record.get("config") or {}
-    tables = build_tables(profile, stopwatch, attention_shape(config), args.top, bool(config.get("compile")),
+    tables = build_tables(profile, stopwatch, attention_shape(config), args.top or 10, bool(config.get("compile")),
                           args.ranges, "bench_e2e's stopwatch" if record else "your stopwatch (--stopwatch)")
     text = header + "\n\n" + render_tables(tables, args.fmt)
     if args.md:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Systems profiles of bench_e2e.py's measured steps, as kernel tables: kernel_tables.py --nsys-run does it all.
+# Nsight Systems profiles of bench_e2e.py's measured steps, as kernel tables: runner.py's nsys_run_main does it all.
 #
 #   bash nsys_run.sh medium 256                      # one configuration: a training step
 #   bash nsys_run.sh --size small medium --context-length 256 512 1024 --mode forward train
@@ -14,4 +14,4 @@ if ! command -v "$python" >/dev/null 2>&1; then
     echo "nsys_run.sh: error: PYTHON=$python is not a Python interpreter: set PYTHON to one" >&2
     exit 2
 fi
-exec "$python" "$here/kernel_tables.py" --nsys-run "$@"
+exec "$python" "$here/runner.py" "$@"

@@ -1195,8 +1195,8 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
              "rounds). vs nocomm ms: the median paired difference to the variant that communicates nothing (what "
              "communicating costs); step/nocomm: the ratio with its 95% interval. comm / exposed / hidden: from "
              "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
-             "slower rank); exposed while nothing else ran, hidden while compute did. check: the "
-             f"weights after {cfg['check_steps']} steps against one process on the whole batch.",
+             "slower rank); hidden while compute ran, exposed while none did (a memcpy or memset hides none). "
+             f"check: the weights after {cfg['check_steps']} steps against one process on the whole batch.",
              "floor: MB sent per rank (a ring all-reduce sends 2(n-1)/n of the gradients; FSDP all-gathers the "
              "weights twice and reduce-scatters the gradients, (n-1)/n each) over the link's "
              + (f"{link:.3g} GB/s ({steps[0].get('link_source') or '--link-gbps'})" if link else

@@ -6,23 +6,35 @@ and its steps timed phase by phase (run_step, measure_steps), as bench_e2e, lead
     plan = runner.comparisons(runs, RunConfig.comparison_key)  # the variants of one comparison as one list
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_e2e", device=device,
                                               finish=finish_record, render=live, measure_variants=together)
+
+And nsys_run.sh's sweep, which `bash nsys_run.sh ARGS` runs as `python3 runner.py ARGS`: bench_e2e.py under
+`nsys profile` per configuration, kernel_tables' tables of each report beside it, a summary across them.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import dataclasses
+import functools
+import glob
 import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
 import os
+import re
+import shlex
+import shutil
 import signal
+import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import timeit
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -34,9 +46,11 @@ from common import (CEILINGS_ENV, CEILINGS_FILE, DTYPES, SyncTimer, annotate, en
                     machine_ceiling, machine_load, matmul_precision_key, peak_memory_bytes, peak_tflops,
                     precision_context, quiet_profiler, reset_peak_memory,
                     resolve_device, set_ranges)
+from kernel_tables import (INSTALL_HINT, ProfileFormatError, find_nsys, last_e2e_record, profile_header, profiled,
+                           render_summary, render_tables)
 from model import build_model, build_optimizer, check_logits, cross_entropy
 from parallel import DEFAULT_PG_TIMEOUT_S
-from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, PHASES_BY_MODE, ModelConfig, ResultFiles,
+from results import (DEFAULT_BATCH_SIZE, DEFAULT_HANDOUT, FINISHED, PHASES_BY_MODE, ModelConfig, ResultFiles,
                      finished, is_oom_status, parallel_label, progress, round_order, summarize)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -829,3 +843,314 @@ def phase_floors(run: RunConfig, record: dict[str, Any], peak_override: float | 
     if "optimizer" in floors and run.optimizer not in (common.OURS, "torch"):
         floors["optimizer"]["note"] = "assumes AdamW's state: 28 bytes per parameter"
     return results.beside_measured(floors, record, roofs)
+
+
+# ---- nsys_run.sh: one nsys profile of bench_e2e.py per configuration, through the sweep above ----
+
+NSYS_RUN_EPILOG = """\
+Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
+CS336_HANDOUT = the handout when --handout is not given.
+A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
+and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
+that size and mode are skipped.
+Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
+usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
+stopped, also when this process is killed)."""
+NSYS_PLANS = {"2025": (["all"], [128, 256, 512, 1024]),  # every size of Table 1 x four contexts
+              "2026": (["small", "medium"], [256, 512, 1024])}  # two sizes x three contexts > 128
+ONE_VALUE_OPTIONS = ("--dtype", "--compile", "--attn", "--optimizer", "--warmup")  # two: bench_e2e sweeps
+OWN_OPTIONS = ("--size", "--context-length", "--mode", "--handout", "--dry-run", "--results-dir", "--out")
+# torch's NVTX ranges are unregistered strings, which an NVTX capture range matches only with this set to 0
+REGISTER_ONLY = "NSYS_NVTX_PROFILER_REGISTER_ONLY"
+BENCH_E2E = os.path.join(HERE, "bench_e2e.py")
+
+
+def nsys_say(message: str) -> None:
+    progress(f"nsys_run.sh: {message}")
+
+
+@dataclasses.dataclass
+class NsysConfig:
+    """One profile of nsys_run.sh's plan, as run_configurations runs it (label, skip_key)."""
+
+    size: str
+    context_length: int
+    mode: str
+    report: str  # results/nsys/<size>_ctx<ctx>_<mode><suffix>, without .nsys-rep
+    app: list[str]  # bench_e2e.py's arguments
+    made_with: str  # the nsys command line, kept as <report>.args: a report is reused only for the same line
+
+    def file(self, suffix: str) -> Path:
+        return Path(f"{self.report}{suffix}")
+
+    def label(self) -> str:
+        return f"{self.size} ctx={self.context_length} {self.mode}"
+
+    def skip_key(self) -> tuple[Any, str, int]:
+        """After an OOM, the larger contexts of the same size and mode are skipped."""
+        return (self.size, self.mode), "context_length", self.context_length
+
+
+def parse_nsys_run_args(argv: list[str]) -> argparse.Namespace:
+    p = results.ArgParser(prog="nsys_run.sh", epilog=NSYS_RUN_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter,
+                          description="Nsight Systems profiles of bench_e2e.py's measured steps, one report "
+                                      "per configuration in results/nsys/,\nits kernel tables beside it, and "
+                                      "a summary across them. Anything after -- goes to bench_e2e.py.")
+    p.add_argument("config", nargs="*", metavar="SIZE CTX [MODE]", help="one configuration (MODE: train)")
+    results.add_size_args(p, "the handout's plan")  # and --handout
+    p.add_argument("--context-length", nargs="+", metavar="CTX", help="context lengths")
+    p.add_argument("--mode", nargs="+", help="forward, forward-backward, train (default: forward train)")
+    p.add_argument("--force", action="store_true", help="profile again where a report exists, replacing it")
+    p.add_argument("--no-skip", action="store_true", help="after an OOM, still profile the larger contexts")
+    p.add_argument("--dry-run", action="store_true", help="list the configurations and what happens to each")
+    p.add_argument("--backtrace", "--python-backtrace", action="store_true",
+                   help="Python + CUDA backtraces of CUDA calls (slower)")
+    p.add_argument("--pytorch", metavar="VALUES", help="to nsys profile (autograd-nvtx: PyTorch's own "
+                   "NVTX labels); adds _pytorch to the name. Not in nsys 2023.4")
+    p.add_argument("--cuda-memory-usage", choices=("true", "false"), default="false",
+                   help="true: to nsys profile (GPU memory over time); adds _cudamem to the name")
+    p.add_argument("--results-dir", default="results", type=results.results_folder,
+                   help="results root (reports go to its nsys/ folder)")
+    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    # a bare --cuda-memory-usage means true and must not take the SIZE after it
+    a = p.parse_intermixed_args([arg + "=true" * (arg == "--cuda-memory-usage") for arg in own])
+    results.handout_or_exit(p, a)
+    results.refuse(p, [
+        (a.pytorch is not None and not a.pytorch.strip(),
+         "--pytorch needs a value, e.g. --pytorch=autograd-nvtx"),
+        (a.config and (a.size or a.context_length or a.mode),
+         "give SIZE CTX [MODE] or --size/--context-length/--mode, not both"),
+        (a.config and not 2 <= len(a.config) <= 3,
+         "usage: bash nsys_run.sh [options] SIZE CTX [MODE] [-- bench_e2e.py arguments]")])
+    if a.config:
+        a.size, a.context_length, a.mode = [a.config[0]], [a.config[1]], a.config[2:] or ["train"]
+    dtype = ""
+    for i, arg in enumerate(extra):
+        name, _, value = arg.partition("=")
+        # bench_e2e's argparse takes abbreviations: --context would change a configuration this script names
+        full = [o for o in OWN_OPTIONS + ONE_VALUE_OPTIONS if o.startswith(name) and o != name]
+        if name.startswith("--") and len(name) > 2 and full:
+            p.error(f"{name} after --: spell out {' or '.join(full)} (nsys_run.sh reads it to plan and name the "
+                    "reports)")
+        if name in OWN_OPTIONS:
+            p.error(f"{name} after -- would reach bench_e2e.py: nsys_run.sh plans, names and places the "
+                    "reports (give sizes, contexts, modes, --handout, --dry-run and --results-dir before --)")
+        if name == "--dtype":
+            dtype = value or (extra[i + 1:] or [""])[0]
+        if arg in ONE_VALUE_OPTIONS and len([v for v in extra[i + 1:i + 3] if not v.startswith("-")]) == 2:
+            p.error(f"profile one {arg} at a time")
+    results.refuse(p, [  # a size and a dtype name the report: nothing that could leave the results folder
+        (any(not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", s) for s in a.size or []),
+         f"SIZE must be a preset name such as tiny or 2.7B, got {a.size!r}"),
+        (any(not re.fullmatch(r"[1-9][0-9]*", c) for c in a.context_length or []),
+         f"CTX must be a positive integer, got {a.context_length!r}"),
+        (any(m not in results.MODES for m in a.mode or []),
+         f"MODE must be forward, forward-backward or train, got {a.mode!r}"),
+        (dtype not in ("", "fp32", "bf16", "fp16"), f"--dtype must be fp32, bf16 or fp16, got {dtype!r}")])
+    sizes, contexts = NSYS_PLANS[a.handout]
+    # ascending: after an OOM the rest are skipped
+    a.context_length = sorted({int(c) for c in a.context_length or contexts})
+    a.mode = list(dict.fromkeys(a.mode or ["forward", "train"]))
+    a.size = results.sizes_or_exit(p, a, a.size or sizes)
+    a.extra = extra
+    # flags that change what a report holds also name it: such a report never stands in for a plain one
+    memory = a.cuda_memory_usage == "true"
+    a.pass_through = [f"--pytorch={a.pytorch}"] * bool(a.pytorch) + ["--cuda-memory-usage=true"] * memory
+    a.nsys_options = ["--trace=cuda,nvtx,osrt", "--capture-range=nvtx", "--nvtx-capture=measure",
+                      "--capture-range-end=stop", f"--env-var={REGISTER_ONLY}=0", "--force-overwrite=true",
+                      *["--cudabacktrace=all", "--python-backtrace=cuda"] * a.backtrace, *a.pass_through]
+    suffix = (f"_{dtype}" * (dtype not in ("", "fp32")) + "_pytorch" * bool(a.pytorch) + "_cudamem" * memory
+              + f"_h{a.handout}" * (a.handout != results.DEFAULT_HANDOUT))
+    a.plan = []
+    for size, ctx, mode in itertools.product(a.size, a.context_length, a.mode):
+        # --in-process: the measured steps and their kernels live in the process that nsys runs; --quiet: the
+        # sweep says each configuration's start and end
+        app = ["--size", size, "--context-length", str(ctx), "--mode", mode, "--nvtx", "--in-process", "--quiet",
+               *extra, "--handout", a.handout]
+        made_with = shlex.join(["nsys", "profile", *a.nsys_options, "--", "bench_e2e.py", *app])
+        report = str(Path(a.results_dir, "nsys", f"{size}_ctx{ctx}_{mode}{suffix}"))
+        a.plan.append(NsysConfig(size, ctx, mode, report, app, made_with))
+    return a
+
+
+def completion_marker(config: NsysConfig) -> str:
+    """<report>.args, written last, once the report, its export and tables are in place: the nsys command line
+    and the report's size. A report whose profile was cut short (its wrapper killed), or replaced since, has none
+    that matches: it is never reused."""
+    return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
+
+
+def report_action(config: NsysConfig, args: argparse.Namespace) -> str:
+    """profile; reuse (a complete report made with these arguments); kept (another report)."""
+    if args.force or not config.file(".nsys-rep").is_file():
+        return "profile"
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if config.file(".args").read_text() == completion_marker(config):
+            return "reuse"
+    return "kept"
+
+
+def check_with_bench_e2e(args: argparse.Namespace) -> int:
+    """bench_e2e.py --dry-run of the plan (its first mode): sizes and options checked before anything runs."""
+    if args.dry_run:
+        print(f"nsys_run.sh: the arguments, checked by bench_e2e.py --dry-run (its plan for --mode {args.mode[0]} "
+              "alone; the profiles follow below):", flush=True)
+    return subprocess.run([sys.executable, BENCH_E2E, "--size", *args.size, "--context-length",
+                           *map(str, args.context_length), "--mode", args.mode[0], "--in-process",
+                           *args.extra, "--handout", args.handout, "--dry-run"],
+                          stdout=None if args.dry_run else subprocess.DEVNULL).returncode
+
+
+def nsys_dry_run(args: argparse.Namespace) -> int:
+    print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
+    for i, config in enumerate(args.plan, 1):
+        again = config.file(".nsys-rep").exists()
+        todo = {"reuse": "reuse the existing report",
+                "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
+                "profile": "profile again, replacing the report (--force)" if again else "profile"}
+        print(f"  {i}. {config.label()} -> {config.report}: {todo[report_action(config, args)]}")
+    print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
+          f"{' '.join(args.plan[0].app)} ...")
+    if not args.no_skip:
+        print("after an OOM, the larger contexts of that size and mode are skipped (--no-skip runs them)")
+    print("nothing was profiled or written (drop --dry-run to run them)")
+    return 0
+
+
+def run_under_nsys(config: NsysConfig, args: argparse.Namespace, nsys: str, staging: Path) -> int:
+    """`nsys profile` of bench_e2e.py in its own process group (SIGTERM, SIGKILL after 30 s on an interrupt, or
+    when this process dies), its report and bench_e2e's record (<report>_e2e.*) written into `staging`."""
+    staged = staging / Path(config.report).name
+    with tempfile.TemporaryDirectory(prefix="nsys_run-") as tmp:
+        app = [sys.executable, BENCH_E2E, *config.app, "--results-dir", tmp, "--out", "e2e"]
+        nsys_say(f"profiling {config.label()}: bench_e2e.py {' '.join(config.app)}")
+        with results.process_group([nsys, "profile", *args.nsys_options, f"--output={staged}", *app],
+                                   stdout=subprocess.PIPE, env={**os.environ, REGISTER_ONLY: "0"}) as proc:
+            for line in proc.stdout:  # its "wrote" lines name the files kept
+                results.emit(line.decode(errors="replace").replace(f"{tmp}/e2e/e2e", f"{config.report}_e2e")
+                             .rstrip("\n"))
+            proc.wait()
+        for made in Path(tmp, "e2e").glob("e2e*"):
+            shutil.copyfile(made, f"{staged}_{made.name}")
+    return proc.returncode
+
+
+PROFILE_FILES = (".nsys-rep", ".sqlite", "_e2e.jsonl", "_e2e.md", ".md")  # a profile's files; .args comes last
+
+
+def profile_one(run: NsysConfig, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
+    """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
+    record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
+    todo, report = report_action(run, args), run.file(".nsys-rep")
+    if todo == "kept":
+        nsys_say(f"error: {report} exists, not made by a complete run with these arguments ({run.report}.args); it "
+                 "is kept: --force profiles this configuration again, replacing it")
+        return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
+    if todo == "reuse":
+        nsys_say(f"reusing {report}, made with the same arguments (--force profiles it again)")
+        return tables_of(run, run, 0)
+    # the new profile is made beside, under a temporary name: the earlier files are replaced only once the new
+    # ones exist, and an interrupted or refused run leaves them as they were
+    folder, name = Path(run.report).parent, Path(run.report).name
+    folder.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_staging(folder, name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-{socket.gethostname()}-{os.getpid()}-", dir=folder))
+    try:
+        status = run_under_nsys(run, args, nsys, staging)
+        if status == 2:  # bench_e2e's usage error (its arguments are checked before nsys starts: a later mode)
+            nsys_say("error: the profiled bench_e2e.py refused its arguments (exit status 2); nothing of it was "
+                     "kept")
+            return {"status": "refused: bench_e2e.py's usage error (exit status 2)", "exit_status": 2}
+        return tables_of(run, dataclasses.replace(run, report=str(staging / Path(run.report).name)), status)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_orphaned_staging(folder: Path, name: str) -> None:
+    """The staging folders of `name` whose nsys_run.sh was killed with -9 (its process on this machine is gone):
+    removed, partial report and all. A live run's, another machine's, or a folder not named by us is left."""
+    for staging in folder.glob(f".{glob.escape(name)}.partial-*"):
+        host, pid, _ = (staging.name.split(".partial-", 1)[1].rsplit("-", 2) + ["", ""])[:3]
+        if (host == socket.gethostname() and pid.isdigit() and not results.alive(int(pid))
+                and staging.is_dir() and not staging.is_symlink()):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def tables_of(run: NsysConfig, made: NsysConfig, status: int) -> dict[str, Any]:
+    """The tables of the profile `made` (the reused one, or a new one beside), printed; a new one's files then
+    replace `run`'s, the completion marker last."""
+    jsonl, report = made.file("_e2e.jsonl"), run.file(".nsys-rep")
+    said = ""  # the status the profiled run recorded
+    with contextlib.suppress(ProfileFormatError):
+        said = str(last_e2e_record(jsonl).get("status", ""))
+    if status:
+        nsys_say(f"the profiled run failed with exit status {status}")
+        return {"status": said or f"failed: the profiled run's exit status was {status}", "exit_status": status}
+    if not made.file(".nsys-rep").is_file() and said not in ("", *FINISHED):  # bench_e2e exits 0 when it failed
+        nsys_say(f'nsys wrote no {report}: the profiled run recorded "status": "{said}"')
+        return {"status": said, "exit_status": 1}
+    if not made.file(".nsys-rep").is_file():
+        nsys_say(f"nsys wrote no {report}: the 'measure' range never started (no NVTX range of bench_e2e reached "
+                 "nsys)")
+        return {"status": "failed: nsys wrote no report (the measure range never started)", "exit_status": 1}
+    value = profiled(made.report)
+    if "tables" not in value:
+        nsys_say(f"no tables for {report}: {value['status']}")
+        return {**value, "exit_status": 1}
+    text = profile_header(value.get("environment"), report) + "\n\n" + render_tables(value.pop("tables"))
+    results.replace_text(made.file(".md"), text + "\n")
+    if made is not run:
+        run.file(".args").unlink(missing_ok=True)  # the earlier set's marker: it no longer names these files
+        for suffix in PROFILE_FILES:
+            if made.file(suffix).exists():
+                os.replace(made.file(suffix), run.file(suffix))
+        results.replace_text(run.file(".args"), completion_marker(run))
+    if results.emit(text):
+        results.emit(f"\nwrote {run.report}.md\nreport: {report} (open it with nsys-ui, the Nsight Systems GUI)")
+    return {**value, "exit_status": 0}
+
+
+def nsys_run_main(argv: list[str]) -> int:
+    args = parse_nsys_run_args(argv)
+    if status := check_with_bench_e2e(args):  # bench_e2e's one line, not nsys's start and end around it
+        return status  # a mistyped option fails in seconds, not after the first hour of a sweep
+    if args.dry_run:
+        return nsys_dry_run(args)
+    nsys, why = find_nsys()
+    if nsys is None:
+        first = args.plan[0]
+        print(f"nsys_run.sh: error: {why}; {INSTALL_HINT}. Without nsys, torch.profiler gives the same "
+              f"tables: python3 bench_e2e.py --size {first.size} --context-length {first.context_length} "
+              f"--mode {first.mode} --profile", file=sys.stderr)
+        return 2
+    for name in [flag.split("=")[0] for flag in args.pass_through]:
+        known = subprocess.run([nsys, "profile", "--help"], capture_output=True, text=True).stdout
+        if not re.search(rf"(^|[\s,]){re.escape(name)}=", known):
+            version = subprocess.run([nsys, "--version"], capture_output=True, text=True).stdout.strip()
+            nsys_say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs "
+                     "a newer Nsight Systems")
+            return 2
+    folder = Path(args.results_dir, "nsys")
+    created = [f for f in (folder, *folder.parents) if not f.exists()]
+    # nsys runs each profile in a process of its own: the sweep measures in this one (no child, no time limit)
+    # one configuration: its refusal or failure in its own line, without the sweep's progress lines around it
+    args.in_process, args.timeout, args.quiet, args.fmt = True, None, len(args.plan) == 1, "github"
+    files = results.ResultFiles(args.results_dir, "nsys", None, "summary") if len(args.plan) > 1 else None
+    records, code = run_configurations(functools.partial(profile_one, args=args, nsys=nsys), args.plan, files, args,
+                                       name="nsys_run", device=None, render=render_summary)
+    for made in created:  # the folders made for this run, when nothing is in them (a refused profile)
+        with contextlib.suppress(OSError):
+            made.rmdir()
+    if code:
+        nsys_say("nsys and the profiled run stopped; finished reports are kept")
+        return code
+    if files is not None:
+        results.emit("")
+        files.publish(lambda fmt: render_summary(records, fmt), args.fmt)
+    failures = [r.get("exit_status", 1) for r in records if not r["status"].startswith("skipped")]
+    return next((status for status in failures if status), 0)  # an error row (a crash here) has none: 1
+
+
+if __name__ == "__main__":
+    sys.exit(nsys_run_main(sys.argv[1:]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -589,6 +590,10 @@ REAL_NAMES = {
         "{lambda(int)#1}>(int, T3)",
         "void at::native::vectorized_gather_kernel<16, long>(char *, char *, T2 *, int, long, long, long, long, bool)",
         "aten::index", "aten::gather", "aten::embedding", "aten::index_select"],
+    # NCCL's kernels (a torch.profiler trace's, with parameters; nsys's), and the c10d operators that hand gloo its work
+    "communication": [
+        "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "c10d::allreduce_", "c10d::broadcast_"],
     "other": [
         QUOTE_KERNEL, "autograd::engine::evaluate_function: MmBackward0", "triton_unk_fused_0",
         # sorting (the embedding backward sorts the token ids first): none of the four, by decision
@@ -603,6 +608,19 @@ REAL_NAMES = {
 def test_classifier_knows_the_real_families(category: str):
     assert {name: kt.classify_kernel(name) for name in REAL_NAMES[category]} == dict.fromkeys(
         REAL_NAMES[category], category)
+
+
+def test_a_copy_beside_a_collective_hides_none_of_it_and_is_counted_on_its_own():
+    """As Holistic Trace Analysis counts: an NCCL kernel over 0-100 µs, a matmul over 0-30 (hidden: 30), a memcpy
+    over 20-60 and a memset over 90-100 (beside copies: 30-60 and 90-100, 40), nothing at 60-90."""
+    us = 1e3
+    work = [("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 0, 100 * us), (SGEMM, 0, 30 * us),
+            ("Memcpy DtoD (Device -> Device)", 20 * us, 60 * us), (MEMSET, 90 * us, 100 * us)]
+    rows = kt.communication_rows(kt.gpu_profile(work, [0.0] * len(work), [], "t"))
+    (step,) = [r for r in rows if r["step"] == 1 and r["phase"] == kt.WHOLE_STEP]
+    assert [step[k] for k in ("comm_ms", "hidden_ms", "exposed_ms", "copies_ms")] == pytest.approx([0.1, 0.03, 0.07,
+                                                                                                    0.04])
+    assert "|   beside copies ms |" in kt.render_communication(rows, gpu=True)
 
 
 def test_short_name_drops_parameters_and_truncates():
@@ -859,13 +877,33 @@ def test_summary_usage_errors_exit_2(tmp_path: Path, capsys):
     for argv, message in [
         (["--summary", str(tmp_path / "renamed")], "--summary reads nsys_run.sh's reports"),
         (["--summary", str(trace)], "a torch.profiler trace"),  # never an all-blank summary
-        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl, --md"),
+        (["--summary", str(report), "--md", str(tmp_path / "x.md")], "no --e2e-jsonl, --stopwatch"),
         ([str(report), str(report)], "one report or trace at a time"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             kt.main(argv)
         err = capsys.readouterr().err
         assert exit_info.value.code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_help_says_which_options_go_with_summary_and_the_refusals_agree(tmp_path: Path, capsys):
+    report = write_report(tmp_path, "tiny_ctx32_train")
+    with pytest.raises(SystemExit):
+        kt.parse_args(["--help"])
+    text = capsys.readouterr().out
+    one, summary = text.split("one report or trace (not with --summary):")[1].split("with --summary only:")
+    values = {"--e2e-jsonl": "x.jsonl", "--stopwatch": "forward=1", "--ranges": "forward=F", "--export-dir": "d",
+              "--top": "3", "--md": "x.md", "--out": "o", "--results-dir": str(tmp_path)}
+    for flags, argv in ((re.findall(r"^  (--[a-z0-9-]+)", one, re.MULTILINE), ["--summary", str(report)]),
+                        (re.findall(r"^  (--[a-z0-9-]+)", summary, re.MULTILINE), [str(report)])):
+        assert flags and set(flags) - {"--fmt"} <= set(values)
+        for flag in (f for f in flags if f != "--fmt"):  # the table format goes with either
+            with pytest.raises(SystemExit) as exit_info:
+                kt.parse_args([*argv, flag, values[flag]])
+            err = capsys.readouterr().err
+            assert exit_info.value.code == 2 and flag in err and "--summary" in err, flag
+    assert kt.parse_args([str(report), "--fmt", "plain"]).fmt == kt.parse_args(["--summary", str(report), "--fmt",
+                                                                                "plain"]).fmt == "plain"
 
 
 # ---- bench_e2e.py --profile: a real torch.profiler trace on the CPU ----

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import kernel_tables as kt
+import runner
 from results import read_records
 from test_kernel_tables import e2e_record, fake_nsys
 
@@ -102,9 +103,9 @@ def fake(tmp_path: Path, monkeypatch, capfd) -> dict:
             for name, value in env.items():
                 patch.setenv(name, value)
             if not check:
-                patch.setattr(kt, "check_with_bench_e2e", lambda *_, **__: 0)
+                patch.setattr(runner, "check_with_bench_e2e", lambda *_, **__: 0)
             try:
-                status = kt.main(["--nsys-run", "--results-dir", str(folder), *args])
+                status = runner.nsys_run_main(["--results-dir", str(folder), *args])
             except SystemExit as exc:
                 status = exc.code
         captured = capfd.readouterr()
@@ -206,12 +207,12 @@ def test_usage_errors_exit_2_in_one_line_before_nsys_is_asked(fake: dict, args: 
 
 
 def test_with_no_configuration_the_handouts_nsys_profile_plans():
-    plan_2025 = kt.parse_sweep_args(["--handout", "2025"]).plan
+    plan_2025 = runner.parse_nsys_run_args(["--handout", "2025"]).plan
     sizes_2025 = ("small", "medium", "large", "xl", "2.7B")
     assert [(c.size, c.context_length, c.mode) for c in plan_2025] == [
         (s, ctx, m) for s in sizes_2025 for ctx in (128, 256, 512, 1024) for m in ("forward", "train")]
     assert Path(plan_2025[0].report).name == "small_ctx128_forward_h2025"
-    plan_2026 = kt.parse_sweep_args([]).plan
+    plan_2026 = runner.parse_nsys_run_args([]).plan
     assert [(c.size, c.context_length) for c in plan_2026[::2]] == [(s, c) for s in ("small", "medium") for c in (256, 512, 1024)]
 
 
@@ -343,16 +344,16 @@ def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orph
     assert fake["run"]("tiny", "64")[0] == 0
     earlier = {p.name: p.read_bytes() for p in fake["folder"].iterdir()}
     assert set(earlier) == {f"tiny_ctx64_train{s}" for s in (".nsys-rep", ".sqlite", ".md", ".args", "_e2e.jsonl")}
-    profile = kt.run_under_nsys
+    profile = runner.run_under_nsys
 
     def interrupted(config, args, nsys, staging) -> int:
         profile(config, args, nsys, staging)  # nsys has written the new report beside
         assert (staging / "tiny_ctx64_train.nsys-rep").is_file()
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(kt, "run_under_nsys", interrupted)
+    monkeypatch.setattr(runner, "run_under_nsys", interrupted)
     assert fake["run"]("--force", "tiny", "64")[0] == 130
-    monkeypatch.setattr(kt, "run_under_nsys", profile)
+    monkeypatch.setattr(runner, "run_under_nsys", profile)
     assert fake["run"]("--force", "tiny", "64", FAKE_NSYS_APP_STATUS="7")[0] == 7
     assert {p.name: p.read_bytes() for p in fake["folder"].iterdir()} == earlier  # no staging folder left either
     # a wrapper killed with -9 after nsys wrote the report: the .args of an older layout, or a marker for another
@@ -367,14 +368,14 @@ def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orph
 
 
 def test_an_interrupted_sweep_keeps_the_summary_of_the_reports_made(fake: dict, monkeypatch):
-    profile = kt.run_under_nsys
+    profile = runner.run_under_nsys
 
-    def interrupted_at_64(config: kt.Config, *args) -> int:
+    def interrupted_at_64(config: runner.NsysConfig, *args) -> int:
         if config.context_length == 64:
             raise KeyboardInterrupt  # Ctrl-C while nsys runs
         return profile(config, *args)
 
-    monkeypatch.setattr(kt, "run_under_nsys", interrupted_at_64)
+    monkeypatch.setattr(runner, "run_under_nsys", interrupted_at_64)
     status, _, err = fake["run"]("--size", "tiny", "--context-length", "32", "64", "--mode", "train")
     assert status == 130 and "nsys and the profiled run stopped" in err
     (rows,) = summaries(fake)  # written as each report finished
