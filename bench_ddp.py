@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import functools
 import gc
+import inspect
 import json
 import math
 import os
@@ -362,7 +363,9 @@ def build_variant(spec: Spec, cfg: ModelConfig, device: torch.device, seed: int)
             module = build_model(cfg)
         if spec.kind == "fsdp2":
             return Variant(spec, module, parallel.shard_model(module, "fsdp", device), nothing)
-        return Variant(spec, module, common.load(spec.make)(module), common.load(spec.after_backward))
+        make = common.load(spec.make)  # the course's get_fsdp(module, compute_dtype=None): this run computes in fp32
+        dtype = {"compute_dtype": torch.float32} if "compute_dtype" in inspect.signature(make).parameters else {}
+        return Variant(spec, module, make(module, **dtype), common.load(spec.after_backward))
     if spec.kind == "class":
         return Variant(spec, module, common.load(spec.make)(module), finish_sync)
     if spec.kind == "adapter":
@@ -389,8 +392,8 @@ def batches(cfg: ModelConfig, batch_size: int, count: int, seed: int) -> list[to
 
 
 def my_rows(tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's rows of a whole batch: inputs and next-token targets."""
-    rows = tokens.chunk(dist.get_world_size())[dist.get_rank()].to(device)
+    """This rank's rows of a whole batch, copied (a CPU view would keep every rank's rows): inputs and targets."""
+    rows = tokens.chunk(dist.get_world_size())[dist.get_rank()].to(device, copy=True)
     return rows[:, :-1], rows[:, 1:]
 
 
@@ -431,23 +434,26 @@ def reference_weights(cfg: ModelConfig, tokens: list[torch.Tensor], device: torc
 
 
 def check(v: Variant, tokens: list[torch.Tensor], reference: dict[str, torch.Tensor], device: torch.device,
-          optimizer: Any = None, atol: float = ATOL) -> str:
-    """"ok", or WRONG naming the first parameter (in the model's order) that differs from the reference."""
+          optimizer: Any = None, atol: float = ATOL) -> tuple[str, float]:
+    """"ok", or WRONG naming the parameter that differs most from the reference; and by how much (inf: a weight
+    missing or misshapen), for agreed() to pick the rank furthest off."""
     optimizer = optimizer or check_sgd(v.wrapper.parameters())
     for batch in tokens:
         train_step(v, *my_rows(batch, device), optimizer)
     weights = full_weights(v)
+    worst = (0.0, "")
     for name in reference:
         if name not in weights:
-            return f"WRONG: {name} is not among the weights {v.spec.gather or 'the model'} gives"
+            return f"WRONG: {name} is not among the weights {v.spec.gather or 'the model'} gives", math.inf
         p = weights[name].detach().to(reference[name].dtype)
         if p.shape != reference[name].shape:
-            return f"WRONG: {name} has shape {tuple(p.shape)}, one process {tuple(reference[name].shape)}"
-        diff = (p - reference[name]).abs()
+            return f"WRONG: {name} has shape {tuple(p.shape)}, one process {tuple(reference[name].shape)}", math.inf
         if not torch.allclose(p, reference[name], rtol=RTOL, atol=atol):
-            return (f"WRONG: {name} differs from one process on the whole batch by up to {diff.max().item():.2g} "
-                    f"after {len(tokens)} steps")
-    return "ok"
+            worst = max(worst, ((p - reference[name]).abs().max().item(), name))
+    if not worst[1]:
+        return "ok", 0.0
+    return (f"WRONG: {worst[1]} differs from one process on the whole batch by up to {worst[0]:.2g} after "
+            f"{len(tokens)} steps", worst[0])
 
 
 def full_weights(v: Variant) -> dict[str, torch.Tensor]:
@@ -594,15 +600,21 @@ class Ranks:
                                 device_id=device if device.type == "cuda" else None)
 
 
-def agreed(statuses: list[str]) -> str:
-    """One row's status from every rank's: ok, the WRONG of rank 0 (all ranks hold the same weights), or the
-    first failure as a row says it ("error on rank 1: ...")."""
+def agreed(answers: list[dict[str, Any]]) -> str:
+    """One row's status from every rank's answer: ok, the first failure as a row says it ("error on rank 1: ..."),
+    or the WRONG of the rank whose weights differ most (a rank that never got rank 0's weights is far off, rank 0
+    itself barely)."""
+    statuses = [a["status"] for a in answers]
     failed = [(r, s) for r, s in enumerate(statuses) if s != "ok" and not s.startswith("WRONG")]
     if failed:
         timeouts = [(r, s) for r, s in failed if "timeout" not in s.lower() and "timed out" not in s.lower()]
         rank, status = (timeouts or failed)[0]  # the rank that raised, not the one left waiting for it
         return parallel.on_rank(status, rank)
-    return next((s for s in statuses if s != "ok"), "ok")
+    wrong = [(a.get("difference", 0.0), -r) for r, a in enumerate(answers) if a["status"] != "ok"]
+    if not wrong:
+        return "ok"
+    rank = -max(wrong)[1]  # the largest difference, the first such rank
+    return f"WRONG on rank {rank}{statuses[rank].removeprefix('WRONG')} (the most of any rank)"
 
 
 def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: Callable[[dict], None]) -> None:
@@ -638,18 +650,18 @@ def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: C
         say({"ok": True, "stage": "check", "index": i})
         if rank == 0:
             progress(f"[{i + 1}/{len(args.variant_specs)}] {spec.name}: building and checking")
-        failure = {}
+        failure, status, difference = {}, "ok", 0.0
         try:
             variant = build_variant(spec, cfg, device, args.seed)
-            # the baseline sends nothing, so its ranks' weights part: nothing to check
-            status = "ok" if spec.name == BASELINE else check(variant, check_tokens, reference, device)
+            if spec.name != BASELINE:  # the baseline sends nothing, so its ranks' weights part: nothing to check
+                status, difference = check(variant, check_tokens, reference, device)
         except Exception as exc:  # noqa: BLE001 - a failure is this variant's row
             variant, status = None, common.failure_status(exc)
             if isinstance(exc, NotImplementedError) and not str(exc):
                 status = f"not implemented: {spec.make or spec.name} raises NotImplementedError"
             failure = {"traceback": traceback.format_exc()}
-        answers = ranks.all_say(f"check/{i}", {"status": status, **failure})
-        status = agreed([a["status"] for a in answers])
+        answers = ranks.all_say(f"check/{i}", {"status": status, "difference": difference, **failure})
+        status = agreed(answers)
         if status == "ok" or status.startswith("WRONG"):
             live.append((i, variant, build_optimizer("torch", variant.wrapper.parameters(), device)))
             checked[i] = status
@@ -659,8 +671,8 @@ def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: C
         # a rank may have been left mid-collective: a fresh group, the variants so far rebuilt in it
         variant = None
         ranks.new_group(backend, args.pg_timeout, device)
-        rebuilt = [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]
-        live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device)) for j, v in rebuilt]
+        live = [(j, v, build_optimizer("torch", v.wrapper.parameters(), device))
+                for j, v in [(j, build_variant(v.spec, cfg, device, args.seed)) for j, v, _ in live]]
     del reference, variant  # the memory breakdown counts every tensor this process holds
     if live:
         say({"ok": True, "stage": "timing", "round": 0})
@@ -678,20 +690,21 @@ def rank_main(args: argparse.Namespace, todo: list[int], prefix: str, publish: C
                 try:
                     answer["communication"] = communication(v, x, y, optimizer, device, args.profile_steps, keep)
                     if v.spec.kind in FSDP_KINDS:  # after a step: this rank's shards, their gradients and state
-                        answer["memory"] = memory_breakdown(v.wrapper, optimizer, device)
+                        answer["memory"] = memory_breakdown(v.wrapper, optimizer)
                 except Exception as exc:  # noqa: BLE001 - the profiled steps broke: this row
                     answer["status"] = parallel.on_rank(common.failure_status(exc), rank)
             answers = ranks.all_say(f"profile/{i}", answer)
             failed = next((a["status"] for a in answers if a["status"] != "ok"), None)
             say({"ok": True, "stage": "row", "index": i,
                  "record": row(v.spec, failed or checked[i], answers)})
-    del live
+    live = v = optimizer = check_tokens = None
+    release_variants()  # the sharding run's rest: its batch and buffers, no earlier variant's tensors
     if args.sharded_optimizer:
         say({"ok": True, "stage": "sharding"})
         if rank == 0:
             progress("optimizer state sharding: memory and time, with and without")
         try:
-            sharding = sharding_run(args, cfg, device, x, y, check_tokens)
+            sharding = sharding_run(args, cfg, device, x, y)
         except _SharingBroken as exc:
             sharding = exc.rows
         except Exception as exc:  # noqa: BLE001 - the timing broke
@@ -733,7 +746,6 @@ def grad_bytes(weights: dict[str, torch.Tensor]) -> int:
 # ---- optimizer state sharding: memory at three points, with and without ----
 
 MEMORY_POINTS = ("after model init", "before optimizer step", "after optimizer step")
-PARTS = ("params", "grads", "optimizer_state", "rest")
 
 
 def tensors_in(obj: Any, seen: set[int] | None = None, depth: int = 8) -> list[torch.Tensor]:
@@ -762,21 +774,36 @@ def storages(tensors: Any) -> dict[int, int]:
     return {common.storage_key(t): t.untyped_storage().nbytes() for t in local if t.device.type != "meta"}
 
 
-def memory_breakdown(module: nn.Module, optimizer: Any, device: torch.device) -> dict[str, int]:
-    """Bytes of parameters, gradients, optimizer state and the rest (every other tensor: the batch, buffers,
-    activations still alive). On CUDA the total is the allocator's; on a CPU, every tensor Python holds."""
+def memory_breakdown(module: nn.Module, optimizer: Any) -> dict[str, int]:
+    """Bytes of the variant's own parameters, gradients and optimizer state, each storage counted once."""
     params = storages(module.parameters())
     grads = {k: v for k, v in storages(p.grad for p in module.parameters() if p.grad is not None).items()
              if k not in params}
     state = {k: v for k, v in storages(tensors_in(optimizer)).items() if k not in params and k not in grads}
+    return {"params": sum(params.values()), "grads": sum(grads.values()), "optimizer_state": sum(state.values())}
+
+
+def release_variants() -> None:
+    """Every variant no longer referenced freed, with its model, gradients and optimizer. A post-accumulate-grad
+    hook is held from C++ (PyFunctionTensorPostAccGradHooks), out of the garbage collector's sight: one bound to a
+    wrapper (ours, a student's) would keep it alive for good through its own parameters; clearing them ends that."""
+    for t in gc.get_objects():
+        if issubclass(type(t), torch.Tensor) and t._post_accumulate_grad_hooks:
+            t._post_accumulate_grad_hooks.clear()
+    gc.collect()
+
+
+def memory_point(module: nn.Module, optimizer: Any, device: torch.device) -> dict[str, int]:
+    """The breakdown, the rest (every other tensor: the batch, buffers) and the total: on CUDA the allocator's,
+    with its peak since the last reset (then reset again); on a CPU every tensor Python holds, and no peak."""
+    parts = memory_breakdown(module, optimizer)
     if device.type == "cuda":
-        total = torch.cuda.memory_allocated(device)
-    else:
+        total, peak = torch.cuda.memory_allocated(device), common.peak_memory_bytes(device)
+        common.reset_peak_memory(device)
+    else:  # by type: isinstance() would read reduce_op's __class__, which warns that it is deprecated
         gc.collect()
-        total = sum(storages(o for o in gc.get_objects() if isinstance(o, torch.Tensor)).values())
-    counted = {"params": sum(params.values()), "grads": sum(grads.values()),
-               "optimizer_state": sum(state.values())}
-    return {**counted, "rest": max(total - sum(counted.values()), 0), "total": total}
+        total, peak = sum(storages(o for o in gc.get_objects() if issubclass(type(o), torch.Tensor)).values()), {}
+    return {**parts, "rest": max(total - sum(parts.values()), 0), "total": total, **peak}
 
 
 def make_optimizer(spec: str | None, params: Any) -> Any:
@@ -788,10 +815,10 @@ def make_optimizer(spec: str | None, params: Any) -> Any:
 
 
 def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.device, x: torch.Tensor,
-                 y: torch.Tensor, check_tokens: list[torch.Tensor]) -> dict[str, dict[str, Any]]:
+                 y: torch.Tensor) -> dict[str, dict[str, Any]]:
     """AdamW and your sharded AdamW, each on a model kept in sync by the flat reference: the breakdown at the
-    three points of the second step (the first creates the state), each alone in the process; then yours checked
-    against AdamW in one process on the whole batch; then time per step, the two in rounds."""
+    three points of the second step (the first creates the state), each alone in the process beside the batch
+    (x, y); then yours checked against AdamW in one process on the whole batch; then time per step, in rounds."""
     out: dict[str, dict[str, Any]] = {}
     optimizers = {"AdamW": None, "sharded AdamW": args.sharded_optimizer}
     for name, spec in optimizers.items():
@@ -800,20 +827,19 @@ def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.devic
         try:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
+            common.reset_peak_memory(device)
             variant = build_variant(Spec(name, "flat"), cfg, device, args.seed)
             optimizer = make_optimizer(spec, variant.wrapper.parameters())
-            points = {MEMORY_POINTS[0]: memory_breakdown(variant.module, optimizer, device)}
+            points = {MEMORY_POINTS[0]: memory_point(variant.module, optimizer, device)}
             for step in range(2):
+                common.reset_peak_memory(device)  # a point's peak: since the point before it in the second step
                 optimizer.zero_grad(set_to_none=True)
                 F.cross_entropy(variant.wrapper(x).flatten(0, 1), y.flatten()).backward()
                 variant.wrapper.finish_gradient_synchronization()
                 if step:
-                    points[MEMORY_POINTS[1]] = memory_breakdown(variant.module, optimizer, device)
+                    points[MEMORY_POINTS[1]] = memory_point(variant.module, optimizer, device)
                 optimizer.step()
-            points[MEMORY_POINTS[2]] = memory_breakdown(variant.module, optimizer, device)
-            if device.type == "cuda":
-                points[MEMORY_POINTS[2]]["peak"] = torch.cuda.max_memory_allocated(device)
+            points[MEMORY_POINTS[2]] = memory_point(variant.module, optimizer, device)
             out[name] = {"status": "ok", "points": points, "step_ms": []}
         except Exception as exc:  # noqa: BLE001 - a failure is this row
             out[name] = {"status": common.failure_status(exc), "traceback": traceback.format_exc()}
@@ -823,10 +849,11 @@ def sharding_run(args: argparse.Namespace, cfg: ModelConfig, device: torch.devic
     for name, spec in optimizers.items():
         variant = build_variant(Spec(name, "flat"), cfg, device, args.seed)
         live.append((name, variant, make_optimizer(spec, variant.wrapper.parameters())))
+    check_tokens = batches(cfg, args.batch_size, args.check_steps, args.seed)
     reference = reference_weights(cfg, check_tokens, device, args.seed, lambda params: make_optimizer(None, params))
     # AdamW divides by sqrt(v): where a gradient nearly cancels, summation order moves a weight by up to ~1e-5
-    out["sharded AdamW"]["status"] = check(live[1][1], check_tokens, reference, device, live[1][2],
-                                           atol=ADAMW_CHECK_ATOL)
+    out["sharded AdamW"]["status"], out["sharded AdamW"]["difference"] = check(
+        live[1][1], check_tokens, reference, device, live[1][2], atol=ADAMW_CHECK_ATOL)
     del reference
 
     def run_block(position: int, round_index: int) -> None:
@@ -892,16 +919,15 @@ def memory_records(args: argparse.Namespace, env: dict, answers: list[dict]) -> 
     world, records = args.world_size, []
     for name in answers[0]:
         shard = [a.get(name, {}) for a in answers]
-        failed = [(r, s["status"]) for r, s in enumerate(shard) if s.get("status", "ok") != "ok"]
-        status = "ok" if not failed else failed[0][1] if failed[0][1].startswith("WRONG") else \
-            parallel.on_rank(failed[0][1], failed[0][0])
+        status = agreed([{"status": "ok", **s} for s in shard])
         state_bytes = 8 / (world if name != "AdamW" else 1)  # AdamW's two moments, fp32, split over the ranks
         record = {"experiment": "bench_ddp", "kind": "memory", "variant": name, "status": status,
                   "optimizer": args.sharded_optimizer if name != "AdamW" else "torch.optim.AdamW",
                   "num_params": args.model.num_params, "world_size": world, "environment": env,
                   "expected_bytes_per_param": {MEMORY_POINTS[0]: 4, MEMORY_POINTS[1]: 8 + state_bytes,
                                                MEMORY_POINTS[2]: 8 + state_bytes},
-                  "ranks": [s.get("points") for s in shard]}
+                  "ranks": [s.get("points") for s in shard],
+                  **({} if args.device == "cuda" else {"unmeasured": "peak memory (needs CUDA)"})}
         if all(len(s.get("step_ms", [])) == args.steps for s in shard):
             record["step_ms"] = [max(step) for step in zip(*(s["step_ms"] for s in shard))]
         records.append(record)

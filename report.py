@@ -26,7 +26,7 @@ import kernel_tables
 import results
 from results import (DEFAULT_HANDOUT, FINISHED, GIB, HANDOUTS, LEADERBOARD, LEADERBOARD_2025_SHAPE,
                      LEADERBOARD_BATCH, MIB, MODES, OURS, PHASES_BY_MODE, RUN_COLUMN, RUN_KEY, ArgParser,
-                     ModelConfig, PairedRatio, Record, ResultFiles, Setting, paired_ratio,
+                     ModelConfig, PairedRatio, Record, ResultFiles, Setting, hodges_lehmann, paired_ratio,
                      add_output_args, by_run, comparison_rows, comparison_table, config_row, config_table,
                      emit, environment_lines, finished, format_bytes, is_merged, is_oom_status, number, parallel_label,
                      pick_columns, progress, render_table, run_of, share, sizes_from, stem_from, to_json_line,
@@ -43,6 +43,15 @@ def shown_columns(rows: list[Record], columns: list[str], always: list[str], var
     """The columns to show: `always`, those in `vary` where rows differ, the rest where a row has a value."""
     return [c for c in columns if c in always or (len({str(row.get(c)) for row in rows}) > 1 if c in vary
                                                   else any(row.get(c) is not None for row in rows))]
+
+
+def split_tables(rows: list[Record], picked: list[str], ids: list[str], groups: list[list[str]], fmt: str,
+                 floatfmt: str) -> list[str]:
+    """Tables narrow enough to paste (within 160 characters): the identifying `ids` beside each group's picked
+    columns, then beside the rest; no groups (--columns): one table."""
+    parts = [[c for c in picked if c in group] for group in groups]
+    parts.append([c for c in picked if c not in ids and not any(c in part for part in parts)])
+    return [render_table(rows, ids + part, fmt, floatfmt) for part in parts if part]
 
 
 def scaled(value: float | None, unit: int = GIB) -> float | None:
@@ -475,10 +484,15 @@ def check_cell(record: Record) -> str:
 WRONG_CELL = 60  # a longer WRONG (its check's every problem) goes under the tables: a table to paste stays narrow
 
 
-def wrong_lines(records: list[Record]) -> list[str]:
-    """The whole check of each WRONG row whose cell was cut: what failed and by how much."""
-    return [f"- d={r['config']['d']} seq={r['config']['seq_len']} {r['config']['dtype']}: {r['status']}"
-            for r in records if r["status"].startswith("WRONG") and len(r["status"]) > WRONG_CELL]
+def cut_cell(status: str) -> str:
+    """A status within WRONG_CELL: a longer one by its head ("WRONG on rank 1"), the whole under the tables."""
+    return status if len(status) <= WRONG_CELL else status.split(":")[0] + " (below)"
+
+
+def wrong_lines(records: list[Record], label: Callable[[Record], str], fmt: str) -> list[str]:
+    """The whole status of each row whose cell was cut (what failed and by how much), as one block; [] if none."""
+    lines = [f"- {label(r)}: {r['status']}" for r in records if len(r["status"]) > WRONG_CELL]
+    return ["\n".join(results.md_text(line) if fmt in ("github", "pipe") else line for line in lines)] * bool(lines)
 
 
 def impl_row(record: Record) -> Record:
@@ -544,13 +558,11 @@ def render_attention(records: list[Record], fmt: str, columns: list[str] | None 
         default = shown_columns(rows, ATTENTION_IMPL_COLUMNS[1:], always, ("dtype",))
         picked = pick_columns(with_run_column(default, records), columns, fmt, ATTENTION_IMPL_COLUMNS)
         ids = [c for c in picked if c in (RUN_COLUMN, "impl", "d", "seq", "dtype")]
-        parts = ([picked] if columns else  # times, then memory and check: each table narrow enough to paste
-                 [ids + [c for c in picked if c in ATTENTION_TIME_COLUMNS],
-                  ids + [c for c in picked if c not in ids and c not in ATTENTION_TIME_COLUMNS]])
-        lines += ["", f"### {impl}", *(line for part in parts if len(part) > len(ids)
-                                        for line in ("", render_table(rows, part, fmt, floatfmt=".3f")))]
-        if wrong := wrong_lines([r for r in records if r["config"]["impl"] == impl]):
-            lines += ["", *(results.md_text(line) if fmt in ("github", "pipe") else line for line in wrong)]
+        lines += ["", f"### {impl}", *(line for table in split_tables(  # times, then memory and check
+            rows, picked, ids, [] if columns else [ATTENTION_TIME_COLUMNS], fmt, ".3f") for line in ("", table))]
+        if wrong := wrong_lines([r for r in records if r["config"]["impl"] == impl and r["status"].startswith(
+                "WRONG")], lambda r: f"d={r['config']['d']} seq={r['config']['seq_len']} {r['config']['dtype']}", fmt):
+            lines += ["", *wrong]
     if table := attention_comparison(records, fmt, columns):
         base = BASELINE if BASELINE in impls else impls[0]
         lines += ["", "### comparison", "", table, "", f"{base} fwd, bwd, fwd+bwd: ms; speed-up: {base}'s "
@@ -1074,13 +1086,16 @@ def ddp_row(r: Record, baseline: Record | None) -> Record:
     """One variant: its step (median over rounds, the slowest rank's each), what communicating costs it against
     the baseline in the same rounds, the profiled split of its communication, the bytes and their floor."""
     baseline_ok = r["variant"] == DDP_BASELINE and r["status"] == "ok"
-    row: Record = {"variant": r["variant"], "check": "baseline (not checked)" if baseline_ok else r["status"]}
+    row: Record = {"variant": r["variant"], "check": "baseline (not checked)" if baseline_ok else cut_cell(r["status"])}
     steps = r.get("step_ms")
     if steps:
         row["step ms"] = statistics.median(steps)
         row["spread ms"] = f"{min(steps):.1f}-{max(steps):.1f}"
     if steps and baseline and baseline.get("step_ms") and r is not baseline and len(baseline["step_ms"]) == len(steps):
-        row["vs nocomm ms"] = statistics.median(v - b for v, b in zip(steps, baseline["step_ms"]))
+        cost, low, high = hodges_lehmann([v - b for v, b in zip(steps, baseline["step_ms"])])
+        resolved = low is None and cost >= 0 or low is not None and low > 0  # else its interval beside it
+        row["vs nocomm ms"] = f"{cost:.1f}" + ("" if resolved else " (too few rounds)" if low is None else
+                                               f" ({low:.1f} to {high:.1f})")
         paired = paired_ratio(baseline["step_ms"], steps)
         row["step/nocomm"] = f"{1 / paired.ratio:.2f}x" + (
             f" ({1 / paired.high:.2f}-{1 / paired.low:.2f})" if paired.low else " (too few rounds)")
@@ -1094,8 +1109,9 @@ def ddp_row(r: Record, baseline: Record | None) -> Record:
     return row
 
 
-DDP_COLUMNS = ["variant", "check", "step ms", "spread ms", "vs nocomm ms", "step/nocomm", "comm ms", "exposed ms",
-               "hidden ms", "comm % of step", "hidden % of comm", "MB sent/rank", "floor ms"]
+DDP_COLUMNS = ["variant", "check", "step ms", "spread ms", "vs nocomm ms", "step/nocomm", "MB sent/rank", "floor ms",
+               "comm ms", "exposed ms", "hidden ms", "comm % of step", "hidden % of comm"]
+DDP_TABLES = [DDP_COLUMNS[1:4], DDP_COLUMNS[4:8]]  # the check and step; what communicating costs; its profiled split
 
 
 DDP_MEMORY_POINTS = ("after model init", "before optimizer step", "after optimizer step")
@@ -1113,25 +1129,30 @@ def sharding_table(records: list[Record], fmt: str) -> str | None:
         for i, point in enumerate(DDP_MEMORY_POINTS):
             parts = largest[point]
             counted = parts["params"] + parts["grads"] + parts["optimizer_state"]
+            peak = parts.get("peak_mem_allocated_bytes")
             rows.append({"optimizer": r["variant"] if i == 0 else "", "point": point,
                          **{f"{k.replace('_', ' ')} MB": parts[k] / 1e6 for k in ("params", "grads",
-                                                                                 "optimizer_state", "rest")},
-                         "total MB": parts["total"] / 1e6, "peak MB": parts.get("peak", 0) / 1e6 or None,
+                                                                                 "optimizer_state", "rest", "total")},
+                         "peak MB": "not measured on this machine" if r.get("unmeasured") else peak and peak / 1e6,
                          "bytes/param": counted / r["num_params"],
                          "expected": r["expected_bytes_per_param"][point],
                          "step ms": statistics.median(r["step_ms"]) if i == 0 and r.get("step_ms") else None,
-                         "status": r["status"] if i == 0 else ""})
+                         "status": "" if i else cut_cell(r["status"])})
     if not rows:
         return None
-    columns = [c for c in ["optimizer", "point", "params MB", "grads MB", "optimizer state MB", "rest MB",
-                           "total MB", "peak MB", "bytes/param", "expected", "step ms", "status"]
+    memory = ["params MB", "grads MB", "optimizer state MB", "rest MB", "total MB", "peak MB"]
+    columns = [c for c in ["optimizer", "point", *memory, "bytes/param", "expected", "step ms", "status"]
                if any(row.get(c) not in (None, "") for row in rows)]
-    return ("### Optimizer state sharding: memory per rank (the largest rank's) and time per step\n\n"
-            + render_table(rows, columns, fmt, ".1f") + "\n\n" + textwrap.fill(
-                "bytes/param: parameters + gradients + optimizer state over the model's parameters; expected: 4 + 4 "
-                "+ 8 (AdamW's two fp32 moments), the 8 split over the ranks when sharded. rest: every other tensor "
-                "(the batch, buffers; on CUDA the allocator's total less the parts). Measured in the second step: "
-                "the first creates the optimizer state.", 116))
+    return "\n\n".join([
+        "### Optimizer state sharding: memory per rank (the largest rank's) and time per step",
+        *split_tables(rows, columns, ["optimizer", "point"], [memory], fmt, ".1f"),
+        *wrong_lines(records, lambda r: r["variant"], fmt),
+        textwrap.fill(
+            "bytes/param: parameters + gradients + optimizer state over the model's parameters; expected: 4 + 4 + 8 "
+            "(AdamW's two fp32 moments), the 8 split over the ranks when sharded. rest: every other tensor of the "
+            "rank (the batch, buffers: each optimizer is measured alone, every variant before it released; on CUDA "
+            "the allocator's total less the parts). peak: max_memory_allocated since the point before (on CUDA). "
+            "Measured in the second step: the first creates the optimizer state.", 116)])
 
 
 def fsdp_memory_table(records: list[Record], fmt: str) -> str | None:
@@ -1192,8 +1213,10 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
     chosen = pick_columns(present, columns, fmt, present)
     link = steps[0].get("link_gbps")
     notes = [f"step ms: median of {cfg['steps']} rounds (each the slowest rank's step; variants interleaved in "
-             "rounds). vs nocomm ms: the median paired difference to the variant that communicates nothing (what "
-             "communicating costs); step/nocomm: the ratio with its 95% interval. comm / exposed / hidden: from "
+             "rounds). vs nocomm ms: the paired per-round difference to the variant that communicates nothing (what "
+             "communicating costs; Hodges-Lehmann), with its 95% interval where that spans 0 or it is negative: a "
+             "difference within the rounds' noise, which is how one can come out below 0 (a step gains nothing from "
+             "communicating); step/nocomm: the ratio with its 95% interval. comm / exposed / hidden: from "
              "each rank's profiler trace (mean of the ranks): the union of the collectives (with the wait for the "
              "slower rank); hidden while compute ran, exposed while none did (a memcpy or memset hides none). "
              f"check: the weights after {cfg['check_steps']} steps against one process on the whole batch.",
@@ -1205,10 +1228,11 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
     nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
-    table = render_table(rows, chosen, fmt, ".1f")
+    tables = split_tables(rows, chosen, ["variant"], [] if columns else DDP_TABLES, fmt, ".1f")
+    tables += wrong_lines([r for r in steps if r["variant"] != DDP_BASELINE], lambda r: r["variant"], fmt)
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
     fsdp = [t for t in (fsdp_memory_table(steps, fmt), fsdp_layer_table(steps, fmt)) if t]
-    return "\n\n".join([line for line in lines if line] + [table] + [textwrap.fill(n, 116) for n in notes]
+    return "\n\n".join([line for line in lines if line] + tables + [textwrap.fill(n, 116) for n in notes]
                        + [nsys] + fsdp + [sharding] * bool(sharding))
 
 

@@ -471,6 +471,14 @@ class PairedRatio:
         return None if self.low is None else f"{self.low:.2f}-{self.high:.2f}x"
 
 
+def hodges_lehmann(paired: list[float]) -> tuple[float, float | None, float | None]:
+    """Paired differences' Hodges-Lehmann estimate (the median of the Walsh averages) and the signed-rank test's
+    95% interval (None, None: fewer than 6 rounds)."""
+    walsh = sorted((paired[i] + paired[j]) / 2.0 for i in range(len(paired)) for j in range(i, len(paired)))
+    depth = signed_rank_depth(len(paired))
+    return statistics.median(walsh), *((None, None) if depth is None else (walsh[depth - 1], walsh[-depth]))
+
+
 def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
     """`variant`'s speed-up over `baseline` from per-round times: the log-ratios' HL estimate and interval."""
     if len(baseline) != len(variant) or not baseline:
@@ -479,11 +487,9 @@ def paired_ratio(baseline: list[float], variant: list[float]) -> PairedRatio:
         group = math.ceil(len(baseline) / MAX_ROUNDS)
         baseline, variant = ([sum(t[i:i + group]) for i in range(0, len(t), group)]
                              for t in (baseline, variant))
-    logs = [math.log(b / v) for b, v in zip(baseline, variant)]
-    walsh = sorted((logs[i] + logs[j]) / 2.0 for i in range(len(logs)) for j in range(i, len(logs)))
-    depth = signed_rank_depth(len(baseline))
-    low, high = (None, None) if depth is None else (math.exp(walsh[depth - 1]), math.exp(walsh[-depth]))
-    return PairedRatio(math.exp(statistics.median(walsh)), low, high, len(baseline))
+    log_ratio, low, high = hodges_lehmann([math.log(b / v) for b, v in zip(baseline, variant)])
+    low, high = (None, None) if low is None else (math.exp(low), math.exp(high))
+    return PairedRatio(math.exp(log_ratio), low, high, len(baseline))
 
 
 def round_times(record: Record, phases: tuple[str, ...]) -> list[float] | None:
