@@ -202,7 +202,7 @@ PROBLEM_TEXT = [  # key, title, deliverable (paraphrased; per handout where they
      "parameter after backward) on xl, 1 node x 2 GPUs, and the share of it spent communicating gradients.",
      HANDOUTS, "DDP"),
     ("minimal_ddp_flat_benchmarking", "minimal_ddp_flat_benchmarking", "The same with all gradients flattened "
-     "into one all-reduce: time per step and communication, against naive.", ("2026",), "DDP flat"),
+     "into one all-reduce: time per step and communication, against naive.", HANDOUTS, "DDP flat"),
     ("ddp_overlap_individual_parameters_benchmarking", "ddp_overlap_individual_parameters_benchmarking (a), (b)",
      "Overlapping each parameter's all-reduce with the backward pass: time per step against the other variants, "
      "and traces that show the communication overlapped or not.", HANDOUTS, "DDP overlap"),
@@ -593,23 +593,34 @@ class Study:
         return {k: str(v.relative_to(self.root)) for k, v in found.items() if v.is_file()}
 
     def checks(self, plan) -> list:
-        """(problem, 'passed' | 'failed') per problem whose commands all ran: failed by a failed command, or a row
-        with an error, a timeout or a kernel the check found WRONG."""
+        """(problem, verdict, why) per problem whose commands (or, without commands, the commands whose tables it
+        reads) all ran: failed by a failed command or by one of its rows that is an error, a timeout or WRONG; not
+        implemented yet by a row of an adapter you have not written (the course's stub); else passed."""
         verdicts = []
         for p in plan:
-            names = [c.name for c in p.commands if not c.skipped and not c.merge]
-            if names and all(n in self.ledger for n in names):
-                bad = any(str(r.get("status", "")).startswith(("error", "timeout", "WRONG"))
-                          for n in names for r in self.records(n))
-                verdicts.append((p, "passed" if all(self.done(n) for n in names) and not bad else "failed"))
-            elif p.unmeasured and not p.commands:
-                verdicts.append((p, "not measured"))
+            names = [c.name for c in p.commands if not c.skipped and not c.merge] if p.commands else p.show
+            if p.unmeasured and not p.commands:
+                verdicts.append((p, "not measured", ""))
+            elif names and all(n in self.ledger for n in names):
+                rows = problem_rows(p.key, [r for n in names for r in self.records(n)])
+                bad = [(str(r["status"]), r.get("label") or r.get("variant")) for r in rows
+                       if str(r.get("status", "")).startswith(("error", "timeout", "WRONG", NOT_WRITTEN))]
+                failed = [f"{n}: {self.ledger[n].get('cause', 'failed')}" for n in names if not self.done(n)]
+                if not rows and not failed and p.key in DDP_PROBLEMS:  # none of its variants ran: no --adapters
+                    continue
+                failed += [f"{name}: {status}" for status, name in bad if not status.startswith(NOT_WRITTEN)]
+                stubs = [status.removeprefix(NOT_WRITTEN + ": ") for status, _ in bad if status.startswith(NOT_WRITTEN)]
+                if failed:
+                    verdicts.append((p, "failed", failed[0] + f" (and {len(failed) - 1} more)" * (len(failed) > 1)))
+                else:
+                    verdicts.append((p, NOT_WRITTEN, "; ".join(dict.fromkeys(stubs))) if stubs else (p, "passed", ""))
         return verdicts
 
 
-def verdict_text(p, verdict) -> str:
-    """'memory_profiling (b)-(d) (saved-tensor accounting) passed, not measured: peak memory (needs CUDA)'."""
-    ran = "" if verdict == "not measured" else f" ({p.path}) {verdict}"
+def verdict_text(p, verdict, why) -> str:
+    """'memory_profiling (b)-(d) (saved-tensor accounting) passed, not measured: peak memory (needs CUDA)';
+    'fsdp_accounting (FSDP) not implemented yet: write get_fsdp'."""
+    ran = "" if verdict == "not measured" else f" ({p.path}) {verdict}" + (f": {why}" if why else "")
     return p.title + ran + (f", not measured: {p.unmeasured}" if p.unmeasured else "")
 
 
@@ -672,56 +683,66 @@ def memory_facts(key, r, first: bool) -> list:
     return facts
 
 
-DDP_PROBLEMS = {"naive_ddp_benchmarking": ("naive",), "minimal_ddp_flat_benchmarking": ("flat", "naive"),
-                "ddp_overlap_individual_parameters_benchmarking": ("overlap", "naive", "torch"),
-                "ddp_bucketed_benchmarking": ("bucketed", "overlap"), "optimizer_state_sharding_accounting": (),
-                "fsdp_accounting": ()}
+DDP_PROBLEMS = {  # the problem: (your rows, the references beside them), bench_ddp's variants by their first word
+    "naive_ddp_benchmarking": ((), ("naive", "nocomm")),
+    "minimal_ddp_flat_benchmarking": ((), ("flat", "naive", "nocomm")),
+    "ddp_overlap_individual_parameters_benchmarking": (("ddp", "ddp_individual_parameters"),
+                                                       ("overlap", "naive", "torch", "nocomm")),
+    "ddp_bucketed_benchmarking": (("ddp_bucketed",), ("bucketed", "overlap", "nocomm")),
+    "optimizer_state_sharding_accounting": (("sharded",), ("AdamW",)), "fsdp_accounting": (("fsdp",), ("fsdp2",))}
+PART_TWO = ("distributed_communication_single_node", *DDP_PROBLEMS)
+MEMORY_PROBLEMS = ("optimizer_state_sharding_accounting", "fsdp_accounting")
+NOT_WRITTEN = "not implemented yet"  # bench_ddp's row of an adapter the course ships as `raise NotImplementedError`
+
+
+def problem_rows(key, records) -> list:
+    """The records a problem reads: of part 2's, bench_ddp's rows it asks about, yours first; else all."""
+    if key not in DDP_PROBLEMS:
+        return records
+    named = [r for r in records if isinstance(r.get("variant"), str) and r["variant"].strip()]
+    return [r for group in DDP_PROBLEMS[key] for r in named if r["variant"].split()[0] in group]
+
+
+def ddp_fact(key, r, name) -> str:
+    """A bench_ddp row in a line: for the sharding problem the optimizer state on the largest rank; for FSDP its
+    state against the prediction and whether each layer's all-gather came in time; else the timed step, and from
+    the profiled step (a step of its own) its communication, its share of that step and how much was hidden."""
+    ranks = [points for points in r.get("ranks") or [] if points]
+    if key == "optimizer_state_sharding_accounting" and r["status"] == "ok" and ranks:
+        after = max(ranks, key=lambda points: points["after optimizer step"]["total"])["after optimizer step"]
+        line = (f"{name}: optimizer state {after['optimizer_state'] / 1e6:.2f} MB, in all {after['total'] / 1e6:.2f} "
+                f"MB after the step on the largest rank (expected "
+                f"{r['expected_bytes_per_param']['after optimizer step']:g} bytes per parameter)")
+    elif key == "fsdp_accounting" and r.get("memory"):
+        state = max(p["params"] + p["grads"] + p["optimizer_state"] for p in r["memory"])
+        slacks = [x["slack_ms"] for rank in r.get("layers") or [] for x in rank if x["slack_ms"] is not None]
+        line = (f"{name}: {state / 1e6:.2f} MB of parameters, gradients and optimizer state on the largest rank, "
+                f"{state / r['predicted']['state_bytes']:.2f}x the prediction"
+                + (f"; every layer's all-gather ended before its compute (least slack {min(slacks):.3f} ms)"
+                   if slacks and min(slacks) >= 0 else f"; a layer's compute waited {-min(slacks):.3f} ms for its "
+                   "all-gather" if slacks else ""))
+    elif key in MEMORY_PROBLEMS or "step_ms" not in r:
+        return f"{name}: {r['status']}"
+    else:
+        line = f"{name}: step {statistics.median(r['step_ms']):.2f} ms (median of the timed rounds)"
+    if r.get("comm_ms") and key not in MEMORY_PROBLEMS:
+        line += (f"; its profiled step {r['profiled_step_ms']:.2f} ms: communication {r['comm_ms']:.2f} ms "
+                 f"({r['comm_ms'] / r['profiled_step_ms']:.0%}), {r['hidden_ms'] / r['comm_ms']:.0%} of it hidden "
+                 "behind compute")
+    return line + ("" if r["status"] == "ok" else f"; {r['status']}")
 
 
 def ddp_facts(key, records) -> list:
-    """bench_ddp's rows: a variant's step, its communication and how much of it was hidden; one line that reads
-    them; for the sharding problem, the optimizer state on the largest rank with and without."""
-    if key == "fsdp_accounting":
-        facts = []
-        for r in (r for r in records if r.get("memory")):
-            state = max(p["params"] + p["grads"] + p["optimizer_state"] for p in r["memory"])
-            slacks = [x["slack_ms"] for rank in r.get("layers") or [] for x in rank if x["slack_ms"] is not None]
-            facts.append(f"{r['variant']}: {state / 1e6:.2f} MB of parameters, gradients and optimizer state on the "
-                         f"largest rank, {state / r['predicted']['state_bytes']:.2f}x the prediction"
-                         + (f"; every layer's all-gather ended before its compute (least slack {min(slacks):.3f} "
-                            "ms)" if slacks and min(slacks) >= 0 else f"; a layer's compute waited "
-                            f"{-min(slacks):.3f} ms for its all-gather" if slacks else ""))
-        return facts or [f"{r['variant']}: {r['status']}" for r in records if r.get("variant", "").startswith("fsdp")]
-    if key == "optimizer_state_sharding_accounting":
-        facts = []
-        for r in (r for r in records if r.get("kind") == "memory"):
-            ranks = [points for points in r.get("ranks") or [] if points]
-            if not ranks or r["status"] != "ok":
-                facts.append(f"{r['variant']}: {r['status']}")
-                continue
-            after = max(ranks, key=lambda points: points["after optimizer step"]["total"])["after optimizer step"]
-            facts.append(f"{r['variant']}: optimizer state {after['optimizer_state'] / 1e6:.2f} MB, in all "
-                         f"{after['total'] / 1e6:.2f} MB after the step on the largest rank (expected "
-                         f"{r['expected_bytes_per_param']['after optimizer step']:g} bytes per parameter)")
-        return facts or ["no sharded optimizer ran (--adapters)"]
-    rows = {r["variant"]: r for r in records if r.get("kind") != "memory" and r.get("variant")}
-    wanted = [name for name in rows if name.startswith(DDP_PROBLEMS[key]) or name == "nocomm"]
-    facts = []
-    for name in wanted:
-        r = rows[name]
-        if "step_ms" not in r:
-            facts.append(f"{name}: {r['status']}")
-            continue
-        line = f"{name}: step {statistics.median(r['step_ms']):.2f} ms"
-        if r.get("comm_ms"):
-            line += (f", communication {r['comm_ms']:.2f} ms ({r['comm_ms'] / r['profiled_step_ms']:.0%} of the "
-                     f"profiled step), {r['hidden_ms'] / r['comm_ms']:.0%} of it hidden behind compute")
-        facts.append(line + ("" if r["status"] == "ok" else f"; {r['status']}"))
-    hidden = {n: rows[n]["hidden_ms"] / rows[n]["comm_ms"] for n in wanted if rows[n].get("comm_ms")}
-    if len(hidden) > 1:
+    """bench_ddp's rows of the problem, yours first, the references beside them; which hide their communication."""
+    rows = problem_rows(key, records)
+    names = [r["variant"] + " (yours)" * (r["variant"].split()[0] in DDP_PROBLEMS[key][0]) for r in rows]
+    facts = [ddp_fact(key, r, name) for r, name in zip(rows, names)]
+    hidden = {n: r["hidden_ms"] / r["comm_ms"] for r, n in zip(rows, names) if r.get("comm_ms") and "step_ms" in r}
+    if len(hidden) > 1 and key not in MEMORY_PROBLEMS:
         facts.append("; ".join(f"{n} hides {share:.0%} of its communication" if share >= 0.005 else
                                f"{n} hides none" for n, share in hidden.items()))
-    return facts
+    no_optimizer = ["no sharded optimizer ran (--adapters)"] if key == "optimizer_state_sharding_accounting" else []
+    return facts or no_optimizer
 
 
 def facts_for(key, records) -> list:
@@ -881,7 +902,9 @@ def writeup(study, plan, machine, args) -> str:
              + "; attention d 16 at sequences 64-128, batch 1)"
              if machine["device"] == "cpu" else
              f"on {machine['name']} ({machine['free_bytes'] / results.GIB:.1f} GiB free), sized to its memory")
-    out = [f"# CS336 assignment 2, part 1 (handout {args.handout}): the study {where}"
+    ran = sorted({2 if p.key in PART_TWO else 1 for p in plan for c in p.commands if c.name in study.ledger}) or [1, 2]
+    out = [f"# CS336 assignment 2, part{'s' * (len(ran) > 1)} {' and '.join(map(str, ran))} (handout "
+           f"{args.handout}): the study {where}"
            + (", --quick: every problem at its smallest shape" if args.quick else ""), "",
            f"- model: {args.model or 'ours (model.TransformerLM)'}; optimizer: "
            f"{args.optimizer or 'ours (optim.AdamW)'}; attention kernel (--impl): "
@@ -893,7 +916,7 @@ def writeup(study, plan, machine, args) -> str:
                 "FILE.jsonl --plot` draws a command's figures from its records, or a study with --fresh has them"]
     out += [""]
     if verdicts := study.checks(plan):
-        out += ["Checks: " + "; ".join(verdict_text(p, v) for p, v in verdicts), ""]
+        out += ["Checks: " + "; ".join(verdict_text(*verdict) for verdict in verdicts), ""]
     owner = {c.name: (n, p.title) for n, p in enumerate(plan, 1) for c in p.commands}  # where a table is shown
     said = {}  # fact -> the section that listed it first
     for n, p in enumerate(plan, 1):
@@ -1069,16 +1092,17 @@ def conduct(args, machine, settings, root) -> int:
             signal.signal(signal.SIGINT, handler)
     path = write_writeup(study, plan, machine, args)
     checks = study.checks(plan)
-    for verdict in ("passed", "failed"):
-        names = [f"{p.title} ({p.path})" for p, v in checks if v == verdict]
-        print(f"{verdict}: {', '.join(names) or 'none'}")
+    for verdict in ("passed", "failed", NOT_WRITTEN):
+        names = [f"{p.title} ({p.path})" + f": {why}" * bool(why) for p, v, why in checks if v == verdict]
+        if names or verdict != NOT_WRITTEN:
+            print(f"{verdict}: {'; '.join(names) or 'none'}")
     if unmeasured := [f"{p.title}: {p.unmeasured}" for p in plan if p.unmeasured]:
         print(f"not measured on this machine: {'; '.join(unmeasured)}")
     if failed:
         print("failed commands: " + ", ".join(failed) + " (causes in the writeup and logs/)")
     print(f"wrote {rel(path)} and {rel(path.with_suffix('.tex'))} (its PDF: cd {shlex.quote(rel(root))} && "
           f"{results.PDFLATEX} writeup.tex)")
-    return 1 if failed else 0
+    return 1 if failed or any(v == "failed" for _, v, _ in checks) else 0
 
 
 def main(argv=None) -> int:
