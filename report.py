@@ -1226,17 +1226,20 @@ class ReportError(Exception):
     """Bad input, said in one line (exit status 2)."""
 
 
-def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
-    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte; an
-    integer past float's range infinite; every text in them one line (a hand-edited record's newline never starts
+def as_saved(records: list[Record]) -> list[Record]:
+    """The records as their file holds them (strict JSON read back), so a re-render is the run's own file, byte for
+    byte; an integer past float's range infinite; every text one line (a hand-edited record's newline never starts
     a line of markdown)."""
     def text_on_one_line(obj: Any) -> Any:
         return {k: text_on_one_line(v) for k, v in obj.items()} if isinstance(obj, dict) else \
             [text_on_one_line(v) for v in obj] if isinstance(obj, list) else \
             results.one_line(obj) if isinstance(obj, str) else obj
-    as_saved = [json.loads(to_json_line(r), parse_int=results.parse_int_or_inf) for r in records]
-    return RENDERERS[experiment][0]([text_on_one_line(r) for r in as_saved], fmt, columns)
+    return [text_on_one_line(json.loads(to_json_line(r), parse_int=results.parse_int_or_inf)) for r in records]
+
+
+def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The one path from records to a report (a sweep's live .md, a script's table, report.py), as_saved."""
+    return RENDERERS[experiment][0](as_saved(records), fmt, columns)
 
 
 def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:
@@ -1721,6 +1724,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
+    records = as_saved(records)
     for name, plot in FIGURES[experiment][1].items():
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")

@@ -929,16 +929,17 @@ def read_bounded(f: Any, path: str | os.PathLike, what: str) -> bytearray:
     return data
 
 
+def parse_int_or_inf(text: str) -> int | float:
+    """json's parse_int for records read to be used: an integer past float's range is infinity (one "inf" cell; as
+    an int, tabulate, division and formatting refuse it: OverflowError)."""
+    return float(text) if math.isinf(float(text)) else int(text)
+
+
 def read_records(path: str | os.PathLike) -> list[Record]:
     """A .jsonl file's records (TooLarge past the read limit)."""
     with open(path, "rb") as f:
-        return [json.loads(line) for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
-
-
-def parse_int_or_inf(text: str) -> int | float:
-    """json's parse_int for records as tables read them: an integer past float's range is infinity (one "inf"
-    cell; as an int, tabulate, division and formatting refuse it: OverflowError)."""
-    return float(text) if math.isinf(float(text)) else int(text)
+        return [json.loads(line, parse_int=parse_int_or_inf)
+                for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
 
 
 def exit_usage_error(message: str) -> NoReturn:

@@ -133,7 +133,7 @@ def test_a_million_rows_past_what_memory_allows_are_refused_before_parsing(tmp_p
 
 def test_a_number_past_floats_range_is_one_cell_and_the_rest_renders(tmp_path, capsys):
     """10**400 ms, in the main table and in the floors table (its bytes too): "inf" cells, every other value as
-    it was."""
+    it was; the figures drawn (without that bar)."""
     cfg = results.ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256, context_length=16)
     record = e2e("bf16", 0, [1.5])
     record["config"].update(model=dataclasses.asdict(cfg), batch_size=4, steps=1, no_grad=False)
@@ -145,8 +145,8 @@ def test_a_number_past_floats_range_is_one_cell_and_the_rest_renders(tmp_path, c
     huge = copy.deepcopy(record) | {"forward_ms_mean": 10**400}
     huge["floors"]["phases"]["backward"]["bytes"] = 10**400
     (tmp_path / "huge.jsonl").write_text(json.dumps(huge) + "\n" + json.dumps(record) + "\n")
-    code, out, err = run([str(tmp_path / "huge.jsonl"), "--results-dir", str(tmp_path)], capsys)
-    assert code == 0 and err == "", err
+    code, out, err = run([str(tmp_path / "huge.jsonl"), "--results-dir", str(tmp_path), "--plot"], capsys)
+    assert code == 0 and err == "" and (tmp_path / "report" / "huge_phases.png").is_file(), err
     rows = [[cell.strip() for cell in line.split("|")] for line in out.splitlines() if line.startswith("| tiny ")]
     assert [row[9] for row in rows if "ok" in row] == ["inf", "0.50"]  # fwd ms
     assert [row[3:7] for row in rows if row[3] in ("fwd", "bwd")] == [  # phase, measured ms, GFLOP, MB moved
