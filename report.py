@@ -1256,15 +1256,20 @@ class ReportError(Exception):
     """Bad input, said in one line (exit status 2)."""
 
 
-def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
-    """The one path from records to a report (a sweep's live .md, a script's table, report.py): the records as
-    their file holds them (strict JSON read back), so a re-render is the run's own file, byte for byte; every
-    text in them one line (a hand-edited record's newline never starts a line of markdown)."""
+def as_saved(records: list[Record]) -> list[Record]:
+    """The records as their file holds them (strict JSON read back), so a re-render is the run's own file, byte for
+    byte; an integer past float's range infinite; every text one line (a hand-edited record's newline never starts
+    a line of markdown)."""
     def text_on_one_line(obj: Any) -> Any:
         return {k: text_on_one_line(v) for k, v in obj.items()} if isinstance(obj, dict) else \
             [text_on_one_line(v) for v in obj] if isinstance(obj, list) else \
             results.one_line(obj) if isinstance(obj, str) else obj
-    return RENDERERS[experiment][0]([text_on_one_line(json.loads(to_json_line(r))) for r in records], fmt, columns)
+    return [text_on_one_line(json.loads(to_json_line(r), parse_int=results.parse_int_or_inf)) for r in records]
+
+
+def render(experiment: str, records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
+    """The one path from records to a report (a sweep's live .md, a script's table, report.py), as_saved."""
+    return RENDERERS[experiment][0](as_saved(records), fmt, columns)
 
 
 def LiveReport(experiment: str, columns: list[str] | None = None) -> Callable[[list[Record], str], str]:
@@ -1302,38 +1307,42 @@ MAX_LINE_BYTES = 256 * MIB  # a million raw samples per phase is ~80 MB; more is
 
 
 def read_run(path: str) -> dict[int, Record]:
-    """A file's records by line number; lines bounded (endless input is one error), a bad last line skipped."""
-    found, lines, total = {}, [], 0
-    limit, why = results.read_limit_bytes()
+    """A file's records by line number, parsed as they are read: a file past the read limit refused before a row
+    is parsed, lines bounded (endless input is one error), a bad last line skipped."""
+    found, bad, total = {}, None, 0
+    limit = results.read_limit_bytes()[0]
     try:
         with open(path, "rb") as f:
             for n, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                total += len(line)
+                total += len(line)  # a file by its size, before parsing a line; a pipe as it is read
+                if max(total, os.fstat(f.fileno()).st_size) > limit:
+                    raise ReportError(results.too_large(path, "the record file"))
                 if len(line) > MAX_LINE_BYTES:
                     raise ReportError(f"{path}:{n}: more than {MAX_LINE_BYTES // MIB} MiB without a record's "
                                       "end; is this a results .jsonl file?")
-                if total > limit:
-                    raise ReportError(f"{path}: more than {limit // MIB} MiB of records ({why}): refused, its rows "
-                                      "would not fit in memory")
-                lines += [(n, line)] if line.strip() else []
+                if not line.strip():
+                    continue
+                if bad:
+                    raise ReportError(bad)
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+                    reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
+                    bad = f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl file?"
+                    continue
+                if not isinstance(record, dict):
+                    raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
+                if (name := record.get("experiment")) not in RENDERERS:
+                    what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
+                    raise ReportError(f"{path}:{n}: {what}; report.py renders the records of "
+                                      + ", ".join(RENDERERS))
+                found[n] = record
     except OSError as exc:
         raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    for n, line in lines:
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
-            if found and n == lines[-1][0]:
-                progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
-                break
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else type(exc).__name__
-            raise ReportError(f"{path}:{n}: not a JSON record ({reason}); is this a results .jsonl file?"
-                              ) from None
-        if not isinstance(record, dict):
-            raise ReportError(f"{path}:{n}: not a JSON object; is this a results .jsonl file?")
-        if (name := record.get("experiment")) not in RENDERERS:
-            what = "no experiment field" if name is None else f"experiment {str(name)[:60]!r}"
-            raise ReportError(f"{path}:{n}: {what}; report.py renders the records of " + ", ".join(RENDERERS))
-        found[n] = record
+    if bad and not found:
+        raise ReportError(bad)
+    if bad:
+        progress(f"note: {path}: skipped a truncated last line (an interrupted run)")
     if not found:
         raise ReportError(f"{path}: no records (an empty file, or a run that finished no configuration)")
     kinds = list(dict.fromkeys(r["experiment"] for r in found.values()))
@@ -1745,6 +1754,7 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
+    records = as_saved(records)
     for name, plot in FIGURES[experiment][1].items():
         path = files.path(f"_{name}.png")
         partial = path.with_name(path.name + ".partial")

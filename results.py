@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -647,7 +648,7 @@ def render_table(rows: list[Record], columns: list[str], fmt: str = "github", fl
     whole)."""
     cell, digits = cell_for(fmt), [floatfmt] * len(columns) if isinstance(floatfmt, str) else floatfmt
     texts = {c for c in columns if any(isinstance(row.get(c), str) for row in rows)}
-    body = [[None if isinstance(v := row.get(c), float) and not math.isfinite(v) else format(v, digits[i])
+    body = [[None if isinstance(v := row.get(c), float) and math.isnan(v) else format(v, digits[i])
              if isinstance(v, float) and c in texts else cell(v) for i, c in enumerate(columns)] for row in rows]
     text = tabulate(body, headers=[cell(str(c)) for c in columns], tablefmt=fmt, floatfmt=floatfmt, missingval="")
     return latex_rows(text) if fmt in LATEX_FORMATS else text
@@ -909,29 +910,44 @@ class TooLarge(ValueError):
 
 
 def read_limit_bytes() -> tuple[int, str]:
-    """(bytes, where the limit comes from): $CS336_READ_LIMIT_MB, else a tenth of the machine's memory (parsed
-    JSON takes several times its text)."""
+    """(bytes, where the limit comes from): $CS336_READ_LIMIT_MB, else a twentieth of the memory this process may
+    use (a record file's rows, parsed and rendered, take ~14x its text; measured: 25 MiB of bench_e2e rows)."""
     given = os.environ.get(READ_LIMIT_ENV, "").strip()
     if given.isdigit() and int(given) > 0:
         return int(given) * MIB, f"{READ_LIMIT_ENV}={given}"
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return memory // 10, f"a tenth of this machine's memory; {READ_LIMIT_ENV}=MB sets it"
+    usable = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), resource.getrlimit(resource.RLIMIT_AS)[0]]
+    return min(m for m in usable if m != resource.RLIM_INFINITY) // 20, \
+        f"a twentieth of the memory this process may use, ulimit -v included; {READ_LIMIT_ENV}=MB sets it"
 
 
-def read_bounded(f: Any, path: str | os.PathLike, what: str) -> bytes:
-    """All of the binary file `f` (a gzip file: as it expands) up to the read limit; past it, TooLarge."""
+def too_large(path: str | os.PathLike, what: str) -> str:
+    """The one line that refuses a file past the read limit."""
     limit, why = read_limit_bytes()
-    data = f.read(limit + 1)
+    return f"{path}: {what} holds more than {limit // MIB} MiB ({why}): refused: parsed, it would not fit in memory"
+
+
+def read_bounded(f: Any, path: str | os.PathLike, what: str) -> bytearray:
+    """All of the binary file `f` up to the read limit, a MiB at a time (a gzip file: as it expands, so a bomb
+    stops at the limit); past it, TooLarge."""
+    limit, data = read_limit_bytes()[0], bytearray()
+    while chunk := f.read(min(MIB, limit + 1 - len(data))):
+        data += chunk
     if len(data) > limit:
-        raise TooLarge(f"{path}: {what} holds more than {limit // MIB} MiB ({why}): refused, its rows would not "
-                       "fit in memory")
+        raise TooLarge(too_large(path, what))
     return data
+
+
+def parse_int_or_inf(text: str) -> int | float:
+    """json's parse_int for records read to be used: an integer past float's range is infinity (one "inf" cell; as
+    an int, tabulate, division and formatting refuse it: OverflowError)."""
+    return float(text) if math.isinf(float(text)) else int(text)
 
 
 def read_records(path: str | os.PathLike) -> list[Record]:
     """A .jsonl file's records (TooLarge past the read limit)."""
     with open(path, "rb") as f:
-        return [json.loads(line) for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
+        return [json.loads(line, parse_int=parse_int_or_inf)
+                for line in read_bounded(f, path, "the record file").splitlines() if line.strip()]
 
 
 def exit_usage_error(message: str) -> NoReturn:

@@ -11,6 +11,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -932,8 +933,30 @@ def test_bench_e2e_profile_on_cpu(tmp_path: Path, capsys):
     assert "### 1. Phase times" in out and "### 4. Inside attention" in out and str(trace) in out
 
 
+def test_a_gzip_bomb_stops_at_the_read_limit_as_it_expands(tmp_path: Path):
+    """A .json.gz that expands to 128 MiB, read under `ulimit -v` 256 MiB and no CS336_READ_LIMIT_MB: the default
+    limit (a twentieth of that, 12 MiB) stops the expansion: one line, exit 2, resident memory about the limit (a
+    1 MiB bomb was a MemoryError traceback at 2 GiB)."""
+    bomb, squeeze = tmp_path / "t.json.gz", zlib.compressobj(1, zlib.DEFLATED, 31)  # 31: gzip's framing
+    with bomb.open("wb") as f:
+        f.write(squeeze.compress(b'{"traceEvents": ['))
+        for _ in range(128):
+            f.write(squeeze.compress(b" " * (1 << 20)))  # whitespace: read whole, it would be a valid trace
+        f.write(squeeze.compress(b"]}") + squeeze.flush())
+    child = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (256 << 20,) * 2); import kernel_tables\n"
+             "try: sys.exit(kernel_tables.main(sys.argv[1:]))\n"  # VmHWM: the peak resident kB of this program
+             "finally: print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")  # (ru_maxrss
+    # keeps the forking pytest's)
+    env = {k: v for k, v in os.environ.items() if k != results.READ_LIMIT_ENV}
+    done = subprocess.run([sys.executable, "-c", child, str(bomb)], cwd=HERE, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "the trace expanded holds more than 12 MiB (a twentieth of the memory this process may use" in done.stderr
+    assert int(done.stdout) < 100_000, done.stdout  # kB: the limit and Python, not the bomb's 128 MiB
+
+
 def test_a_trace_that_expands_past_the_read_limit_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch):
-    """A 2 KiB .json.gz that expands to 2 MiB, read under a 1 MiB limit (a tenth of the memory by default)."""
+    """A 2 KiB .json.gz that expands to 2 MiB, read under a 1 MiB limit (by default a twentieth of the memory)."""
     monkeypatch.setenv(results.READ_LIMIT_ENV, "1")
     bomb = tmp_path / "t.json.gz"
     bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (2 << 20) + b"]}"))

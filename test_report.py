@@ -105,12 +105,53 @@ def test_endless_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
 
 
 def test_a_record_file_past_the_read_limit_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")  # MB; by default a tenth of the machine's memory
+    monkeypatch.setenv(results.READ_LIMIT_ENV, "1")  # MB; by default a twentieth of the memory the process may use
     big = tmp_path / "big.jsonl"
     big.write_text('{"experiment": "precision_demo"}\n' * 50_000)  # 1.6 MB of rows
     code, out, err = run([str(big), "--results-dir", str(tmp_path)], capsys)
-    assert code == 2 and "more than 1 MiB of records (CS336_READ_LIMIT_MB=1)" in err and not out
+    assert code == 2 and "the record file holds more than 1 MiB (CS336_READ_LIMIT_MB=1)" in err and not out
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_million_rows_past_what_memory_allows_are_refused_before_parsing(tmp_path):
+    """A million rows (33 MB) under `ulimit -v` 512 MiB and no CS336_READ_LIMIT_MB: the default limit, a twentieth
+    of that (25 MiB), refuses the file in one line before a row is parsed, so memory stays below the file's size
+    (a 662 MiB file under 4 GiB was a MemoryError traceback after a minute)."""
+    big = tmp_path / "million.jsonl"
+    big.write_text('{"experiment": "precision_demo"}\n' * 1_000_000)
+    child = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (512 << 20,) * 2); import report\n"
+             "try: sys.exit(report.main(sys.argv[1:]))\n"  # VmHWM: the peak resident kB of this program alone
+             "finally: print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")  # (ru_maxrss
+    # keeps the forking pytest's)
+    env = {k: v for k, v in os.environ.items() if k != results.READ_LIMIT_ENV}
+    done = subprocess.run([sys.executable, "-c", child, str(big), "--results-dir", str(tmp_path)], cwd=HERE, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-2000:]
+    assert "the record file holds more than 25 MiB (a twentieth of the memory this process may use" in done.stderr
+    assert int(done.stdout) < 33_000, done.stdout  # kB resident: the rows were never read into memory
+
+
+def test_a_number_past_floats_range_is_one_cell_and_the_rest_renders(tmp_path, capsys):
+    """10**400 ms, in the main table and in the floors table (its bytes too): "inf" cells, every other value as
+    it was; the figures drawn (without that bar)."""
+    cfg = results.ModelConfig(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=256, context_length=16)
+    record = e2e("bf16", 0, [1.5])
+    record["config"].update(model=dataclasses.asdict(cfg), batch_size=4, steps=1, no_grad=False)
+    record.update(forward_ms_std=0.1, backward_ms_std=0.1, optimizer_ms_std=0.1, tokens_per_s=1000.0, noisy=[])
+    roofs = {"precision": "bf16", "tflops": 989.4, "gbs": 3350.0, "ceiling": "datasheet", "measured": None,
+             "datasheet": {"tflops": 989.4, "gbs": 3350.0, "label": "H100 SXM"}}
+    record["floors"] = results.beside_measured(results.step_floors(cfg, 4, 16, "train", 2, "naive", 989.4, 3350.0),
+                                               record, roofs)
+    huge = copy.deepcopy(record) | {"forward_ms_mean": 10**400}
+    huge["floors"]["phases"]["backward"]["bytes"] = 10**400
+    (tmp_path / "huge.jsonl").write_text(json.dumps(huge) + "\n" + json.dumps(record) + "\n")
+    code, out, err = run([str(tmp_path / "huge.jsonl"), "--results-dir", str(tmp_path), "--plot"], capsys)
+    assert code == 0 and err == "" and (tmp_path / "report" / "huge_phases.png").is_file(), err
+    rows = [[cell.strip() for cell in line.split("|")] for line in out.splitlines() if line.startswith("| tiny ")]
+    assert [row[9] for row in rows if "ok" in row] == ["inf", "0.50"]  # fwd ms
+    assert [row[3:7] for row in rows if row[3] in ("fwd", "bwd")] == [  # phase, measured ms, GFLOP, MB moved
+        ["fwd", "inf", "0.013107", "0.6144"], ["bwd", "0.5", "0.026214", "inf"],
+        ["fwd", "0.5", "0.013107", "0.6144"], ["bwd", "0.5", "0.026214", "1.0744"]]
 
 
 def test_an_interrupted_runs_last_line_is_skipped_with_a_note(precision_run, tmp_path, capsys):
