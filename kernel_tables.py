@@ -818,8 +818,9 @@ def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:
 # ---- the summary: one table across nsys_run.sh's reports ----
 
 # <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025], as nsys_run.sh names its reports
+# -N: nsys_run.sh's new name where another's file holds the plain one (own_name)
 REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
-                         r"(?:_(?P<variant>.+))?")
+                         r"(?:_(?P<variant>.+?))?(?:-[0-9]+)?")
 
 
 def last_e2e_record(path: str | Path) -> dict[str, Any]:
@@ -959,8 +960,9 @@ SWEEP_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
 CS336_HANDOUT = the handout when --handout is not given.
 A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
-and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
-that size and mode are skipped.
+and that configuration fails (--force replaces it, once the new one exists); files nsys_run.sh did not make are
+never replaced: the profile takes the name <report>-2 (-3, ...). After an OOM the larger contexts of that size and
+mode are skipped.
 Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
 usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
 stopped, also when this process is killed)."""
@@ -1085,8 +1087,31 @@ def parse_sweep_args(argv: list[str]) -> argparse.Namespace:
 def completion_marker(config: Config) -> str:
     """<report>.args, written last, once the report, its export and tables are in place: the nsys command line
     and the report's size. A report whose profile was cut short (its wrapper killed), or replaced since, has none
-    that matches: it is never reused."""
+    that matches: it is never reused, nor replaced (own_name)."""
     return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
+
+
+def made_here(config: Config) -> bool:
+    """Whether the files at `config`'s name are nsys_run.sh's: its completion marker names the report beside it
+    (made with whatever arguments)."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        made_with, _, complete = config.file(".args").read_text().rstrip("\n").rpartition("\n")
+        return f"{made_with}\n{complete}\n" == completion_marker(dataclasses.replace(config, made_with=made_with))
+    return False
+
+
+def own_name(config: Config) -> Config:
+    """`config` under the first of its name, <name>-2, -3, ... that holds no file or nsys_run.sh's own profile:
+    a file someone else made there is never replaced (said in one line)."""
+    def held(c: Config) -> list[str]:
+        return [c.file(s).name for s in (*PROFILE_FILES, ".args") if os.path.lexists(c.file(s))]
+
+    names = (dataclasses.replace(config, report=config.report + f"-{n}" * (n > 1)) for n in itertools.count(1))
+    named = next(c for c in names if not held(c) or made_here(c))
+    if named.report != config.report:
+        say(f"note: {', '.join(held(config))} in {Path(config.report).parent} not made by nsys_run.sh (no completion "
+            f"marker): kept; this profile is {named.report}")
+    return named
 
 
 def action(config: Config, args: argparse.Namespace) -> str:
@@ -1111,6 +1136,7 @@ def check_with_bench_e2e(args: argparse.Namespace) -> int:
 
 
 def dry_run(args: argparse.Namespace) -> int:
+    args.plan = [own_name(config) for config in args.plan]
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
         again = config.file(".nsys-rep").exists()
@@ -1238,6 +1264,7 @@ def sweep_main(argv: list[str]) -> int:
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
                 "newer Nsight Systems")
             return 2
+    args.plan = [own_name(config) for config in args.plan]
     import runner  # torch, for the sweep only: --help and the checks above answer without it
     folder = Path(args.results_dir, "nsys")
     created = [f for f in (folder, *folder.parents) if not f.exists()]
