@@ -993,6 +993,10 @@ class Config:
     def file(self, suffix: str) -> Path:
         return Path(f"{self.report}{suffix}")
 
+    def held(self) -> list[str]:
+        """The names of this profile's files that exist (links too)."""
+        return [self.file(s).name for s in (*PROFILE_FILES, ".args") if os.path.lexists(self.file(s))]
+
     def label(self) -> str:
         return f"{self.size} ctx={self.context_length} {self.mode}"
 
@@ -1091,37 +1095,27 @@ def completion_marker(config: Config) -> str:
     return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
 
 
-def made_here(config: Config) -> bool:
-    """Whether the files at `config`'s name are nsys_run.sh's: its completion marker names the report beside it
-    (made with whatever arguments)."""
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        made_with, _, complete = config.file(".args").read_text().rstrip("\n").rpartition("\n")
-        return f"{made_with}\n{complete}\n" == completion_marker(dataclasses.replace(config, made_with=made_with))
-    return False
-
-
-def own_name(config: Config) -> Config:
-    """`config` under the first of its name, <name>-2, -3, ... that holds no file or nsys_run.sh's own profile:
-    a file someone else made there is never replaced (said in one line)."""
-    def held(c: Config) -> list[str]:
-        return [c.file(s).name for s in (*PROFILE_FILES, ".args") if os.path.lexists(c.file(s))]
-
-    names = (dataclasses.replace(config, report=config.report + f"-{n}" * (n > 1)) for n in itertools.count(1))
-    named = next(c for c in names if not held(c) or made_here(c))
-    if named.report != config.report:
-        say(f"note: {', '.join(held(config))} in {Path(config.report).parent} not made by nsys_run.sh (no completion "
-            f"marker): kept; this profile is {named.report}")
-    return named
-
-
 def action(config: Config, args: argparse.Namespace) -> str:
-    """profile; reuse (a complete report made with these arguments); kept (another report)."""
-    if args.force or not config.file(".nsys-rep").is_file():
+    """profile (nothing there, or --force); reuse (a complete report made with these arguments); kept (one made
+    with others); taken (files nsys_run.sh did not make: no completion marker names the report beside them)."""
+    if not config.held():
         return "profile"
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        if config.file(".args").read_text() == completion_marker(config):
-            return "reuse"
-    return "kept"
+        made_with, _, complete = config.file(".args").read_text().rstrip("\n").rpartition("\n")
+        if f"{made_with}\n{complete}\n" == completion_marker(dataclasses.replace(config, made_with=made_with)):
+            return "profile" if args.force else "reuse" if made_with == config.made_with else "kept"
+    return "taken"
+
+
+def own_name(config: Config, args: argparse.Namespace) -> Config:
+    """`config` under the first of its name, <name>-2, -3, ... not taken by another's files: a file nsys_run.sh
+    did not make is never replaced (said in one line)."""
+    names = (dataclasses.replace(config, report=config.report + f"-{n}" * (n > 1)) for n in itertools.count(1))
+    named = next(c for c in names if action(c, args) != "taken")
+    if named.report != config.report:
+        say(f"note: {', '.join(config.held())} in {Path(config.report).parent} not made by nsys_run.sh (no "
+            f"completion marker): kept; this profile is {named.report}")
+    return named
 
 
 def check_with_bench_e2e(args: argparse.Namespace) -> int:
@@ -1136,13 +1130,12 @@ def check_with_bench_e2e(args: argparse.Namespace) -> int:
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    args.plan = [own_name(config) for config in args.plan]
+    args.plan = [own_name(config, args) for config in args.plan]
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
-        again = config.file(".nsys-rep").exists()
         todo = {"reuse": "reuse the existing report",
                 "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
-                "profile": "profile again, replacing the report (--force)" if again else "profile"}
+                "profile": "profile again, replacing the report (--force)" if config.held() else "profile"}
         print(f"  {i}. {config.label()} -> {config.report}: {todo[action(config, args)]}")
     print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(args.plan[0].app)} ...")
@@ -1178,8 +1171,8 @@ def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, A
     record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
     todo, report = action(run, args), run.file(".nsys-rep")
     if todo == "kept":
-        say(f"error: {report} exists, not made by a complete run with these arguments ({run.report}.args); it is "
-            "kept: --force profiles this configuration again, replacing it")
+        say(f"error: {report} exists, made with other arguments ({run.report}.args); it is kept: --force "
+            "profiles this configuration again, replacing it")
         return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
     if todo == "reuse":
         say(f"reusing {report}, made with the same arguments (--force profiles it again)")
@@ -1264,7 +1257,7 @@ def sweep_main(argv: list[str]) -> int:
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
                 "newer Nsight Systems")
             return 2
-    args.plan = [own_name(config) for config in args.plan]
+    args.plan = [own_name(config, args) for config in args.plan]
     import runner  # torch, for the sweep only: --help and the checks above answer without it
     folder = Path(args.results_dir, "nsys")
     created = [f for f in (folder, *folder.parents) if not f.exists()]

@@ -266,21 +266,27 @@ def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
                              f"saved in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
 
 
-def measured_ceiling(args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
-    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here);
-    None on a torchrun rank but 0, or when it failed (said: the floors then use the datasheet only)."""
+def measured_ceiling(args: argparse.Namespace, device: torch.device, again: bool = False) -> dict[str, Any] | None:
+    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here), before
+    a run makes any file: Ctrl-C meanwhile is one line and exit 130 (SIGTERM 143); `again`: measured again within
+    a sweep, whose interrupt it is. None on a torchrun rank but 0, or when it failed (said: the floors then use the
+    datasheet only)."""
     if not parallel.is_rank_zero():
         return None
-    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate}
-    got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate or again,
+              "quiet": args.quiet}
+    try:
+        with results.sigterm_as_interrupt():
+            got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    except KeyboardInterrupt as exc:
+        if again:
+            raise
+        progress(f"interrupted by {results.signal_name(exc)} while this machine's ceiling was measured: no file made")
+        raise SystemExit(128 + results.signal_number(exc)) from None
     if not got["ok"]:
         progress(f"note: no measured ceiling ({got['status']}): floors only where a datasheet names the device")
         return None
-    ceiling = got["value"]
-    if not ceiling["cached"]:
-        rates = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in ceiling["matmul_tflops"].items())
-        progress(f"measured in {ceiling['seconds']:.1f} s: {rates}, copy {ceiling['copy_gbs']:.3g} GB/s")
-    return ceiling
+    return got["value"]
 
 
 def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -332,17 +338,19 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        args: argparse.Namespace, *, name: str, device: torch.device | None,
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
-                       resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
+                       resize: Callable | None = None, search: bool = False,
+                       ceiling: dict[str, Any] | None = None) -> tuple[list[dict], int]:
     """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
     variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
-    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 128 + the signal after
-    SIGTERM or SIGHUP)."""
+    render(records, fmt), summary(record) here; `ceiling` (measured_ceiling's, which finish divides by) measured
+    again, in place, after the first row that beat its floor on it. Returns (records, 0 | 130 after Ctrl-C | 128 +
+    the signal after SIGTERM or SIGHUP)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
     ranks = parallel.RankSweep(launch) if launch else None
     sweep = Sweep(measure, runs, files, args, ranks, name=name, finish=finish, render=render, summary=summary,
-                  measure_variants=measure_variants, resize=resize, search=search)
+                  measure_variants=measure_variants, resize=resize, search=search, ceiling=ceiling, device=device)
     with results.sigterm_as_interrupt():
         try:
             if device is not None:  # the environment of rows that carry none, read in a child: no CUDA here
@@ -416,6 +424,7 @@ class Sweep:
         self.name, self.search = options["name"], options["search"]
         self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
         self.measure_variants, self.resize = options["measure_variants"], options["resize"]
+        self.ceiling, self.device = options["ceiling"], options["device"]  # the ceiling: measured again once at most
         self.records: list[dict[str, Any]] = []
         self.oom_at: dict = {}  # group -> its smallest OOM size; larger ones would need more: skipped (--no-skip)
         self.ended: set = set()  # search: the groups whose search has ended
@@ -455,6 +464,11 @@ class Sweep:
         said = self.summary(record) if self.summary and finished(record) else record["status"]
         took = f"{elapsed:.1f} s" + (f" for {shared} variants" if shared > 1 else "")
         self.say(f"[{len(self.records)}/{self.total}] {run.label()}: {said} ({took})")
+        if self.ceiling and any(results.number(f.get("of_floor")) and f["of_floor"] > 1  # its ceiling too low
+                                for f in (record.get("floors") or {}).get("phases", {}).values()):
+            self.say("a phase beat its floor: the measured ceiling is too low; measuring it again for the next rows")
+            self.ceiling.update(measured_ceiling(self.args, self.device, again=True) or {})
+            self.ceiling = None
 
     def run_unit(self, unit: list[tuple[int, Any]]) -> None:
         """A comparison's variants (or one run): skipped ones are rows; the rest together or each alone."""
