@@ -1130,7 +1130,6 @@ def check_with_bench_e2e(args: argparse.Namespace) -> int:
 
 
 def dry_run(args: argparse.Namespace) -> int:
-    args.plan = [own_name(config, args) for config in args.plan]
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
         todo = {"reuse": "reuse the existing report",
@@ -1169,6 +1168,7 @@ PROFILE_FILES = (".nsys-rep", ".sqlite", "_e2e.jsonl", "_e2e.md", ".md")  # a pr
 def profile_one(run: Config, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
     """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
     record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
+    run = own_name(run, args)  # another's file made there since the plan was named: kept as well
     todo, report = action(run, args), run.file(".nsys-rep")
     if todo == "kept":
         say(f"error: {report} exists, made with other arguments ({run.report}.args); it is kept: --force "
@@ -1241,6 +1241,7 @@ def sweep_main(argv: list[str]) -> int:
     args = parse_sweep_args(argv)
     if status := check_with_bench_e2e(args):  # bench_e2e's one line, not nsys's start and end around it
         return status  # a mistyped option fails in seconds, not after the first hour of a sweep
+    args.plan = [own_name(config, args) for config in args.plan]  # the names the summary and the dry run show
     if args.dry_run:
         return dry_run(args)
     nsys, why = find_nsys()
@@ -1257,7 +1258,6 @@ def sweep_main(argv: list[str]) -> int:
             say(f"error: {version or nsys} does not know {name} (not in its nsys profile --help): it needs a "
                 "newer Nsight Systems")
             return 2
-    args.plan = [own_name(config, args) for config in args.plan]
     import runner  # torch, for the sweep only: --help and the checks above answer without it
     folder = Path(args.results_dir, "nsys")
     created = [f for f in (folder, *folder.parents) if not f.exists()]

@@ -262,8 +262,8 @@ def add_sweep_args(parser: argparse.ArgumentParser, compares: bool = False) -> N
 def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure this machine's ceiling again (best matmul TFLOP/s per dtype, copy GB/s; a few "
-                             "seconds), the floors' ceiling where no datasheet names the device; else the one "
-                             f"saved in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
+                             "seconds), the floors' ceiling where no datasheet names the device; the best seen is kept "
+                             f"in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
 
 
 def measured_ceiling(args: argparse.Namespace, device: torch.device, again: bool = False) -> dict[str, Any] | None:

@@ -368,17 +368,27 @@ def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orph
     assert (fake["folder"] / "tiny_ctx64_train.md").read_bytes() == earlier["tiny_ctx64_train.md"]
 
 
-def test_a_students_files_at_a_reports_name_are_kept_and_the_profile_takes_the_next_name(fake: dict):
-    """Files nsys_run.sh did not make (no completion marker names a report beside them) are never replaced, with
-    --force too: the profile is <name>-2, said in one line, and reused under that name."""
+def test_a_students_files_at_a_reports_name_are_kept_and_the_profile_takes_the_next_name(fake: dict, monkeypatch):
+    """Files nsys_run.sh did not make (no completion marker names a report beside them), there before the sweep or
+    made during it, are never replaced, with --force too: the profile is <name>-2, said in one line, and reused
+    under that name."""
     fake["folder"].mkdir(parents=True)
     mine = {"tiny_ctx16_train.sqlite": b"my own export", "tiny_ctx16_train.md": b"# my notes\n",
             "tiny_ctx16_train.args": b"my arguments\n"}
     for name, data in mine.items():
         (fake["folder"] / name).write_bytes(data)
+    profile = kt.run_under_nsys
+
+    def a_students_file_meanwhile(config: kt.Config, *args) -> int:
+        (fake["folder"] / "tiny_ctx32_train.md").write_bytes(b"written during the sweep\n")
+        return profile(config, *args)
+
+    monkeypatch.setattr(kt, "run_under_nsys", a_students_file_meanwhile)
     status, out, err = fake["run"]("--size", "tiny", "--context-length", "16", "32", "--mode", "train")
+    monkeypatch.setattr(kt, "run_under_nsys", profile)
+    mine["tiny_ctx32_train.md"] = b"written during the sweep\n"
     assert status == 0, err
-    assert profiled_reports(fake) == ["tiny_ctx16_train-2", "tiny_ctx32_train"]
+    assert profiled_reports(fake) == ["tiny_ctx16_train-2", "tiny_ctx32_train-2"]
     (note,) = [line for line in err.splitlines() if "tiny_ctx16" in line and "profiling" not in line]
     assert "tiny_ctx16_train.sqlite" in note and "not made by nsys_run.sh" in note and note.endswith(
         f"this profile is {fake['folder'] / 'tiny_ctx16_train-2'}")
