@@ -517,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             preamble=f"settings: grid {args.grid}, batch {args.batch_size}, "
                      f"{' '.join(args.dtype)}, causal; each implementation checked against "
                      "float64, then timed")
+    ceiling = runner.measured_ceiling(args, resolve_device(args.device))  # before any file: Ctrl-C leaves none
     files = ResultFiles(args.results_dir, "attention", args.out, "attention")
     live = report.LiveReport("bench_attention", args.columns)  # rewritten as rows finish
 
@@ -524,9 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         return ", ".join(f"{ATTENTION_PHASE_SHORT[p]} {r[f'{p}_ms_mean']:.3f} ms" for p in ATTENTION_PHASE_SHORT)
 
     plan = runner.comparisons(runs, AttentionRun.comparison_key)  # a shape's implementations, interleaved
-    ceiling = runner.measured_ceiling(args, resolve_device(args.device))
     records, code = runner.run_configurations(measure, plan, files, args, name="bench_attention",
-                                              device=resolve_device(args.device),
+                                              device=resolve_device(args.device), ceiling=ceiling,
                                               finish=functools.partial(finish_record, ceiling=ceiling),
                                               render=live, summary=said, measure_variants=measure_together)
     if not records:

@@ -385,15 +385,16 @@ def main(argv: list[str] | None = None) -> int:
                   for run, state in zip(runs, states)]
         return results.print_dry_run(labels, preamble=sizes_table([dataclasses.asdict(run) for run in runs], args.fmt),
                                  notes=plan_notes(runs, args), at_most=args.context_search)
+    args.ceiling = runner.measured_ceiling(args, resolve_device(args.device))  # before any file: Ctrl-C leaves none
     files = ResultFiles(args.results_dir, "e2e", args.out, "e2e") if rank_zero else None
     live = report.LiveReport("bench_e2e", args.columns)  # the .md and --fmt file, rewritten as rows finish
     plan = runs if args.context_search else runner.comparisons(runs, RunConfig.comparison_key)
-    args.ceiling = runner.measured_ceiling(args, resolve_device(args.device))
     records, code = runner.run_configurations(
         run_config, plan, files, args, name="bench_e2e", device=resolve_device(args.device),
         finish=lambda run, record: finish_record(run, record, args), render=live,
         summary=lambda record: f"{record['step_ms_mean'] / 1e3:.3f} s/step",
-        measure_variants=measure_together, resize=RunConfig.with_context, search=args.context_search)
+        measure_variants=measure_together, resize=RunConfig.with_context, search=args.context_search,
+        ceiling=args.ceiling)
     if records and rank_zero:  # each search's answer as a record after its probes, then the report and figures
         published = report.publish("bench_e2e", records, files, args.fmt, args.columns, plot=args.plot,
                                    append=context_searches(records))

@@ -551,10 +551,10 @@ def matmul_tflops(device: torch.device, precision: str, max_n: int, budget_s: fl
 
 def measure_ceiling(device: torch.device, budget_s: float, max_matmul: int, copy_bytes: int) -> dict[str, Any]:
     """Best matmul TFLOP/s per precision and copy bandwidth (bytes read + written / s of a copy_bytes tensor copy),
-    each in its share of budget_s."""
+    each in its share of budget_s; the 1-minute load average before (other work lowers every figure)."""
     start, precisions = timeit.default_timer(), CALIBRATED if device.type == "cuda" else ("fp32", "bf16", "fp16")
     share = budget_s / (len(precisions) + 1)
-    out: dict[str, Any] = {"matmul_tflops": {}, "matmul_n": {}}
+    out: dict[str, Any] = {"matmul_tflops": {}, "matmul_n": {}, "loadavg_1m": machine_load(device)["loadavg_1m"]}
     for precision in precisions:
         out["matmul_tflops"][precision], out["matmul_n"][precision] = matmul_tflops(device, precision, max_matmul,
                                                                                      share)
@@ -572,10 +572,32 @@ def measure_ceiling(device: torch.device, budget_s: float, max_matmul: int, copy
             "utc_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+def best_ceiling(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Figure by figure, the higher of two measurements of this machine: load only lowers a figure, so the best
+    seen is the nearest to what it can do. loadavg_1m: the highest of the measurements whose figures are kept."""
+    def rate(entry: dict[str, Any], figure: str) -> float:  # a precision's matmul TFLOP/s, or the copy's GB/s
+        return entry["copy_gbs"] if figure == "copy" else entry["matmul_tflops"].get(figure) or 0
+
+    source = {k: old if rate(old, k) > rate(new, k) else new for k in [*new["matmul_tflops"], "copy"]}
+    loads = [e["loadavg_1m"] for e in source.values() if isinstance(e.get("loadavg_1m"), (int, float))]
+    copy = source.pop("copy")
+    return {**new, "matmul_tflops": {k: e["matmul_tflops"][k] for k, e in source.items()},
+            "matmul_n": {k: (e.get("matmul_n") or {}).get(k) for k, e in source.items()},
+            "copy_gbs": copy["copy_gbs"], "copy_bytes": copy.get("copy_bytes"), "loadavg_1m": max(loads, default=None)}
+
+
+def ceiling_line(entry: dict[str, Any]) -> str:
+    """'fp32 0.51 TFLOP/s, bf16 ..., copy 12.3 GB/s at load 0.4' (the 1-minute load average when measured)."""
+    rates = [f"{k} {v:.3g} TFLOP/s" for k, v in entry["matmul_tflops"].items()]
+    return ", ".join([*rates, f"copy {entry['copy_gbs']:.3g} GB/s at load {entry.get('loadavg_1m')}"])
+
+
 def machine_ceiling(device: torch.device, results_dir: str, recalibrate: bool = False,
-                    calibration: dict[str, Any] | None = None) -> dict[str, Any]:
+                    calibration: dict[str, Any] | None = None, quiet: bool = False) -> dict[str, Any]:
     """This machine's measured ceiling from <results_dir>/ceilings.json (or $CS336_CEILINGS), measured (a few
-    seconds) and added to it when absent or when `recalibrate`; `calibration`: CALIBRATION's settings."""
+    seconds) when absent or when `recalibrate`, and saved as the best seen (best_ceiling): a measurement under load
+    never lowers it. `calibration`: CALIBRATION's settings; `quiet`: nothing said."""
+    say = (lambda message: None) if quiet else progress
     settings = {**CALIBRATION, **(calibration or {})}
     path = Path(os.environ.get(CEILINGS_ENV) or Path(results_dir, CEILINGS_FILE))
     key = f"{socket.gethostname()} | {device_name(device)} | torch {torch.__version__}"
@@ -586,23 +608,27 @@ def machine_ceiling(device: torch.device, results_dir: str, recalibrate: bool = 
         except (OSError, ValueError):
             cache = None
         if not isinstance(cache, dict):  # not ours, or damaged: measured, and the file left as it is
-            progress(f"note: {path} is not a ceilings file: the ceiling is measured and not saved")
+            say(f"note: {path} is not a ceilings file: the ceiling is measured and not saved")
             cache = None
     entry = (cache or {}).get(key)
-    if not recalibrate and isinstance(entry, dict) and isinstance(entry.get("copy_gbs"), (int, float)) \
-            and isinstance(entry.get("matmul_tflops"), dict):
+    valid = isinstance(entry, dict) and isinstance(entry.get("matmul_tflops"), dict) and all(
+        isinstance(v, (int, float)) for v in [*entry["matmul_tflops"].values(), entry.get("copy_gbs")])
+    if valid and not recalibrate:
         return {**entry, "cache": str(path), "cached": True}
-    progress(f"measuring this machine's ceiling on {key.split(' | ')[1]}: best matmul TFLOP/s per dtype and copy "
-             f"bandwidth, ~{settings['budget_s']:g} s (saved in {path}; --recalibrate measures again)")
-    entry = measure_ceiling(device, settings["budget_s"], settings["max_matmul"][device.type],
-                            settings["copy_bytes"][device.type])
+    say(f"measuring this machine's ceiling on {key.split(' | ')[1]}: best matmul TFLOP/s per dtype and copy "
+        f"bandwidth, ~{settings['budget_s']:g} s (the best seen is saved in {path}; --recalibrate measures again)")
+    new = measure_ceiling(device, settings["budget_s"], settings["max_matmul"][device.type],
+                          settings["copy_bytes"][device.type])
+    best = best_ceiling(entry, new) if valid else new
+    say(f"measured in {new['seconds']:.1f} s: {ceiling_line(new)}"
+        + (f"; kept, the best seen: {ceiling_line(best)}" if best != new else ""))
     if cache is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            replace_text(path, json.dumps({**cache, key: entry}, indent=1) + "\n")
+            replace_text(path, json.dumps({**cache, key: best}, indent=1) + "\n")
         except OSError as exc:  # a read-only folder: this run still has its ceiling
-            progress(f"note: the measured ceiling is not saved: {path}: {exc.strerror or exc}")
-    return {**entry, "cache": str(path), "cached": False}
+            say(f"note: the measured ceiling is not saved: {path}: {exc.strerror or exc}")
+    return {**best, "cache": str(path), "cached": False}
 
 
 def roofs(environment: dict[str, Any], precision: str, measured: dict[str, Any] | None,
@@ -618,7 +644,7 @@ def roofs(environment: dict[str, Any], precision: str, measured: dict[str, Any] 
     if measured and isinstance(measured.get("matmul_tflops"), dict):
         tflops = measured["matmul_tflops"]
         own = {"tflops": tflops.get(precision) or (tflops.get("fp32") if precision == "tf32" else None),
-               "gbs": measured.get("copy_gbs")}
+               "gbs": measured.get("copy_gbs"), "loadavg_1m": measured.get("loadavg_1m")}
     tflops, compute_source = next(((v, source) for v, source in (
         (peak_override, "--peak-tflops"), (sheet_tflops, "datasheet"), ((own or {}).get("tflops"), "measured"))
         if v), (None, None))
@@ -668,7 +694,7 @@ def machine_load(device: torch.device) -> dict[str, Any]:
     the usable CPUs, work is queued), the CPUs and the usable ones; on CUDA the GPU's utilisation, temperature,
     power, SM clock and other processes, or {"nvml": why} when NVML is unreadable."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    load: dict[str, Any] = {"loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    load: dict[str, Any] = {"loadavg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
                             "cpu_count": os.cpu_count(), "cpus_usable": usable}
     if device.type != "cuda":
         return load

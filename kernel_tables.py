@@ -829,8 +829,9 @@ def profile_header(env: dict[str, Any] | None, source: str | Path) -> str:
 # ---- the summary: one table across nsys_run.sh's reports ----
 
 # <size>_ctx<context>_<mode>[_<dtype>][_pytorch][_cudamem][_h2025], as nsys_run.sh names its reports
+# -N: nsys_run.sh's new name where another's file holds the plain one (own_name)
 REPORT_NAME = re.compile(r"(?P<size>.+?)_ctx(?P<context>[0-9]+)_(?P<mode>forward-backward|forward|train)"
-                         r"(?:_(?P<variant>.+))?")
+                         r"(?:_(?P<variant>.+?))?(?:-[0-9]+)?")
 
 
 def last_e2e_record(path: str | Path) -> dict[str, Any]:

@@ -619,13 +619,12 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
                   f"{results.render_table(rows, ['layout', 'state per device GiB'], args.fmt)}\n\n"
                   "nothing was built, run or written (drop --dry-run to run it)")
         return 0
-    rank_zero = parallel.is_rank_zero()
+    rank_zero, device = parallel.is_rank_zero(), resolve_device(run.device)
+    ceiling = runner.measured_ceiling(args, device)  # the floors' where no datasheet names the device; before files
     files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard") if rank_zero else None
     measure = functools.partial(measure_leaderboard, args=args, started=started)
-    device = resolve_device(run.device)
-    ceiling = runner.measured_ceiling(args, device)  # the floors' where no datasheet names the device
     records, code = runner.run_configurations(
-        measure, [run], files, args, name="leaderboard-2026", device=device,
+        measure, [run], files, args, name="leaderboard-2026", device=device, ceiling=ceiling,
         finish=lambda r, record: finish_record(r, record, args.peak_tflops, ceiling))
     if not records:  # interrupted before its row: the row says so
         how = "SIGTERM" if code == 128 + signal.SIGTERM else "Ctrl-C"

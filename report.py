@@ -81,10 +81,10 @@ def floor_rows(record: Record, cells: Record, short: dict[str, str]) -> list[Rec
 
 
 def roof_line(roofs: Record) -> str:
-    """'bf16: datasheet H100 SXM 989 TFLOP/s, 3350 GB/s; measured 612 TFLOP/s, 2900 GB/s'."""
+    """'bf16: datasheet H100 SXM 989 TFLOP/s, 3350 GB/s; measured 612 TFLOP/s, 2900 GB/s at load 0.12'."""
     parts = [f"{name} {roof.get('label', '') + ' ' if roof.get('label') else ''}{roof['tflops'] or 0:.3g} TFLOP/s, "
-             f"{roof['gbs'] or 0:.4g} GB/s" for name, roof in (("datasheet", roofs["datasheet"]),
-                                                               ("measured", roofs["measured"])) if roof]
+             f"{roof['gbs'] or 0:.4g} GB/s" + f" at load {roof.get('loadavg_1m')}" * number(roof.get("loadavg_1m"))
+             for name, roof in (("datasheet", roofs["datasheet"]), ("measured", roofs["measured"])) if roof]
     return f"{roofs['precision']}: " + ("; ".join(parts) or "none")
 
 
@@ -108,8 +108,8 @@ def floors_section(records: list[Record], cells: Callable[[Record], Record], sho
 
 # a phase faster than its floor: the ceiling divided by is below what the machine does, so that floor bounds nothing
 OVER_CEILING = (" (!) over 100%: this phase ran faster than its floor, so the ceiling it used is too low (a measured "
-                "ceiling taken under load, or at shapes slower than the model's): that floor is no bound; "
-                "--recalibrate on an idle machine measures it again.")
+                "ceiling taken under load, or at shapes slower than the model's): that floor is no bound. A run "
+                "measures its ceiling again after such a row, for the rows that follow (the best seen is kept).")
 
 
 # ---- bench_e2e tables ----
@@ -1749,8 +1749,9 @@ FIGURES: dict[str, tuple[str, dict[str, Callable[[list[Record]], Any]]]] = {
 
 
 def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[list[Path], bool]:
-    """Each figure as `<stem>_<name>.png` (renamed over: no partial image); a failed one is a line on stderr."""
-    paths, failed = [], False
+    """Each figure as `<stem>_<name>.png` (renamed over: no partial image); those that failed, one line on stderr
+    (a full disk fails them all alike)."""
+    paths, failed = [], {}  # failed: why -> the figures
     if missing := matplotlib_missing():
         progress(f"note: no figures: {missing}")
         return paths, failed
@@ -1765,12 +1766,12 @@ def draw(experiment: str, records: list[Record], files: ResultFiles) -> tuple[li
                 paths.append(path)
         except Exception as exc:  # noqa: BLE001 - records a figure cannot use, a full disk: the tables stand
             partial.unlink(missing_ok=True)
-            why = getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}"
-            progress(f"error: figure {name} not drawn: {why}")
-            failed = True
-    if not paths and not failed:
+            failed.setdefault(getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}", []).append(name)
+    if failed:
+        progress("error: " + "; ".join(f"figure {', '.join(names)} not drawn: {why}" for why, names in failed.items()))
+    elif not paths:
         progress(f"note: no figures: {experiment}'s figures need {FIGURES[experiment][0]}")
-    return paths, failed
+    return paths, bool(failed)
 
 
 # ---- command line ----

@@ -276,25 +276,31 @@ def add_sweep_args(parser: argparse.ArgumentParser, compares: bool = False) -> N
 def add_recalibrate_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recalibrate", action="store_true",
                         help="measure this machine's ceiling again (best matmul TFLOP/s per dtype, copy GB/s; a few "
-                             "seconds), the floors' ceiling where no datasheet names the device; else the one "
-                             f"saved in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
+                             "seconds), the floors' ceiling where no datasheet names the device; the best seen is kept "
+                             f"in <results-dir>/{CEILINGS_FILE} (or the file ${CEILINGS_ENV} names)")
 
 
-def measured_ceiling(args: argparse.Namespace, device: torch.device) -> dict[str, Any] | None:
-    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here);
-    None on a torchrun rank but 0, or when it failed (said: the floors then use the datasheet only)."""
+def measured_ceiling(args: argparse.Namespace, device: torch.device, again: bool = False) -> dict[str, Any] | None:
+    """This machine's measured ceiling (common.machine_ceiling), read or measured in a child (no CUDA here), before
+    a run makes any file: Ctrl-C meanwhile is one line and exit 130 (SIGTERM 143); `again`: measured again within
+    a sweep, whose interrupt it is. None on a torchrun rank but 0, or when it failed (said: the floors then use the
+    datasheet only)."""
     if not parallel.is_rank_zero():
         return None
-    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate}
-    got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    kwargs = {"device": device, "results_dir": args.results_dir, "recalibrate": args.recalibrate or again,
+              "quiet": args.quiet}
+    try:
+        with results.sigterm_as_interrupt():
+            got = run_isolated(machine_ceiling, kwargs, args.in_process, timeout_s=TIMEOUT_FLOOR_S)
+    except KeyboardInterrupt as exc:
+        if again:
+            raise
+        progress(f"interrupted by {results.signal_name(exc)} while this machine's ceiling was measured: no file made")
+        raise SystemExit(128 + results.signal_number(exc)) from None
     if not got["ok"]:
         progress(f"note: no measured ceiling ({got['status']}): floors only where a datasheet names the device")
         return None
-    ceiling = got["value"]
-    if not ceiling["cached"]:
-        rates = ", ".join(f"{k} {v:.3g} TFLOP/s" for k, v in ceiling["matmul_tflops"].items())
-        progress(f"measured in {ceiling['seconds']:.1f} s: {rates}, copy {ceiling['copy_gbs']:.3g} GB/s")
-    return ceiling
+    return got["value"]
 
 
 def check_sweep_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -346,17 +352,19 @@ def run_configurations(measure: Callable[[Any], dict], plan: list[Any], files: R
                        args: argparse.Namespace, *, name: str, device: torch.device | None,
                        finish: Callable | None = None, render: Callable | None = None,
                        summary: Callable | None = None, measure_variants: Callable | None = None,
-                       resize: Callable | None = None, search: bool = False) -> tuple[list[dict], int]:
+                       resize: Callable | None = None, search: bool = False,
+                       ceiling: dict[str, Any] | None = None) -> tuple[list[dict], int]:
     """Each run of `plan` (a run with label() and skip_key() -> (group, size name, size), or a list: a comparison's
     variants) as add_sweep_args' flags say: measure(run) / measure_variants(runs) in children, finish(run, record),
-    render(records, fmt), summary(record) here. Returns (records, 0 | 130 after Ctrl-C | 128 + the signal after
-    SIGTERM or SIGHUP)."""
+    render(records, fmt), summary(record) here; `ceiling` (measured_ceiling's, which finish divides by) measured
+    again, in place, after the first row that beat its floor on it. Returns (records, 0 | 130 after Ctrl-C | 128 +
+    the signal after SIGTERM or SIGHUP)."""
     units = [unit if isinstance(unit, list) else [unit] for unit in plan]
     runs = [run for unit in units for run in unit]
     launch = parallel.torchrun_launch() if any(getattr(run, "parallel", None) for run in runs) else None
     ranks = parallel.RankSweep(launch) if launch else None
     sweep = Sweep(measure, runs, files, args, ranks, name=name, finish=finish, render=render, summary=summary,
-                  measure_variants=measure_variants, resize=resize, search=search)
+                  measure_variants=measure_variants, resize=resize, search=search, ceiling=ceiling, device=device)
     with results.sigterm_as_interrupt():
         try:
             if device is not None:  # the environment of rows that carry none, read in a child: no CUDA here
@@ -430,6 +438,7 @@ class Sweep:
         self.name, self.search = options["name"], options["search"]
         self.finish, self.render, self.summary = options["finish"], options["render"], options["summary"]
         self.measure_variants, self.resize = options["measure_variants"], options["resize"]
+        self.ceiling, self.device = options["ceiling"], options["device"]  # the ceiling: measured again once at most
         self.records: list[dict[str, Any]] = []
         self.oom_at: dict = {}  # group -> its smallest OOM size; larger ones would need more: skipped (--no-skip)
         self.ended: set = set()  # search: the groups whose search has ended
@@ -469,6 +478,11 @@ class Sweep:
         said = self.summary(record) if self.summary and finished(record) else record["status"]
         took = f"{elapsed:.1f} s" + (f" for {shared} variants" if shared > 1 else "")
         self.say(f"[{len(self.records)}/{self.total}] {run.label()}: {said} ({took})")
+        if self.ceiling and any(results.number(f.get("of_floor")) and f["of_floor"] > 1  # its ceiling too low
+                                for f in (record.get("floors") or {}).get("phases", {}).values()):
+            self.say("a phase beat its floor: the measured ceiling is too low; measuring it again for the next rows")
+            self.ceiling.update(measured_ceiling(self.args, self.device, again=True) or {})
+            self.ceiling = None
 
     def run_unit(self, unit: list[tuple[int, Any]]) -> None:
         """A comparison's variants (or one run): skipped ones are rows; the rest together or each alone."""
@@ -851,8 +865,9 @@ NSYS_RUN_EPILOG = """\
 Environment: NSYS = the nsys binary (default: nsys on PATH); PYTHON = the interpreter (default: python3);
 CS336_HANDOUT = the handout when --handout is not given.
 A report made with the same arguments (<report>.args, written once its tables exist) is reused, another kept
-and that configuration fails (--force replaces it, once the new one exists); after an OOM the larger contexts of
-that size and mode are skipped.
+and that configuration fails (--force replaces it, once the new one exists); files nsys_run.sh did not make are
+never replaced: the profile takes the name <report>-2 (-3, ...). After an OOM the larger contexts of that size and
+mode are skipped.
 Exit status: 0 when every configuration has its tables; 2 for a usage error (here or bench_e2e.py's) or no
 usable nsys; else the first failed configuration's. Ctrl-C 130, SIGTERM 143, SIGHUP 129 (nsys and the run
 stopped, also when this process is killed)."""
@@ -882,6 +897,10 @@ class NsysConfig:
 
     def file(self, suffix: str) -> Path:
         return Path(f"{self.report}{suffix}")
+
+    def held(self) -> list[str]:
+        """The names of this profile's files that exist (links too)."""
+        return [self.file(s).name for s in (*PROFILE_FILES, ".args") if os.path.lexists(self.file(s))]
 
     def label(self) -> str:
         return f"{self.size} ctx={self.context_length} {self.mode}"
@@ -977,18 +996,31 @@ def parse_nsys_run_args(argv: list[str]) -> argparse.Namespace:
 def completion_marker(config: NsysConfig) -> str:
     """<report>.args, written last, once the report, its export and tables are in place: the nsys command line
     and the report's size. A report whose profile was cut short (its wrapper killed), or replaced since, has none
-    that matches: it is never reused."""
+    that matches: it is never reused, nor replaced (own_name)."""
     return f"{config.made_with}\n# complete: a report of {config.file('.nsys-rep').stat().st_size} bytes\n"
 
 
 def report_action(config: NsysConfig, args: argparse.Namespace) -> str:
-    """profile; reuse (a complete report made with these arguments); kept (another report)."""
-    if args.force or not config.file(".nsys-rep").is_file():
+    """profile (nothing there, or --force); reuse (a complete report made with these arguments); kept (one made
+    with others); taken (files nsys_run.sh did not make: no completion marker names the report beside them)."""
+    if not config.held():
         return "profile"
     with contextlib.suppress(OSError, UnicodeDecodeError):
-        if config.file(".args").read_text() == completion_marker(config):
-            return "reuse"
-    return "kept"
+        made_with, _, complete = config.file(".args").read_text().rstrip("\n").rpartition("\n")
+        if f"{made_with}\n{complete}\n" == completion_marker(dataclasses.replace(config, made_with=made_with)):
+            return "profile" if args.force else "reuse" if made_with == config.made_with else "kept"
+    return "taken"
+
+
+def own_name(config: NsysConfig, args: argparse.Namespace) -> NsysConfig:
+    """`config` under the first of its name, <name>-2, -3, ... not taken by another's files: a file nsys_run.sh
+    did not make is never replaced (said in one line)."""
+    names = (dataclasses.replace(config, report=config.report + f"-{n}" * (n > 1)) for n in itertools.count(1))
+    named = next(c for c in names if report_action(c, args) != "taken")
+    if named.report != config.report:
+        nsys_say(f"note: {', '.join(config.held())} in {Path(config.report).parent} not made by nsys_run.sh (no "
+                 f"completion marker): kept; this profile is {named.report}")
+    return named
 
 
 def check_with_bench_e2e(args: argparse.Namespace) -> int:
@@ -1005,10 +1037,9 @@ def check_with_bench_e2e(args: argparse.Namespace) -> int:
 def nsys_dry_run(args: argparse.Namespace) -> int:
     print(f"\nnsys_run.sh: dry run: {len(args.plan)} configuration(s), one nsys profile each, in this order:")
     for i, config in enumerate(args.plan, 1):
-        again = config.file(".nsys-rep").exists()
         todo = {"reuse": "reuse the existing report",
                 "kept": "keep the existing report, made with other arguments: fails (--force replaces it)",
-                "profile": "profile again, replacing the report (--force)" if again else "profile"}
+                "profile": "profile again, replacing the report (--force)" if config.held() else "profile"}
         print(f"  {i}. {config.label()} -> {config.report}: {todo[report_action(config, args)]}")
     print(f"each: nsys profile {' '.join(args.nsys_options)} --output=<report> {sys.executable} bench_e2e.py "
           f"{' '.join(args.plan[0].app)} ...")
@@ -1042,10 +1073,11 @@ PROFILE_FILES = (".nsys-rep", ".sqlite", "_e2e.jsonl", "_e2e.md", ".md")  # a pr
 def profile_one(run: NsysConfig, args: argparse.Namespace, nsys: str) -> dict[str, Any]:
     """Profile (or reuse) one configuration, print its tables and keep them as <report>.md: its summary
     record's status and facts (profiled), with "exit_status": 0, or nsys_run.sh's exit status for it."""
+    run = own_name(run, args)  # another's file made there since the plan was named: kept as well
     todo, report = report_action(run, args), run.file(".nsys-rep")
     if todo == "kept":
-        nsys_say(f"error: {report} exists, not made by a complete run with these arguments ({run.report}.args); it "
-                 "is kept: --force profiles this configuration again, replacing it")
+        nsys_say(f"error: {report} exists, made with other arguments ({run.report}.args); it is kept: --force "
+                 "profiles this configuration again, replacing it")
         return {"status": "kept: made with other arguments (--force replaces it)", "exit_status": 1}
     if todo == "reuse":
         nsys_say(f"reusing {report}, made with the same arguments (--force profiles it again)")
@@ -1115,6 +1147,7 @@ def nsys_run_main(argv: list[str]) -> int:
     args = parse_nsys_run_args(argv)
     if status := check_with_bench_e2e(args):  # bench_e2e's one line, not nsys's start and end around it
         return status  # a mistyped option fails in seconds, not after the first hour of a sweep
+    args.plan = [own_name(config, args) for config in args.plan]  # the names the summary and the dry run show
     if args.dry_run:
         return nsys_dry_run(args)
     nsys, why = find_nsys()

@@ -3,9 +3,12 @@ every axis (models included), failures as rows, the longest-context search, Ctrl
 (model_a, oom_model, ...) are plugged in as a student's own: --model NAME=test_bench_e2e:CALLABLE."""
 import contextlib
 import dataclasses
+import errno
+import json
 import math
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -17,8 +20,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import bench_attention
 import bench_e2e
 import common
+import leaderboard
 import report
 import model
 import parallel
@@ -26,6 +31,7 @@ import results
 import runner
 from results import forward_flops, get_config
 from results import read_records
+from conftest import TINY_CALIBRATION
 
 HERE = Path(__file__).resolve().parent
 SMALL = ["--device", "cpu", "--size", "tiny", "--num-layers", "1", "--d-model", "64", "--num-heads", "4",
@@ -432,6 +438,104 @@ def test_ctrl_c_on_a_real_sweep(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert len(read_records(jsonl)) >= 1 and "interrupted" in err
+
+
+# ---- the machine's ceiling: Ctrl-C while it is measured, --quiet, a full disk, one measured under load ----
+
+INTERRUPTED = "interrupted by Ctrl-C while this machine's ceiling was measured: no file made"
+
+
+@pytest.mark.parametrize("script, argv", [
+    (bench_e2e, SMALL), (bench_attention, ["--device", "cpu", "--batch-size", "2", "--d", "8", "--iters", "3"]),
+    (leaderboard, ["--device", "cpu", "--num-layers", "1", "--d-model", "64", "--num-heads", "2", "--d-ff", "128",
+                   "--vocab-size", "256", "--context-length", "32"])])
+def test_ctrl_c_while_the_ceiling_is_measured_is_one_line_exit_130_and_no_file(script, argv, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """A fresh results folder: the ceiling is measured before any file is made, so Ctrl-C leaves none."""
+    monkeypatch.delenv(common.CEILINGS_ENV)
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "measure_ceiling", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        script.main([*argv, "--in-process", "--quiet", "--results-dir", str(tmp_path / "results")])
+    assert stop.value.code == 130 and capsys.readouterr().err.splitlines() == [INTERRUPTED]
+    assert not (tmp_path / "results").exists()
+
+
+# in every Python started with this folder on PYTHONPATH, the fork server's too: a calibration that lasts until the
+# test's Ctrl-C, announced once it has begun
+CALIBRATING = """
+import sys, time
+import common
+
+def calibrating(*args):
+    print("calibrating", file=sys.stderr, flush=True)
+    time.sleep(600)
+
+common.measure_ceiling = calibrating
+"""
+
+
+def test_ctrl_c_while_a_child_measures_the_ceiling(tmp_path):
+    """SIGINT to the process group, as a terminal's Ctrl-C, while the fork server's child measures the ceiling."""
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(CALIBRATING)
+    env = {**{k: v for k, v in os.environ.items() if k != common.CEILINGS_ENV},
+           "PYTHONPATH": os.pathsep.join([str(tmp_path / "hook"), str(HERE)])}
+    cmd = [sys.executable, str(HERE / "bench_e2e.py"), *SMALL, "--results-dir", str(tmp_path / "results")]
+    # a suite started as a background job ignores SIGINT, and a child would inherit that: give it the default
+    proc = subprocess.Popen(cmd, cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    said = []
+    for line in proc.stderr:
+        said.append(line.rstrip("\n"))
+        if line == "calibrating\n":
+            os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode == 130 and said[1:] == ["calibrating", INTERRUPTED], said
+    assert said[0].startswith("measuring this machine's ceiling") and not (tmp_path / "results").exists()
+
+
+def test_quiet_says_nothing_of_the_ceiling_and_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    """--quiet --plot on a fresh results folder whose disk is full but for the records: the ceiling measured and
+    not saved, the figures not drawn, in one line."""
+    monkeypatch.delenv(common.CEILINGS_ENV)
+    monkeypatch.setattr(common, "CALIBRATION", TINY_CALIBRATION)
+    import matplotlib.figure
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full)
+    monkeypatch.setattr(common, "replace_text", full)  # ceilings.json
+    code, records = run_main(tmp_path, "--in-process", "--quiet", "--plot")
+    err = capsys.readouterr().err
+    assert code == 1 and records[0]["floors"]["roofs"]["ceiling"] == "measured"
+    (line,) = err.splitlines()
+    assert line.startswith("error: figure ") and line.endswith(" not drawn: No space left on device"), err
+    assert not (tmp_path / "ceilings.json").exists()
+
+
+def test_a_ceiling_measured_under_load_is_measured_again_once_a_phase_beats_its_floor(tmp_path, monkeypatch, capsys):
+    """A cached ceiling far below the machine's (measured under load): the first row beats its floors, so the ceiling
+    is measured again (once) and the next row divides by the better one, which the file keeps."""
+    path, cpu = tmp_path / "ceilings.json", torch.device("cpu")
+    monkeypatch.setenv(common.CEILINGS_ENV, str(path))
+    monkeypatch.setattr(common, "CALIBRATION", TINY_CALIBRATION)
+    key = f"{socket.gethostname()} | {common.device_name(cpu)} | torch {torch.__version__}"
+    low = {"matmul_tflops": {"fp32": 1e-9, "bf16": 1e-9, "fp16": 1e-9}, "matmul_n": {"fp32": 64, "bf16": 64,
+           "fp16": 64}, "copy_gbs": 1e-9, "copy_bytes": 2**20, "loadavg_1m": 40.0}
+    path.write_text(json.dumps({key: low}))
+    code, (first, second) = run_main(tmp_path, "--in-process", "--context-length", "16", "32")
+    assert code == 0 and first["floors"]["phases"]["forward"]["of_floor"] > 1
+    assert first["floors"]["roofs"]["measured"] == {"tflops": 1e-9, "gbs": 1e-9, "loadavg_1m": 40.0}
+    saved = json.loads(path.read_text())[key]
+    assert saved["matmul_tflops"]["fp32"] > 1e-6 and saved["copy_gbs"] > 1e-6 and saved["loadavg_1m"] != 40.0
+    assert second["floors"]["roofs"]["measured"]["tflops"] == saved["matmul_tflops"]["fp32"]
+    err = capsys.readouterr().err
+    assert err.count("measuring this machine's ceiling") == 1 and "beat its floor" in err
 
 
 # ---- the longest context ----

@@ -275,12 +275,12 @@ def test_memory_bandwidth_matches_real_device_names_and_covers_the_peak_table():
 
 
 def test_roofs_are_the_datasheets_where_they_name_the_gpu_else_measured():
-    measured = {"matmul_tflops": {"fp32": 0.05, "bf16": 0.01}, "copy_gbs": 20.0}
+    measured = {"matmul_tflops": {"fp32": 0.05, "bf16": 0.01}, "copy_gbs": 20.0, "loadavg_1m": 0.5}
     cpu = common.roofs({"device": "cpu", "device_name": "AMD EPYC"}, "bf16", measured)
     assert (cpu["tflops"], cpu["gbs"], cpu["ceiling"], cpu["datasheet"]) == (0.01, 20.0, "measured", None)
     h100 = common.roofs({"device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"}, "bf16", measured)
     assert (h100["tflops"], h100["gbs"], h100["ceiling"]) == (989.4, 3350.0, "datasheet")
-    assert h100["measured"] == {"tflops": 0.01, "gbs": 20.0}  # kept: the roofline draws both
+    assert h100["measured"] == {"tflops": 0.01, "gbs": 20.0, "loadavg_1m": 0.5}  # kept: the roofline draws both
     gh200 = common.roofs({"device": "cuda:0", "device_name": "NVIDIA GH200 480GB"}, "tf32", measured, 100.0)
     assert (gh200["tflops"], gh200["gbs"]) == (100.0, 20.0)  # --peak-tflops; no single bandwidth figure
     assert gh200["ceiling"] == "--peak-tflops FLOP/s, measured GB/s"
@@ -310,6 +310,38 @@ def test_measured_ceiling_runs_in_seconds_then_comes_from_its_cache(tmp_path, mo
     (other / common.CEILINGS_FILE).write_text("[1, 2]")  # not a ceilings file: measured, left as it was
     assert not common.machine_ceiling(torch.device("cpu"), str(other), calibration=tiny)["cached"]
     assert (other / common.CEILINGS_FILE).read_text() == "[1, 2]"
+
+
+def test_a_ceiling_measured_under_load_never_lowers_the_saved_one(tmp_path, monkeypatch, capsys):
+    """Figure by figure the best seen is kept, with the load it was measured at: a loaded machine's measurement (a
+    hundred times lower) changes nothing; one higher figure is kept beside the others, said with its load."""
+    monkeypatch.delenv(common.CEILINGS_ENV)
+    cpu = torch.device("cpu")
+
+    def measured(fp32, bf16, gbs, load):
+        return lambda *args: {"matmul_tflops": {"fp32": fp32, "bf16": bf16}, "matmul_n": {"fp32": 512, "bf16": 256},
+                              "copy_gbs": gbs, "copy_bytes": 2**28, "loadavg_1m": load, "seconds": 3.0}
+
+    monkeypatch.setattr(common, "measure_ceiling", measured(0.04, 0.02, 10.0, 0.3))
+    idle = common.machine_ceiling(cpu, str(tmp_path))
+    monkeypatch.setattr(common, "measure_ceiling", measured(0.0004, 0.0002, 0.1, 9.5))
+    loaded = common.machine_ceiling(cpu, str(tmp_path), recalibrate=True)
+    assert (loaded["matmul_tflops"], loaded["copy_gbs"], loaded["loadavg_1m"]) == ({"fp32": 0.04, "bf16": 0.02}, 10.0,
+                                                                                  0.3)
+    monkeypatch.setattr(common, "measure_ceiling", measured(0.08, 0.001, 5.0, 2.0))
+    better = common.machine_ceiling(cpu, str(tmp_path), recalibrate=True)
+    assert (better["matmul_tflops"], better["matmul_n"], better["copy_gbs"]) == (
+        {"fp32": 0.08, "bf16": 0.02}, {"fp32": 512, "bf16": 256}, 10.0)
+    assert better["loadavg_1m"] == 2.0  # the higher load of the two measurements it keeps figures of
+    (saved,) = json.loads((tmp_path / common.CEILINGS_FILE).read_text()).values()
+    assert {k: saved[k] for k in ("matmul_tflops", "copy_gbs", "loadavg_1m")} == {
+        "matmul_tflops": {"fp32": 0.08, "bf16": 0.02}, "copy_gbs": 10.0, "loadavg_1m": 2.0}
+    assert common.machine_ceiling(cpu, str(tmp_path))["cached"] and not idle["cached"]
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1] == ("measured in 3.0 s: fp32 0.08 TFLOP/s, bf16 0.001 TFLOP/s, copy 5 GB/s at load 2.0; kept, "
+                         "the best seen: fp32 0.08 TFLOP/s, bf16 0.02 TFLOP/s, copy 10 GB/s at load 2.0")
+    roofs = common.roofs({"device": "cpu"}, "bf16", better)
+    assert roofs["measured"] == {"tflops": 0.02, "gbs": 10.0, "loadavg_1m": 2.0}
 
 
 def test_result_files_never_overwrite(tmp_path):

@@ -258,7 +258,7 @@ def test_reports_are_reused_replaced_with_force_and_kept_when_made_with_other_ar
     report = fake["folder"] / "tiny_ctx64_forward"
     made_with = Path(f"{report}.args").read_text()
     status, _, err = fake["run"]("tiny", "64", "forward", "--", "--steps", "3")
-    assert status == 1 and "not made by a complete run with these arguments" in err and "--force" in err
+    assert status == 1 and "made with other arguments" in err and "--force" in err
     assert len(err.strip().splitlines()) == 1, err  # one configuration refused: one line
     assert len(profiled_reports(fake)) == 2 and Path(f"{report}.args").read_text() == made_with
     assert fake["run"]("--force", "tiny", "64", "forward", "--", "--steps", "3")[0] == 0
@@ -357,14 +357,49 @@ def test_an_earlier_profile_is_replaced_only_once_the_new_one_exists_and_an_orph
     assert fake["run"]("--force", "tiny", "64", FAKE_NSYS_APP_STATUS="7")[0] == 7
     assert {p.name: p.read_bytes() for p in fake["folder"].iterdir()} == earlier  # no staging folder left either
     # a wrapper killed with -9 after nsys wrote the report: the .args of an older layout, or a marker for another
-    # report, never makes it "made with the same arguments"
+    # report, never makes it ours: it is kept, and the profile takes the next name
     report, args = fake["folder"] / "tiny_ctx64_train.nsys-rep", fake["folder"] / "tiny_ctx64_train.args"
     args.write_text(args.read_text().splitlines()[0] + "\n")
     status, _, err = fake["run"]("tiny", "64")
-    assert status == 1 and "not made by a complete run with these arguments" in err
+    assert status == 0 and "not made by nsys_run.sh" in err and profiled_reports(fake)[3:] == ["tiny_ctx64_train-2"]
     args.write_bytes(earlier["tiny_ctx64_train.args"])
     report.write_bytes(report.read_bytes() + b"more than the complete one held")
-    assert fake["run"]("tiny", "64")[0] == 1 and len(profiled_reports(fake)) == 3
+    status, _, err = fake["run"]("tiny", "64")
+    assert status == 0 and "reusing" in err and "tiny_ctx64_train-2" in err and len(profiled_reports(fake)) == 4
+    assert (fake["folder"] / "tiny_ctx64_train.md").read_bytes() == earlier["tiny_ctx64_train.md"]
+
+
+def test_a_students_files_at_a_reports_name_are_kept_and_the_profile_takes_the_next_name(fake: dict, monkeypatch):
+    """Files nsys_run.sh did not make (no completion marker names a report beside them), there before the sweep or
+    made during it, are never replaced, with --force too: the profile is <name>-2, said in one line, and reused
+    under that name."""
+    fake["folder"].mkdir(parents=True)
+    mine = {"tiny_ctx16_train.sqlite": b"my own export", "tiny_ctx16_train.md": b"# my notes\n",
+            "tiny_ctx16_train.args": b"my arguments\n"}
+    for name, data in mine.items():
+        (fake["folder"] / name).write_bytes(data)
+    profile = runner.run_under_nsys
+
+    def a_students_file_meanwhile(config: runner.NsysConfig, *args) -> int:
+        (fake["folder"] / "tiny_ctx32_train.md").write_bytes(b"written during the sweep\n")
+        return profile(config, *args)
+
+    monkeypatch.setattr(runner, "run_under_nsys", a_students_file_meanwhile)
+    status, out, err = fake["run"]("--size", "tiny", "--context-length", "16", "32", "--mode", "train")
+    monkeypatch.setattr(runner, "run_under_nsys", profile)
+    mine["tiny_ctx32_train.md"] = b"written during the sweep\n"
+    assert status == 0, err
+    assert profiled_reports(fake) == ["tiny_ctx16_train-2", "tiny_ctx32_train-2"]
+    (note,) = [line for line in err.splitlines() if "tiny_ctx16" in line and "profiling" not in line]
+    assert "tiny_ctx16_train.sqlite" in note and "not made by nsys_run.sh" in note and note.endswith(
+        f"this profile is {fake['folder'] / 'tiny_ctx16_train-2'}")
+    assert (fake["folder"] / "tiny_ctx16_train-2.md").read_text().startswith("device: ")
+    assert [(row["size"], row["context_length"]) for row in summaries(fake)[0]] == [("tiny", 16), ("tiny", 32)]
+    status, out, _ = fake["run"]("--dry-run", "tiny", "16")
+    assert status == 0 and "-> " + str(fake["folder"] / "tiny_ctx16_train-2") + ": reuse" in out
+    assert fake["run"]("--force", "tiny", "16")[0] == 0
+    assert profiled_reports(fake)[2:] == ["tiny_ctx16_train-2"]
+    assert {name: (fake["folder"] / name).read_bytes() for name in mine} == mine
 
 
 def test_an_interrupted_sweep_keeps_the_summary_of_the_reports_made(fake: dict, monkeypatch):
