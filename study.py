@@ -712,7 +712,9 @@ def ddp_fact(key, r, name) -> str:
         after = max(ranks, key=lambda points: points["after optimizer step"]["total"])["after optimizer step"]
         line = (f"{name}: optimizer state {after['optimizer_state'] / 1e6:.2f} MB, in all {after['total'] / 1e6:.2f} "
                 f"MB after the step on the largest rank (expected "
-                f"{r['expected_bytes_per_param']['after optimizer step']:g} bytes per parameter)")
+                f"{r['expected_bytes_per_param']['after optimizer step']:g} bytes per parameter); peak "
+                + (f"{after['peak_mem_allocated_bytes'] / 1e6:.2f} MB" if "peak_mem_allocated_bytes" in after
+                   else "not measured on this machine (needs CUDA)"))
     elif key == "fsdp_accounting" and r.get("memory"):
         state = max(p["params"] + p["grads"] + p["optimizer_state"] for p in r["memory"])
         slacks = [x["slack_ms"] for rank in r.get("layers") or [] for x in rank if x["slack_ms"] is not None]

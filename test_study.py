@@ -495,6 +495,18 @@ def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
         "optimizer state on the largest rank, 1.00x the prediction; a layer's compute waited 0.250 ms for its all-gather"]
     assert study.facts_for("fsdp_accounting", [{**fsdp, "variant": "fsdp2"}, stub])[0] == (
         "fsdp (yours): not implemented yet: write get_fsdp")
+    # the sharded optimizer's state on the largest rank; a peak only where one was measured (CUDA)
+    point = {"optimizer_state": 1_000_000, "total": 3_000_000}
+    sharded = {"experiment": "bench_ddp", "kind": "memory", "variant": "sharded", "status": "ok",
+               "expected_bytes_per_param": {"after optimizer step": 12}, "unmeasured": "peak memory (needs CUDA)",
+               "ranks": [{"after optimizer step": point}, {"after optimizer step": {**point, "total": 3_500_000}}]}
+    on_cuda = {**sharded, "ranks": [{"after optimizer step": {**point, "peak_mem_allocated_bytes": 4_250_000}}]}
+    del on_cuda["unmeasured"]
+    assert study.facts_for("optimizer_state_sharding_accounting", [sharded, on_cuda]) == [
+        "sharded (yours): optimizer state 1.00 MB, in all 3.50 MB after the step on the largest rank (expected 12 "
+        "bytes per parameter); peak not measured on this machine (needs CUDA)",
+        "sharded (yours): optimizer state 1.00 MB, in all 3.00 MB after the step on the largest rank (expected 12 "
+        "bytes per parameter); peak 4.25 MB"]
 
 
 def test_collectives_run_on_nccl_with_two_gpus_and_on_gloo_at_small_sizes_otherwise():
