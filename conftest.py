@@ -7,6 +7,27 @@ import torch
 import common
 import results
 
+
+
+def pytest_configure(config):
+    """Under pytest-xdist the workers share the cores: each worker's torch, and every process it starts (children
+    inherit OMP_NUM_THREADS), takes its share of threads, so two workers on two cores do not oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The tests of a module that share its costly fixture (one spawn, one nsys run, read by several tests) go to
+    one xdist worker (--dist loadgroup), so that fixture runs once."""
+    for item in items:
+        if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 TINY_CALIBRATION = {"budget_s": 0.05, "max_matmul": {"cpu": 64, "cuda": 256},
                     "copy_bytes": {"cpu": 2**20, "cuda": 2**20}}
 

@@ -300,8 +300,7 @@ def build_plan(args, machine) -> list:
             "--size", two[0], *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
             *lm], 1, 20.0 if cpu else 40.0) for mode in ("forward", "train")]
 
-    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1,
-                                                             3)]
+    plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1, 3)]
     plan["benchmarking_mixed_precision_ab"].commands = [Command("toy_autocast", "toy_autocast.py", dev, 1, 3)]
     plan["benchmarking_mixed_precision_c"].commands = per_size(
         "bf16", [*ctx, *steps, "--dtype", "fp32", "bf16", *plot], configs=2)
@@ -364,8 +363,9 @@ def build_plan(args, machine) -> list:
     grid = ["--seq-len", "64", "128", "--batch-size", "1"] if cpu else ["--seq-len", "256", "1024"]
     grid, ds, seqs = (grid, [16], 2) if small else ([], [16, 32, 64, 128], 5)
     plan["pytorch_attention"].commands = per_d("attention", ["--impl", "naive", *grid], 5.0, seqs)
-    plan["torch_compile_a"].commands = per_d("compiled", ["--impl", "naive", "compiled", *grid], 20.0,
-                                             2 * seqs)
+    one_seq = ["--seq-len", grid[1], *grid[3:]] if quick and grid else grid  # --quick: each length compiles anew
+    plan["torch_compile_a"].commands = per_d("compiled", ["--impl", "naive", "compiled", *one_seq], 20.0,
+                                             2 * (1 if quick else seqs))
     plan["torch_compile_b"].commands = per_size(
         "compile", [*ctx, *steps, "--compile", "off", "on", *plot], 40.0, 2)
     flash_grid = ["--seq-len", "64", "128"] if cpu else ["--seq-len", "128", "256"] if quick else []
@@ -901,7 +901,7 @@ def writeup(study, plan, machine, args) -> str:
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
              f"{'64' if args.quick else '128'} at batch {results.DEFAULT_BATCH_SIZE}"
              + ", checkpointing at context 256" * any(p.key == "gradient_checkpointing" for p in plan)
-             + "; attention d 16 at sequences 64-128, batch 1)"
+             + f"; attention d 16 at sequences 64-128{' (compiled: 64)' if args.quick else ''}, batch 1)"
              if machine["device"] == "cpu" else
              f"on {machine['name']} ({machine['free_bytes'] / results.GIB:.1f} GiB free), sized to its memory")
     ran = sorted({2 if p.key in PART_TWO else 1 for p in plan for c in p.commands if c.name in study.ledger}) or [1, 2]

@@ -347,12 +347,13 @@ def test_sharded_optimizer_memory_at_three_points_with_its_breakdown(ddp_run):
     assert "### Optimizer state sharding" in result.stdout and "after optimizer step" in result.stdout
 
 
-def test_report_re_renders_the_run(ddp_run):
+def test_report_re_renders_the_run(ddp_run, tmp_path, capsys):
     result, _, jsonl = ddp_run
-    again = subprocess.run([sys.executable, str(HERE / "report.py"), str(jsonl)], capture_output=True, text=True)
-    assert again.returncode == 0 and "left out" not in again.stderr, again.stderr
+    assert report.main([str(jsonl), "--results-dir", str(tmp_path)]) == 0  # its files in tmp_path, not the checkout
+    out, err = capsys.readouterr()
+    assert "left out" not in err, err
     tables = result.stdout[result.stdout.index("| variant"):result.stdout.index("\nwrote ")].strip()
-    assert tables in again.stdout  # the sharding tables too: every record of the run renders
+    assert tables in out  # the sharding tables too: every record of the run renders
 
 
 def test_a_wrong_row_names_the_rank_furthest_off_and_a_failure_outranks_it():

@@ -231,32 +231,26 @@ def test_a_child_stops_quietly_when_its_parent_is_killed(tmp_path):
 IMPOSTOR = "open({marker!r}, 'a').write(__name__ + ' ')\nraise SystemExit('impostor')\n"
 
 
-def test_modules_in_the_working_directory_never_replace_ours(tmp_path):
+def test_a_students_folder_replaces_none_of_ours_and_a_closed_stdout_loses_no_rows(tmp_path):
     """A student's folder holding files named as ours: every process (this one, the fork server, the children)
-    uses ours; their code is imported only where --model names it, from that folder."""
+    uses ours; their code is imported only where --model names it, from that folder. The same run with its stdout
+    closed, as `... | head -0` does: every print from then on meets a closed pipe, and no row is lost."""
     student, marker = tmp_path / "student", tmp_path / "imported"
     student.mkdir()
     for name in ("common", "model", "model_config", "optim", "runner", "sweep", "results", "stats", "parallel",
                  "cli", "search", "report"):
         (student / f"{name}.py").write_text(IMPOSTOR.format(marker=str(marker)))
     (student / "my_lm.py").write_text("from test_faults_helper import sleep999 as make\n")
-    proc = start(tmp_path, "--context-length", "8", "--model", "ours", "mine=my_lm:make", cwd=student,
+    proc = start(tmp_path, "--context-length", "8", "16", "--model", "ours", "mine=my_lm:make", cwd=student,
                  stdout=subprocess.PIPE)
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    assert not marker.exists(), marker.read_text()
-    assert [r["status"] in ("ok", "noisy") for r in read_records(tmp_path / "e2e" / "s.jsonl")] == [True, True], err
-
-
-def test_a_closed_stdout_loses_no_rows(tmp_path):
-    proc = start(tmp_path, "--context-length", "8", "16", stdout=subprocess.PIPE)
-    proc.stdout.close()  # as `... | head -0` does: every print from now on meets a closed pipe
+    proc.stdout.close()
     err = proc.stderr.read()
-    assert proc.wait(timeout=120) == 0, err
+    assert proc.wait(timeout=300) == 0, err
     assert "Traceback" not in err and "stdout was closed" in err
-    assert len(read_records(tmp_path / "e2e" / "s.jsonl")) == 2
+    assert not marker.exists(), marker.read_text()
+    assert [r["status"] in ("ok", "noisy") for r in read_records(tmp_path / "e2e" / "s.jsonl")] == [True] * 4, err
     main_table = (tmp_path / "e2e" / "s.md").read_text().split("## Floors")[0]
-    assert main_table.count("| tiny ") == 1 + 2  # config row, two result rows
+    assert main_table.count("| tiny ") == 1 + 4  # config row, four result rows
 
 
 def assert_complete(records, experiment):
@@ -395,8 +389,10 @@ def two_phases(seconds):
 def test_the_heartbeat_names_each_phase_from_the_parent(monkeypatch):
     monkeypatch.setattr(runner, "HEARTBEAT_S", 0.1)
     lines = []
+    start = time.monotonic()
     assert runner.run_isolated(two_phases, {"seconds": 0.5}, on_heartbeat=lines.append)["ok"]
-    assert 4 <= len(lines) <= 14, lines  # about one per 0.1 s, never a flood
+    # about one per 0.1 s, never a flood (a loaded machine starts the child later: more lines, as many seconds)
+    assert 4 <= len(lines) <= (time.monotonic() - start) / 0.1 + 1, lines
     assert any(line.startswith("building... ") for line in lines) and lines[-1].startswith(("compiling", "step"))
     runner.phase("outside a sweep: nothing")
 
