@@ -8,7 +8,6 @@ import common
 import results
 
 
-
 def pytest_configure(config):
     """Under pytest-xdist the workers share the cores: each worker's torch, and every process it starts (children
     inherit OMP_NUM_THREADS), takes its share of threads, so two workers on two cores do not oversubscribe them."""
