@@ -152,6 +152,8 @@ def shard_model(model: nn.Module, parallel: str, device: torch.device, fsdp_mixe
         from torch.nn.parallel import DistributedDataParallel
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                        gradient_as_bucket_view=True, **ddp_no_forward_buffer_sync())
+    if why := common.fsdp2_unsupported(device):  # else an AttributeError from deep inside fully_shard
+        raise RuntimeError(why)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
