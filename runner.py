@@ -21,6 +21,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import re
 import shlex
@@ -36,6 +37,7 @@ import traceback
 import uuid
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
 import torch
 
@@ -68,27 +70,69 @@ STOP_POLL_S = 0.2  # how often the parent looks at a running child's time limit,
 _server: list[Any] = []  # the forkserver context, once started
 
 
+def _os_threads() -> int | None:
+    with contextlib.suppress(OSError):
+        return len(os.listdir("/proc/self/task"))
+    return None
+
+
+_THREADS_AT_IMPORT = _os_threads()
+
+
 def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
     """The forkserver context, started on first use with PRELOAD and the modules of `fn` and its arguments:
     children fork from it, with no CUDA context, threads or locks of this process. Its `python -c` would put
-    the working directory first on its path: it starts with PYTHONSAFEPATH, and this folder on PYTHONPATH."""
+    the working directory first on its path: it starts with PYTHONSAFEPATH, and this folder on PYTHONPATH.
+    When one of our scripts is the program and no thread has started since its imports (so no OpenMP pool,
+    whose state a fork would break, and no CUDA), the server is this process forked instead: the same server,
+    without importing torch a second time (seconds of every run)."""
     if not _server:
         ctx = multiprocessing.get_context("forkserver")
         modules = [getattr(f, "func", f).__module__ for f in (fn, *kwargs.values()) if callable(f)]
-        ctx.set_forkserver_preload(list(dict.fromkeys(PRELOAD + modules)))
+        preload = list(dict.fromkeys(PRELOAD + modules))
+        ctx.set_forkserver_preload(preload)
+        program = os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or "")
+        fork = (os.path.dirname(program) == HERE and threading.active_count() == 1 and _os_threads() is not None
+                and _os_threads() == _THREADS_AT_IMPORT and not torch.cuda.is_initialized())
         saved = dict(os.environ)
         paths = [HERE, saved["PYTHONPATH"]] if saved.get("PYTHONPATH") else [HERE]
         os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(paths))
         # Ctrl-C reaches the whole process group, but only the parent acts on it (it stops the children): the
         # server starts with SIGINT ignored, which exec and fork keep, so no traceback mid-import or mid-fork
         try:
-            with results.handling_signal(signal.SIGINT, signal.SIG_IGN):
+            with results.handling_signal(signal.SIGINT, signal.SIG_IGN), contextlib.ExitStack() as stack:
+                if fork:  # the resource tracker, which the server starts with the same call, started apart
+                    multiprocessing.resource_tracker.ensure_running()
+                    stack.enter_context(mock.patch.object(multiprocessing.util, "spawnv_passfds",
+                                                          functools.partial(_forked_server, preload)))
                 multiprocessing.forkserver.ensure_running()
         finally:
             os.environ.clear()
             os.environ.update(saved)
         _server.append(ctx)
     return _server[0]
+
+
+def _forked_server(preload: list[str], path: str, args: list[str], passfds: list[int]) -> int:
+    """multiprocessing's `spawnv_passfds(path, args, passfds)` for its fork server, forking this process instead
+    of starting `path`: the child runs the same server loop, multiprocessing.forkserver.main."""
+    sys.stdout.flush()  # a child's exit flushes what its copy of the buffers holds: printed once, here
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        listener, alive_r = passfds
+        alive = os.fstat(alive_r)
+        for fd in map(int, os.listdir("/proc/self/fd")):  # the alive pipe's other end: our exit at its EOF
+            with contextlib.suppress(OSError):
+                if fd != alive_r and (os.fstat(fd).st_ino, os.fstat(fd).st_dev) == (alive.st_ino, alive.st_dev):
+                    os.close(fd)
+        for signum in results.STOP_SIGNALS:  # as a new process has them, not as this one's run handles them
+            signal.signal(signum, signal.SIG_DFL)
+        multiprocessing.forkserver.main(listener, alive_r, preload)
+    finally:
+        os._exit(0)
 
 
 def _child_main(result: Any, lifeline: Any, fn: Callable, kwargs: dict[str, Any], environ: dict[str, str],

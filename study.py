@@ -228,6 +228,9 @@ def build_plan(args, machine) -> list:
     lm = ["--handout", h, *dev, *yours]
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
+    # the tiny size smaller still: --quick's DDP run, and on a CPU its training steps (bf16 has no fast CPU kernels)
+    smaller = ["--d-model", "64", "--d-ff", "128", "--num-layers", "2", "--num-heads", "4", "--vocab-size", "512"]
+    shrunk = smaller if cpu and quick else []  # every size is tiny then
     plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # where a script draws a figure
 
     def fitting(mode):  # a size runs when its predicted state and activations fit in 90% of the free memory
@@ -255,7 +258,7 @@ def build_plan(args, machine) -> list:
     def per_size(prefix, flags, extra_s=0.0, configs=1, drop=100, mode="train"):  # those too big: skipped rows
         fit, big = fitting(mode)
         flags = [*flags, *(["--mode", mode] if mode != "train" else [])]
-        return merged(prefix, [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *flags, *lm], configs,
+        return merged(prefix, [Command(f"{prefix}_{s}", "bench_e2e.py", ["--size", s, *shrunk, *flags, *lm], configs,
                                        cost(s, extra_s), drop=drop + 10 * i if i else 0, skipped=big.get(s))
                                for i, s in enumerate([*fit, *big])])
 
@@ -297,7 +300,7 @@ def build_plan(args, machine) -> list:
                                          "instead.")
         n.unmeasured = "Nsight Systems profiles (need nsys and a GPU)"
         n.commands = [Command(f"profile_{mode}", "bench_e2e.py", [
-            "--size", two[0], *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
+            "--size", two[0], *shrunk, *(ctx or ["--context-length", "256"]), "--mode", mode, "--profile", *steps,
             *lm], 1, 20.0 if cpu else 40.0) for mode in ("forward", "train")]
 
     plan["mixed_precision_accumulation"].commands = [Command("precision_demo", "precision_demo.py", plot, 1, 3)]
@@ -399,8 +402,7 @@ def build_plan(args, machine) -> list:
     nccl = machine.get("gpus", 0) >= 2
     ddp_shape = (["--size", "xl" if "xl" in sizes else sizes[-1], "--context-length", "512"] if nccl and not quick
                  else ["--size", "tiny", "--context-length", "64"] if not quick else  # tiny, smaller still
-                 ["--size", "tiny", "--context-length", "16", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
-                  "--num-heads", "4", "--vocab-size", "512"])
+                 ["--size", "tiny", "--context-length", "16", *smaller])
     ddp_quick = ["--check-steps", "1", "--warmup", "0", "--steps", "2", "--profile-steps", "1"] if quick else []
     buckets = ["--bucket-mb", "1"] if quick else []
     theirs = ["--adapters", args.adapters] if args.adapters else []
@@ -900,6 +902,7 @@ def writeup(study, plan, machine, args) -> str:
     """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
              f"{'64' if args.quick else '128'} at batch {results.DEFAULT_BATCH_SIZE}"
+             + ("; bench_e2e.py's training steps at d_model 64, 2 layers, vocabulary 512" if args.quick else "")
              + ", checkpointing at context 256" * any(p.key == "gradient_checkpointing" for p in plan)
              + f"; attention d 16 at sequences 64-128{' (compiled: 64)' if args.quick else ''}, batch 1)"
              if machine["device"] == "cpu" else

@@ -156,12 +156,15 @@ def test_a_failing_rank_is_its_row_and_the_others_run(failing_rank_run):
     tmp, code, out, err = failing_rank_run
     assert code == 0, err[-3000:]
     records = read_records(tmp / "results" / "comm" / "run.jsonl")
-    assert [(r["config"]["op"], r["config"]["size_mb"]) for r in records] == [
-        (op, size) for op in ("reduce_scatter_tensor", "all_reduce") for size in (0.01, 0.1, 0.2)]
-    assert records[-1]["status"] == "error on rank 1: RuntimeError: injected failure"
+    # rank 1's failure can reach the parent before rank 0's answer for the row before it: that row then runs
+    # again in the ranks started afresh, after the failed one
+    assert sorted((r["config"]["op"], r["config"]["size_mb"]) for r in records) == sorted(
+        (op, size) for op in ("reduce_scatter_tensor", "all_reduce") for size in (0.01, 0.1, 0.2))
+    (failed,) = [r for r in records if r["status"] != "ok"]
+    assert failed["status"] == "error on rank 1: RuntimeError: injected failure"
+    assert (failed["config"]["op"], failed["config"]["size_mb"]) == ("all_reduce", 0.2)
     assert "error on rank 1: RuntimeError: injected failure" in out  # the row in the table
-    assert [r["status"] for r in records[:-1]] == ["ok"] * 5
-    for r in records[:-1]:
+    for r in (r for r in records if r is not failed):
         n, op = r["config"]["world_size"], r["config"]["op"]
         assert len(r["rank_ms"]) == 2 and all(len(samples) == 3 for samples in r["rank_ms"])  # every rank's
         median_s = statistics.median([ms for samples in r["rank_ms"] for ms in samples]) / 1e3

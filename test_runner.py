@@ -39,9 +39,10 @@ def returns_config(n):
 
 
 def server_threads():
-    """The OS threads of this child's parent, the fork server (Linux: /proc)."""
-    with open(f"/proc/{os.getppid()}/status") as f:
-        return {"threads": next(int(line.split()[1]) for line in f if line.startswith("Threads:"))}
+    """The OS threads of this child's parent, the fork server, and its command line (Linux: /proc)."""
+    with open(f"/proc/{os.getppid()}/status") as f, open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
+        return {"threads": next(int(line.split()[1]) for line in f if line.startswith("Threads:")),
+                "cmdline": cmdline.read().decode(errors="replace")}
 
 
 def fails(kind):
@@ -107,6 +108,8 @@ def test_the_fork_server_is_single_threaded_when_it_forks():
     starts one thread, OpenBLAS's, which its own fork handler joins before every fork: nothing else may run."""
     answer = runner.run_isolated(server_threads, {})
     assert answer["ok"] and answer["value"]["threads"] == 1, answer
+    # pytest is the program here, not one of our scripts: multiprocessing's own server, started afresh
+    assert "from multiprocessing.forkserver import main" in answer["value"]["cmdline"], answer
 
 
 def test_the_fork_server_preload_never_asks_cuda_anything():
@@ -218,12 +221,22 @@ def test_sigterm_mid_sweep_keeps_finished_rows_in_both_files_and_stops_the_child
     assert "step ms" in (tmp_path / "e2e" / "s.md").read_text()
 
 
+def parent_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().split(") ")[1].split()[1])
+
+
 def test_a_child_stops_quietly_when_its_parent_is_killed(tmp_path):
+    """The script's fork server is the script itself, forked (no second torch import): both go with it."""
     proc = start(tmp_path, "--context-length", "8", model="hang8", stdout=subprocess.DEVNULL)
     pid = hung_pid(read_until(proc.stderr, "hanging in pid"))
+    server = parent_of(pid)
+    with open(f"/proc/{server}/cmdline", "rb") as f:
+        assert parent_of(server) == proc.pid and b"bench_e2e.py" in f.read()
     proc.kill()  # SIGKILL: no handler runs in the parent
     proc.wait(timeout=30)
     assert gone(pid), "the child outlived its parent"
+    assert gone(server), "the fork server outlived its parent"
     rest = proc.stderr.read()  # EOF once every process holding stderr has exited
     assert "Traceback" not in rest and "BrokenPipeError" not in rest
 
