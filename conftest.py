@@ -10,12 +10,11 @@ import results
 
 def pytest_configure(config):
     """Under pytest-xdist the workers share the cores: each worker's torch, and every process it starts (children
-    inherit OMP_NUM_THREADS), takes its share of threads, so two workers on two cores do not oversubscribe them;
-    torch.compile too (its pool of compile processes, each a torch import of its own, compiles on the shared cores)."""
+    inherit OMP_NUM_THREADS), takes its share of threads, so that the workers do not oversubscribe the cores."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
-        os.environ["OMP_NUM_THREADS"] = os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
         torch.set_num_threads(threads)
 
 
