@@ -91,9 +91,9 @@ def _fork_server(fn: Callable, kwargs: dict[str, Any]) -> Any:
         modules = [getattr(f, "func", f).__module__ for f in (fn, *kwargs.values()) if callable(f)]
         preload = list(dict.fromkeys(PRELOAD + modules))
         ctx.set_forkserver_preload(preload)
-        program = os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or "")
-        fork = (os.path.dirname(program) == HERE and threading.active_count() == 1 and _os_threads() is not None
-                and _os_threads() == _THREADS_AT_IMPORT and not torch.cuda.is_initialized())
+        program, threads = os.path.abspath(getattr(sys.modules["__main__"], "__file__", None) or ""), _os_threads()
+        fork = (os.path.dirname(program) == HERE and threading.active_count() == 1 and threads is not None
+                and threads == _THREADS_AT_IMPORT and not torch.cuda.is_initialized())
         saved = dict(os.environ)
         paths = [HERE, saved["PYTHONPATH"]] if saved.get("PYTHONPATH") else [HERE]
         os.environ.update(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(paths))
