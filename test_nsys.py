@@ -14,6 +14,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -569,13 +570,18 @@ def test_the_capture_holds_the_measured_steps_and_no_warmup(profiled: dict):
 
 def test_real_nvtx_ranges_make_the_phase_table_beside_the_stopwatch(profiled: dict):
     report = profiled["report"]
-    tables = kt.build_tables(kt.load_nsys(f"{report}.sqlite"),
-                             kt.stopwatch_ms(read_records(f"{report}_e2e.jsonl")[0]))
+    profile, (record,) = kt.load_nsys(f"{report}.sqlite"), read_records(f"{report}_e2e.jsonl")
+    tables = kt.build_tables(profile, kt.stopwatch_ms(record))
     phases = {row["phase"]: row for row in tables["phases"]}
     assert list(phases) == ["forward", "backward", "optimizer", "step"] and tables["steps"] == STEPS
     for name, row in phases.items():
-        if name != "step":  # the NVTX range and the stopwatch time the same interval
-            assert row["agrees"] == "yes", row
+        if name != "step":  # each NVTX range holds its stopwatch's interval, and the verdict follows the ratio
+            ranges_ms = [r.duration_ns / 1e6 for r in sorted(profile.ranges, key=lambda r: r.start_ns)
+                         if r.name == name]
+            assert all(r >= 0.999 * s for r, s in zip(ranges_ms, record[f"{name}_ms"], strict=True)), name
+            # one step preempted between the push and the clock can pass 10% on a loaded machine; not the median
+            assert abs(statistics.median(ranges_ms) / statistics.median(record[f"{name}_ms"]) - 1) < kt.AGREEMENT
+            assert row["agrees"] == ("yes" if abs(row["ratio"] - 1) <= kt.AGREEMENT else "NO"), row
         else:  # the measured region over the steps also holds what runs between them: only ever longer
             assert 0.95 < row["ratio"] < 2.0 and "step = the measured region" in tables["ranges_used"], row
     md = Path(f"{report}.md").read_text()
