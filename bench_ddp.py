@@ -80,9 +80,7 @@ NOT_WRITTEN = "not implemented yet"  # a row's status: the course ships each ada
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "tiny")
-    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
-                       ("--num-heads", "the number of heads"), ("--vocab-size", "the vocabulary")):
-        p.add_argument(flag, type=results.positive_int, default=None, help=f"override the preset's {what}")
+    results.add_shape_args(p, "override the preset's {}")
     p.add_argument("--context-length", type=results.positive_int, default=None, help="default: the preset's")
     p.add_argument("--batch-size", type=results.positive_int, default=None,
                    help="the whole batch, split over the ranks (default: 2 sequences per rank)")
@@ -128,8 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     results.handout_or_exit(p, args)
     size = results.sizes_or_exit(p, args, args.size or ["tiny"])
     results.refuse(p, [(len(size) != 1, "one --size at a time")])
-    dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size",
-                                          "context_length") if getattr(args, k)}
+    dims = {k: getattr(args, k) for k in (*results.SHAPE_FLAGS, "context_length")}
     try:
         args.model = results.get_config(size[0], args.handout, **dims)
     except results.ConfigError as exc:

@@ -70,10 +70,7 @@ def context_length_value(text: str) -> int | str:
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[RunConfig]]:
     p = results.ArgParser(description=__doc__.split("\n\n")[0])
     results.add_size_args(p, "tiny, or 'custom' when --d-model, --d-ff, --num-layers and --num-heads are all given")
-    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
-                       ("--num-heads", "the number of heads")):
-        p.add_argument(flag, type=positive_int, help=f"override {what}")
-    p.add_argument("--vocab-size", type=positive_int, default=None, help="vocabulary size (default: 10000)")
+    results.add_shape_args(p, "override the {}", vocab_size="vocabulary size (default: 10000)")
     p.add_argument("--context-length", type=context_length_value, nargs="+", default=None,
                    help="sequence length(s) (default: the handout's, 512 for 2026 and 128 for 2025), or 'max': the "
                         f"longest that runs, trying {SEARCH_START}, {2 * SEARCH_START}, ... until the first failure "

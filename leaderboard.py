@@ -42,8 +42,7 @@ import results
 import runner
 from common import dtype_name, environment, precision_context, resolve_device
 from model import ADAMW_SETTINGS, ATTENTION, build_model, build_optimizer, check_logits, cross_entropy
-from results import (GIB, LEADERBOARD, LEADERBOARD_BATCH, ModelConfig, ResultFiles, finished, positive_float,
-                     positive_int)
+from results import GIB, LEADERBOARD, LEADERBOARD_BATCH, ModelConfig, ResultFiles, finished, positive_float
 from runner import RunConfig, Workload, derive_figures, measure_steps, phase
 
 
@@ -55,10 +54,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, RunCo
     p.add_argument("shape", nargs="?", choices=["auto", "full", "scaled"], default="auto",
                    help="full = the leaderboard's (d_model 4096, 34 layers, vocab 151936, context 32768, batch 2, "
                         "bf16); scaled = a shape a CPU runs in seconds; auto (default): full on CUDA, else scaled")
-    for flag, what in (("--d-model", "d_model"), ("--d-ff", "d_ff"), ("--num-layers", "the number of layers"),
-                       ("--num-heads", "the number of heads"), ("--vocab-size", "the vocabulary size"),
-                       ("--context-length", "the sequence length"), ("--batch-size", "the batch, over all ranks")):
-        p.add_argument(flag, type=positive_int, help=f"change {what} (the header then says the shape is changed)")
+    results.add_shape_args(p, "change the {} (the header then says the shape is changed)",
+                           context_length="sequence length", batch_size="batch, over all ranks")
     common.add_model_args(p, "ours = optim.AdamW; torch = torch.optim.AdamW (fused on CUDA, foreach on CPU)",
                           flops=False)
     model_flag = next(a for a in p._actions if a.dest == "model")
@@ -143,8 +140,7 @@ def leaderboard_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     world_size = parallel.check_parallel_args(parser, args, device)
     full = args.shape == "full" or (args.shape == "auto" and device.type == "cuda")
     args.shape = "full" if full else "scaled"
-    dims = {k: getattr(args, k) for k in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size")}
-    dims["context_length"] = args.context_length
+    dims = {k: getattr(args, k) for k in (*results.SHAPE_FLAGS, "context_length")}
     try:
         cfg = dataclasses.replace(LEADERBOARD if full else SCALED, **{k: v for k, v in dims.items() if v})
     except results.ConfigError as exc:

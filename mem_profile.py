@@ -109,8 +109,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--compile", action="store_true",
                    help="count what torch.compile(block, fullgraph=True) saves for backward, as the 2026 "
                         "handout's §3.2 (real tensors: ~8 GiB at xl, ctx 2048); CUDA's step runs compiled")
-    p.add_argument("--num-heads", type=results.positive_int, default=None,
-                   help="override the preset's heads: §3.2 of the 2026 handout builds the xl block with 16")
+    results.add_shape_args(p, "override the preset's {}",
+                           num_heads="number of heads (§3.2 of the 2026 handout builds the xl block with 16)")
     p.add_argument("--batch-size", type=results.positive_int, default=None,
                    help=f"batch size (default {DEFAULT_BATCH_SIZE}; the handout's with --checkpoint K > 0)")
     p.add_argument("--snapshot", action="store_true", help="CUDA: record the allocator's history over one "
@@ -145,14 +145,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     if any(args.checkpoint) and handout.checkpoint_setup is not None:  # gradient_checkpointing (b)'s setup
         size, batch, *contexts = handout.checkpoint_setup
     sizes = results.sizes_or_exit(p, args, args.size or [size])
-    runs = []
+    runs, shape = [], {flag: getattr(args, flag) for flag in results.SHAPE_FLAGS}
     try:
         for size, ctx, mode, dtype, model, attn, k, optimizer in itertools.product(
                 sizes, args.context_length or contexts, args.mode, args.dtype, args.model,
                 args.attn or ["naive"], args.checkpoint, args.optimizer):
             ours = model == common.OURS  # our attention and checkpointing do not multiply your rows
             runs.append(MemConfig(
-                size, get_config(size, args.handout, context_length=ctx, num_heads=args.num_heads),
+                size, get_config(size, args.handout, context_length=ctx, **shape),
                 args.handout, args.batch_size or batch, args.warmup, args.steps, mode, dtype,
                 attn if ours else "naive", k if ours else 0, args.compile, common.model_factory(model),
                 optimizer if mode == "train" else common.OURS, args.device, args.seed))

@@ -1147,6 +1147,17 @@ def add_size_args(parser: argparse.ArgumentParser, default_help: str) -> None:
     add_handout_arg(parser)
 
 
+SHAPE_FLAGS = {"d_model": "d_model", "d_ff": "d_ff", "num_layers": "number of layers", "num_heads": "number of heads",
+               "vocab_size": "vocabulary size"}
+
+
+def add_shape_args(parser: argparse.ArgumentParser, help_: str, **flags: str) -> None:
+    """--d-model, --d-ff, --num-layers, --num-heads, --vocab-size (and `flags`, by dest: what they change), each
+    a positive integer or None, with help_.format(what)."""
+    for dest, what in {**SHAPE_FLAGS, **flags}.items():
+        parser.add_argument("--" + dest.replace("_", "-"), type=positive_int, default=None, help=help_.format(what))
+
+
 def add_handout_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handout", choices=list(HANDOUTS), default=None,
                         help="which handout's Table 1 the size names and the defaults come from: "

@@ -228,7 +228,8 @@ def build_plan(args, machine) -> list:
     lm = ["--handout", h, *dev, *yours]
     ctx = ["--context-length", "64" if quick else "128"] if cpu else []
     steps = ["--warmup", "1", "--steps", "2"] if quick else []
-    # the tiny size smaller still: --quick's DDP run, and on a CPU its training steps (bf16 has no fast CPU kernels)
+    # the tiny size smaller still: --quick's DDP run, and on a CPU its training steps and memory accounting (bf16
+    # has no fast CPU kernels)
     smaller = ["--d-model", "64", "--d-ff", "128", "--num-layers", "2", "--num-heads", "4", "--vocab-size", "512"]
     shrunk = smaller if cpu and quick else []  # every size is tiny then
     plot = ["--plot"] if importlib.util.find_spec("matplotlib") else []  # where a script draws a figure
@@ -310,7 +311,7 @@ def build_plan(args, machine) -> list:
 
     # memory: the handout's size and contexts are mem_profile.py's defaults (one command per context on a GPU)
     if small:
-        mem_size, mem_ctxs = ["--size", "tiny"], [ctx[1] if ctx else "128"]
+        mem_size, mem_ctxs = ["--size", "tiny", *shrunk], [ctx[1] if ctx else "128"]
     else:
         mem_size = [] if handout.memory_size in sizes else ["--size", sizes[-1]]
         mem_ctxs = [str(c) for c in handout.memory_contexts]
@@ -902,7 +903,7 @@ def writeup(study, plan, machine, args) -> str:
     """A header, then per problem: deliverable, commands, tables, figures, measured facts, empty Answer:."""
     where = ("on a CPU: every problem at the tiny size, with the study's shapes scaled down (context "
              f"{'64' if args.quick else '128'} at batch {results.DEFAULT_BATCH_SIZE}"
-             + ("; bench_e2e.py's training steps at d_model 64, 2 layers, vocabulary 512" if args.quick else "")
+             + ("; training steps and memory tables at d_model 64, 2 layers, vocabulary 512" if args.quick else "")
              + ", checkpointing at context 256" * any(p.key == "gradient_checkpointing" for p in plan)
              + f"; attention d 16 at sequences 64-128{' (compiled: 64)' if args.quick else ''}, batch 1)"
              if machine["device"] == "cpu" else

@@ -25,7 +25,7 @@ import mem_profile
 import report
 from mem_profile import BEFORE_RECORDING, PROJECT_ROOT, MemConfig
 from model import RotaryEmbedding, TransformerBlock, TransformerLM, cross_entropy
-from results import ModelConfig
+from results import TINY, ModelConfig
 from optim import AdamW
 from results import read_records
 
@@ -751,6 +751,7 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
     (["--code-root", "/x"], "--code-root goes with --analyze"),
     (["--columns", "peak"], "valid columns: size, ctx, mode, dtype"),
     (["--size", "xl", "--num-heads", "7"], "num_heads"),
+    (["--d-model", "0"], "--d-model: must be a positive integer"),
     pytest.param(["--device", "cuda"], "CUDA is not available",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
@@ -782,6 +783,10 @@ def test_default_size_and_contexts_are_the_handouts_memory_question(monkeypatch)
     _, runs = mem_profile.parse_args(["--size", "xl", "--num-heads", "16", "--compile", "--handout", "2026",
                                       "--device", "cpu"])
     assert {(r.model.num_heads, r.model.d_model, r.compile) for r in runs} == {(16, 2560, True)}
+    _, runs = mem_profile.parse_args(["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "2",
+                                      "--vocab-size", "512", "--context-length", "32", "--device", "cpu"])
+    assert {dataclasses.astuple(r.model) for r in runs} == {dataclasses.astuple(
+        dataclasses.replace(TINY, d_model=64, d_ff=128, num_layers=2, vocab_size=512, context_length=32))}
 
 
 def test_dry_run_lists_the_plan_and_builds_nothing(tmp_path, capsys, monkeypatch):

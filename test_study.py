@@ -452,14 +452,15 @@ def test_a_problem_of_one_command_draws_its_own_figures():
 
 
 def test_quick_on_a_cpu_runs_the_training_steps_smaller_still():
-    """bf16 has no fast kernels on most CPUs: --quick there checks bench_e2e's paths at d_model 64, in seconds."""
+    """bf16 has no fast kernels on most CPUs: --quick there checks bench_e2e's and mem_profile's paths at d_model
+    64, in seconds (the compiled block keeps §3.2's 16 heads)."""
     gpu = {"device": "cuda", "name": "GPU", "free_bytes": 80e9, "nsys": None,
            "states": study.predicted_states("2026"), "gpus": 1}
     cpu = study.probe_machine("cpu", "2026")
     for machine, argv, smaller in ((cpu, ["--quick"], True), (cpu, [], False), (gpu, ["--quick"], False)):
         commands = [c for p in study.build_plan(study.parse_args(argv), machine) for c in p.commands
-                    if c.script == "bench_e2e.py"]
-        assert len(commands) >= 5 and all(("--d-model 64" in " ".join(c.args)) == smaller for c in commands)
+                    if c.script in ("bench_e2e.py", "mem_profile.py") and c.name != "block_compiled"]
+        assert len(commands) >= 7 and all(("--d-model 64" in " ".join(c.args)) == smaller for c in commands)
 
 
 def test_ddp_problems_run_bench_ddp_once_and_read_its_rows():
