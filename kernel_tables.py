@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import functools
 import gzip
 import itertools
 import json
@@ -315,6 +316,7 @@ _OP_CATEGORIES = {category: frozenset(names.split()) for category, names in {
 }.items()}
 
 
+@functools.cache  # a report repeats a few hundred names thousands of times; the patterns are the cost
 def classify_kernel(name: str) -> str:
     """One of CATEGORIES for a GPU kernel name or a CPU operator name ("aten::mm")."""
     if name.startswith("aten::"):
