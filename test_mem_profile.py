@@ -278,14 +278,15 @@ def prediction(k: int, cfg: ModelConfig = DEEP) -> tuple[dict, dict]:
     return record, record["checkpoint_prediction"]
 
 
-@pytest.mark.parametrize("context", [128, 512])
-def test_the_predicted_peak_matches_the_cpu_allocators_peak_for_each_k(context: int):
-    """At long contexts the recomputed segment's backward (softmax's score-sized temporaries) sets the peak."""
-    cfg, predicted, measured = dataclasses.replace(DEEP, context_length=context), {}, {}
-    for k in (0, 1, 4):
-        p = prediction(k, cfg)[1]
-        predicted[k] = p["predicted_peak_bytes"]
-        measured[k] = cpu_peak_bytes(cfg, 4, k) + p["state_bytes"]  # weights and moments were there before
+@pytest.mark.parametrize("context, batch", [(128, 4), (512, 2)])
+def test_the_predicted_peak_matches_the_cpu_allocators_peak_for_each_k(context: int, batch: int):
+    """At long contexts the recomputed segment's backward (softmax's score-sized temporaries) sets the peak. One
+    run predicts every K (its curve), from the figures of the model without checkpointing."""
+    cfg, measured = dataclasses.replace(DEEP, context_length=context), {}
+    p = mem_profile.measure(run_of(cfg, batch_size=batch, mode="train"), False, None, 1)["checkpoint_prediction"]
+    predicted = {k: p["curve"][k]["predicted_peak_bytes"] for k in (0, 1, 4)}
+    for k in predicted:
+        measured[k] = cpu_peak_bytes(cfg, batch, k) + p["state_bytes"]  # weights and moments were there before
         assert measured[k] == pytest.approx(predicted[k], rel=0.08), (k, measured[k] / predicted[k])
     # the same best K, where the saved-for-backward totals alone would pick the largest
     assert min(predicted, key=predicted.get) == min(measured, key=measured.get) == 1 == p["best_k"]
@@ -727,14 +728,16 @@ def test_cpu_run_prints_accounting_and_saved_tables_and_never_touches_cuda(tmp_p
         monkeypatch.setattr(torch.cuda.memory, name, forbidden)
     for name in ("max_memory_allocated", "reset_peak_memory_stats", "synchronize"):
         monkeypatch.setattr(torch.cuda, name, forbidden)
-    argv = ["--size", "tiny", "--context-length", "16", "32", "--mode", "forward", "train", "--attn", "naive",
-            "sdpa", "--snapshot", "--device", "cpu", "--results-dir", str(tmp_path), "--out", "cpu"]
+    argv = ["--size", "tiny", "--d-model", "64", "--d-ff", "128", "--num-layers", "1", "--vocab-size", "256",
+            "--context-length", "16", "32", "--mode", "forward", "train", "--attn", "naive", "sdpa", "--snapshot",
+            "--device", "cpu", "--results-dir", str(tmp_path), "--out", "cpu"]
     assert mem_profile.main(argv) == 0
     out = capsys.readouterr().out
     assert "### Accounting" in out and "### Saved for backward" in out and "16 x 16 x 16 x 4 B" in out
     assert "measured peaks and snapshots need a CUDA device" in out and "### Peak memory" not in out
     assert "autocast" not in out  # fp32: nothing ran under it
     assert "Model sizes from handout 2026 (v26.1.1):" in out and "sizes from: handout 2026 (v26.1.1)" in out
+    assert re.search(r"\| tiny +\| +64 \| +128 \| +1 \| +16 \| +256 \|", out)  # the shape that ran
     records = read_records(tmp_path / "memory" / "cpu.jsonl")
     assert len(records) == 8 and all(r["status"].startswith("skipped") for r in records)
     assert all(r["saved_status"] == "ok" for r in records)
