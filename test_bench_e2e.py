@@ -120,8 +120,8 @@ def paired_ratio(base, other, phase):
 
 
 @pytest.mark.parametrize("mode,extra,phases", [
-    ("forward", ["--no-grad"], ["forward"]),
-    ("forward-backward", [], ["forward", "backward"]),
+    ("forward", ["--no-grad", "--steps", "5"], ["forward"]),
+    ("forward-backward", ["--steps", "5"], ["forward", "backward"]),
     ("train", ["--steps", "5"], ["forward", "backward", "optimizer"]),
 ])
 def test_each_mode_times_its_phases_and_they_add_up_to_the_step(tmp_path, capsys, mode, extra, phases):
