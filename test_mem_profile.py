@@ -25,9 +25,8 @@ import mem_profile
 import report
 from mem_profile import BEFORE_RECORDING, PROJECT_ROOT, MemConfig
 from model import RotaryEmbedding, TransformerBlock, TransformerLM, cross_entropy
-from results import TINY, ModelConfig
+from results import TINY, ModelConfig, read_records
 from optim import AdamW
-from results import read_records
 
 HERE = Path(__file__).resolve().parent
 MIB = 2**20
@@ -273,8 +272,8 @@ def cpu_peak_bytes(cfg: ModelConfig, batch: int, k: int) -> int:
     return peak
 
 
-def prediction(k: int, cfg: ModelConfig = DEEP) -> tuple[dict, dict]:
-    record = mem_profile.measure(run_of(cfg, batch_size=4, mode="train", checkpoint_every=k), False, None, 1)
+def prediction(k: int, cfg: ModelConfig = DEEP, batch: int = 4) -> tuple[dict, dict]:
+    record = mem_profile.measure(run_of(cfg, batch_size=batch, mode="train", checkpoint_every=k), False, None, 1)
     return record, record["checkpoint_prediction"]
 
 
@@ -283,7 +282,7 @@ def test_the_predicted_peak_matches_the_cpu_allocators_peak_for_each_k(context: 
     """At long contexts the recomputed segment's backward (softmax's score-sized temporaries) sets the peak. One
     run predicts every K (its curve), from the figures of the model without checkpointing."""
     cfg, measured = dataclasses.replace(DEEP, context_length=context), {}
-    p = mem_profile.measure(run_of(cfg, batch_size=batch, mode="train"), False, None, 1)["checkpoint_prediction"]
+    p = prediction(0, cfg, batch)[1]
     predicted = {k: p["curve"][k]["predicted_peak_bytes"] for k in (0, 1, 4)}
     for k in predicted:
         measured[k] = cpu_peak_bytes(cfg, batch, k) + p["state_bytes"]  # weights and moments were there before
