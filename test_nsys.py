@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -578,9 +577,9 @@ def test_real_nvtx_ranges_make_the_phase_table_beside_the_stopwatch(profiled: di
         if name != "step":  # each NVTX range holds its stopwatch's interval, and the verdict follows the ratio
             ranges_ms = [r.duration_ns / 1e6 for r in sorted(profile.ranges, key=lambda r: r.start_ns)
                          if r.name == name]
-            assert all(r >= 0.999 * s for r, s in zip(ranges_ms, record[f"{name}_ms"], strict=True)), name
-            # one step preempted between the push and the clock can pass 10% on a loaded machine; not the median
-            assert abs(statistics.median(ranges_ms) / statistics.median(record[f"{name}_ms"]) - 1) < kt.AGREEMENT
+            ratios = [r / s for r, s in zip(ranges_ms, record[f"{name}_ms"], strict=True)]
+            # a step preempted between the push and the clock passes 10% on a loaded machine; not the least disturbed
+            assert min(ratios) >= 0.999 and min(ratios) - 1 < kt.AGREEMENT, (name, ratios)
             assert row["agrees"] == ("yes" if abs(row["ratio"] - 1) <= kt.AGREEMENT else "NO"), row
         else:  # the measured region over the steps also holds what runs between them: only ever longer
             assert 0.95 < row["ratio"] < 2.0 and "step = the measured region" in tables["ranges_used"], row
