@@ -479,14 +479,13 @@ def restore_settings(before: dict[str, Any], device: torch.device) -> dict[str, 
 # ---------------------------------------------------------------- measure
 
 
-def measure_leaderboard(run: RunConfig, args: argparse.Namespace, started: float) -> dict[str, Any]:
-    """The leaderboard in its child (every rank's under torchrun): inductor's and triton's caches empty, as in
-    the leaderboard's run."""
+def measure_leaderboard(run: RunConfig, args: argparse.Namespace, started: float, caches: str) -> dict[str, Any]:
+    """The leaderboard in its child (every rank's under torchrun): inductor's and triton's caches in the empty
+    folder `caches`, as in the leaderboard's run."""
     device = parallel.rank_device(resolve_device(run.device), parallel.torchrun_launch() if run.parallel else None)
-    caches = tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True)
-    cold = {name: os.path.join(caches.name, name.split("_")[0].lower())
+    cold = {name: os.path.join(caches, name.split("_")[0].lower())
             for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    with caches, mock.patch.dict(os.environ, cold):
+    with mock.patch.dict(os.environ, cold):
         return leaderboard_measure(args, run, device, started)
 
 
@@ -618,10 +617,12 @@ def leaderboard(args: argparse.Namespace, run: RunConfig, started: float) -> int
     rank_zero, device = parallel.is_rank_zero(), resolve_device(run.device)
     ceiling = runner.measured_ceiling(args, device)  # the floors' where no datasheet names the device; before files
     files = ResultFiles(args.results_dir, "e2e", args.out, "leaderboard") if rank_zero else None
-    measure = functools.partial(measure_leaderboard, args=args, started=started)
-    records, code = runner.run_configurations(
-        measure, [run], files, args, name="leaderboard-2026", device=device, ceiling=ceiling,
-        finish=lambda r, record: finish_record(r, record, args.peak_tflops, ceiling))
+    # the child's compile caches, made and removed here: a child killed at --timeout removes nothing
+    with tempfile.TemporaryDirectory(prefix="leaderboard-cache-", ignore_cleanup_errors=True) as caches:
+        measure = functools.partial(measure_leaderboard, args=args, started=started, caches=caches)
+        records, code = runner.run_configurations(
+            measure, [run], files, args, name="leaderboard-2026", device=device, ceiling=ceiling,
+            finish=lambda r, record: finish_record(r, record, args.peak_tflops, ceiling))
     if not records:  # interrupted before its row: the row says so
         how = "SIGTERM" if code == 128 + signal.SIGTERM else "Ctrl-C"
         records = [{"experiment": "leaderboard-2026", "config": dataclasses.asdict(run), "label": run.label(),

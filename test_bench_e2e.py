@@ -236,7 +236,8 @@ def test_noisy_and_single_step_rows_say_so():
 
 
 def test_compile_step_is_timed_apart_and_compile_is_its_own_column(tmp_path, capsys):
-    code, (eager, compiled) = run_main(tmp_path, "--compile", "off", "on", "--in-process", "--mode", "forward",
+    """The suite's inductor compile of a training step (forward and backward graphs), checked against eager."""
+    code, (eager, compiled) = run_main(tmp_path, "--compile", "off", "on", "--in-process", "--mode", "train",
                                        "--steps", "2")
     assert code == 0 and compiled["compile_s"] > 0 and "compile_s" not in eager
     assert compiled["forward_ms_max"] < compiled["compile_s"] * 1e3  # the compile happened in its own step
