@@ -3,6 +3,7 @@ NVTX and profiler ranges, GPU peaks, the environment record, failures as data, y
 from __future__ import annotations
 
 import argparse
+import atexit
 import builtins
 import contextlib
 import datetime
@@ -33,8 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # time.perf_counter or timeit.default_timer later does not reach them. The second one cross-checks the first.
 clock, second_clock_ns = time.perf_counter, time.monotonic_ns
 # torch's million objects, imported, live as long as the process: out of the collector's way, so that its full
-# passes and the interpreter's exit do not walk them (about half a second of every script's run on a small CPU)
+# passes and the interpreter's exit do not walk them (about half a second of every script's run on a small CPU);
+# at exit, what the run made since too (inductor's modules, models, records): a second of mem_profile.py's exit
 gc.freeze()
+atexit.register(gc.freeze)
 
 # ---- torch releases: tested from 2.6 (the 2025 course's pin) to 2.13 (docs/compat.md) ----
 
