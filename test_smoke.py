@@ -29,7 +29,7 @@ def impostors(tmp_path_factory):
 
 # One interpreter with the path `python3 <this folder>/<script>.py` starts with (the script's folder first, the
 # working directory nowhere) imports torch, then forks a child per script, which runs it as __main__ with --help:
-# each imports our modules afresh, as its own interpreter would, without a second of torch's import each.
+# each imports our modules afresh, as its own interpreter would, but not torch again (seconds each).
 HELP_FROM_EACH_SCRIPT = """
 import os, runpy, sys, traceback
 here, out, scripts = sys.argv[1], sys.argv[2], sys.argv[3:]
