@@ -567,10 +567,15 @@ def test_the_capture_holds_the_measured_steps_and_no_warmup(profiled: dict):
     assert record["config"]["warmup"] == WARMUP and len(record["step_ms"]) == STEPS
 
 
+def real_tables(report: Path) -> tuple:
+    """The real report's export, its bench_e2e record, and the tables kernel_tables builds from the two."""
+    profile, (record,) = kt.load_nsys(f"{report}.sqlite"), read_records(f"{report}_e2e.jsonl")
+    return profile, record, kt.build_tables(profile, kt.stopwatch_ms(record))
+
+
 def test_real_nvtx_ranges_make_the_phase_table_beside_the_stopwatch(profiled: dict):
     report = profiled["report"]
-    profile, (record,) = kt.load_nsys(f"{report}.sqlite"), read_records(f"{report}_e2e.jsonl")
-    tables = kt.build_tables(profile, kt.stopwatch_ms(record))
+    profile, record, tables = real_tables(report)
     phases = {row["phase"]: row for row in tables["phases"]}
     assert list(phases) == ["forward", "backward", "optimizer", "step"] and tables["steps"] == STEPS
     for name, row in phases.items():
@@ -592,9 +597,8 @@ def test_the_summary_of_a_real_report_says_why_the_kernel_columns_are_empty(prof
     assert kt.main(["--summary", str(profiled["report"]), "--results-dir", str(tmp_path)]) == 0
     (row,) = kt.summary_rows(read_records(next((tmp_path / "nsys").glob("summary-*.jsonl"))))
     assert row["runs"]["train"] in ("ok", "noisy") and row["forward_from"] == "train"
-    report = profiled["report"]  # the phase table's forward row (whose agreement the test above checks)
-    tables = kt.build_tables(kt.load_nsys(f"{report}.sqlite"), kt.stopwatch_ms(read_records(f"{report}_e2e.jsonl")[0]))
-    forward = next(r for r in tables["phases"] if r["phase"] == "forward")
+    # the phase table's forward row, whose agreement with the stopwatch the test above checks
+    forward = next(r for r in real_tables(profiled["report"])[2]["phases"] if r["phase"] == "forward")
     assert (row["forward_nsight_ms"], row["forward_stopwatch_ms"]) == (forward["range_ms"], forward["stopwatch_ms"])
     assert row["top_forward_kernel"] is None and row["matmul_pct_forward"] is None
     assert "no CUDA kernel data in these reports" in capsys.readouterr().out
