@@ -402,12 +402,14 @@ def test_a_hanging_model_is_a_timeout_row_and_os_exit_an_error_row(tmp_path, mon
         "def ends(**kw):\n"
         "    os._exit(7)\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where the run's compile caches are made
-    monkeypatch.setattr(tempfile, "tempdir", None)  # read again
-    (tmp_path / "tmp").mkdir()
+    made, make = [], tempfile.TemporaryDirectory
+    # the folders the run makes, recorded where they are made (a TMPDIR of the test's would hold the fork server's
+    # socket too, and its path can pass the 107 characters a socket's may have)
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", lambda **kw: made.append(make(**kw)) or made[-1])
     code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:hangs", "--timeout", "3")
     assert code == 1 and record["status"] == "timeout after 3 s"
-    assert not list((tmp_path / "tmp").glob("leaderboard-cache-*"))  # removed, though the child was killed
+    (caches,) = [folder.name for folder in made if "leaderboard-cache-" in folder.name]
+    assert not os.path.exists(caches)  # removed, though the child was killed
     code, (record,) = run_leaderboard(tmp_path, "--model", "stuck_lm:ends", out="ends")
     assert code == 1 and record["status"] == "error: child process died with exit code 7"
 
