@@ -46,8 +46,11 @@ for script in scripts:
         sys.argv = [os.path.join(here, script), "--help"]
         runpy.run_path(sys.argv[0], run_name="__main__")
         code = 0
-    except SystemExit as exit:
-        code = exit.code if isinstance(exit.code, int) else print(exit.code, file=sys.stderr) or 1
+    except SystemExit as exit:  # as the interpreter reads it: None is 0, a message is printed and is 1
+        if exit.code is None or isinstance(exit.code, int):
+            code = exit.code or 0
+        else:
+            print(exit.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()
     finally:
