@@ -47,9 +47,10 @@ DROP_ORDER = ("when the budget is short, dropped first: the largest model sizes 
 def parse_duration(text: str) -> float:
     """'2h', '90m', '1h30m', '45s' -> seconds."""
     match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", text.strip())
-    if not match or not any(match.groups()):
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 2h, 90m, 1h30m)")
-    return sum(float(g or 0) * unit for g, unit in zip(match.groups(), (3600, 60, 1)))
+    seconds = sum(float(g or 0) * unit for g, unit in zip(match.groups(), (3600, 60, 1))) if match else 0
+    if not seconds:
+        raise argparse.ArgumentTypeError(f"not a duration of more than 0 s: {text!r} (e.g. 2h, 90m, 1h30m)")
+    return seconds
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -601,7 +602,9 @@ class Study:
         implemented yet by a row of an adapter you have not written (the course's stub); else passed."""
         verdicts = []
         for p in plan:
-            names = [c.name for c in p.commands if not c.skipped and not c.merge] if p.commands else p.show
+            # a command this run skips (--only, --budget) counts by what an earlier run recorded of it
+            names = [c.name for c in p.commands if (c.name in self.ledger or not c.skipped) and not c.merge] \
+                if p.commands else p.show
             if p.unmeasured and not p.commands:
                 verdicts.append((p, "not measured", ""))
             elif names and all(n in self.ledger for n in names):
@@ -932,9 +935,9 @@ def writeup(study, plan, machine, args) -> str:
         for c in p.commands:
             entry = study.ledger.get(c.name)
             cause = f": {entry['cause']}" if entry and entry.get("cause") else ""
-            lines += ([f"# {c.name}: {c.skipped or 'not run yet'}"] if c.skipped or not entry else
-                      [results.one_line(f"# {entry['status']}, {entry['seconds']:.0f} s{cause}"),
-                       results.one_line(entry["command"])])  # copied whole
+            lines += ([results.one_line(f"# {entry['status']}, {entry['seconds']:.0f} s{cause}"),
+                       results.one_line(entry["command"])] if entry else  # copied whole, whatever this run skips
+                      [f"# {c.name}: {c.skipped or 'not run yet'}"])
         out += ["```", *lines, "```", ""]
         merges = {c.name: c.merge for c in p.commands if c.merge}
         covered = {m for name, runs in merges.items() if study.done(name) for m in runs}
@@ -985,6 +988,13 @@ def write_writeup(study, plan, machine, args) -> Path:
 
 # ---- main ----
 
+def settings_differ(recorded: object, settings: dict) -> str:
+    """'' when a study was made with these settings (one it predates reads as None, the default), else what differs:
+    'impl ours -> torch, adapters None -> tests.adapters'."""
+    recorded = recorded if isinstance(recorded, dict) else {}
+    return ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
+
+
 def study_root(args, settings) -> Path:
     """--out; else the latest study with the same settings (unless --fresh); else a new study-<UTC time>."""
     base = Path(args.results_dir) / "study"
@@ -992,7 +1002,7 @@ def study_root(args, settings) -> Path:
         return base / args.out
     for folder in sorted(base.iterdir(), reverse=True) if not args.fresh and base.is_dir() else []:
         with contextlib.suppress(OSError, ValueError):
-            if json.loads((folder / "settings.json").read_text()) == settings:
+            if not settings_differ(json.loads((folder / "settings.json").read_text()), settings):
                 return folder
     stem = args.out or f"study-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
     return next(base / name for name in (stem if n == 1 else f"{stem}-{n}" for n in range(1, 10 ** 6))
@@ -1115,11 +1125,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     machine = probe_machine(args.device, args.handout)
     settings = {"handout": args.handout, "quick": args.quick, "device": machine["device"],
-                "model": args.model, "optimizer": args.optimizer, "impl": args.impl}
+                "model": args.model, "optimizer": args.optimizer, "impl": args.impl, "adapters": args.adapters}
     root = study_root(args, settings).resolve()
     with contextlib.suppress(OSError, ValueError):  # --out names a study: its tables are of its own settings
-        if (recorded := json.loads((root / "settings.json").read_text())) != settings:
-            differ = ", ".join(f"{k} {recorded.get(k)} -> {v}" for k, v in settings.items() if recorded.get(k) != v)
+        if differ := settings_differ(json.loads((root / "settings.json").read_text()), settings):
             results.exit_usage_error(f"{rel(root)} is a study with other settings ({differ}): choose another "
                                      "--out, or add --fresh to start a new study beside it")
     try:

@@ -82,6 +82,21 @@ def test_killed_study_resumes_without_rerunning_a_finished_command(killed_and_re
     assert "recorded earlier" in r["second"].stdout
 
 
+def test_a_later_only_keeps_in_the_writeup_the_commands_and_checks_recorded_before(killed_and_resumed, tmp_path,
+                                                                                    capsys):
+    root = tmp_path / "study" / "s"
+    shutil.copytree(killed_and_resumed["root"], root)
+    (root / "study.lock").unlink(missing_ok=True)
+    whole = (root / "writeup.md").read_text()
+    assert study.main(["--quick", "--device", "cpu", "--only", ONLY[0], "--results-dir", str(tmp_path),
+                       "--out", "s"]) == 0, capsys.readouterr()
+    text = (root / "writeup.md").read_text()
+    assert "toy_autocast.py" in text and "# toy_autocast: skipped" not in text
+    checks = [line for line in text.splitlines() if line.startswith("Checks: ")]
+    assert checks == [line for line in whole.splitlines() if line.startswith("Checks: ")]
+    assert "benchmarking_mixed_precision (a), (b)" in checks[0]
+
+
 def test_a_second_run_in_the_study_folder_is_refused_while_the_first_holds_its_lock(killed_and_resumed, tmp_path):
     r = killed_and_resumed
     assert r["held"].split()[0] == str(r["pid"]) and r["released"] and not (r["root"] / "study.lock").exists()
@@ -312,7 +327,7 @@ def test_comparison_problems_state_each_variants_times(key):
         "optimizer 5.00 ms (std 0.05), step 35.00 ms (std 0.30)"]
 
 
-@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--only", "nope"], ["--model", "no colon"], ["--out", ".."],
+@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--budget", "0s"], ["--only", "nope"], ["--model", "no colon"], ["--out", ".."],
                                  ["--out", "."], ["--out", "-x"], ["--results-dir", "study.py"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
@@ -343,9 +358,10 @@ def test_out_naming_a_study_with_other_settings_is_refused(tmp_path):
                                                     "optimizer": None, "impl": None}))
     argv = ["--dry-run", "--device", "cpu", "--results-dir", str(tmp_path), "--out", "s1"]
     assert run_study(*argv).returncode == 0
-    done = run_study(*argv, "--handout", "2025", "--model", "lm2:make")
+    done = run_study(*argv, "--handout", "2025", "--model", "lm2:make", "--adapters", "tests.adapters")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "handout 2026 -> 2025, model None -> lm2:make" in done.stderr and "--fresh" in done.stderr
+    assert "handout 2026 -> 2025, model None -> lm2:make, adapters None -> tests.adapters" in done.stderr
+    assert "--fresh" in done.stderr  # the study predates --adapters in its settings: that one was None
     assert run_study(*argv, "--handout", "2025", "--fresh").returncode == 0
 
 
