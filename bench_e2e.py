@@ -133,13 +133,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     given = common.once_each("--model", args.model, lambda m: "=".join(filter(None, m)))  # (NAME or None, model)
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
+    # what names a row (report.model_label, report.optimizer_label): two alike and their rows could not be told apart
+    models = [args.model_names.get(m) or m for m in args.model]
+    optimizers = [report.optimizer_label({"optimizer": o}) for o in args.optimizer]
     results.refuse(p, [
         (args.no_grad and args.mode != "forward",
          "--no-grad only applies to --mode forward (backward needs the autograd graph)"),
         (len(args.optimizer) > 1 and args.mode != "train",
          "comparing optimizers needs --mode train (other modes take no optimizer step)"),
-        (len(set(args.model)) < len(given) or len(set(args.model_names.values())) < len(args.model_names),
-         "--model: give each model once, and each NAME to one model")])
+        (len(set(args.model)) < len(given) or len(set(models)) < len(models),
+         "--model: give each model once, and each a name of its own"),
+        (len(set(optimizers)) < len(optimizers), "--optimizer: give each optimizer a name of its own")])
     common.models_or_exit(p, args, {"--attn": args.attn is not None})
     args.attn = list(dict.fromkeys(args.attn or ["naive"]))
     device = common.device_or_exit(p, args.device)
