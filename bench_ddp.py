@@ -93,7 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also FSDP: torch's FSDP2 (fsdp2) and, with --adapters, your get_fsdp (fsdp), checked on "
                         "the weights fsdp_gather_full_params gathers, with memory per rank against the prediction")
     p.add_argument("--bucket-mb", nargs="+", type=results.positive_float, default=list(DEFAULT_BUCKETS_MB),
-                   help="bucket sizes of the bucketed reference and of your get_ddp_bucketed")
+                   help="bucket sizes of the bucketed reference and of your get_ddp_bucketed, in MB as torch's "
+                        "DDP reads bucket_cap_mb: N x 2^20 bytes")
     p.add_argument("--adapters", metavar="MODULE", help="your tests/adapters.py as a module (tests.adapters), "
                    "imported from the current directory: its get_ddp / ddp_on_after_backward (2026), "
                    "get_ddp_individual_parameters, get_ddp_bucketed (2025) that are implemented")
@@ -113,8 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--link-gbps", default=None, metavar="GB_PER_S|measured",
                    help="the link's bus bandwidth in GB/s (gigabytes per second, as bench_comm and nccl-tests "
                         "report it): the floor column is the gradient bytes a rank sends over it; 'measured' (the "
-                        "default when there is one): bench_comm's newest all_reduce record in --results-dir for "
-                        "this backend and world size, its largest size's bus bandwidth")
+                        "default when there is one): bench_comm's newest all_reduce run in --results-dir for this "
+                        "backend and world size, its fit's beta x 2(n-1)/n where the fit is bandwidth-bound, else "
+                        "the bus bandwidth of its largest size that took twice as long as every smaller one")
     p.add_argument("--pg-timeout", type=results.positive_float, default=120.0, metavar="SECONDS",
                    help="a collective waiting longer than this for a peer fails its variant")
     p.add_argument("--traces", action="store_true", help="keep every rank's profiler trace beside the results")
@@ -170,10 +172,10 @@ class Spec:
 
 def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[Spec]:
     """The variants in the order they run: the references, then yours (the adapters that are there)."""
-    specs = []
+    specs, buckets = [], list(dict.fromkeys(args.bucket_mb))
     for name in dict.fromkeys(args.variants):
         if name == "bucketed":
-            specs += [Spec(f"bucketed {mb:g} MB", name, bucket_mb=mb) for mb in args.bucket_mb]
+            specs += [Spec(f"bucketed {mb:g} MB", name, bucket_mb=mb) for mb in buckets]
         else:
             specs.append(Spec(name, name))
     if args.adapters:
@@ -187,7 +189,7 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
             p.error(f"--adapters {args.adapters} ({module.__file__}) has none of "
                     f"{', '.join(names[0] for names in ADAPTERS.values())}")
         for key, (make, after, start) in found:
-            sizes = args.bucket_mb if key == "ddp_bucketed" else [None]
+            sizes = buckets if key == "ddp_bucketed" else [None]
             start = f"{args.adapters}:{start}" if callable(getattr(module, start or "", None)) else ""
             specs += [Spec(key + (f" {mb:g} MB" if mb else ""), "adapter", f"{args.adapters}:{make}",
                            f"{args.adapters}:{after}", start, mb) for mb in sizes]
@@ -203,6 +205,9 @@ def variant_specs(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
         except common.LoadError as exc:
             p.error(f"--ddp: {exc}")
         specs.append(Spec(name or target, "class", target))
+    names = [s.name for s in specs]  # a row, a record and a trace each
+    if twice := next((n for n in names if names.count(n) > 1), None):
+        p.error(f"two variants named {twice!r}: give yours a name of its own (--ddp mine=MODULE:CALLABLE)")
     if not any(s.name != BASELINE for s in specs):
         p.error("nothing to measure besides the baseline: add --variants, --adapters or --ddp")
     return specs
@@ -286,7 +291,7 @@ class Bucketed(Replicated):
         size = 0
         for p in reversed([p for p in module.parameters() if p.requires_grad]):
             nbytes = p.numel() * p.element_size()
-            if self.buckets[-1] and size + nbytes > bucket_mb * 2**20:
+            if self.buckets[-1] and size + nbytes > bucket_mb * 2**20:  # as torch's DDP reads bucket_cap_mb
                 self.buckets.append([])
                 size = 0
             self.buckets[-1].append(p)
@@ -1077,7 +1082,8 @@ def link_figure(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[f
     if bound := [r for r, ok in zip(rows, slower) if ok]:
         return bound[-1]["busbw_gbps"], (f"bench_comm's measured all_reduce bus bandwidth, "
                                          f"{bound[-1]['config']['size_mb']:g} MB, {name}")
-    fit_said = fit.get("refused") or "every size under alpha x beta"
+    fit_said = fit.get("refused") or (f"poor fit: {fit['poor']}" if fit.get("poor") else
+                                      "every size under alpha x beta")
     why = (f"none: bench_comm's all_reduce sizes in {name} are latency-bound ({fit_said}; none took twice as long as "
            "every smaller size): measure larger sizes")
     if args.link_gbps == "measured":

@@ -746,8 +746,8 @@ def named_or_spec(names: list[str]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text in names or is_spec(text):
             return text
-        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(names)}, or "
-                                         "[NAME=]MODULE:CALLABLE for your own)")
+        ours = f"choose from {', '.join(names)}, or " if names else ""
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} ({ours}[NAME=]MODULE:CALLABLE for your own)")
     return parse
 
 

@@ -997,10 +997,14 @@ COMM_COLUMNS = ["op", "size", "ranks", "backend", "median ms", "min-max ms", "al
 COMM_FIT_COLUMNS = ["backend", "op", "ranks", "sizes", "alpha us", "beta GB/s", "R^2", "max resid %", "fit"]
 
 
+POOR_FIT_R2 = 0.9  # under it, a line leaves more than a tenth of the times' spread unexplained: beta is no bandwidth
+
+
 def latency_bandwidth_fit(sizes_bytes: list[float], seconds: list[float]) -> Record:
     """time = alpha + bytes / beta by least squares on relative residuals (numpy.polyfit weighted 1 / time: the
     sizes span decades, and plain least squares would fit the largest alone); R^2 of the times, the largest
-    |residual| / time, and whether the largest size is bandwidth-bound (its bytes / beta at least alpha). Refused,
+    |residual| / time, why it is poor (a negative alpha, or R^2 under POOR_FIT_R2: beta is then no bandwidth to
+    use) and whether the largest size is bandwidth-bound (a fit not poor; its bytes / beta at least alpha). Refused,
     {"refused": "no fit: why"}, under three sizes (a line meets two points exactly, whatever they are) or where
     time does not grow with size (the largest size no slower than the smallest, or a falling line)."""
     if (distinct := len(set(sizes_bytes))) < 3:
@@ -1011,9 +1015,11 @@ def latency_bandwidth_fit(sizes_bytes: list[float], seconds: list[float]) -> Rec
     if slope <= 0 or t[-1] <= t[0]:
         return {"refused": "no fit: time does not grow with size"}
     fitted = alpha + slope * x
-    return {"alpha_s": float(alpha), "beta_bytes_per_s": float(1 / slope),
-            "r2": 1 - float(((t - fitted) ** 2).sum()) / float(((t - t.mean()) ** 2).sum()),
-            "max_residual": float((abs(t - fitted) / t).max()), "bandwidth_bound": bool(x[-1] * slope >= alpha)}
+    r2 = 1 - float(((t - fitted) ** 2).sum()) / float(((t - t.mean()) ** 2).sum())
+    poor = "a negative alpha" if alpha < 0 else f"R^2 {r2:.2f}" if r2 < POOR_FIT_R2 else ""
+    return {"alpha_s": float(alpha), "beta_bytes_per_s": float(1 / slope), "r2": r2,
+            "max_residual": float((abs(t - fitted) / t).max()), "poor": poor,
+            "bandwidth_bound": not poor and bool(x[-1] * slope >= alpha)}
 
 
 def comm_row(record: Record) -> Record:
@@ -1041,7 +1047,8 @@ def comm_fits(records: list[Record]) -> list[Record]:
         rows.append({**row, "fit": fit["refused"]} if "refused" in fit else {
             **row, "alpha us": fit["alpha_s"] * 1e6, "beta GB/s": fit["beta_bytes_per_s"] / 1e9, "R^2": fit["r2"],
             "max resid %": 100 * fit["max_residual"],
-            "fit": "bandwidth-bound" if fit["bandwidth_bound"] else "latency-bound: every size under alpha x beta"})
+            "fit": f"poor fit ({fit['poor']}): the times do not follow a line" if fit["poor"] else
+            "bandwidth-bound" if fit["bandwidth_bound"] else "latency-bound: every size under alpha x beta"})
     return rows
 
 
@@ -1072,7 +1079,8 @@ def render_comm(records: list[Record], fmt: str, columns: list[str] | None = Non
               "residuals over the finished sizes of an op and world size, three or more with time growing in size "
               "(else no fit); alpha is the latency, beta the bandwidth the largest sizes approach (an algbw); "
               "bandwidth-bound: the largest size's bytes / beta at least alpha, so beta was measured, not guessed "
-              "from latency; a negative alpha or a large residual: the times do not follow a line"]
+              f"from latency; a poor fit, a negative alpha or R^2 under {POOR_FIT_R2}: the times do not follow a "
+              "line, and bench_ddp takes no link figure from it"]
     lines += [f"note: {note}" for note in dict.fromkeys(n for r in records for n in r.get("notes") or [])]
     return "\n".join(lines)
 
@@ -1202,14 +1210,15 @@ def fsdp_layer_table(records: list[Record], fmt: str) -> str | None:
 def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None) -> str:
     """bench_ddp: a row per variant, the setting and the machine above."""
     steps = [r for r in records if r.get("kind") != "memory"]
-    baseline = next((r for r in steps if r["variant"] == DDP_BASELINE), None)
-    rows = [ddp_row(r, baseline) for r in steps]
+    merged = is_merged(steps)  # two runs: a run column, and each variant against its own run's rounds
+    baselines = {run_of(r): r for r in steps if r["variant"] == DDP_BASELINE}
+    rows = [{**({RUN_COLUMN: run_of(r)} if merged else {}), **ddp_row(r, baselines.get(run_of(r)))} for r in steps]
     cfg, env = steps[0]["config"], steps[0].get("environment") or {}
     load = (steps[0].get("load") or {}).get("before", {}).get("loadavg_1m")
     lines = [environment_lines(steps, {"size": "size", "ranks": "world_size", "backend": "backend",
                                        "batch": "batch_size"})[0] if env.get("device_name") else "",
              f"load average before: {load:.2f}" if load is not None else ""]
-    present = [c for c in DDP_COLUMNS if any(c in row for row in rows)]
+    present = [c for c in with_run_column(DDP_COLUMNS, steps) if any(c in row for row in rows)]
     chosen = pick_columns(present, columns, fmt, present)
     link = steps[0].get("link_gbps")
     notes = [f"step ms: median of {cfg['steps']} rounds (each the slowest rank's step; variants interleaved in "
@@ -1228,8 +1237,10 @@ def render_ddp(records: list[Record], fmt: str, columns: list[str] | None = None
     command = " ".join(shlex.quote(a) for a in cfg.get("command") or ["bench_ddp.py"])
     nsys = ("Nsight's view of the same steps (the screenshot deliverable, on GPUs):\n\n    nsys profile -o ddp "
             f"--trace=cuda,nvtx torchrun --nproc-per-node {cfg['world_size']} {command}")
-    tables = split_tables(rows, chosen, ["variant"], [] if columns else DDP_TABLES, fmt, ".1f")
-    tables += wrong_lines([r for r in steps if r["variant"] != DDP_BASELINE], lambda r: r["variant"], fmt)
+    ids = [RUN_COLUMN, "variant"] if merged else ["variant"]
+    tables = split_tables(rows, chosen, ids, [] if columns else DDP_TABLES, fmt, ".1f")
+    tables += wrong_lines([r for r in steps if r["variant"] != DDP_BASELINE],
+                          lambda r: r["variant"] + f" ({run_of(r)})" * merged, fmt)
     sharding = sharding_table([r for r in records if r.get("kind") == "memory"], fmt)
     fsdp = [t for t in (fsdp_memory_table(steps, fmt), fsdp_layer_table(steps, fmt)) if t]
     return "\n\n".join([line for line in lines if line] + tables + [textwrap.fill(n, 116) for n in notes]

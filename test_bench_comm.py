@@ -74,6 +74,15 @@ def test_three_sizes_given_in_any_order_recover_alpha_and_beta():
     assert not report.latency_bandwidth_fit(small, [200e-6 + b / 2e9 for b in small])["bandwidth_bound"]
 
 
+def test_a_fit_with_a_negative_alpha_or_a_low_r2_is_poor_and_never_bandwidth_bound():
+    sizes = [1e5, 1e6, 1e7, 1e8]  # docs/bench_comm.md's 2 ranks of gloo under load: the 100 MB median above the line
+    loaded = report.latency_bandwidth_fit(sizes, [0.189e-3, 0.598e-3, 9.042e-3, 156.418e-3])
+    assert loaded["r2"] == pytest.approx(0.5985, abs=1e-4) and loaded["poor"] == "R^2 0.60"
+    below = report.latency_bandwidth_fit(sizes[1:], [-100e-6 + b / 1e9 for b in sizes[1:]])  # a line below 0 at 0
+    assert below["r2"] == pytest.approx(1.0) and below["poor"] == "a negative alpha"
+    assert not loaded["bandwidth_bound"] and not below["bandwidth_bound"]
+
+
 @pytest.mark.parametrize("sizes, seconds, why", [
     ([1e4, 1e5], [0.155e-3, 1.918e-3], "no fit: too few sizes (2; three or more)"),  # a line meets any two points
     ([1e6, 1e6, 1e7], [1e-3, 2e-3, 3e-3], "no fit: too few sizes (2; three or more)"),

@@ -391,6 +391,17 @@ def test_a_cost_within_the_noise_carries_its_interval_and_the_note_says_why_it_c
                           {"variant": "nocomm", "step_ms": [100.0, 100.0]})["vs nocomm ms"] == "-0.5 (too few rounds)"
 
 
+def test_two_runs_in_one_table_have_a_run_column_and_each_variant_is_set_against_its_own_runs_nocomm():
+    config = {"steps": 8, "check_steps": 3, "world_size": 2}
+    base = [100.0, 104.0, 98.0, 103.0, 99.0, 101.0, 102.0, 100.0]
+    records = [{"variant": name, "status": "ok", "step_ms": [t + extra for t in base], "config": config,
+                results.RUN_KEY: run} for run, shift, cost in (("a", 0, 20), ("b", 50, 5))
+               for name, extra in (("nocomm", shift), ("naive", shift + cost))]
+    rows = [line.split("|")[1:4] for line in report.render("bench_ddp", records, "github").splitlines()
+            if "x (" in line]
+    assert [[cell.strip() for cell in row] for row in rows] == [["a", "naive", "20.0"], ["b", "naive", "5.0"]]
+
+
 def get_fsdp(module, compute_dtype=None):  # the course's stub
     raise NotImplementedError
 
@@ -475,6 +486,9 @@ def test_link_figure_is_bench_comms_fit_or_a_bandwidth_bound_size_by_default(tmp
     write_comm_run(tmp_path, "comm-1.jsonl", [(2, 1.0, 0.7), (2, 10.0, 5.2)])  # two sizes: no fit; 10 MB's busbw
     args = bench_ddp.parse_args(["--device", "cpu"])
     assert args.link_gbps == pytest.approx(10 / 5.2) and "bandwidth, 10 MB, comm-1.jsonl" in args.link_source
+    write_comm_run(tmp_path, "comm-1.jsonl", [(2, 0.1, 0.189), (2, 1.0, 0.598), (2, 10.0, 9.042), (2, 100.0, 156.418)])
+    args = bench_ddp.parse_args(["--device", "cpu"])  # a poor fit (R^2 0.60, docs/bench_comm.md): no beta from it
+    assert args.link_gbps == pytest.approx(100 / 156.418) and "bandwidth, 100 MB, comm-1.jsonl" in args.link_source
     assert bench_ddp.parse_args(["--device", "cpu", "--link-gbps", "7"]).link_gbps == 7.0
     with pytest.raises(SystemExit) as exit_status:
         bench_ddp.parse_args(["--device", "cpu", "--world-size", "3", "--batch-size", "3", "--link-gbps",
@@ -504,6 +518,7 @@ def test_the_floor_takes_no_figure_from_latency_bound_sizes(tmp_path, monkeypatc
     (["--batch-size", "3"], "does not split over 2 ranks"),
     (["--adapters", "no_such_module_here"], "--adapters: cannot import no_such_module_here"),
     (["--variants", "nocomm"], "nothing to measure besides the baseline"),
+    (["--variants", "naive", "--ddp", "naive=test_bench_ddp:get_ddp"], "two variants named 'naive'"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(argv, said, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -511,6 +526,11 @@ def test_bad_flags_are_one_line_and_exit_2(argv, said, tmp_path, monkeypatch, ca
         bench_ddp.main(["--device", "cpu", *argv])
     error = capsys.readouterr().err
     assert exit_status.value.code == 2 and said in error and len(error.strip().splitlines()) == 1
+
+
+def test_a_bucket_size_given_twice_is_one_variant():
+    args = bench_ddp.parse_args(["--device", "cpu", "--variants", "bucketed", "nocomm", "--bucket-mb", "1", "1", "10"])
+    assert [spec.name for spec in args.variant_specs] == ["bucketed 1 MB", "bucketed 10 MB", "nocomm"]
 
 
 def test_an_nsys_export_gives_intervals_on_streams_and_no_communication_table_without_collectives():
