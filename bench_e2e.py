@@ -134,7 +134,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     args.model_names = {m: n for n, m in given if n is not None}
     args.model = [m for _, m in given]
     # what names a row (report.model_label, report.optimizer_label): two alike and their rows could not be told apart
-    models = [args.model_names.get(m) or m for m in args.model]
+    models = [report.model_label({"model_name": args.model_names.get(m), "model_factory": common.model_factory(m)})
+              for m in args.model]
     optimizers = [report.optimizer_label({"optimizer": o}) for o in args.optimizer]
     results.refuse(p, [
         (args.no_grad and args.mode != "forward",

@@ -327,8 +327,8 @@ def test_comparison_problems_state_each_variants_times(key):
         "optimizer 5.00 ms (std 0.05), step 35.00 ms (std 0.30)"]
 
 
-@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--budget", "0s"], ["--only", "nope"], ["--model", "no colon"], ["--out", ".."],
-                                 ["--out", "."], ["--out", "-x"], ["--results-dir", "study.py"]])
+@pytest.mark.parametrize("bad", [["--budget", "soon"], ["--budget", "0s"], ["--only", "nope"], ["--model", "no colon"],
+                                 ["--out", ".."], ["--out", "."], ["--out", "-x"], ["--results-dir", "study.py"]])
 def test_bad_input_is_one_line_and_exit_2(bad):
     done = run_study(*bad, "--dry-run", "--device", "cpu")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
